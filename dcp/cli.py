@@ -1,0 +1,86 @@
+"""The ``dcp`` command.
+
+Each subcommand lives in the module that owns the work; a module provides
+``add_arguments(parser)`` (cheap: no torch import) and ``run(args) -> int``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# (command words, owning module, one-line help)
+COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
+    (("demo",), "dcp.demo", "main job: a small DCP-vs-baseline run on CPU processes, table + plot"),
+    (("plan",), "dcp.planner.cli", "plan an epoch for a length file and print the steps"),
+    (("profile",), "dcp.profiler.cli", "run the dual-layer profiler and cache the table"),
+    (("simulate",), "dcp.sim.cli", "simulate a cluster on your own sequence lengths"),
+    (("figures",), "dcp.figures", "regenerate every paper figure (PNG + CSV)"),
+    (("sweep",), "dcp.experiments", "run an experiment sweep (real CPU runs or simulated clusters)"),
+    (("bench", "planner"), "dcp.planner.bench", "planning time per step for several world sizes"),
+    (("bench", "runtime"), "dcp.runtime.bench", "manager overhead per step and SP switch cost"),
+    (("bench", "profiler"), "dcp.profiler.bench", "dual-layer prediction error vs measured steps"),
+    (("bench", "simulator"), "dcp.sim.bench", "simulator step time vs measured CPU runs"),
+    (("bench", "loaders"), "dcp.loaders.bench", "padding waste and token balance of the data loaders"),
+)
+
+
+def _env(args: argparse.Namespace) -> int:
+    import platform
+
+    from dcp import __version__
+
+    lines = [f"dcp {__version__}", f"python {platform.python_version()} ({sys.executable})"]
+    try:
+        import torch
+
+        lines.append(f"torch {torch.__version__}")
+        cuda = torch.version.cuda or "none"
+        lines.append(f"cuda {cuda} (available: {torch.cuda.is_available()})")
+        if torch.cuda.is_available():
+            lines.append(f"gpu {torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}")
+            nccl = ".".join(map(str, torch.cuda.nccl.version())) if hasattr(torch.cuda, "nccl") else "none"
+            lines.append(f"nccl {nccl}")
+        else:
+            lines.append("nccl none (no CUDA)")
+        lines.append(f"gloo {torch.distributed.is_gloo_available()}")
+    except ImportError:
+        lines.append("torch not installed")
+    for mod in ("deepspeed", "flash_attn", "transformers", "numpy", "pandas", "matplotlib"):
+        try:
+            m = importlib.import_module(mod)
+            lines.append(f"{mod} {getattr(m, '__version__', '?')}")
+        except Exception as exc:  # noqa: BLE001 - report any import failure, do not crash `dcp env`
+            lines.append(f"{mod} not available ({type(exc).__name__})")
+    print("\n".join(lines))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dcp", description="Data-Centric Parallel training tools")
+    sub = parser.add_subparsers(dest="command", required=True)
+    env = sub.add_parser("env", help="versions of torch, CUDA, NCCL, DeepSpeed, flash-attn")
+    env.set_defaults(_run=_env)
+    groups: dict[str, argparse._SubParsersAction] = {}
+    for words, module_name, help_text in COMMANDS:
+        if len(words) == 1:
+            p = sub.add_parser(words[0], help=help_text)
+        else:
+            if words[0] not in groups:
+                g = sub.add_parser(words[0], help=f"{words[0]} subcommands")
+                groups[words[0]] = g.add_subparsers(dest="sub", required=True)
+            p = groups[words[0]].add_parser(words[1], help=help_text)
+        module = importlib.import_module(module_name)
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args._run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

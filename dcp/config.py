@@ -1,0 +1,307 @@
+"""Run configuration: frozen dataclasses, validated on construction, loaded strictly from TOML.
+
+Every error names the field, the value, the rule and a fix, for example
+``planning.gmin (15) > planning.gmax (5): set gmin <= gmax``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+METHODS = ("bucket", "packed", "dcp-inter", "dcp-intra")
+GIB = 1024**3
+
+
+class ConfigError(ValueError):
+    """A configuration value breaks a rule; the message says which and how to fix it."""
+
+
+def _fail(path: str, value: Any, rule: str, fix: str) -> None:
+    raise ConfigError(f"{path} ({value!r}) {rule}: {fix}")
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class ModelShapeConfig:
+    """The shape of the model being trained; the planner and the config checks need only this."""
+
+    name: str = "t1d-tiny"
+    """Free-form model name, stored in profile-table metadata and results."""
+    num_layers: int = 4
+    """Repeated transformer layers (L in the paper)."""
+    hidden_size: int = 64
+    """Model width."""
+    num_heads: int = 8
+    """Attention heads; every SP size must divide it (Ulysses shards heads)."""
+    ffn_hidden_size: int = 0
+    """Feed-forward width; 0 means 4 * hidden_size."""
+    vocab_size: int = 256
+    """Vocabulary (or patch-embedding input) size; used for the constant-memory estimate."""
+    param_bytes: int = 4
+    """Bytes per parameter (4 for fp32, 2 for bf16)."""
+    optimizer_bytes_per_param: int = 8
+    """Optimizer-state bytes per parameter before ZeRO sharding (Adam fp32: 8)."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "hidden_size", "num_heads", "vocab_size", "param_bytes"):
+            if getattr(self, name) < 1:
+                _fail(f"model.{name}", getattr(self, name), "must be >= 1", f"set model.{name} to a positive integer")
+        if self.ffn_hidden_size < 0:
+            _fail("model.ffn_hidden_size", self.ffn_hidden_size, "must be >= 0", "use 0 for 4 * hidden_size")
+        if self.optimizer_bytes_per_param < 0:
+            _fail("model.optimizer_bytes_per_param", self.optimizer_bytes_per_param, "must be >= 0", "use 8 for Adam")
+        if self.hidden_size % self.num_heads:
+            _fail(
+                "model.hidden_size",
+                self.hidden_size,
+                f"is not divisible by model.num_heads ({self.num_heads})",
+                "choose a head count that divides the hidden size",
+            )
+
+    @property
+    def ffn_size(self) -> int:
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def num_params(self) -> int:
+        """Approximate parameter count: attention (4 h^2) + gated MLP (3 h f) per layer, plus embedding and head."""
+        h, f = self.hidden_size, self.ffn_size
+        return self.num_layers * (4 * h * h + 3 * h * f + 2 * h) + 2 * self.vocab_size * h
+
+    def constant_mem_bytes(self, dp_size: int = 1) -> int:
+        """Parameters + gradients + optimizer state (ZeRO-1 shards the optimizer over dp_size ranks)."""
+        n = self.num_params
+        return n * 2 * self.param_bytes + (n * self.optimizer_bytes_per_param) // max(1, dp_size)
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class ProfilingConfig:
+    """What the dual-layer profiler measures and where it caches the table."""
+
+    seq_group_edges: tuple[int, ...] = (512, 1024, 2048, 4096)
+    """Upper token bound of every seq_group, strictly increasing; a sample of s tokens belongs to the first
+    group whose bound is >= s, and each group is profiled at its bound (conservative for memory)."""
+    max_micro_batch_size: int = 8
+    """Largest micro-batch size b the profiler tries (it stops earlier when memory or time says so)."""
+    warmup_iters: int = 1
+    """Untimed repetitions before the measured one."""
+    measure_iters: int = 3
+    """Timed repetitions; the median is recorded."""
+    cache_dir: str = ".dcp_cache"
+    """Folder of cached profile tables (one file per model/world/hardware/dtype/version key)."""
+
+    def __post_init__(self) -> None:
+        edges = tuple(self.seq_group_edges)
+        object.__setattr__(self, "seq_group_edges", edges)
+        if not edges:
+            _fail("profiling.seq_group_edges", edges, "is empty", "give at least one upper token bound, e.g. [1024]")
+        if any(e < 1 for e in edges) or any(b <= a for a, b in zip(edges, edges[1:], strict=False)):
+            _fail(
+                "profiling.seq_group_edges",
+                list(edges),
+                "must be positive and strictly increasing",
+                "sort the bounds and remove duplicates",
+            )
+        if self.max_micro_batch_size < 1:
+            _fail("profiling.max_micro_batch_size", self.max_micro_batch_size, "must be >= 1", "set it to 1 or more")
+        if self.warmup_iters < 0:
+            _fail("profiling.warmup_iters", self.warmup_iters, "must be >= 0", "set it to 0 or more")
+        if self.measure_iters < 1:
+            _fail("profiling.measure_iters", self.measure_iters, "must be >= 1", "set it to 1 or more")
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class PlanningConfig:
+    """How the planner turns a stream of samples into step plans."""
+
+    method: str = "dcp-intra"
+    """One of bucket, packed, dcp-inter, dcp-intra."""
+    mem_capacity_gib: float = 80.0
+    """Memory capacity per rank (M in Algorithm 1). On CPU it emulates a GPU's limit."""
+    gmin: int = 1
+    """Gmin: when every group's ga_steps is below it, all are scaled by ceil(gmin / max ga_steps)."""
+    gmax: int = 4
+    """Gmax: a step may last at most gmax times its longest single micro-batch."""
+    ranks_per_node: int = 8
+    """Ranks that share a fast interconnect; an SP group stays inside one node unless sp_size exceeds it."""
+    sp_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    """SP sizes the planner may choose; each must divide model.num_heads."""
+    lookahead_samples: int = 0
+    """Samples the step assembler may read ahead of the stream to fill ranks; 0 means 4 * world_size * 8."""
+    seed: int = 0
+    """Seed of the per-epoch shuffle and of per-sample randomness (seed, epoch, sample id)."""
+    packed_token_budget: int = 0
+    """Packed parallel only: tokens per micro-batch; 0 derives it from the table and the memory capacity."""
+    bucket_sp_size: int = 0
+    """Bucket/packed only: fixed SP size; 0 picks the smallest that fits the longest seq_group."""
+
+    def __post_init__(self) -> None:
+        sizes = tuple(self.sp_sizes)
+        object.__setattr__(self, "sp_sizes", sizes)
+        if self.method not in METHODS:
+            _fail("planning.method", self.method, f"is not one of {list(METHODS)}", "pick one of those names")
+        if not self.mem_capacity_gib > 0:
+            _fail("planning.mem_capacity_gib", self.mem_capacity_gib, "must be > 0", "set the per-rank memory in GiB")
+        if self.gmin < 1:
+            _fail("planning.gmin", self.gmin, "must be >= 1", "set gmin to 1 or more")
+        if self.gmax < 1:
+            _fail("planning.gmax", self.gmax, "must be >= 1", "set gmax to 1 or more")
+        if self.gmin > self.gmax:
+            raise ConfigError(
+                f"planning.gmin ({self.gmin}) > planning.gmax ({self.gmax}): set gmin <= gmax"
+            )
+        if self.ranks_per_node < 1:
+            _fail("planning.ranks_per_node", self.ranks_per_node, "must be >= 1", "set the GPUs per node, e.g. 8")
+        if not sizes or any(p < 1 for p in sizes) or len(set(sizes)) != len(sizes):
+            _fail("planning.sp_sizes", list(sizes), "must be distinct positive integers", "e.g. [1, 2, 4, 8]")
+        if self.lookahead_samples < 0:
+            _fail("planning.lookahead_samples", self.lookahead_samples, "must be >= 0", "use 0 for the default")
+        if self.packed_token_budget < 0:
+            _fail("planning.packed_token_budget", self.packed_token_budget, "must be >= 0", "use 0 to derive it")
+        if self.bucket_sp_size < 0:
+            _fail("planning.bucket_sp_size", self.bucket_sp_size, "must be >= 0", "use 0 to derive it")
+
+    @property
+    def mem_capacity_bytes(self) -> int:
+        return int(self.mem_capacity_gib * GIB)
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class RuntimeConfig:
+    """How the manager runs a plan."""
+
+    engine: str = "ddp"
+    """Gradient-sync engine: ddp (torch DistributedDataParallel) or deepspeed (ZeRO-1)."""
+    attention: str = "auto"
+    """Attention kernel: auto (flash-attn on CUDA when installed, else SDPA), sdpa or flash."""
+    loss_weighting: str = "tokens"
+    """Loss normalisation over the whole step: tokens or samples (all-reduced counts, never 1/ga_steps)."""
+    check_plan_hash: bool = True
+    """All-gather a hash of every step plan and fail fast when ranks disagree."""
+    plan_check_timeout_s: float = 60.0
+    """Collective timeout used for the plan-hash check, so a divergent rank fails instead of hanging."""
+    log_every: int = 1
+    """Rank 0 logs one line every this many steps."""
+
+    def __post_init__(self) -> None:
+        if self.engine not in ("ddp", "deepspeed"):
+            _fail("runtime.engine", self.engine, "is not one of ['ddp', 'deepspeed']", "pick one of those")
+        if self.attention not in ("auto", "sdpa", "flash"):
+            _fail("runtime.attention", self.attention, "is not one of ['auto', 'sdpa', 'flash']", "pick one of those")
+        if self.loss_weighting not in ("tokens", "samples"):
+            _fail("runtime.loss_weighting", self.loss_weighting, "is not one of ['tokens', 'samples']", "pick one")
+        if not self.plan_check_timeout_s > 0:
+            _fail("runtime.plan_check_timeout_s", self.plan_check_timeout_s, "must be > 0", "e.g. 60")
+        if self.log_every < 1:
+            _fail("runtime.log_every", self.log_every, "must be >= 1", "set it to 1 or more")
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class DCPConfig:
+    """The whole run: model shape, profiling, planning, runtime. Relations between sections are checked."""
+
+    model: ModelShapeConfig = field(default_factory=ModelShapeConfig)
+    """Shape of the trained model."""
+    profiling: ProfilingConfig = field(default_factory=ProfilingConfig)
+    """Dual-layer profiler settings."""
+    planning: PlanningConfig = field(default_factory=PlanningConfig)
+    """Planner settings."""
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    """Manager settings."""
+
+    def __post_init__(self) -> None:
+        heads = self.model.num_heads
+        bad = [p for p in self.planning.sp_sizes if heads % p]
+        if bad:
+            ok = [p for p in self.planning.sp_sizes if heads % p == 0]
+            raise ConfigError(
+                f"planning.sp_sizes ({list(self.planning.sp_sizes)}) contains {bad}, which do not divide "
+                f"model.num_heads ({heads}): Ulysses shards heads across the SP group; use sizes from {ok or [1]} "
+                f"or divisors of {heads}"
+            )
+        if self.planning.bucket_sp_size and heads % self.planning.bucket_sp_size:
+            _fail(
+                "planning.bucket_sp_size",
+                self.planning.bucket_sp_size,
+                f"does not divide model.num_heads ({heads})",
+                "choose a divisor of the head count",
+            )
+        const = self.model.constant_mem_bytes(dp_size=1)
+        if const >= self.planning.mem_capacity_bytes:
+            raise ConfigError(
+                f"planning.mem_capacity_gib ({self.planning.mem_capacity_gib}) is below the model's constant memory "
+                f"({const / GIB:.3f} GiB for parameters, gradients and optimizer state of "
+                f"{self.model.num_params:,} parameters): raise mem_capacity_gib or use a smaller model"
+            )
+
+    def replace(self, **sections: Any) -> DCPConfig:
+        return dataclasses.replace(self, **sections)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+_SECTIONS: dict[str, type] = {
+    "model": ModelShapeConfig,
+    "profiling": ProfilingConfig,
+    "planning": PlanningConfig,
+    "runtime": RuntimeConfig,
+}
+
+
+def _build_section(name: str, cls: type, raw: Any) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"[{name}] ({raw!r}) must be a table: write it as [{name}] with key = value lines")
+    valid = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(raw) - set(valid))
+    if unknown:
+        raise ConfigError(
+            f"{name}.{unknown[0]} ({raw[unknown[0]]!r}) is not a known key: valid keys of [{name}] are {valid}"
+        )
+    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
+    for f in dataclasses.fields(cls):
+        if f.name in kwargs:
+            _check_type(name, f, kwargs[f.name])
+    return cls(**kwargs)
+
+
+def _check_type(section: str, f: dataclasses.Field, value: Any) -> None:
+    expected = {"int": int, "float": (int, float), "str": str, "bool": bool}.get(str(f.type))
+    if str(f.type).startswith("tuple"):
+        if not isinstance(value, tuple) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise ConfigError(f"{section}.{f.name} ({value!r}) must be a list of integers: e.g. [1, 2, 4]")
+        return
+    if expected is None:
+        return
+    bad_bool = expected is not bool and isinstance(value, bool)
+    if bad_bool or not isinstance(value, expected):
+        raise ConfigError(f"{section}.{f.name} ({value!r}) must be of type {f.type}: write a {f.type} value")
+
+
+def config_from_dict(raw: dict[str, Any]) -> DCPConfig:
+    """Build a DCPConfig from nested dicts; unknown sections or keys are errors listing the valid ones."""
+    unknown = sorted(set(raw) - set(_SECTIONS))
+    if unknown:
+        raise ConfigError(
+            f"[{unknown[0]}] is not a known section: valid sections are {sorted(_SECTIONS)}"
+        )
+    return DCPConfig(**{name: _build_section(name, cls, raw[name]) for name, cls in _SECTIONS.items() if name in raw})
+
+
+def load_config(path: str | Path) -> DCPConfig:
+    """Load a TOML file strictly (unknown sections or keys fail)."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file ({str(path)!r}) does not exist: pass the path of a TOML file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file ({str(path)!r}) is not valid TOML ({exc}): fix the syntax") from None
+    return config_from_dict(raw)

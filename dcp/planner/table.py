@@ -1,0 +1,251 @@
+"""The profile table: measured rows (seq_group, b, p) -> t_f, t_b, m, m_inp, T_C, M_C, L.
+
+Pure data (no torch). Times are seconds, memory is bytes per rank. CSV files carry a metadata header of
+``# key: value`` lines (values JSON-encoded) before the column header; parquet files keep the same
+metadata in the schema's key/value metadata (needs pyarrow).
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import dataclasses
+import io
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TABLE_FORMAT_VERSION = 1
+
+
+class TableError(ValueError):
+    """A profile table is malformed or does not cover what was asked of it."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileRow:
+    """One profiled candidate: b samples of one seq_group on an SP group of p ranks (values per rank)."""
+
+    seq_group: int
+    """Index of the seq_group (position in TableMeta.seq_group_edges)."""
+    seq_len: int
+    """Tokens per sample the row was measured at (the seq_group's upper bound)."""
+    micro_batch_size: int
+    """b: samples in the micro-batch."""
+    sp_size: int
+    """p: ranks sharing each sequence."""
+    t_f_s: float
+    """Forward time of one layer."""
+    t_b_s: float
+    """Backward time of one layer (without its recompute)."""
+    m_act_bytes: float
+    """m: activation bytes one non-recomputed layer keeps for backward (beyond its input)."""
+    m_inp_bytes: float
+    """m_inp: bytes of one layer's input, kept even under checkpointing."""
+    t_const_s: float
+    """T_C: time outside the repeated layers (embedding, head, loss, optimizer share)."""
+    m_const_bytes: float
+    """M_C: memory outside the layers' activations (parameters, gradients, optimizer state, buffers)."""
+    num_layers: int
+    """L: repeated layers of the model."""
+    feasible: bool = True
+    """False when the candidate ran out of memory while profiling (kept so it is not profiled again)."""
+
+    @property
+    def tokens(self) -> int:
+        return self.seq_len * self.micro_batch_size
+
+
+COLUMNS = tuple(f.name for f in dataclasses.fields(ProfileRow))
+_INT_COLUMNS = {"seq_group", "seq_len", "micro_batch_size", "sp_size", "num_layers"}
+
+
+@dataclass(frozen=True, slots=True)
+class TableMeta:
+    """Where a table comes from; the profiler's cache keys on these fields."""
+
+    model: str
+    """Model name (and a hash of its config when profiled for real)."""
+    hardware: str
+    """Device description, e.g. 'cpu-gloo' or 'NVIDIA H200'."""
+    dtype: str
+    """Compute dtype, e.g. 'float32' or 'bfloat16'."""
+    world_size: int
+    """Ranks of the job the table was profiled for."""
+    seq_group_edges: tuple[int, ...]
+    """Upper token bound of every seq_group."""
+    version: str = ""
+    """dcp version that wrote the table."""
+    source: str = "analytic"
+    """'analytic' (generated) or 'profiled' (measured)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Free-form facts (model config hash, profiling wall time, ...)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "seq_group_edges", tuple(int(e) for e in self.seq_group_edges))
+
+
+class ProfileTable:
+    """Rows indexed by seq_group, plus metadata. Immutable once built."""
+
+    def __init__(self, rows: Iterable[ProfileRow], meta: TableMeta) -> None:
+        self.meta = meta
+        self.rows: tuple[ProfileRow, ...] = tuple(
+            sorted(rows, key=lambda r: (r.seq_group, r.sp_size, r.micro_batch_size))
+        )
+        n = len(meta.seq_group_edges)
+        self._by_group: list[list[ProfileRow]] = [[] for _ in range(n)]
+        for r in self.rows:
+            if not 0 <= r.seq_group < n:
+                raise TableError(
+                    f"row seq_group ({r.seq_group}) is outside the {n} seq_groups of the metadata: "
+                    "regenerate the table with matching seq_group_edges"
+                )
+            self._by_group[r.seq_group].append(r)
+        layers = {r.num_layers for r in self.rows}
+        if len(layers) > 1:
+            raise TableError(f"rows disagree on num_layers ({sorted(layers)}): a table describes one model")
+
+    # ----- lookups -----------------------------------------------------------------------------
+    @property
+    def seq_group_edges(self) -> tuple[int, ...]:
+        return self.meta.seq_group_edges
+
+    @property
+    def num_layers(self) -> int:
+        return self.rows[0].num_layers if self.rows else 0
+
+    @property
+    def max_len(self) -> int:
+        return self.meta.seq_group_edges[-1]
+
+    def group_of(self, length: int) -> int | None:
+        """Index of the seq_group holding a sample of ``length`` tokens, or None if longer than every bound."""
+        i = bisect.bisect_left(self.meta.seq_group_edges, length)
+        return i if i < len(self.meta.seq_group_edges) else None
+
+    def rows_for(self, seq_group: int) -> Sequence[ProfileRow]:
+        return self._by_group[seq_group]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ProfileTable) and self.rows == other.rows and self.meta == other.meta
+
+    def __repr__(self) -> str:
+        return f"ProfileTable({len(self.rows)} rows, {len(self.seq_group_edges)} seq_groups, meta={self.meta})"
+
+    # ----- CSV ---------------------------------------------------------------------------------
+    def to_csv(self, path: str | Path | None = None) -> str:
+        buf = io.StringIO()
+        meta = dataclasses.asdict(self.meta)
+        meta["format_version"] = TABLE_FORMAT_VERSION
+        for k in sorted(meta):
+            buf.write(f"# {k}: {json.dumps(meta[k], sort_keys=True)}\n")
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(COLUMNS)
+        for r in self.rows:
+            w.writerow([repr(v) if isinstance(v, float) else v for v in dataclasses.astuple(r)])
+        text = buf.getvalue()
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    @classmethod
+    def from_csv(cls, path_or_text: str | Path, *, text: bool = False) -> ProfileTable:
+        src = str(path_or_text) if text else Path(path_or_text).read_text()
+        meta_raw: dict[str, Any] = {}
+        body: list[str] = []
+        for line in src.splitlines():
+            if line.startswith("# "):
+                key, sep, val = line[2:].partition(": ")
+                if not sep:
+                    raise TableError(f"metadata line ({line!r}) lacks ': ': expected '# key: json-value'")
+                try:
+                    meta_raw[key] = json.loads(val)
+                except json.JSONDecodeError:
+                    raise TableError(f"metadata {key} ({val!r}) is not JSON: regenerate the table") from None
+            elif line.strip():
+                body.append(line)
+        return cls(_rows_from_records(csv.DictReader(body)), _meta_from_dict(meta_raw))
+
+    # ----- parquet -----------------------------------------------------------------------------
+    def to_parquet(self, path: str | Path) -> None:
+        import pandas as pd
+
+        df = pd.DataFrame([dataclasses.asdict(r) for r in self.rows], columns=list(COLUMNS))
+        meta = dataclasses.asdict(self.meta)
+        meta["format_version"] = TABLE_FORMAT_VERSION
+        df.attrs["dcp_meta"] = meta
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        tbl = pa.Table.from_pandas(df, preserve_index=False)
+        tbl = tbl.replace_schema_metadata({**(tbl.schema.metadata or {}), b"dcp_meta": json.dumps(meta).encode()})
+        pq.write_table(tbl, str(path))
+
+    @classmethod
+    def from_parquet(cls, path: str | Path) -> ProfileTable:
+        import pyarrow.parquet as pq
+
+        tbl = pq.read_table(str(path))
+        raw = (tbl.schema.metadata or {}).get(b"dcp_meta")
+        if raw is None:
+            raise TableError(f"parquet file ({str(path)!r}) has no dcp metadata: it was not written by ProfileTable")
+        return cls(_rows_from_records(tbl.to_pylist()), _meta_from_dict(json.loads(raw)))
+
+    # ----- generic -----------------------------------------------------------------------------
+    def save(self, path: str | Path) -> None:
+        if str(path).endswith(".parquet"):
+            self.to_parquet(path)
+        else:
+            self.to_csv(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> ProfileTable:
+        return cls.from_parquet(path) if str(path).endswith(".parquet") else cls.from_csv(path)
+
+    def with_rows(self, rows: Iterable[ProfileRow]) -> ProfileTable:
+        return ProfileTable(rows, self.meta)
+
+
+def _meta_from_dict(raw: dict[str, Any]) -> TableMeta:
+    raw = dict(raw)
+    version = raw.pop("format_version", None)
+    if version != TABLE_FORMAT_VERSION:
+        raise TableError(
+            f"table format_version ({version!r}) is not {TABLE_FORMAT_VERSION}: regenerate the table with this dcp"
+        )
+    names = {f.name for f in dataclasses.fields(TableMeta)}
+    missing = sorted({"model", "hardware", "dtype", "world_size", "seq_group_edges"} - set(raw))
+    if missing:
+        raise TableError(f"table metadata lacks {missing}: regenerate the table")
+    unknown = sorted(set(raw) - names)
+    if unknown:
+        raise TableError(f"table metadata has unknown keys {unknown}: valid keys are {sorted(names)}")
+    return TableMeta(**raw)
+
+
+def _rows_from_records(records: Iterable[dict[str, Any]]) -> list[ProfileRow]:
+    rows = []
+    for i, rec in enumerate(records):
+        missing = [c for c in COLUMNS if c not in rec]
+        if missing:
+            raise TableError(f"table row {i} lacks columns {missing}: expected columns {list(COLUMNS)}")
+        try:
+            kw = {}
+            for c in COLUMNS:
+                v = rec[c]
+                if c == "feasible":
+                    kw[c] = v if isinstance(v, bool) else str(v).strip().lower() == "true"
+                elif c in _INT_COLUMNS:
+                    kw[c] = int(v)
+                else:
+                    kw[c] = float(v)
+        except (TypeError, ValueError) as exc:
+            raise TableError(f"table row {i} has a non-numeric value ({exc}): fix or regenerate the table") from None
+        rows.append(ProfileRow(**kw))
+    return rows
