@@ -38,7 +38,7 @@ class ModelShapeConfig:
     num_heads: int = 8
     """Attention heads; every SP size must divide it (Ulysses shards heads)."""
     ffn_hidden_size: int = 0
-    """Feed-forward width; 0 means 4 * hidden_size."""
+    """Feed-forward (SwiGLU) width; 0 means 8 * hidden_size // 3 (keeps about 12 h^2 parameters per layer)."""
     vocab_size: int = 256
     """Vocabulary (or patch-embedding input) size; used for the constant-memory estimate."""
     param_bytes: int = 4
@@ -51,7 +51,7 @@ class ModelShapeConfig:
             if getattr(self, name) < 1:
                 _fail(f"model.{name}", getattr(self, name), "must be >= 1", f"set model.{name} to a positive integer")
         if self.ffn_hidden_size < 0:
-            _fail("model.ffn_hidden_size", self.ffn_hidden_size, "must be >= 0", "use 0 for 4 * hidden_size")
+            _fail("model.ffn_hidden_size", self.ffn_hidden_size, "must be >= 0", "use 0 for 8 * hidden_size // 3")
         if self.optimizer_bytes_per_param < 0:
             _fail("model.optimizer_bytes_per_param", self.optimizer_bytes_per_param, "must be >= 0", "use 8 for Adam")
         if self.hidden_size % self.num_heads:
@@ -64,7 +64,7 @@ class ModelShapeConfig:
 
     @property
     def ffn_size(self) -> int:
-        return self.ffn_hidden_size or 4 * self.hidden_size
+        return self.ffn_hidden_size or (8 * self.hidden_size) // 3
 
     @property
     def num_params(self) -> int:

@@ -1,0 +1,144 @@
+"""Every config error path: the message names the field, the value, the rule and a fix."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from dcp.config import (
+    ConfigError,
+    DCPConfig,
+    ModelShapeConfig,
+    PlanningConfig,
+    ProfilingConfig,
+    RuntimeConfig,
+    config_from_dict,
+    load_config,
+)
+
+
+def test_defaults_are_valid_and_frozen():
+    cfg = DCPConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.planning.gmin = 3  # type: ignore[misc]
+    assert cfg.planning.mem_capacity_bytes == int(80 * 1024**3)
+    assert '"gmax": 4' in cfg.to_json()
+
+
+@pytest.mark.parametrize(
+    ("cls", "kwargs", "needle"),
+    [
+        (PlanningConfig, {"gmin": 15, "gmax": 5}, "planning.gmin (15) > planning.gmax (5): set gmin <= gmax"),
+        (PlanningConfig, {"gmin": 0}, "planning.gmin (0) must be >= 1"),
+        (PlanningConfig, {"gmax": 0, "gmin": 1}, "planning.gmax (0) must be >= 1"),
+        (PlanningConfig, {"method": "magic"}, "planning.method ('magic') is not one of"),
+        (PlanningConfig, {"mem_capacity_gib": 0}, "planning.mem_capacity_gib (0) must be > 0"),
+        (PlanningConfig, {"ranks_per_node": 0}, "planning.ranks_per_node (0) must be >= 1"),
+        (PlanningConfig, {"sp_sizes": (1, 1)}, "planning.sp_sizes ([1, 1]) must be distinct positive"),
+        (PlanningConfig, {"sp_sizes": ()}, "planning.sp_sizes ([]) must be distinct positive"),
+        (PlanningConfig, {"lookahead_samples": -1}, "planning.lookahead_samples (-1) must be >= 0"),
+        (PlanningConfig, {"packed_token_budget": -1}, "planning.packed_token_budget (-1) must be >= 0"),
+        (PlanningConfig, {"bucket_sp_size": -2}, "planning.bucket_sp_size (-2) must be >= 0"),
+        (ProfilingConfig, {"seq_group_edges": ()}, "profiling.seq_group_edges (()) is empty"),
+        (ProfilingConfig, {"seq_group_edges": (64, 32)}, "profiling.seq_group_edges ([64, 32]) must be positive"),
+        (ProfilingConfig, {"seq_group_edges": (0, 32)}, "must be positive and strictly increasing"),
+        (ProfilingConfig, {"max_micro_batch_size": 0}, "profiling.max_micro_batch_size (0) must be >= 1"),
+        (ProfilingConfig, {"warmup_iters": -1}, "profiling.warmup_iters (-1) must be >= 0"),
+        (ProfilingConfig, {"measure_iters": 0}, "profiling.measure_iters (0) must be >= 1"),
+        (RuntimeConfig, {"engine": "fsdp"}, "runtime.engine ('fsdp') is not one of"),
+        (RuntimeConfig, {"attention": "xformers"}, "runtime.attention ('xformers') is not one of"),
+        (RuntimeConfig, {"loss_weighting": "mean"}, "runtime.loss_weighting ('mean') is not one of"),
+        (RuntimeConfig, {"plan_check_timeout_s": 0}, "runtime.plan_check_timeout_s (0) must be > 0"),
+        (RuntimeConfig, {"log_every": 0}, "runtime.log_every (0) must be >= 1"),
+        (ModelShapeConfig, {"num_layers": 0}, "model.num_layers (0) must be >= 1"),
+        (ModelShapeConfig, {"hidden_size": 60, "num_heads": 8}, "model.hidden_size (60) is not divisible"),
+        (ModelShapeConfig, {"ffn_hidden_size": -1}, "model.ffn_hidden_size (-1) must be >= 0"),
+        (ModelShapeConfig, {"optimizer_bytes_per_param": -1}, "model.optimizer_bytes_per_param (-1)"),
+    ],
+)
+def test_section_errors(cls, kwargs, needle):
+    with pytest.raises(ConfigError) as exc:
+        cls(**kwargs)
+    assert needle in str(exc.value)
+    assert ":" in str(exc.value)  # every message carries a fix after the colon
+
+
+def test_sp_size_must_divide_heads():
+    with pytest.raises(ConfigError) as exc:
+        DCPConfig(model=ModelShapeConfig(hidden_size=96, num_heads=6), planning=PlanningConfig(sp_sizes=(1, 2, 4)))
+    msg = str(exc.value)
+    assert "planning.sp_sizes ([1, 2, 4]) contains [4]" in msg and "model.num_heads (6)" in msg
+    assert "[1, 2]" in msg
+
+
+def test_bucket_sp_size_must_divide_heads():
+    with pytest.raises(ConfigError, match=r"planning.bucket_sp_size \(3\) does not divide model.num_heads \(8\)"):
+        DCPConfig(planning=PlanningConfig(sp_sizes=(1, 2), bucket_sp_size=3))
+
+
+def test_capacity_below_constant_memory():
+    big = ModelShapeConfig(num_layers=42, hidden_size=3072, num_heads=48, vocab_size=32000)
+    with pytest.raises(ConfigError) as exc:
+        DCPConfig(model=big, planning=PlanningConfig(mem_capacity_gib=1.0, sp_sizes=(1, 2)))
+    msg = str(exc.value)
+    assert "planning.mem_capacity_gib (1.0) is below the model's constant memory" in msg
+    assert "raise mem_capacity_gib" in msg
+
+
+def test_paper_5b_fits_80gib_with_zero1_estimate():
+    big = ModelShapeConfig(num_layers=42, hidden_size=3072, num_heads=48, vocab_size=32000, param_bytes=2)
+    assert 4.5e9 < big.num_params < 5.5e9  # "5B" as in the paper's Table 1
+
+
+def test_load_config_strict(tmp_path):
+    good = tmp_path / "good.toml"
+    good.write_text(
+        "[model]\nnum_heads = 8\n[planning]\ngmin = 2\ngmax = 6\nsp_sizes = [1, 2]\n[profiling]\nseq_group_edges = [128, 256]\n"
+    )
+    cfg = load_config(good)
+    assert cfg.planning.gmin == 2 and cfg.planning.sp_sizes == (1, 2)
+    assert cfg.profiling.seq_group_edges == (128, 256)
+
+    bad_key = tmp_path / "bad_key.toml"
+    bad_key.write_text("[planning]\ngmn = 2\n")
+    with pytest.raises(ConfigError, match=r"planning.gmn \(2\) is not a known key: valid keys of \[planning\]"):
+        load_config(bad_key)
+
+    bad_section = tmp_path / "bad_section.toml"
+    bad_section.write_text("[plannig]\ngmin = 2\n")
+    with pytest.raises(ConfigError, match=r"\[plannig\] is not a known section: valid sections are"):
+        load_config(bad_section)
+
+    bad_type = tmp_path / "bad_type.toml"
+    bad_type.write_text('[planning]\ngmin = "two"\n')
+    with pytest.raises(ConfigError, match=r"planning.gmin \('two'\) must be of type int"):
+        load_config(bad_type)
+
+    bad_list = tmp_path / "bad_list.toml"
+    bad_list.write_text("[planning]\nsp_sizes = [1, 2.5]\n")
+    with pytest.raises(ConfigError, match=r"planning.sp_sizes .* must be a list of integers"):
+        load_config(bad_list)
+
+    bad_bool = tmp_path / "bad_bool.toml"
+    bad_bool.write_text("[planning]\ngmin = true\n")
+    with pytest.raises(ConfigError, match=r"planning.gmin \(True\) must be of type int"):
+        load_config(bad_bool)
+
+    not_table = tmp_path / "not_table.toml"
+    not_table.write_text("planning = 3\n")
+    with pytest.raises(ConfigError, match=r"\[planning\] \(3\) must be a table"):
+        load_config(not_table)
+
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.toml")
+
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[planning\n")
+    with pytest.raises(ConfigError, match="is not valid TOML"):
+        load_config(broken)
+
+
+def test_float_field_accepts_int():
+    cfg = config_from_dict({"planning": {"mem_capacity_gib": 2}})
+    assert cfg.planning.mem_capacity_gib == 2
