@@ -1,0 +1,116 @@
+"""SPGroupRegistry: every Ulysses group the planner can name, created once, on every rank, in one order.
+
+``torch.distributed.new_group`` is a collective over the whole world: every rank must call it for every
+group, in the same order, even for groups it is not part of. Building all groups up front therefore
+makes a later switch of SP size free of communication: the manager only looks a group up.
+
+Blocks (contiguous rank ranges) for an SP size p, with W ranks and R ranks per node:
+- p <= R: blocks start at node * R + k * p and lie inside one node (the last node may hold fewer than R
+  ranks when W is not a multiple of R; blocks that would cross its end are not created);
+- p > R: blocks start at multiples of p and end at or before W.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from dcp.runtime.context import SPContext
+
+
+class UnknownSPGroupError(KeyError, ValueError):
+    """The requested (first_rank, sp_size) block was not created by the registry."""
+
+    def __str__(self) -> str:  # KeyError would otherwise print the message with quotes
+        return str(self.args[0])
+
+
+def sp_blocks(world_size: int, ranks_per_node: int, sp_sizes: Iterable[int]) -> list[tuple[int, int]]:
+    """The (first_rank, sp_size) blocks for every size, in creation order (sizes ascending, then rank)."""
+    if world_size < 1:
+        raise ValueError(f"world_size ({world_size}) must be >= 1: pass torch.distributed.get_world_size()")
+    if ranks_per_node < 1:
+        raise ValueError(f"ranks_per_node ({ranks_per_node}) must be >= 1: pass the GPUs per node, e.g. 8")
+    sizes = sorted(set(sp_sizes))
+    if not sizes or sizes[0] < 1:
+        raise ValueError(f"sp_sizes ({list(sp_sizes)}) must be positive integers: e.g. [1, 2, 4, 8]")
+    blocks: list[tuple[int, int]] = []
+    for p in sizes:
+        if p <= ranks_per_node:
+            for node_start in range(0, world_size, ranks_per_node):
+                node_end = min(node_start + ranks_per_node, world_size)
+                blocks.extend((first, p) for first in range(node_start, node_end - p + 1, p))
+        else:
+            blocks.extend((first, p) for first in range(0, world_size - p + 1, p))
+    return blocks
+
+
+class SPGroupRegistry:
+    """Pre-built SP process groups; construct it on all ranks after ``init_process_group``."""
+
+    def __init__(
+        self, world_size: int, ranks_per_node: int, sp_sizes: Iterable[int], *, backend: str | None = None
+    ) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized() and dist.get_world_size() != world_size:
+            raise ValueError(
+                f"world_size ({world_size}) differs from torch.distributed's ({dist.get_world_size()}): "
+                "pass torch.distributed.get_world_size()"
+            )
+        self.world_size = world_size
+        self.ranks_per_node = ranks_per_node
+        self.sp_sizes = tuple(sorted(set(sp_sizes)))
+        self.blocks = sp_blocks(world_size, ranks_per_node, self.sp_sizes)
+        self._groups: dict[tuple[int, int], Any] = {}
+        for first, p in self.blocks:
+            if p == 1:
+                self._groups[(first, p)] = None  # no communication: no group needed
+                continue
+            if not dist.is_initialized():
+                raise ValueError(
+                    f"sp_sizes ({list(self.sp_sizes)}) contain sizes > 1 but torch.distributed is not initialised: "
+                    "call torch.distributed.init_process_group first"
+                )
+            # Collective on the whole world; same order on every rank because blocks is a pure function.
+            group = dist.new_group(list(range(first, first + p)), backend=backend)
+            self._groups[(first, p)] = group
+
+    def get(self, first_rank: int, sp_size: int) -> Any:
+        """ProcessGroup of ranks first_rank .. first_rank + sp_size - 1 (None for sp_size 1)."""
+        key = (first_rank, sp_size)
+        if key not in self._groups:
+            valid = sorted({f for f, p in self.blocks if p == sp_size})
+            raise UnknownSPGroupError(
+                f"SP block (first_rank={first_rank}, sp_size={sp_size}) was not created by the registry "
+                f"(world_size {self.world_size}, ranks_per_node {self.ranks_per_node}, sp_sizes "
+                f"{list(self.sp_sizes)}); valid first ranks for sp_size {sp_size}: {valid}: make the planner "
+                "use the same world_size, ranks_per_node and sp_sizes"
+            )
+        return self._groups[key]
+
+    def context(self, group_plan: Any, rank: int, attention: str = "auto") -> SPContext:
+        """The SPContext of ``rank`` for a GroupPlan (dcp.planner.plan) that contains it."""
+        first, p = group_plan.first_rank, group_plan.sp_size
+        if not first <= rank < first + p:
+            raise ValueError(
+                f"rank ({rank}) is not in the GroupPlan's ranks [{first}, {first + p}): pass the group of this rank "
+                "(StepPlan.group_of(rank))"
+            )
+        return SPContext(
+            group=self.get(first, p),
+            sp_size=p,
+            sp_rank=rank - first,
+            recompute_layers=group_plan.recompute_layers,
+            attention=attention,
+        )
+
+    def context_for_step(self, step_plan: Any, rank: int, attention: str = "auto") -> SPContext:
+        """The SPContext of ``rank`` in a StepPlan."""
+        return self.context(step_plan.group_of(rank), rank, attention)
+
+    def __repr__(self) -> str:
+        return (
+            f"SPGroupRegistry(world_size={self.world_size}, ranks_per_node={self.ranks_per_node}, "
+            f"sp_sizes={list(self.sp_sizes)}, groups={sum(p > 1 for _, p in self.blocks)})"
+        )

@@ -1,0 +1,134 @@
+"""Ulysses sequence parallelism: all-to-all between sequence-sharded and head-sharded layouts.
+
+Each rank of an SP group of size p holds one contiguous chunk of the (padded) sequence, with all heads:
+[b, s/p, H, d]. Attention needs the whole sequence, so one all-to-all trades the sequence split for a
+head split, [b, s, H/p, d]; each rank attends over the full sequence for its H/p heads (heads are
+independent), and a second all-to-all goes back. Communication volume per rank is O(b s H d / p), which
+is why short sequences should run with small p (DCP's point) and long ones with large p.
+
+``all_to_all_sp`` is built on ``torch.distributed.all_to_all_single``, which gloo (CPU) and NCCL both
+implement; its backward is the inverse all-to-all. The process group is always passed in explicitly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dcp.runtime.attention import local_attention
+from dcp.runtime.context import SPContext, pad_to_multiple, shard_range
+
+__all__ = ["IMPLS", "all_to_all_sp", "check_heads", "pad_to_multiple", "shard_range", "ulysses_attention"]
+
+IMPLS = ("dcp", "deepspeed")
+
+
+def _all_to_all(x: torch.Tensor, group: Any, scatter_dim: int, gather_dim: int) -> torch.Tensor:
+    p = dist.get_world_size(group)
+    if x.shape[scatter_dim] % p:
+        raise ValueError(
+            f"all_to_all_sp scatter dim {scatter_dim} has size {x.shape[scatter_dim]}, not divisible by the SP "
+            f"group size ({p}): pad the sequence with pad_to_multiple and use a head count divisible by p"
+        )
+    # Chunk j (along scatter_dim) goes to rank j; what arrives from rank j is rank j's piece of gather_dim.
+    send = torch.stack(x.chunk(p, dim=scatter_dim), dim=0).contiguous()
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    # Ranks hold contiguous chunks in rank order, so concatenating in rank order rebuilds gather_dim.
+    return torch.cat(recv.unbind(0), dim=gather_dim)
+
+
+class _AllToAllSP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any, scatter_dim: int, gather_dim: int) -> torch.Tensor:
+        ctx.group, ctx.scatter_dim, ctx.gather_dim = group, scatter_dim, gather_dim
+        return _all_to_all(x, group, scatter_dim, gather_dim)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        # The inverse exchange: every rank of the group runs it, in the same order as the forward ones.
+        return _all_to_all(grad, ctx.group, ctx.gather_dim, ctx.scatter_dim), None, None, None
+
+
+def all_to_all_sp(x: torch.Tensor, group: Any, scatter_dim: int, gather_dim: int) -> torch.Tensor:
+    """Differentiable all-to-all: split ``scatter_dim`` over the group, concatenate ``gather_dim``.
+
+    With ``group`` None (or a group of one rank) it returns ``x`` unchanged.
+    """
+    if group is None or dist.get_world_size(group) == 1:
+        return x
+    ndim = x.dim()
+    scatter_dim, gather_dim = scatter_dim % ndim, gather_dim % ndim
+    if scatter_dim == gather_dim:
+        raise ValueError(f"scatter_dim ({scatter_dim}) equals gather_dim ({gather_dim}): pass two different dims")
+    return _AllToAllSP.apply(x, group, scatter_dim, gather_dim)
+
+
+def check_heads(num_heads: int, sp_size: int) -> None:
+    """Ulysses shards heads over the group: p must divide the head count."""
+    if num_heads % sp_size:
+        raise ValueError(
+            f"sp_size ({sp_size}) does not divide the number of attention heads ({num_heads}): Ulysses shards "
+            "heads across the SP group; choose an SP size that divides the head count"
+        )
+
+
+def ulysses_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    ctx: SPContext,
+    *,
+    causal: bool,
+    key_padding_mask: torch.Tensor | None = None,
+    impl: str = "dcp",
+) -> torch.Tensor:
+    """Sequence-parallel attention. q, k, v: this rank's chunk [b, s_local, H, d]; returns [b, s_local, H, d].
+
+    ``key_padding_mask`` is bool [b, s_local * sp_size] over the FULL padded sequence (every rank of the
+    group builds the same one from the micro-batch), True on real tokens.
+    """
+    if impl not in IMPLS:
+        raise ValueError(f"ulysses impl ({impl!r}) is not one of {list(IMPLS)}: pick one of those")
+    check_heads(q.shape[2], ctx.sp_size)
+    if key_padding_mask is not None and key_padding_mask.shape[1] != q.shape[1] * ctx.sp_size:
+        raise ValueError(
+            f"key_padding_mask length ({key_padding_mask.shape[1]}) != s_local ({q.shape[1]}) * sp_size "
+            f"({ctx.sp_size}): pass the mask of the full padded sequence"
+        )
+
+    def attend(qf: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor) -> torch.Tensor:
+        return local_attention(qf, kf, vf, causal=causal, key_padding_mask=key_padding_mask, backend=ctx.attention)
+
+    if ctx.sp_size == 1:
+        return attend(q, k, v)
+    if impl == "deepspeed":
+        return _deepspeed_attention(q, k, v, ctx, attend)
+    # One exchange for q, k and v together: [b, s/p, 3, H, d] -> [b, s, 3, H/p, d].
+    qkv = all_to_all_sp(torch.stack((q, k, v), dim=2), ctx.group, scatter_dim=3, gather_dim=1)
+    out = attend(*qkv.unbind(dim=2))
+    return all_to_all_sp(out, ctx.group, scatter_dim=1, gather_dim=2)
+
+
+def _deepspeed_attention(q, k, v, ctx: SPContext, attend) -> torch.Tensor:
+    """DeepSpeed's DistributedAttention with our group; needs deepspeed.comm initialised (see docs/models.md)."""
+    import deepspeed.comm as ds_comm
+    from deepspeed.sequence.layer import DistributedAttention
+
+    if not ds_comm.is_initialized():
+        # Wraps the already-initialised torch.distributed world; creates no new groups.
+        ds_comm.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
+    # batch-first layout: scatter heads (dim 2), gather the sequence (dim 1).
+    layer = DistributedAttention(_Attend(attend), ctx.group, scatter_idx=2, gather_idx=1)
+    return layer(q, k, v, 0)
+
+
+class _Attend(torch.nn.Module):
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self.fn(q, k, v)
