@@ -1,0 +1,61 @@
+"""Figure 8: throughput and imbalance, 2 models x 3 datasets x 4 methods at 32 H200 GPUs (simulated)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dcp.figures.common import (
+    COLORS,
+    METHODS,
+    MODEL_DATASET_PREFIX,
+    Sizes,
+    progress,
+    pyplot,
+    save,
+    simulate_methods,
+    write_csv,
+)
+
+WORLD_SIZE = 32
+HARDWARE = "h200"
+DATASETS = ("short", "balanced", "long")
+
+
+def make(out_dir: Path, sizes: Sizes) -> list[Path]:
+    from dcp.data_dists import load_lengths
+
+    rows = []
+    for model, prefix in MODEL_DATASET_PREFIX.items():
+        for ds in DATASETS:
+            lengths = load_lengths(f"{prefix}-{ds}", num_samples=sizes.fig8_samples, seed=0)
+            res = simulate_methods(lengths.tokens, model, HARDWARE, WORLD_SIZE, METHODS, shapes=lengths.shapes)
+            base = res["bucket"].tokens_per_s
+            for m, r in res.items():
+                rows.append({"model": model, "dataset": ds, "method": m, "gpus": WORLD_SIZE, "hardware": HARDWARE,
+                             "samples": r.num_samples, "steps": r.num_steps, "tokens_per_s": r.tokens_per_s,
+                             "speedup_vs_bucket": r.tokens_per_s / base, "idle_ratio": r.idle_ratio,
+                             "idle_ratio_batch": r.idle_ratio_batch, "ideal_fraction": r.ideal_fraction,
+                             "sync_share": r.sync_time_s / r.total_time_s})
+            progress(f"fig8: {model} {ds}: " + ", ".join(f"{m} x{res[m].tokens_per_s / base:.2f}" for m in METHODS))
+    csv_path = write_csv(out_dir / "fig8_throughput.csv", rows)
+
+    plt = pyplot()
+    fig, axes = plt.subplots(2, 2, figsize=(10, 6))
+    width = 0.2
+    for col, model in enumerate(MODEL_DATASET_PREFIX):
+        for k, m in enumerate(METHODS):
+            pts = [next(r for r in rows if r["model"] == model and r["dataset"] == d and r["method"] == m)
+                   for d in DATASETS]
+            xs = [i + (k - 1.5) * width for i in range(len(DATASETS))]
+            axes[0][col].bar(xs, [r["speedup_vs_bucket"] for r in pts], width, color=COLORS[m], label=m)
+            axes[1][col].bar(xs, [100 * r["idle_ratio"] for r in pts], width, color=COLORS[m], label=m)
+            for x, r in zip(xs, pts, strict=True):
+                axes[0][col].text(x, r["speedup_vs_bucket"], f"{r['speedup_vs_bucket']:.2f}", ha="center",
+                                  va="bottom", fontsize=6)
+        for row in (0, 1):
+            axes[row][col].set_xticks(range(len(DATASETS)), DATASETS)
+        axes[0][col].set_title(f"{model}, {WORLD_SIZE} x {HARDWARE.upper()} (simulated)")
+        axes[0][col].set_ylabel("throughput vs bucket (x)")
+        axes[1][col].set_ylabel("imbalance ratio (% GPU time idle)")
+    axes[0][0].legend(fontsize=7)
+    return [csv_path, save(fig, out_dir / "fig8_throughput.png")]

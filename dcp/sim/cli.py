@@ -1,0 +1,130 @@
+"""``dcp simulate``: run the planner over a simulated cluster on your own sequence lengths.
+
+    dcp simulate --lengths my_lengths.csv --model t1d-5b --hardware h200 --gpus 32 --method dcp-intra
+    dcp simulate --dataset t2d-short --model t2d-1.2b --hardware h100 --gpus 64 --method all --json
+    dcp simulate --dataset t1d-balanced --scale cpu --config run.toml --table .dcp_cache/t.csv --hardware cpu --gpus 2
+
+Prints one row per method (throughput, idle ratios, ideal bound); with --json the last line is a JSON
+object ``{"tokens_per_s": .., "idle_ratio": .., "ideal_fraction": ..}`` (per method under "methods" for
+--method all).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+from dcp.config import METHODS
+
+DEFAULT_NUM_SAMPLES = 20000
+DEFAULT_LOOKAHEAD_PER_RANK = 0
+"""0: the planner's own default window (sized by work: enough samples to fill a step that holds the longest
+micro-batch). Paper-scale distributions are heavy-tailed, and the window decides how well DCP balances a
+step holding a 512k-token sample; docs/simulator.md shows the effect of other values."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    src = parser.add_mutually_exclusive_group()
+    src.add_argument("--lengths", metavar="FILE", help="CSV with a 'tokens' column (or 'frames' and 'spatial_tokens')")
+    src.add_argument("--dataset", metavar="NAME", help="a distribution of datasets/ (e.g. t1d-short, t2d-zipf)")
+    parser.add_argument("--scale", default="paper", choices=("paper", "cpu"), help="--dataset length scale")
+    parser.add_argument("--num-samples", type=int, default=DEFAULT_NUM_SAMPLES, help="--dataset samples to draw")
+    parser.add_argument("--seed", type=int, default=0, help="--dataset seed and the planner's shuffle seed")
+    parser.add_argument("--model", default="t1d-5b", choices=("t1d-5b", "t2d-1.2b"),
+                        help="paper model shape (with --config: only its attention layout, 1d or 2d, is used)")
+    parser.add_argument("--hardware", default="h200", choices=("h100", "h200", "cpu"), help="simulated device")
+    parser.add_argument("--config", metavar="TOML", help="a DCPConfig file: its model and planning sections replace "
+                        "the paper model's (method and look-ahead still come from the flags)")
+    parser.add_argument("--gpus", type=int, default=32, help="simulated GPUs (world size)")
+    parser.add_argument("--method", default="dcp-intra", choices=(*METHODS, "all"), help="planning method")
+    parser.add_argument("--table", metavar="FILE", help="a measured profile table (CSV/parquet) instead of the analytic one")
+    parser.add_argument("--gmin", type=int, default=1, help="planning.gmin")
+    parser.add_argument("--gmax", type=int, default=4, help="planning.gmax")
+    parser.add_argument("--lookahead-per-rank", type=int, default=DEFAULT_LOOKAHEAD_PER_RANK,
+                        help="planner look-ahead window in samples per GPU (default 0: the planner's work-sized default)")
+    parser.add_argument("--layer-working-set", action="store_true",
+                        help="sensitivity: count one layer's activations (being recomputed) in every row's memory")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument("--json", action="store_true", help="print a JSON object as the last line")
+
+
+def _lengths(args: argparse.Namespace):
+    from dcp.data_dists import load_lengths, load_lengths_csv
+
+    if args.lengths:
+        return load_lengths_csv(args.lengths)
+    if args.dataset:
+        return load_lengths(args.dataset, scale=args.scale, num_samples=args.num_samples, seed=args.seed)
+    raise ValueError("lengths (none given): pass --lengths FILE or --dataset NAME (see datasets/README.md)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from dcp.config import load_config
+    from dcp.planner.analytic import analytic_table
+    from dcp.planner.table import ProfileTable
+    from dcp.sim.cluster import simulate
+    from dcp.sim.scenario import paper_config, paper_table, scenario
+
+    try:
+        if args.gpus < 1:
+            raise ValueError(f"--gpus ({args.gpus}) must be >= 1: pass the number of simulated GPUs")
+        if args.lookahead_per_rank < 0:
+            raise ValueError(f"--lookahead-per-rank ({args.lookahead_per_rank}) must be >= 0: use 0 for the default")
+        sc = scenario(args.model, args.hardware)
+        methods = list(METHODS) if args.method == "all" else [args.method]
+        configs = {}
+        custom = load_config(args.config) if args.config else None
+        for m in methods:
+            cfg = custom or paper_config(sc, m, gmin=args.gmin, gmax=args.gmax, seed=args.seed)
+            configs[m] = cfg.replace(planning=dataclasses.replace(
+                cfg.planning, method=m, lookahead_samples=args.lookahead_per_rank * args.gpus))
+        if args.print_config:
+            print(configs[methods[0]].to_json())
+            return 0
+        lengths = _lengths(args)
+        if args.table:
+            table = ProfileTable.load(args.table)
+        elif custom is not None:
+            first = configs[methods[0]]
+            table = analytic_table(first.model, first.profiling.seq_group_edges, sp_sizes=first.planning.sp_sizes,
+                                   max_micro_batch_size=first.profiling.max_micro_batch_size, world_size=args.gpus,
+                                   hardware=sc.hardware, dtype_bytes=first.model.param_bytes, attention=sc.attention,
+                                   mem_capacity_bytes=first.planning.mem_capacity_bytes)
+        else:
+            if (lengths.shapes is not None) != (sc.attention == "2d"):
+                kind = "2d (frames, spatial_tokens)" if lengths.shapes is not None else "1d (tokens)"
+                print(f"note: {kind} lengths on model {args.model}; using total tokens per sample", file=sys.stderr)
+            table = paper_table(sc, args.gpus, shapes=lengths.shapes if sc.attention == "2d" else None,
+                                layer_working_set=args.layer_working_set)
+    except (ValueError, OSError) as exc:
+        print(f"dcp simulate: {exc}", file=sys.stderr)
+        return 2
+    n = len(lengths.tokens)
+    print(f"# {n} samples, {sum(lengths.tokens):,} tokens, max {max(lengths.tokens):,}; model {configs[methods[0]].model.name}, "
+          f"{sc.hardware.name}, {args.gpus} GPUs, table {args.table or 'analytic'}")
+    print(f"{'method':<10} {'steps':>6} {'tokens/s':>12} {'tok/s/GPU':>10} {'idle':>6} {'idle_b':>6} "
+          f"{'idle_max':>8} {'ideal tok/s':>12} {'ideal_frac':>10} {'sync%':>6}")
+    out = {}
+    for m in methods:
+        try:
+            r = simulate(lengths.tokens, table, configs[m], args.gpus, hardware=sc.hardware)
+        except ValueError as exc:
+            print(f"dcp simulate: {m}: {exc}", file=sys.stderr)
+            return 2
+        out[m] = r
+        print(f"{m:<10} {r.num_steps:>6} {r.tokens_per_s:>12.0f} {r.tokens_per_s / args.gpus:>10.0f} "
+              f"{r.idle_ratio:>6.3f} {r.idle_ratio_batch:>6.3f} {max(r.idle_ratio_per_rank):>8.3f} "
+              f"{r.ideal_tokens_per_s:>12.0f} "
+              f"{r.ideal_fraction:>10.3f} {100 * r.sync_time_s / r.total_time_s:>6.1f}")
+    if args.json:
+        def brief(r):
+            return {"tokens_per_s": r.tokens_per_s, "idle_ratio": r.idle_ratio, "ideal_fraction": r.ideal_fraction,
+                    "idle_ratio_batch": r.idle_ratio_batch, "ideal_tokens_per_s": r.ideal_tokens_per_s,
+                    "idle_ratio_max_gpu": max(r.idle_ratio_per_rank), "num_steps": r.num_steps}
+        if len(methods) == 1:
+            print(json.dumps(brief(out[methods[0]])))
+        else:
+            print(json.dumps({"methods": {m: brief(r) for m, r in out.items()}}))
+    return 0

@@ -1,0 +1,244 @@
+"""Run the real planner over a simulated cluster and account for time, idleness and memory.
+
+For every StepPlan of ``plan_epoch`` (the same code the runtime uses):
+
+- each SP group runs its micro-batches back to back; a micro-batch takes the time of its (seq_group, p, r,
+  samples) row of the *truth* table (the planning table unless another is given, e.g. a measured one), by
+  the paper's Eq. 4, which already contains the Ulysses all-to-alls of every layer;
+- the step's compute phase lasts as long as its slowest group; ranks of faster groups idle until then
+  (data-parallel ranks meet at the gradient synchronisation, so nobody may start the next step earlier);
+- then every rank runs the ZeRO-1 gradient sync (reduce-scatter of gradients + all-gather of the updated
+  parameters over all W ranks, ring formula) and its 1/W share of the optimizer update. The sync is not
+  overlapped with backward here (DeepSpeed can overlap part of it), which makes the per-step cost an
+  upper bound and penalises methods that take more steps, as the paper describes for bucket parallel.
+
+The ideal bound runs every sample at its best per-GPU efficiency from the truth table (Eq. 1 optimum with
+minimal recompute, Algorithm 1), with no idle time and no synchronisation: ``tokens / (sum_i GPU-s_i / W)``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from dcp.config import DCPConfig
+from dcp.planner.analytic import HardwareSpec, grad_sync_time_s, optimizer_step_time_s
+from dcp.planner.cost import micro_batch_mem_bytes
+from dcp.planner.intra import best_settings
+from dcp.planner.plan import StepPlan
+from dcp.planner.stream import TimeLookup, seq_groups_of
+from dcp.planner.table import ProfileTable
+
+
+class SimulationError(ValueError):
+    """The simulation cannot run as asked; the message says why and how to fix it."""
+
+
+def _plan_epoch():
+    try:
+        from dcp.planner import plan_epoch
+    except ImportError:  # the planner package may not re-export it yet
+        from dcp.planner.assemble import plan_epoch
+    return plan_epoch
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class StepResult:
+    """Simulated cost of one optimizer step."""
+
+    step: int
+    """Step index in the epoch."""
+    compute_time_s: float
+    """Slowest SP group's accumulated micro-batch time (the compute phase)."""
+    sync_time_s: float
+    """ZeRO-1 gradient reduce-scatter + parameter all-gather over all ranks."""
+    optimizer_time_s: float
+    """Each rank's 1/W share of the Adam update."""
+    tokens: int
+    """Tokens trained in the step."""
+    samples: int
+    """Samples trained in the step."""
+    idle_gpu_s: float
+    """GPU-seconds idle in the compute phase: sum over groups of p_i * (T* - g_i T_i), idle ranks fully."""
+    idle_ratio_batch: float
+    """Paper's per-batch form: mean over busy groups of (T* - g_i T_i) / T*."""
+    peak_mem_bytes: float
+    """Largest predicted memory of any micro-batch of the step (Eq. 6)."""
+    group_idle_s: tuple[tuple[int, int, float], ...] = ()
+    """(first_rank, sp_size, idle seconds) of every SP group: T* minus its accumulated time."""
+
+    @property
+    def step_time_s(self) -> float:
+        return self.compute_time_s + self.sync_time_s + self.optimizer_time_s
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class SimResult:
+    """One simulated epoch: throughput, idleness and the ideal bound."""
+
+    method: str
+    """Planning method."""
+    world_size: int
+    """Simulated GPUs."""
+    num_steps: int
+    """Optimizer steps of the epoch."""
+    num_samples: int
+    """Samples trained (every sample exactly once)."""
+    tokens: int
+    """Tokens trained."""
+    total_time_s: float
+    """Sum of step times (compute + sync + optimizer)."""
+    compute_time_s: float
+    """Sum of compute phases."""
+    sync_time_s: float
+    """Sum of gradient syncs and optimizer updates."""
+    tokens_per_s: float
+    """Throughput of the whole cluster."""
+    idle_ratio: float
+    """GPU-weighted idle fraction of the compute phases: idle GPU-s / (W * compute_time_s)."""
+    idle_ratio_batch: float
+    """Paper's per-batch idle ratio, averaged over steps weighted by compute time."""
+    ideal_tokens_per_s: float
+    """Throughput if every sample ran at its best per-GPU efficiency, no idle, no sync."""
+    ideal_fraction: float
+    """tokens_per_s / ideal_tokens_per_s (<= 1)."""
+    idle_ratio_per_rank: tuple[float, ...]
+    """Per GPU: its idle seconds in compute phases / compute_time_s (mean over ranks = idle_ratio)."""
+    peak_mem_bytes: float
+    """Largest predicted per-rank memory of any micro-batch."""
+    mem_violations: int
+    """Steps holding a micro-batch whose predicted memory exceeds the capacity (0 for a sound planner)."""
+    plan_time_s: float
+    """Wall time the planner took for the epoch."""
+
+    def to_dict(self) -> dict[str, float | int | str]:
+        return asdict(self)
+
+
+def ideal_tokens_per_s(lengths: Sequence[int], table: ProfileTable, config: DCPConfig, world_size: int) -> float:
+    """Every sample at the best b*s/(p*T) of its seq_group (minimal recompute), perfectly packed on W GPUs."""
+    cfg = config.planning
+    best = best_settings(table, mem_capacity_bytes=cfg.mem_capacity_bytes, sp_sizes=cfg.sp_sizes,
+                         world_size=world_size, ranks_per_node=cfg.ranks_per_node, dynamic_recompute=True)
+    arr, groups = seq_groups_of(lengths, table)
+    gpu_s = 0.0
+    for g in sorted(set(groups.tolist())):
+        if g not in best:
+            raise SimulationError(
+                f"seq_group {g} (<= {table.seq_group_edges[g]} tokens) has no setting that fits "
+                f"{cfg.mem_capacity_gib} GiB with sp_sizes {list(cfg.sp_sizes)} on {world_size} GPUs: "
+                "allow larger SP sizes, more memory, or drop those samples"
+            )
+        s = best[g]
+        gpu_s += int((groups == g).sum()) * s.sp_size * s.time_s / s.micro_batch_size
+    return float(arr.sum()) * world_size / gpu_s
+
+
+def _row_lookup(table: ProfileTable) -> dict[tuple[int, int], list]:
+    rows: dict[tuple[int, int], list] = {}
+    for row in table.rows:
+        rows.setdefault((row.seq_group, row.sp_size), []).append(row)
+    for rs in rows.values():
+        rs.sort(key=lambda r: r.micro_batch_size)
+    return rows
+
+
+def _mem_row(mb, sp_size: int, rows: dict, edges: Sequence[int]):
+    """The table row bounding a micro-batch's memory: its seq_group at the smallest profiled b >= its size; a
+    packed micro-batch (seq_group -1) is one sequence of its total tokens, bounded by that length at b = 1."""
+    if mb.seq_group >= 0:
+        group, size = mb.seq_group, mb.size
+    else:
+        group, size = bisect.bisect_left(edges, mb.tokens), 1
+    cand = rows.get((group, sp_size), [])
+    return next((r for r in cand if r.micro_batch_size >= size), None)
+
+
+def step_cost(plan: StepPlan, times: TimeLookup | None, rows: dict, *, sync_s: float, optimizer_s: float,
+              edges: Sequence[int] = ()) -> StepResult:
+    """Cost of one StepPlan; ``times`` re-times micro-batches from a truth table (None: planner's times)."""
+    group_times: list[float] = []
+    peak = 0.0
+    for g in plan.groups:
+        t = 0.0
+        for mb in g.micro_batches:
+            if times is not None and mb.seq_group >= 0:
+                t += times.time_s(mb.seq_group, g.sp_size, g.recompute_layers, mb.size)
+            else:
+                t += mb.time_s
+            row = _mem_row(mb, g.sp_size, rows, edges)
+            if row is not None:
+                peak = max(peak, micro_batch_mem_bytes(row, g.recompute_layers))
+        group_times.append(t)
+    t_star = max(group_times, default=0.0)
+    per_group = tuple((g.first_rank, g.sp_size, t_star - t) for g, t in zip(plan.groups, group_times, strict=True))
+    idle = sum(p * i for _, p, i in per_group)
+    busy = [t for g, t in zip(plan.groups, group_times, strict=True) if g.micro_batches]
+    batch = sum(t_star - t for t in busy) / (len(busy) * t_star) if busy and t_star > 0 else 0.0
+    return StepResult(step=plan.step, compute_time_s=t_star, sync_time_s=sync_s, optimizer_time_s=optimizer_s,
+                      tokens=plan.tokens, samples=plan.samples, idle_gpu_s=idle, idle_ratio_batch=batch,
+                      peak_mem_bytes=peak, group_idle_s=per_group)
+
+
+def simulate(lengths: Sequence[int], table: ProfileTable, config: DCPConfig, world_size: int, *,
+             hardware: HardwareSpec | None, truth_table: ProfileTable | None = None, epoch: int = 0,
+             return_steps: bool = False) -> SimResult | tuple[SimResult, list[StepResult]]:
+    """Plan one epoch with the real planner and simulate it.
+
+    ``hardware`` gives the per-step gradient sync and optimizer time (``None``: zero, for tables whose
+    T_C already includes them). ``truth_table`` (default: ``table``) times the micro-batches.
+    """
+    if world_size < 1:
+        raise SimulationError(f"world_size ({world_size}) must be >= 1: pass the number of simulated GPUs")
+    if not len(lengths):
+        raise SimulationError("lengths (empty) must hold at least one sample: pass a non-empty length list")
+    truth = truth_table or table
+    t0 = time.perf_counter()
+    plans = _plan_epoch()(lengths, table, config, world_size, epoch)
+    plan_s = time.perf_counter() - t0
+    model = config.model
+    sync = grad_sync_time_s(model, hardware, world_size) if hardware else 0.0
+    opt = optimizer_step_time_s(model, hardware, world_size) if hardware else 0.0
+    times = TimeLookup(truth) if truth_table is not None else None
+    rows = _row_lookup(truth)
+    steps = [step_cost(p, times, rows, sync_s=sync, optimizer_s=opt, edges=truth.seq_group_edges) for p in plans]
+    seen = sum(s.samples for s in steps)
+    if seen != len(lengths):
+        raise SimulationError(
+            f"planner placed {seen} samples of {len(lengths)}: every sample must be trained exactly once; "
+            "this is a planner bug, report it with the length file"
+        )
+    compute = sum(s.compute_time_s for s in steps)
+    total = sum(s.step_time_s for s in steps)
+    tokens = sum(s.tokens for s in steps)
+    idle = sum(s.idle_gpu_s for s in steps)
+    tps = tokens / total if total > 0 else 0.0
+    rank_idle = [0.0] * world_size
+    for st in steps:
+        for first, size, idle_s in st.group_idle_s:
+            for r in range(first, first + size):
+                rank_idle[r] += idle_s
+    ideal = ideal_tokens_per_s(lengths, truth, config, world_size)
+    cap = config.planning.mem_capacity_bytes
+    result = SimResult(
+        method=config.planning.method,
+        world_size=world_size,
+        num_steps=len(steps),
+        num_samples=seen,
+        tokens=tokens,
+        total_time_s=total,
+        compute_time_s=compute,
+        sync_time_s=total - compute,
+        tokens_per_s=tps,
+        idle_ratio=idle / (world_size * compute) if compute > 0 else 0.0,
+        idle_ratio_batch=sum(s.idle_ratio_batch * s.compute_time_s for s in steps) / compute if compute > 0 else 0.0,
+        idle_ratio_per_rank=tuple(x / compute if compute > 0 else 0.0 for x in rank_idle),
+        ideal_tokens_per_s=ideal,
+        ideal_fraction=tps / ideal if ideal > 0 else 0.0,
+        peak_mem_bytes=max((s.peak_mem_bytes for s in steps), default=0.0),
+        mem_violations=sum(1 for s in steps if s.peak_mem_bytes > cap),
+        plan_time_s=plan_s,
+    )
+    return (result, steps) if return_steps else result

@@ -1,0 +1,120 @@
+"""The simulated clusters (H100, H200) and the paper's two model shapes.
+
+The formulas live in ``dcp.planner.analytic`` (FLOPs and bytes per layer, Ulysses all-to-all, ZeRO-1 sync,
+optimizer step); this module only supplies the numbers, each with its source.
+
+Sources:
+
+- [paper] Testbed section (4.1) of the DCP paper: "a cluster of NVIDIA H200 GPUs. Each node contains 8 GPUs
+  connected via 900GB/s NVLink, with an 8x400Gbs InfiniBand network for internode communication. Although
+  H200 GPUs have 141GB of memory, we limit usage to 80GB". The blog measures on 32 H100s (NVLink + IB).
+- [vendor] NVIDIA H100 / H200 SXM datasheets: dense BF16 989 TFLOP/s (1979 with sparsity) on both; HBM3 3.35
+  TB/s (H100, 80 GB), HBM3e 4.8 TB/s (H200, 141 GB); NVLink 4 at 900 GB/s total per GPU (450 GB/s each way).
+- [measured] bf16 dense GEMM (large square matmuls, torch.matmul) sustains 788-798 TFLOP/s on both H100 SXM
+  and H200 SXM (the project's measurement; about 80% of the 989 TFLOP/s datasheet figure); we use 790.
+- [assumed] fractions of a peak that a real kernel or collective sustains; each is named where it is used.
+"""
+
+from __future__ import annotations
+
+from dcp.config import ModelShapeConfig
+from dcp.planner.analytic import CPU_SMALL, HardwareSpec
+
+GB = 1e9
+GIB = 1024**3
+
+BF16_MATMUL_FLOPS_PER_S = 790e12
+"""[measured] Sustained dense bf16 matmul of one H100/H200 SXM (788-798 TFLOP/s measured; datasheet 989)."""
+FLASH_ATTENTION_EFFICIENCY = 0.45
+"""[assumed] FlashAttention-2 forward/backward at head dim 64-128 reaches ~330-400 TFLOP/s on H100-class GPUs
+(FlashAttention-3 paper's FA2 baselines), i.e. ~0.45 of the 790 TFLOP/s matmul figure."""
+HBM_EFFICIENCY = 0.8
+"""[assumed] Fraction of datasheet HBM bandwidth that elementwise kernels sustain."""
+NVLINK_BYTES_PER_S = 450 * GB * 0.8
+"""[paper][vendor] 900 GB/s NVLink is 450 GB/s per direction per GPU; [assumed] NCCL all-to-all reaches ~80%
+of it (bus bandwidth ~360 GB/s)."""
+IB_BYTES_PER_S = 400e9 / 8 * 0.8
+"""[paper] 8 x 400 Gb/s InfiniBand per node of 8 GPUs = one 400 Gb/s (50 GB/s) NIC per GPU;
+[assumed] ~80% sustained by NCCL rings and all-to-alls (40 GB/s per GPU)."""
+COLLECTIVE_LATENCY_S = 20e-6
+"""[assumed] Start-up cost of one NCCL collective (~10 us inside a node, tens of us across nodes)."""
+KERNEL_OVERHEAD_S = 2e-6
+"""[assumed] Exposed launch cost per kernel; CUDA launches are asynchronous, so most of the ~5 us launch
+latency hides behind the previous kernel."""
+MEM_LIMIT_BYTES = 80 * GIB
+"""[paper] Memory used per GPU is limited to 80 GB (H200 has 141 GB; H100 has 80 GB). We use 80 GiB, the
+same figure as the planner's default planning.mem_capacity_gib."""
+
+H100 = HardwareSpec(
+    name="NVIDIA H100 SXM (analytic)",
+    matmul_flops_per_s=BF16_MATMUL_FLOPS_PER_S,
+    attention_efficiency=FLASH_ATTENTION_EFFICIENCY,
+    mem_bandwidth_bytes_per_s=3.35e12 * HBM_EFFICIENCY,  # [vendor] HBM3 3.35 TB/s
+    intra_node_bw_bytes_per_s=NVLINK_BYTES_PER_S,
+    inter_node_bw_bytes_per_s=IB_BYTES_PER_S,
+    collective_latency_s=COLLECTIVE_LATENCY_S,
+    ranks_per_node=8,  # [paper] 8 GPUs per node
+    kernel_overhead_s=KERNEL_OVERHEAD_S,
+    mem_capacity_bytes=MEM_LIMIT_BYTES,
+)
+"""One H100 SXM of an 8-GPU node (NVLink inside, one 400 Gb/s IB NIC per GPU across nodes)."""
+
+H200 = HardwareSpec(
+    name="NVIDIA H200 SXM (analytic)",
+    matmul_flops_per_s=BF16_MATMUL_FLOPS_PER_S,
+    attention_efficiency=FLASH_ATTENTION_EFFICIENCY,
+    mem_bandwidth_bytes_per_s=4.8e12 * HBM_EFFICIENCY,  # [vendor] HBM3e 4.8 TB/s
+    intra_node_bw_bytes_per_s=NVLINK_BYTES_PER_S,
+    inter_node_bw_bytes_per_s=IB_BYTES_PER_S,
+    collective_latency_s=COLLECTIVE_LATENCY_S,
+    ranks_per_node=8,
+    kernel_overhead_s=KERNEL_OVERHEAD_S,
+    mem_capacity_bytes=MEM_LIMIT_BYTES,  # [paper] limited to 80 GB of its 141 GB
+)
+"""One H200 SXM, memory limited to 80 GB as in the paper's testbed."""
+
+HARDWARE = {"h100": H100, "h200": H200, "cpu": CPU_SMALL}
+"""Names accepted by ``dcp simulate --hardware`` (cpu: the planner's 2-core CPU model, for measured CPU tables)."""
+
+T1D_5B = ModelShapeConfig(
+    name="t1d-5b",
+    num_layers=42,  # [paper] Appendix B, Table 1
+    hidden_size=3072,
+    num_heads=48,
+    # Gated MLP of width 8192 (= 8/3 h, Llama style) gives 12 h^2 per layer like a 4h plain MLP:
+    # 42 * 12 * 3072^2 + embeddings = 4.95e9 parameters, the paper's "5B".
+    ffn_hidden_size=8192,
+    vocab_size=32000,
+    param_bytes=2,  # bf16 weights and gradients
+    optimizer_bytes_per_param=12,  # Adam in mixed precision: fp32 master weights + 2 moments, ZeRO-1 sharded
+)
+"""Transformer-1D of the paper: 5B parameters, LLM-like (Dubey et al., 2024)."""
+
+T2D_1B2 = ModelShapeConfig(
+    name="t2d-1.2b",
+    num_layers=28,  # [paper] Appendix B, Table 1
+    hidden_size=1152,
+    num_heads=16,
+    # An Open-Sora STDiT layer holds a spatial and a temporal block, each with self-attention, cross-attention
+    # and a 4h MLP: 32 h^2 per layer. The planner counts 2 self-attentions (8 h^2) + a gated MLP (3 h f), so
+    # f = 8h = 9216 folds the cross-attentions in: 28 * 32 * 1152^2 = 1.19e9 parameters, the paper's "1.2B",
+    # as analytic.layer_linear_params(model, "2d") counts them for FLOPs. ModelShapeConfig.num_params counts
+    # one attention per layer (1.04e9), so gradient sync and ZeRO-1 state are ~13% low for this model.
+    ffn_hidden_size=9216,
+    vocab_size=64,  # patch-embedding input (2x2 patches of 16 latent channels); negligible next to the layers
+    param_bytes=2,
+    optimizer_bytes_per_param=12,
+)
+"""Transformer-2D of the paper: 1.2B parameters, spatial then temporal attention (video DiT)."""
+
+MODELS = {"t1d-5b": (T1D_5B, "1d"), "t2d-1.2b": (T2D_1B2, "2d")}
+"""Names accepted by ``dcp simulate --model``: (shape, attention layout)."""
+
+SP_SIZES = {"t1d-5b": (1, 2, 4, 8, 16), "t2d-1.2b": (1, 2, 4, 8, 16)}
+"""SP sizes the planner may use: powers of two dividing the head count (48 and 16)."""
+
+T1D_SEQ_GROUP_EDGES = tuple(2**k for k in range(10, 20))
+"""Transformer-1D seq_groups: 1k, 2k, ..., 512k tokens (the length range of the paper's Figure 10)."""
+
+T2D_SEQ_GROUP_EDGES = (4096, 8192, 16384, 32768, 65536, 131072, 262144, 524288, 786432)
+"""Transformer-2D seq_groups up to 786k tokens, covering 720p x 204 frames (734,400 tokens)."""

@@ -1,0 +1,111 @@
+"""Paper scenarios: the DCPConfig and analytic profile table of (model, hardware, GPUs, method).
+
+Tables depend on the world size only through ZeRO-1's optimizer shard in M_C, so callers that sweep methods
+build one table per (model, hardware, world size) with ``paper_table`` and reuse it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dcp.config import DCPConfig, ModelShapeConfig, PlanningConfig, ProfilingConfig
+from dcp.planner.analytic import HardwareSpec, analytic_table
+from dcp.planner.table import ProfileTable
+from dcp.sim.hardware import HARDWARE, MODELS, SP_SIZES, T1D_SEQ_GROUP_EDGES, T2D_SEQ_GROUP_EDGES
+
+MAX_MICRO_BATCH_SIZE = 256
+"""Largest b the analytic table lists; rows stop earlier where b no longer fits 80 GB with full recompute
+(b = 128 of 1k-token samples is the largest that fits for t1d-5b), so the baselines get the largest b memory allows."""
+BF16_BYTES = 2
+"""The paper trains in bf16."""
+
+
+class ScenarioError(ValueError):
+    """An unknown model/hardware name or a bad scenario argument."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Scenario:
+    """What a simulated paper experiment needs besides the lengths."""
+
+    model_name: str
+    """t1d-5b or t2d-1.2b."""
+    model: ModelShapeConfig
+    """The model shape."""
+    attention: str
+    """'1d' or '2d'."""
+    hardware: HardwareSpec
+    """Per-GPU speeds and interconnect."""
+    seq_group_edges: tuple[int, ...]
+    """Upper token bound of every seq_group."""
+    sp_sizes: tuple[int, ...]
+    """SP sizes the planner may choose."""
+
+
+def scenario(model_name: str, hardware_name: str) -> Scenario:
+    if model_name not in MODELS:
+        raise ScenarioError(f"model ({model_name!r}) is not one of {sorted(MODELS)}: pick one of those")
+    if hardware_name not in HARDWARE:
+        raise ScenarioError(f"hardware ({hardware_name!r}) is not one of {sorted(HARDWARE)}: pick one of those")
+    model, attention = MODELS[model_name]
+    edges = T1D_SEQ_GROUP_EDGES if attention == "1d" else T2D_SEQ_GROUP_EDGES
+    return Scenario(model_name=model_name, model=model, attention=attention, hardware=HARDWARE[hardware_name],
+                    seq_group_edges=edges, sp_sizes=SP_SIZES[model_name])
+
+
+def frames_per_group(edges: Sequence[int], shapes: Sequence[tuple[int, int]]) -> list[int | None]:
+    """2d: the frame count each seq_group is profiled with.
+
+    Per-token attention cost of a (T frames x S spatial) sample grows with S + T, so each group takes the
+    frames of its most expensive shape among ``shapes`` (None, a square split, when no shape falls in it).
+    """
+    out: list[int | None] = []
+    lo = 0
+    for e in edges:
+        inside = [(f, s) for f, s in set(shapes) if lo < f * s <= e]
+        out.append(max(inside, key=lambda fs: (fs[0] + fs[1], fs[0]))[0] if inside else None)
+        lo = e
+    return out
+
+
+def video_shapes() -> list[tuple[int, int]]:
+    """Every (frames, spatial_tokens) bucket of the paper-scale video grid (datasets/grids.toml [t2d.paper])."""
+    from dcp.data_dists import load_grid_scale
+
+    return load_grid_scale("t2d", "paper").buckets()
+
+
+def paper_table(sc: Scenario, world_size: int, *, shapes: Sequence[tuple[int, int]] | None = None,
+                layer_working_set: bool = False) -> ProfileTable:
+    """Analytic bf16 table of the scenario; 2d groups take their frames from ``shapes`` (default: video grid).
+
+    ``layer_working_set`` (a sensitivity option): Eq. 6 counts no memory for the layer being recomputed or
+    back-propagated, whose activations (one m_act) are alive at the peak even with full recompute; this adds
+    one m_act to M_C of every row. A measured table contains it in its measured peak.
+    """
+    frames = None
+    if sc.attention == "2d":
+        frames = frames_per_group(sc.seq_group_edges, shapes if shapes is not None else video_shapes())
+        frames = [f if f is not None else max(1, round((e / 1000) ** 0.5)) for f, e in zip(frames, sc.seq_group_edges,
+                                                                                             strict=True)]
+    table = analytic_table(sc.model, sc.seq_group_edges, sp_sizes=[p for p in sc.sp_sizes if p <= world_size],
+                           max_micro_batch_size=MAX_MICRO_BATCH_SIZE, world_size=world_size, hardware=sc.hardware,
+                           dtype_bytes=BF16_BYTES, attention=sc.attention, frames_per_sample=frames,
+                           mem_capacity_bytes=sc.hardware.mem_capacity_bytes)
+    if layer_working_set:
+        table = table.with_rows(dataclasses.replace(r, m_const_bytes=r.m_const_bytes + r.m_act_bytes)
+                                for r in table.rows)
+    return table
+
+
+def paper_config(sc: Scenario, method: str, *, gmin: int = 1, gmax: int = 4, seed: int = 0) -> DCPConfig:
+    """DCPConfig of the scenario: 80 GB per GPU, 8 GPUs per node, the scenario's SP sizes."""
+    return DCPConfig(
+        model=sc.model,
+        profiling=ProfilingConfig(seq_group_edges=sc.seq_group_edges, max_micro_batch_size=MAX_MICRO_BATCH_SIZE),
+        planning=PlanningConfig(method=method, mem_capacity_gib=sc.hardware.mem_capacity_bytes / 1024**3,
+                                gmin=gmin, gmax=gmax, ranks_per_node=sc.hardware.ranks_per_node,
+                                sp_sizes=sc.sp_sizes, seed=seed),
+    )

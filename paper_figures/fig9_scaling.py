@@ -1,0 +1,13 @@
+"""Paper Figure 9: weak scaling, 8 to 1024 GPUs.
+
+    python paper_figures/fig9_scaling.py [--out DIR] [--quick]
+
+Writes fig9_scaling.png and fig9_scaling.csv (default folder paper_figures/out); the work is in dcp.figures.fig9_scaling.
+"""
+
+import sys
+
+from dcp.figures import main_for
+
+if __name__ == "__main__":
+    sys.exit(main_for("fig9"))

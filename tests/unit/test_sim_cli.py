@@ -1,0 +1,140 @@
+"""``dcp simulate`` and ``dcp bench simulator`` through their own parsers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from dcp.sim import bench, cli
+
+
+def _run(module, argv):
+    p = argparse.ArgumentParser()
+    module.add_arguments(p)
+    return module.run(p.parse_args(argv))
+
+
+def test_simulate_dataset_json(capsys):
+    rc = _run(cli, ["--dataset", "t1d-balanced", "--num-samples", "400", "--gpus", "8", "--method", "dcp-intra",
+                    "--json"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert rc == 0
+    last = json.loads(out[-1])
+    assert {"tokens_per_s", "idle_ratio", "ideal_fraction"} <= set(last)
+    assert last["tokens_per_s"] > 0 and 0 <= last["idle_ratio"] <= 1 and 0 < last["ideal_fraction"] <= 1
+    assert any(line.startswith("dcp-intra") for line in out)
+
+
+def test_simulate_lengths_file_all_methods(tmp_path, capsys):
+    f = tmp_path / "l.csv"
+    f.write_text("frames,spatial_tokens\n" + "16,144\n51,880\n204,3600\n" * 40)
+    rc = _run(cli, ["--lengths", str(f), "--model", "t2d-1.2b", "--hardware", "h100", "--gpus", "8",
+                    "--method", "all", "--json"])
+    assert rc == 0
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(last["methods"]) == {"bucket", "packed", "dcp-inter", "dcp-intra"}
+
+
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        ([], "pass --lengths FILE or --dataset NAME"),
+        (["--dataset", "nope"], "is not known"),
+        (["--dataset", "t1d-short", "--gpus", "0"], "--gpus"),
+        (["--dataset", "t1d-short", "--lookahead-per-rank", "-1"], "--lookahead-per-rank"),
+    ],
+)
+def test_simulate_errors(argv, match, capsys):
+    assert _run(cli, argv) == 2
+    assert match in capsys.readouterr().err
+
+
+def test_simulate_bad_csv_reports_line(tmp_path, capsys):
+    f = tmp_path / "l.csv"
+    f.write_text("tokens\n100\nlots\n")
+    assert _run(cli, ["--lengths", str(f)]) == 2
+    assert "l.csv:3" in capsys.readouterr().err
+
+
+def test_print_config(capsys):
+    assert _run(cli, ["--print-config", "--method", "bucket"]) == 0
+    cfg = json.loads(capsys.readouterr().out)
+    assert cfg["planning"]["method"] == "bucket" and cfg["model"]["name"] == "t1d-5b"
+
+
+def test_compare_step_times():
+    st = bench.compare_step_times([(1.0, 1.0), (1.1, 1.0), (0.8, 1.0), (2.0, 1.0)])
+    assert st.n == 4 and st.median_pct == pytest.approx(15.0) and st.p90_pct == pytest.approx(100.0)
+    assert st.mean_signed_pct == pytest.approx((0 + 10 - 20 + 100) / 4)
+    assert bench.percentile([5, 1, 3], 50) == 3
+    with pytest.raises(bench.BenchError, match="empty"):
+        bench.compare_step_times([])
+    with pytest.raises(bench.BenchError, match="measured > 0"):
+        bench.compare_step_times([(1.0, 0.0)])
+
+
+def _steps_csv(tmp_path, rows):
+    f = tmp_path / "steps.csv"
+    head = "run_id,method,world_size,step,predicted_step_time_s,measured_step_time_s,group\n"
+    f.write_text(head + "".join(",".join(map(str, r)) + "\n" for r in rows))
+    return f
+
+
+def test_bench_reads_steps_once_per_step(tmp_path, capsys):
+    f = _steps_csv(tmp_path, [("a", "dcp-inter", 2, 0, 5.0, 1.0, 0), ("a", "dcp-inter", 2, 1, 1.0, 1.05, 0),
+                              ("a", "dcp-inter", 2, 1, 1.0, 1.05, 1), ("a", "dcp-inter", 2, 2, 1.0, 0.95, 0)])
+    pairs = bench.read_step_pairs(f, skip_first=1)
+    assert pairs == {"a": [(1.0, 1.05), (1.0, 0.95)]}
+    rc = _run(bench, ["--results", str(f), "--skip-first", "1", "--json"])
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0 and last["steps"] == 2 and last["step_time_err_median_pct"] == pytest.approx(5.0, rel=0.05)
+
+
+def test_bench_adds_sync_from_run_config(tmp_path):
+    f = _steps_csv(tmp_path, [("a", "dcp-inter", 4, 0, 1.0, 1.0, 0)])
+    (tmp_path / "config.json").write_text(json.dumps({"runs": {"a": {"config": {"model": {"name": "m", "num_layers": 2,
+                                                                   "hidden_size": 64, "num_heads": 4}}}}}))
+    ((pred, _),) = bench.read_step_pairs(f)["a"]
+    assert pred > 1.0
+
+
+def test_bench_nothing_to_compare(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert _run(bench, ["--json"]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    assert "nothing to compare" in "\n".join(out)
+    assert json.loads(out[-1])["step_time_err_median_pct"] is None
+
+
+def test_bench_bad_files(tmp_path, capsys):
+    f = tmp_path / "steps.csv"
+    f.write_text("run_id,step\na,0\n")
+    assert _run(bench, ["--results", str(f)]) == 2
+    assert "columns" in capsys.readouterr().err
+    f = _steps_csv(tmp_path, [("a", "x", 2, 0, "fast", 1.0, 0)])
+    assert _run(bench, ["--results", str(f)]) == 2
+    assert "steps.csv:2" in capsys.readouterr().err
+
+
+def test_bench_measure_refuses_used_folder(tmp_path, capsys):
+    (tmp_path / "steps.csv").write_text("run_id\n")
+    assert _run(bench, ["--measure", str(tmp_path)]) == 2
+    assert "already holds" in capsys.readouterr().err
+
+
+def test_simulate_with_config_on_cpu_model(tmp_path, capsys):
+    cfg = tmp_path / "run.toml"
+    cfg.write_text('[model]\nname = "t1d-tiny"\nnum_layers = 4\nhidden_size = 64\nnum_heads = 8\n'
+                   "[profiling]\nseq_group_edges = [128, 256, 512, 1024, 2048]\nmax_micro_batch_size = 8\n"
+                   "[planning]\nmem_capacity_gib = 0.016\nsp_sizes = [1, 2]\nranks_per_node = 4\n")
+    rc = _run(cli, ["--dataset", "t1d-balanced", "--scale", "cpu", "--num-samples", "128", "--config", str(cfg),
+                    "--hardware", "cpu", "--gpus", "2", "--method", "dcp-inter", "--json"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert rc == 0 and "model t1d-tiny, cpu-small" in out[0]
+    assert json.loads(out[-1])["tokens_per_s"] > 0
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[modle]\n")
+    assert _run(cli, ["--dataset", "t1d-short", "--config", str(bad)]) == 2
+    assert "not a known section" in capsys.readouterr().err
