@@ -39,6 +39,8 @@ class ModelShapeConfig:
     """Attention heads; every SP size must divide it (Ulysses shards heads)."""
     ffn_hidden_size: int = 0
     """Feed-forward (SwiGLU) width; 0 means 8 * hidden_size // 3 (keeps about 12 h^2 parameters per layer)."""
+    attentions_per_layer: int = 1
+    """Self-attentions per repeated layer: 1 for an LLM-like block, 2 for a spatial + temporal (2D) block."""
     vocab_size: int = 256
     """Vocabulary (or patch-embedding input) size; used for the constant-memory estimate."""
     param_bytes: int = 4
@@ -47,7 +49,7 @@ class ModelShapeConfig:
     """Optimizer-state bytes per parameter before ZeRO sharding (Adam fp32: 8)."""
 
     def __post_init__(self) -> None:
-        for name in ("num_layers", "hidden_size", "num_heads", "vocab_size", "param_bytes"):
+        for name in ("num_layers", "hidden_size", "num_heads", "attentions_per_layer", "vocab_size", "param_bytes"):
             if getattr(self, name) < 1:
                 _fail(f"model.{name}", getattr(self, name), "must be >= 1", f"set model.{name} to a positive integer")
         if self.ffn_hidden_size < 0:
@@ -68,9 +70,11 @@ class ModelShapeConfig:
 
     @property
     def num_params(self) -> int:
-        """Approximate parameter count: attention (4 h^2) + gated MLP (3 h f) per layer, plus embedding and head."""
+        """Approximate parameter count: attentions (4 h^2 each) + gated MLP (3 h f) per layer, plus embedding
+        and head."""
         h, f = self.hidden_size, self.ffn_size
-        return self.num_layers * (4 * h * h + 3 * h * f + 2 * h) + 2 * self.vocab_size * h
+        per_layer = self.attentions_per_layer * 4 * h * h + 3 * h * f + 2 * h
+        return self.num_layers * per_layer + 2 * self.vocab_size * h
 
     def constant_mem_bytes(self, dp_size: int = 1) -> int:
         """Parameters + gradients + optimizer state (ZeRO-1 shards the optimizer over dp_size ranks)."""

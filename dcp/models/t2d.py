@@ -14,7 +14,6 @@ padded keys are masked in both attentions and padded positions are left out of t
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -107,11 +106,10 @@ class T2DConfig:
         return dataclasses.replace(self, **changes)
 
     def shape(self, param_bytes: int = 4) -> ModelShapeConfig:
-        """The planner's view. ModelShapeConfig counts 4 h^2 + 3 h f per layer; the second attention's
-        4 h^2 is folded into ffn_hidden_size (+ 4h/3) so the parameter (constant-memory) estimate matches."""
+        """The planner's view: two self-attentions (spatial, temporal) and one gated MLP per layer."""
         h = self.hidden_size
         return ModelShapeConfig(name=self.name, num_layers=self.num_layers, hidden_size=h, num_heads=self.num_heads,
-                                ffn_hidden_size=self.ffn_size + math.ceil(4 * h / 3),
+                                ffn_hidden_size=self.ffn_size, attentions_per_layer=2,
                                 vocab_size=max(self.in_channels, self.out_size), param_bytes=param_bytes)
 
 

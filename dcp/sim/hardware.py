@@ -98,9 +98,9 @@ T2D_1B2 = ModelShapeConfig(
     # An Open-Sora STDiT layer holds a spatial and a temporal block, each with self-attention, cross-attention
     # and a 4h MLP: 32 h^2 per layer. The planner counts 2 self-attentions (8 h^2) + a gated MLP (3 h f), so
     # f = 8h = 9216 folds the cross-attentions in: 28 * 32 * 1152^2 = 1.19e9 parameters, the paper's "1.2B",
-    # as analytic.layer_linear_params(model, "2d") counts them for FLOPs. ModelShapeConfig.num_params counts
-    # one attention per layer (1.04e9), so gradient sync and ZeRO-1 state are ~13% low for this model.
+    # both in analytic.layer_linear_params(model, "2d") (FLOPs) and in ModelShapeConfig.num_params (memory, sync).
     ffn_hidden_size=9216,
+    attentions_per_layer=2,
     vocab_size=64,  # patch-embedding input (2x2 patches of 16 latent channels); negligible next to the layers
     param_bytes=2,
     optimizer_bytes_per_param=12,
