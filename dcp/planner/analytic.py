@@ -1,0 +1,329 @@
+"""An analytic profile table: per-layer time and memory from FLOP and byte counts of a hardware spec.
+
+Used when no measured table exists (planning ahead of a run, the CLI's default, the simulator). Every
+figure is per rank of an SP group of p ranks running one micro-batch of b samples of s tokens.
+Ulysses sequence parallelism splits tokens over the p ranks outside attention and heads inside it,
+so compute and activations per rank scale with b*s/p; each attention exchanges q, k, v and the output
+with an all-to-all (4 forward, 4 backward).
+
+Formulas (h = hidden, f = ffn hidden, V = vocab, d = dtype bytes, n = b*s/p local tokens):
+
+- linear FLOPs per layer forward: ``2 * n * P_layer``, ``P_layer = A*4h^2 + 3hf`` (A attentions per
+  layer: 1 for "1d", 2 for "2d"; 3hf is a gated MLP, matching ModelShapeConfig.num_params).
+- attention FLOPs per layer forward (QK^T and AV, 2 FLOPs per MAC, heads split over p):
+  "1d" causal ``2 * b * s^2 * h / p`` (half of the full 4 b s^2 h);
+  "2d" spatial + temporal over S tokens x T frames ``4 * b * (T S^2 + S T^2) * h / p``.
+- backward = BACKWARD_FLOPS_FACTOR x forward compute (input and weight gradients).
+- memory-bound elementwise traffic per layer forward: ``(ELEMENTWISE_H * h + ELEMENTWISE_F * f) * n * d``
+  bytes over mem_bandwidth; doubled in backward.
+- per-layer launch overhead: KERNELS_PER_LAYER x kernel_overhead_s forward, twice that backward.
+- Ulysses all-to-all: ``A2A_PER_ATTENTION * A`` per layer forward and the same backward, each moving
+  ``b*s*h*d/p * (p-1)/p`` bytes per rank, at intra-node bandwidth when p <= ranks_per_node, else at
+  inter-node bandwidth, plus collective_latency_s each. Zero for p = 1.
+- m_act = ``(ACT_H * A * h + ACT_F * f) * n * d`` (tensors a non-recomputed layer keeps for backward),
+  m_inp = ``n * h * d`` (the layer input, kept even when recomputed).
+- T_C: embedding + LM head + loss: ``6 * n * V * h`` FLOPs (forward 2, backward 4), logits traffic, plus
+  CONST_KERNELS launches.
+- M_C: parameters + gradients + ZeRO-1-sharded optimizer state (ModelShapeConfig.constant_mem_bytes
+  over world_size) + logits and their gradient (``2 * n * V * d``) + all-to-all buffers (``2 * n * h * d``).
+
+The simulator defines other HardwareSpec instances (H100, H200) and reuses these public functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dcp.config import ModelShapeConfig
+from dcp.planner.cost import micro_batch_mem_bytes
+from dcp.planner.table import ProfileRow, ProfileTable, TableMeta
+
+BACKWARD_FLOPS_FACTOR = 2.0
+"""Backward computes input and weight gradients: about twice the forward FLOPs (standard 1:2 ratio)."""
+ELEMENTWISE_H = 12
+"""h-wide tensors read or written by memory-bound ops per layer forward (2 norms, 2 residual adds,
+rotary on q and k, dropout-free bias/scale): a round count, not measured."""
+ELEMENTWISE_F = 4
+"""f-wide tensors read or written per layer forward (gate activation and the gate*up product)."""
+KERNELS_PER_LAYER = 24
+"""Kernel launches per layer forward (matmuls, norms, activations, attention, copies), eager mode."""
+CONST_KERNELS = 16
+"""Kernel launches outside the layers per micro-batch (embedding, head, loss, their backward)."""
+A2A_PER_ATTENTION = 4
+"""Ulysses all-to-alls per attention forward (q, k, v in; output back); backward runs the same number."""
+ACT_H = 6
+"""h-wide activations a layer keeps per attention for backward: norm output, q, k, v, attention output
+and the output-projection result (flash-style attention keeps no s x s matrix)."""
+ACT_F = 3
+"""f-wide activations the gated MLP keeps: gate output, up output and their product."""
+DTYPE_NAMES = {4: "float32", 2: "bfloat16", 1: "float8"}
+"""Names written into TableMeta.dtype."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HardwareSpec:
+    """Per-rank speeds of one accelerator (or CPU process) and its interconnect."""
+
+    name: str
+    """Written into TableMeta.hardware, e.g. 'cpu-small' or 'NVIDIA H200 (analytic)'."""
+    matmul_flops_per_s: float
+    """Sustained dense-matmul throughput of one rank at the table's dtype (FLOP/s)."""
+    attention_efficiency: float = 0.7
+    """Fraction of matmul_flops_per_s an attention kernel reaches (softmax and masking cost extra)."""
+    mem_bandwidth_bytes_per_s: float
+    """Sustained memory bandwidth of one rank for elementwise ops (bytes/s)."""
+    intra_node_bw_bytes_per_s: float
+    """Per-rank all-to-all bandwidth inside a node (NVLink, or loopback for CPU processes) (bytes/s)."""
+    inter_node_bw_bytes_per_s: float
+    """Per-rank all-to-all bandwidth across nodes (InfiniBand/Ethernet) (bytes/s)."""
+    collective_latency_s: float
+    """Fixed start-up time of one collective call (s)."""
+    ranks_per_node: int
+    """Ranks sharing the intra-node interconnect."""
+    kernel_overhead_s: float
+    """Fixed launch/dispatch cost of one kernel (s); dominates tiny shapes on CPU."""
+    mem_capacity_bytes: float
+    """Memory of one rank (bytes); the default capacity for tables built for this hardware."""
+
+    def __post_init__(self) -> None:
+        for name in (
+            "matmul_flops_per_s",
+            "attention_efficiency",
+            "mem_bandwidth_bytes_per_s",
+            "intra_node_bw_bytes_per_s",
+            "inter_node_bw_bytes_per_s",
+            "mem_capacity_bytes",
+        ):
+            if not getattr(self, name) > 0:
+                raise ValueError(
+                    f"HardwareSpec.{name} ({getattr(self, name)!r}) must be > 0: give a measured figure"
+                )
+        for name in ("collective_latency_s", "kernel_overhead_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(
+                    f"HardwareSpec.{name} ({getattr(self, name)!r}) must be >= 0: use 0 to ignore it"
+                )
+        if self.ranks_per_node < 1:
+            raise ValueError(f"HardwareSpec.ranks_per_node ({self.ranks_per_node}) must be >= 1: e.g. 8")
+
+
+CPU_SMALL = HardwareSpec(
+    name="cpu-small",
+    # One rank per core of a 2-core x86 CPU: AVX2 FMA peak ~80 GFLOP/s per core at 2.5 GHz, eager
+    # PyTorch fp32 matmuls reach about half of it.
+    matmul_flops_per_s=40e9,
+    attention_efficiency=0.5,
+    # DDR4 shared by both cores: ~20 GB/s total, ~10 GB/s per rank in practice for elementwise kernels.
+    mem_bandwidth_bytes_per_s=10e9,
+    # gloo over loopback TCP moves ~1-2 GB/s per rank; all ranks share one machine, so intra == inter.
+    intra_node_bw_bytes_per_s=1.5e9,
+    inter_node_bw_bytes_per_s=1.5e9,
+    collective_latency_s=100e-6,
+    ranks_per_node=8,
+    # PyTorch eager dispatch of one small CPU op: ~10 us.
+    kernel_overhead_s=10e-6,
+    mem_capacity_bytes=4 * 1024**3,
+)
+"""A laptop-class 2-core CPU running one gloo rank per core (the project's test machine)."""
+
+
+def _attentions(attention: str) -> int:
+    if attention not in ("1d", "2d"):
+        raise ValueError(f"attention ({attention!r}) is not '1d' or '2d': pick the model's attention layout")
+    return 1 if attention == "1d" else 2
+
+
+def layer_linear_params(model: ModelShapeConfig, attention: str = "1d") -> int:
+    """Parameters of the matmuls of one layer: A*4h^2 (q, k, v, o per attention) + 3hf (gated MLP)."""
+    h = model.hidden_size
+    return _attentions(attention) * 4 * h * h + 3 * h * model.ffn_size
+
+
+def attention_flops_fwd(
+    model: ModelShapeConfig,
+    seq_len: int,
+    micro_batch_size: int,
+    sp_size: int,
+    *,
+    attention: str = "1d",
+    frames: int | None = None,
+) -> float:
+    """Forward attention FLOPs per rank of one layer (QK^T and AV; heads are split over the p ranks)."""
+    h, b, s = model.hidden_size, micro_batch_size, seq_len
+    if _attentions(attention) == 1:
+        return 2.0 * b * s * s * h / sp_size
+    t = frames if frames else max(1, round(math.sqrt(s)))
+    spatial = s / t
+    return 4.0 * b * (t * spatial * spatial + spatial * t * t) * h / sp_size
+
+
+def all_to_all_time_s(bytes_per_rank: float, sp_size: int, hardware: HardwareSpec) -> float:
+    """One Ulysses all-to-all over p ranks: latency + bytes * (p-1)/p over intra- or inter-node bandwidth."""
+    if sp_size <= 1:
+        return 0.0
+    bw = (
+        hardware.intra_node_bw_bytes_per_s
+        if sp_size <= hardware.ranks_per_node
+        else hardware.inter_node_bw_bytes_per_s
+    )
+    return hardware.collective_latency_s + bytes_per_rank * (sp_size - 1) / sp_size / bw
+
+
+def analytic_row(
+    model: ModelShapeConfig,
+    seq_group: int,
+    seq_len: int,
+    micro_batch_size: int,
+    sp_size: int,
+    *,
+    world_size: int,
+    hardware: HardwareSpec,
+    dtype_bytes: int = 4,
+    attention: str = "1d",
+    frames: int | None = None,
+) -> ProfileRow:
+    """One ProfileRow from the formulas in the module docstring (feasible=True; the caller checks memory)."""
+    a = _attentions(attention)
+    h, f, v, d = model.hidden_size, model.ffn_size, model.vocab_size, dtype_bytes
+    n = micro_batch_size * seq_len / sp_size  # local tokens per rank
+    mm = hardware.matmul_flops_per_s
+    lin = 2.0 * n * layer_linear_params(model, attention) / mm
+    att = attention_flops_fwd(
+        model, seq_len, micro_batch_size, sp_size, attention=attention, frames=frames
+    ) / (mm * hardware.attention_efficiency)
+    elem = (ELEMENTWISE_H * h + ELEMENTWISE_F * f) * n * d / hardware.mem_bandwidth_bytes_per_s
+    launch = KERNELS_PER_LAYER * hardware.kernel_overhead_s
+    # Each all-to-all moves this rank's n tokens x h (q, k, v or output) split over the p ranks.
+    a2a = A2A_PER_ATTENTION * a * all_to_all_time_s(n * h * d, sp_size, hardware)
+    t_f = lin + att + elem + launch + a2a
+    t_b = BACKWARD_FLOPS_FACTOR * (lin + att) + 2 * elem + 2 * launch + a2a
+    t_const = (
+        (6.0 * n * v * h) / mm
+        + 4.0 * n * v * d / hardware.mem_bandwidth_bytes_per_s
+        + (CONST_KERNELS * hardware.kernel_overhead_s)
+    )
+    m_const = model.constant_mem_bytes(dp_size=world_size) + 2.0 * n * v * d + 2.0 * n * h * d
+    return ProfileRow(
+        seq_group=seq_group,
+        seq_len=seq_len,
+        micro_batch_size=micro_batch_size,
+        sp_size=sp_size,
+        t_f_s=t_f,
+        t_b_s=t_b,
+        m_act_bytes=(ACT_H * a * h + ACT_F * f) * n * d,
+        m_inp_bytes=n * h * d,
+        t_const_s=t_const,
+        m_const_bytes=m_const,
+        num_layers=model.num_layers,
+        feasible=True,
+    )
+
+
+def grad_sync_time_s(model: ModelShapeConfig, hardware: HardwareSpec, world_size: int) -> float:
+    """Once per optimizer step: ring all-reduce (ZeRO-1: reduce-scatter + all-gather) of the gradients."""
+    if world_size <= 1:
+        return 0.0
+    bw = (
+        hardware.intra_node_bw_bytes_per_s
+        if world_size <= hardware.ranks_per_node
+        else hardware.inter_node_bw_bytes_per_s
+    )
+    nbytes = model.num_params * model.param_bytes
+    return 2 * (world_size - 1) / world_size * nbytes / bw + 2 * hardware.collective_latency_s
+
+
+def optimizer_step_time_s(model: ModelShapeConfig, hardware: HardwareSpec, world_size: int) -> float:
+    """Once per optimizer step: memory-bound Adam update of this rank's 1/W shard (ZeRO-1)."""
+    per_param = 3 * model.param_bytes + 2 * model.optimizer_bytes_per_param  # read p, g; write p; r/w state
+    return model.num_params * per_param / max(1, world_size) / hardware.mem_bandwidth_bytes_per_s
+
+
+def analytic_table(
+    model: ModelShapeConfig,
+    seq_group_edges: Sequence[int],
+    *,
+    sp_sizes: Sequence[int],
+    max_micro_batch_size: int,
+    world_size: int,
+    hardware: HardwareSpec,
+    dtype_bytes: int = 4,
+    attention: str = "1d",
+    frames_per_sample: int | Sequence[int] | None = None,
+    mem_capacity_bytes: float | None = None,
+) -> ProfileTable:
+    """Rows for every seq_group edge, p in sp_sizes (p <= world_size) and b = 1, 2, 4, ... <= max.
+
+    ``frames_per_sample`` (2d only): T per sample, one value or one per seq_group; None splits
+    s = S x T as a square. A row whose memory at r = L exceeds ``mem_capacity_bytes`` is kept with
+    feasible=False and larger b at that (seq_group, p) are not generated (memory grows with b).
+    """
+    _attentions(attention)
+    edges = tuple(int(e) for e in seq_group_edges)
+    if not edges or any(e < 1 for e in edges) or any(b <= a for a, b in zip(edges, edges[1:], strict=False)):
+        raise ValueError(
+            f"seq_group_edges ({list(edges)}) must be positive and strictly increasing: sort them"
+        )
+    if max_micro_batch_size < 1:
+        raise ValueError(f"max_micro_batch_size ({max_micro_batch_size}) must be >= 1: e.g. 8")
+    if world_size < 1:
+        raise ValueError(f"world_size ({world_size}) must be >= 1: pass the number of ranks")
+    if dtype_bytes not in DTYPE_NAMES:
+        raise ValueError(
+            f"dtype_bytes ({dtype_bytes}) is not one of {sorted(DTYPE_NAMES)}: use 4 (fp32) or 2 (bf16)"
+        )
+    bad = [p for p in sp_sizes if p < 1 or model.num_heads % p]
+    if bad:
+        raise ValueError(
+            f"sp_sizes ({list(sp_sizes)}) contains {bad}, which do not divide model.num_heads ({model.num_heads}): "
+            "Ulysses shards heads; use divisors of the head count"
+        )
+    if frames_per_sample is None or isinstance(frames_per_sample, int):
+        frames = [frames_per_sample] * len(edges)
+    else:
+        frames = list(frames_per_sample)
+        if len(frames) != len(edges):
+            raise ValueError(
+                f"frames_per_sample ({frames}) has {len(frames)} entries for {len(edges)} seq_groups: "
+                "give one value or one per seq_group"
+            )
+    rows = []
+    for g, s in enumerate(edges):
+        for p in sorted(set(sp_sizes)):
+            if p > world_size:
+                continue
+            b = 1
+            while b <= max_micro_batch_size:
+                row = analytic_row(
+                    model,
+                    g,
+                    s,
+                    b,
+                    p,
+                    world_size=world_size,
+                    hardware=hardware,
+                    dtype_bytes=dtype_bytes,
+                    attention=attention,
+                    frames=frames[g],
+                )
+                fits = (
+                    mem_capacity_bytes is None
+                    or micro_batch_mem_bytes(row, row.num_layers) <= mem_capacity_bytes
+                )
+                if not fits:
+                    rows.append(dataclasses.replace(row, feasible=False))
+                    break
+                rows.append(row)
+                b *= 2
+    meta = TableMeta(
+        model=model.name,
+        hardware=hardware.name,
+        dtype=DTYPE_NAMES[dtype_bytes],
+        world_size=world_size,
+        seq_group_edges=edges,
+        source="analytic",
+        extra={"attention": attention, "frames_per_sample": frames, "mem_capacity_bytes": mem_capacity_bytes},
+    )
+    return ProfileTable(rows, meta)

@@ -1,0 +1,243 @@
+"""Baselines with the same StepPlan output: bucket parallel (Open-Sora) and packed parallel.
+
+Both use one fixed SP size p for the whole run, full recompute (r = L) and ga_steps = 1, and put one SP
+group on every aligned block of p ranks (``placement.aligned_slots``); ranks no block covers idle.
+
+- Bucket parallel: p is ``planning.bucket_sp_size`` or the smallest p in sp_sizes that fits the longest
+  seq_group of the data at b = 1, r = L. Every seq_group gets the largest b whose time (r = L) stays
+  within the reference time of the longest seq_group at b = 1 (at least 1), as Open-Sora tunes its
+  bucket batch sizes: every group's step then lasts about the same. Micro-batches come from the same
+  seq_group queues as DCP, in readiness order, W // p per step.
+- Packed parallel: samples in stream order are packed greedily into micro-batches of at most
+  ``planning.packed_token_budget`` tokens (0: the largest b * seq_len that fits memory at p, r = L).
+  A pack's predicted time is the sum of its samples' b = 1 times with the constant part T_C counted once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from dcp.planner.cost import micro_batch_time_s, min_recompute_layers
+from dcp.planner.placement import aligned_slots
+from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
+from dcp.planner.stream import MicroBatchQueues, PlanningError, no_setting_error
+from dcp.planner.table import ProfileRow, ProfileTable
+
+if TYPE_CHECKING:
+    from dcp.planner.assemble import EpochPlanner
+
+
+def _fits_full_recompute(row: ProfileRow, cap: float) -> bool:
+    return min_recompute_layers(row, cap) is not None
+
+
+def _row(table: ProfileTable, group: int, sp_size: int, b: int) -> ProfileRow | None:
+    return next((r for r in table.rows_for(group) if r.sp_size == sp_size and r.micro_batch_size == b), None)
+
+
+def fixed_sp_size(
+    table: ProfileTable,
+    *,
+    sp_sizes,
+    bucket_sp_size: int,
+    world_size: int,
+    longest_group: int,
+    mem_capacity_bytes: float,
+) -> int:
+    """The baselines' one SP size (see the module docstring)."""
+    if bucket_sp_size:
+        if bucket_sp_size > world_size:
+            raise PlanningError(
+                f"planning.bucket_sp_size ({bucket_sp_size}) exceeds world_size ({world_size}): "
+                "use a smaller bucket_sp_size or 0 to derive it"
+            )
+        return bucket_sp_size
+    for p in sorted(sp_sizes):
+        if p > world_size:
+            break
+        row = _row(table, longest_group, p, 1)
+        if row is not None and _fits_full_recompute(row, mem_capacity_bytes):
+            return p
+    raise PlanningError(
+        f"no sp_size in {sorted(sp_sizes)} (<= world_size {world_size}) fits the longest seq_group "
+        f"{longest_group} (<= {table.seq_group_edges[longest_group]} tokens) at b=1 with full recompute in "
+        f"{mem_capacity_bytes / 1024**3:.3f} GiB: raise planning.mem_capacity_gib, allow larger planning.sp_sizes "
+        "or more ranks"
+    )
+
+
+def bucket_batch_sizes(
+    table: ProfileTable,
+    sp_size: int,
+    groups: list[int],
+    mem_capacity_bytes: float,
+    all_groups: np.ndarray | None = None,
+) -> dict[int, int]:
+    """Per seq_group, the largest b (r = L, fits memory) whose time is within the longest group's b=1 time."""
+    L = table.num_layers
+    longest = max(groups)
+    ref_row = _row(table, longest, sp_size, 1)
+    if ref_row is None or not _fits_full_recompute(ref_row, mem_capacity_bytes):
+        raise no_setting_error(
+            longest,
+            table,
+            all_groups if all_groups is not None else np.array(groups),
+            mem_capacity_bytes=mem_capacity_bytes,
+            sp_sizes=[sp_size],
+            world_size=sp_size,
+            what="b=1 row at the fixed sp_size",
+        )
+    t_ref = micro_batch_time_s(ref_row, L)
+    out = {}
+    for g in groups:
+        ok = [
+            r.micro_batch_size
+            for r in table.rows_for(g)
+            if r.sp_size == sp_size
+            and _fits_full_recompute(r, mem_capacity_bytes)
+            and micro_batch_time_s(r, L) <= t_ref * (1 + 1e-12)
+        ]
+        if not ok and not any(
+            r.sp_size == sp_size and r.micro_batch_size == 1 and _fits_full_recompute(r, mem_capacity_bytes)
+            for r in table.rows_for(g)
+        ):
+            raise no_setting_error(
+                g,
+                table,
+                all_groups if all_groups is not None else np.array(groups),
+                mem_capacity_bytes=mem_capacity_bytes,
+                sp_sizes=[sp_size],
+                world_size=sp_size,
+                what="b=1 row at the fixed sp_size",
+            )
+        out[g] = max(ok, default=1)
+    return out
+
+
+def packed_token_budget(table: ProfileTable, sp_size: int, mem_capacity_bytes: float, configured: int) -> int:
+    """planning.packed_token_budget, or the largest b * seq_len that fits memory at sp_size, r = L."""
+    if configured:
+        return configured
+    fits = [
+        r.tokens for r in table.rows if r.sp_size == sp_size and _fits_full_recompute(r, mem_capacity_bytes)
+    ]
+    if not fits:
+        raise PlanningError(
+            f"no profile row at sp_size {sp_size} fits {mem_capacity_bytes / 1024**3:.3f} GiB with full recompute, "
+            "so no packing token budget can be derived: set planning.packed_token_budget or raise mem_capacity_gib"
+        )
+    return max(fits)
+
+
+def baseline_steps(pl: EpochPlanner) -> Iterator[StepPlan]:
+    cfg = pl.config.planning
+    cap = cfg.mem_capacity_bytes
+    present = np.unique(pl.groups).tolist()
+    if not present:
+        return iter(())
+    p = fixed_sp_size(
+        pl.table,
+        sp_sizes=cfg.sp_sizes,
+        bucket_sp_size=cfg.bucket_sp_size,
+        world_size=pl.world_size,
+        longest_group=max(present),
+        mem_capacity_bytes=cap,
+    )
+    slots = aligned_slots(p, pl.world_size, cfg.ranks_per_node)
+    pl.baseline_sp_size = p
+    if pl.method == "bucket":
+        pl.batch_sizes = bucket_batch_sizes(pl.table, p, present, cap, pl.groups)
+        return _bucket(pl, p, slots, pl.batch_sizes)
+    budget = packed_token_budget(pl.table, p, cap, cfg.packed_token_budget)
+    return _packed(pl, p, slots, budget)
+
+
+def _step(pl: EpochPlanner, step: int, p: int, slots: list[int], mbs: list[MicroBatch | None]) -> StepPlan:
+    L = pl.table.num_layers
+    groups = []
+    covered = set()
+    for st, mb in zip(slots, mbs, strict=False):
+        groups.append(GroupPlan(st, p, L, (mb,) if mb is not None else ()))
+        covered.update(range(st, st + p))
+    for st in slots[len(mbs) :]:
+        groups.append(GroupPlan(st, p, L, ()))
+        covered.update(range(st, st + p))
+    groups += [GroupPlan(r, 1, 0, ()) for r in range(pl.world_size) if r not in covered]
+    groups.sort(key=lambda g: g.first_rank)
+    return StepPlan(pl.epoch, step, pl.world_size, pl.method, tuple(groups))
+
+
+def _bucket(pl: EpochPlanner, p: int, slots: list[int], b_of: dict[int, int]) -> Iterator[StepPlan]:
+    mbq = MicroBatchQueues(pl.lengths, pl.groups, pl.order, b_of)
+    L = pl.table.num_layers
+    rows = {(r.seq_group, r.micro_batch_size): r for r in pl.table.rows if r.sp_size == p}
+    memo: dict[tuple[int, int], float] = {}
+
+    def time_of(g: int, c: int) -> float:
+        if (g, c) not in memo:
+            b = min(bb for (gg, bb) in rows if gg == g and bb >= c)
+            memo[(g, c)] = micro_batch_time_s(rows[(g, b)], L)
+        return memo[(g, c)]
+
+    step = 0
+    for k0 in range(0, mbq.num, len(slots)):
+        ks = range(k0, min(k0 + len(slots), mbq.num))
+        mbs = [mbq.micro_batch(k, time_of(mbq.group[k], mbq.count[k])) for k in ks]
+        yield _step(pl, step, p, slots, mbs)
+        step += 1
+
+
+def _packed(pl: EpochPlanner, p: int, slots: list[int], budget: int) -> Iterator[StepPlan]:
+    L = pl.table.num_layers
+    cap = pl.config.planning.mem_capacity_bytes
+    one: dict[int, tuple[float, float]] = {}  # seq_group -> (b=1 time at r = L, its T_C)
+    for g in np.unique(pl.groups).tolist():
+        row = _row(pl.table, g, p, 1)
+        if row is None or not _fits_full_recompute(row, cap):
+            raise no_setting_error(
+                g,
+                pl.table,
+                pl.groups,
+                mem_capacity_bytes=cap,
+                sp_sizes=[p],
+                world_size=pl.world_size,
+                what="b=1 row at the fixed sp_size",
+            )
+        one[g] = (micro_batch_time_s(row, L), row.t_const_s)
+    too_long = np.flatnonzero(pl.lengths > budget)
+    if too_long.size:
+        i = int(too_long[0])
+        raise PlanningError(
+            f"sample {i} has {int(pl.lengths[i])} tokens, more than planning.packed_token_budget ({budget}): "
+            f"raise the budget to >= {int(pl.lengths.max())} (and the memory capacity if needed) or drop the sample"
+        )
+    return _pack_steps(pl, p, slots, budget, one)
+
+
+def _pack_steps(
+    pl: EpochPlanner, p: int, slots: list[int], budget: int, one: dict[int, tuple[float, float]]
+) -> Iterator[StepPlan]:
+    order = pl.order.tolist()
+    lengths = pl.lengths[pl.order].tolist()
+    groups = pl.groups[pl.order].tolist()
+    n, i, step = len(order), 0, 0
+    while i < n:
+        mbs = []
+        while len(mbs) < len(slots) and i < n:
+            # Greedy in stream order: close the pack when the next sample would pass the budget.
+            ids, lens, tok, t, tc = [], [], 0, 0.0, 0.0
+            while i < n and tok + lengths[i] <= budget:
+                t1, c = one[groups[i]]
+                ids.append(order[i])
+                lens.append(lengths[i])
+                tok += lengths[i]
+                t += t1 - c
+                tc = max(tc, c)
+                i += 1
+            # One forward/backward for the whole pack: the constant part (embedding, head, loss) once.
+            mbs.append(MicroBatch(tuple(ids), tuple(lens), -1, t + tc))
+        yield _step(pl, step, p, slots, mbs)
+        step += 1

@@ -1,0 +1,109 @@
+"""``dcp bench planner``: planning time per step for several world sizes.
+
+For each W: an analytic table for the default model on W ranks, a long seeded synthetic stream, and
+``time.perf_counter`` around every ``next()`` of the EpochPlanner (the per-epoch preparation, done once,
+is reported separately as setup_ms). One row per W; with --json a last line {"rows": [...]}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+from dcp.config import METHODS, DCPConfig, PlanningConfig
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--world-sizes", default="8,32,256,1024,4096", help="comma-separated W values")
+    parser.add_argument("--steps", type=int, default=50, help="steps timed per world size")
+    parser.add_argument("--method", choices=METHODS, default="dcp-intra", help="planning method")
+    parser.add_argument("--json", action="store_true", help='print a last line {"rows": [...]}')
+
+
+def bench_world_size(world_size: int, steps: int, method: str = "dcp-intra") -> dict:
+    from dcp.planner.analytic import CPU_SMALL, analytic_table
+    from dcp.planner.assemble import EpochPlanner
+    from dcp.planner.lengths import synthetic_lengths
+
+    config = DCPConfig(planning=PlanningConfig(method=method))
+    table = analytic_table(
+        config.model,
+        config.profiling.seq_group_edges,
+        sp_sizes=config.planning.sp_sizes,
+        max_micro_batch_size=config.profiling.max_micro_batch_size,
+        world_size=world_size,
+        hardware=CPU_SMALL,
+        mem_capacity_bytes=CPU_SMALL.mem_capacity_bytes,
+    )
+    # Enough samples for `steps` full steps plus the look-ahead window: a balanced step of this workload
+    # takes ~30-50 samples per rank and the default window holds ~90 per rank.
+    n = (64 * (steps + 1) + 128) * world_size
+    lengths = synthetic_lengths(n, table.max_len, seed=1)
+    t0 = time.perf_counter()
+    planner = EpochPlanner(lengths, table, config, world_size)
+    setup = time.perf_counter() - t0
+    times, cpu, mbs, samples, done = [], [], [], 0, 0
+    # The first next() also runs the per-epoch preparation of a generator; time it apart.
+    t0 = time.perf_counter()
+    first = next(planner)
+    setup += time.perf_counter() - t0
+    samples += first.samples
+    while done < steps:
+        t0, c0 = time.perf_counter(), time.process_time()
+        try:
+            plan = next(planner)
+        except StopIteration:
+            break
+        times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+        mbs.append(sum(g.ga_steps for g in plan.groups))
+        samples += plan.samples
+        done += 1
+    arr = np.asarray(times) * 1e3
+    return {
+        "world_size": world_size,
+        "method": method,
+        "steps": len(times),
+        "samples": samples,
+        "setup_ms": round(setup * 1e3, 2),
+        "median_ms": round(float(np.median(arr)), 3) if len(arr) else float("nan"),
+        "p99_ms": round(float(np.percentile(arr, 99)), 3) if len(arr) else float("nan"),
+        # Process CPU time: robust when other jobs share the cores (wall time then includes waiting).
+        "cpu_median_ms": round(float(np.median(cpu)) * 1e3, 3) if cpu else float("nan"),
+        "micro_batches_per_step": int(np.median(mbs)) if mbs else 0,
+        "us_per_micro_batch": round(float(np.median(arr)) * 1e3 / max(1.0, float(np.median(mbs or [1]))), 2),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        sizes = [int(x) for x in args.world_sizes.split(",") if x.strip()]
+    except ValueError:
+        print(
+            f"dcp bench planner: error: --world-sizes ({args.world_sizes!r}) must be comma-separated integers, "
+            "e.g. 8,32,256"
+        )
+        return 2
+    rows = []
+    cols = (
+        "world_size",
+        "steps",
+        "samples",
+        "setup_ms",
+        "median_ms",
+        "p99_ms",
+        "cpu_median_ms",
+        "micro_batches_per_step",
+        "us_per_micro_batch",
+    )
+    print(" ".join(f"{c:>{max(9, len(c))}}" for c in cols))
+    for w in sizes:
+        r = bench_world_size(w, args.steps, args.method)
+        rows.append(r)
+        print(" ".join(f"{r[c]!s:>{max(9, len(c))}}" for c in cols), flush=True)
+    if args.json:
+        print(json.dumps({"rows": rows}))
+    return 0

@@ -1,0 +1,128 @@
+"""``dcp plan``: plan an epoch for a list of sample lengths and print the steps and an epoch summary."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from dcp.config import METHODS, DCPConfig, load_config
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", help="TOML run config (dcp.config.load_config); default: built-in defaults"
+    )
+    src = parser.add_mutually_exclusive_group()
+    src.add_argument(
+        "--lengths", help="CSV with a 'tokens' column, or one integer per line (sample id = row)"
+    )
+    src.add_argument("--synthetic", type=int, metavar="N", help="N seeded synthetic lengths (default 2000)")
+    parser.add_argument("--world-size", type=int, default=0, help="ranks W (default: the table's, else 8)")
+    parser.add_argument(
+        "--table", help="profile table (.csv or .parquet); default: analytic table for the model"
+    )
+    parser.add_argument("--method", choices=METHODS, help="override planning.method")
+    parser.add_argument("--epoch", type=int, default=0, help="epoch index (changes the shuffle)")
+    parser.add_argument("--steps", type=int, default=10, help="print the first K steps (0: none, -1: all)")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON object last")
+
+
+def _build_table(config: DCPConfig, world_size: int):
+    from dcp.planner.analytic import CPU_SMALL, analytic_table
+
+    return analytic_table(
+        config.model,
+        config.profiling.seq_group_edges,
+        sp_sizes=config.planning.sp_sizes,
+        max_micro_batch_size=config.profiling.max_micro_batch_size,
+        world_size=world_size,
+        hardware=CPU_SMALL,
+        mem_capacity_bytes=config.planning.mem_capacity_bytes,
+    )
+
+
+def rle(values: Sequence[int]) -> str:
+    """Run-length form of a rank-ordered list: [8, 4, 4, 1] -> '8,4x2,1'."""
+    out: list[str] = []
+    i = 0
+    while i < len(values):
+        j = i
+        while j < len(values) and values[j] == values[i]:
+            j += 1
+        out.append(f"{values[i]}" + (f"x{j - i}" if j - i > 1 else ""))
+        i = j
+    return ",".join(out)
+
+
+def step_row(plan) -> dict:
+    return {
+        "step": plan.step,
+        "sp": rle([g.sp_size for g in plan.groups]),
+        "ga": rle([g.ga_steps for g in plan.groups]),
+        "recompute": rle([g.recompute_layers for g in plan.groups]),
+        "step_time_s": round(plan.step_time_s, 6),
+        "idle_batch": round(plan.idle_ratio_batch, 4),
+        "idle_gpu": round(plan.idle_ratio_gpu, 4),
+        "tokens": plan.tokens,
+        "samples": plan.samples,
+    }
+
+
+def summarize(plans: list, world_size: int) -> dict:
+    total_t = sum(p.step_time_s for p in plans)
+    tokens = sum(p.tokens for p in plans)
+    weighted_idle = sum(p.idle_ratio_gpu * p.step_time_s for p in plans) / total_t if total_t else 0.0
+    return {
+        "steps": len(plans),
+        "samples": sum(p.samples for p in plans),
+        "tokens": tokens,
+        "predicted_epoch_time_s": round(total_t, 6),
+        "tokens_per_s": round(tokens / total_t, 3) if total_t else 0.0,
+        "tokens_per_gpu_s": round(tokens / total_t / world_size, 3) if total_t else 0.0,
+        "idle_gpu_time_weighted": round(weighted_idle, 4),
+        "mean_idle_batch": round(sum(p.idle_ratio_batch for p in plans) / len(plans), 4) if plans else 0.0,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    from dcp.planner.assemble import EpochPlanner
+    from dcp.planner.lengths import read_lengths, synthetic_lengths
+    from dcp.planner.table import ProfileTable
+
+    try:
+        config = load_config(args.config) if args.config else DCPConfig()
+        if args.method:
+            config = config.replace(planning=_replace(config.planning, method=args.method))
+        table = ProfileTable.load(args.table) if args.table else None
+        world = args.world_size or (table.meta.world_size if table is not None else 8)
+        if table is None:
+            table = _build_table(config, world)
+        if args.lengths:
+            lengths = read_lengths(args.lengths)
+        else:
+            lengths = synthetic_lengths(args.synthetic or 2000, table.max_len, config.planning.seed).tolist()
+        plans = list(EpochPlanner(lengths, table, config, world, args.epoch))
+    except (ValueError, OSError) as exc:
+        print(f"dcp plan: error: {exc}", file=sys.stderr)
+        return 2
+    shown = plans if args.steps < 0 else plans[: args.steps]
+    rows = [step_row(p) for p in shown]
+    summary = summarize(plans, world)
+    summary.update(method=config.planning.method, world_size=world)
+    if rows:
+        cols = list(rows[0])
+        print("  ".join(f"{c:>12}" for c in cols))
+        for r in rows:
+            print("  ".join(f"{r[c]!s:>12}" for c in cols))
+    print("epoch: " + "  ".join(f"{k}={v}" for k, v in summary.items()))
+    if args.json:
+        print(json.dumps({"steps": rows, "summary": summary}))
+    return 0
+
+
+def _replace(section, **kw):
+    import dataclasses
+
+    return dataclasses.replace(section, **kw)

@@ -1,0 +1,212 @@
+"""An epoch's shuffled sample stream, its seq_group queues and the micro-batches they release.
+
+Shared by DCP step assembly and the baselines. Everything here is computed once per epoch with numpy
+(no per-sample Python work), so planning a step only walks micro-batches.
+
+Readiness: samples arrive in the epoch's shuffled order; each seq_group keeps a FIFO queue and releases
+a micro-batch when it holds b samples, at the stream position of its b-th sample. Micro-batches are
+ordered by that position, so the only reordering is the one batching needs. At the end of the stream
+every partial queue (< b samples) is flushed as a smaller micro-batch, ordered after every full one by
+the position of its first sample.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from dcp.planner.cost import micro_batch_time_s
+from dcp.planner.plan import MicroBatch
+from dcp.planner.table import ProfileTable
+
+
+def fast_constructor(cls: type) -> Callable[..., Any]:
+    """A positional constructor for a frozen, slotted dataclass without __post_init__, ~2x faster.
+
+    Frozen dataclasses set every field through ``object.__setattr__`` in ``__init__``; planning a step at
+    W = 4096 builds ~10^4 micro-batches, so this builds the same object by calling the slot descriptors
+    directly. Falls back to the class itself when the class does not have that exact shape.
+    """
+    names = [f.name for f in dataclasses.fields(cls)]
+    if (
+        getattr(cls, "__slots__", None) is None
+        or tuple(cls.__slots__) != tuple(names)
+        or hasattr(cls, "__post_init__")
+    ):
+        return cls
+    setters = [getattr(cls, n).__set__ for n in names]
+    new = object.__new__
+
+    if len(setters) != 4:
+        return cls
+    s0, s1, s2, s3 = setters
+
+    def make(a: Any, b: Any, c: Any, d: Any) -> Any:
+        obj = new(cls)
+        s0(obj, a)
+        s1(obj, b)
+        s2(obj, c)
+        s3(obj, d)
+        return obj
+
+    return make
+
+
+class PlanningError(ValueError):
+    """The planner cannot place some samples; the message names them and says how to fix it."""
+
+
+def shuffled_order(n: int, seed: int, epoch: int) -> np.ndarray:
+    """The epoch's sample order: a permutation from a numpy Generator seeded by (seed, epoch)."""
+    return np.random.default_rng([int(seed), int(epoch)]).permutation(n)
+
+
+def seq_groups_of(lengths: Sequence[int] | np.ndarray, table: ProfileTable) -> tuple[np.ndarray, np.ndarray]:
+    """(lengths as int64, seq_group of every sample); PlanningError for bad or too-long samples."""
+    arr = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    bad = np.flatnonzero(arr < 1)
+    if bad.size:
+        i = int(bad[0])
+        raise PlanningError(
+            f"sample {i} has length {int(arr[i])} ({bad.size} samples <= 0 tokens): every sample needs >= 1 token; "
+            "remove empty samples from the length list"
+        )
+    edges = np.asarray(table.seq_group_edges, dtype=np.int64)
+    groups = np.searchsorted(edges, arr, side="left")
+    too_long = np.flatnonzero(groups >= len(edges))
+    if too_long.size:
+        i = int(too_long[0])
+        raise PlanningError(
+            f"sample {i} has {int(arr[i])} tokens, longer than the longest profiled seq_group ({int(edges[-1])} "
+            f"tokens; {too_long.size} samples are too long, the longest has {int(arr[too_long].max())}): add a "
+            f"seq_group edge >= {int(arr[too_long].max())} to profiling.seq_group_edges and re-profile (a longer "
+            "group may also need a larger planning.mem_capacity_gib or larger planning.sp_sizes), or truncate "
+            "or drop those samples"
+        )
+    return arr, groups
+
+
+def no_setting_error(
+    group: int,
+    table: ProfileTable,
+    groups: np.ndarray,
+    *,
+    mem_capacity_bytes: float,
+    sp_sizes: Sequence[int],
+    world_size: int,
+    what: str = "setting",
+) -> PlanningError:
+    members = np.flatnonzero(groups == group)
+    return PlanningError(
+        f"seq_group {group} (<= {table.seq_group_edges[group]} tokens; {members.size} samples, e.g. sample "
+        f"{int(members[0]) if members.size else '-'}) has no {what} that fits the memory capacity "
+        f"({mem_capacity_bytes / 1024**3:.3f} GiB) with sp_sizes {list(sp_sizes)} and world_size {world_size}: "
+        "raise planning.mem_capacity_gib, allow larger planning.sp_sizes (or more ranks), or re-profile with "
+        "more candidates"
+    )
+
+
+class MicroBatchQueues:
+    """All micro-batches of an epoch in readiness order, with per-seq_group FIFO queues."""
+
+    def __init__(
+        self, lengths: np.ndarray, groups: np.ndarray, order: np.ndarray, micro_batch_size: Mapping[int, int]
+    ) -> None:
+        n = len(order)
+        stream_groups = groups[order]
+        by_group = np.argsort(stream_groups, kind="stable")  # stream positions, grouped, increasing inside
+        counts = np.bincount(stream_groups, minlength=int(groups.max(initial=0)) + 1)
+        bounds = np.concatenate([[0], np.cumsum(counts)])
+        self.sample_ids: dict[int, np.ndarray] = {}
+        """Per seq_group: sample ids in stream order."""
+        self.seq_lens: dict[int, np.ndarray] = {}
+        """Per seq_group: token counts in stream order."""
+        # Python tuples, not lists: slicing a tuple yields the MicroBatch field directly, and the garbage
+        # collector untracks tuples of ints, so these epoch-long containers are never re-scanned.
+        self.ids_list: dict[int, tuple[int, ...]] = {}
+        """Per seq_group: sample ids in stream order as a tuple."""
+        self.lens_list: dict[int, tuple[int, ...]] = {}
+        """Per seq_group: token counts as a tuple."""
+        mb_group, mb_ready, mb_start, mb_count = [], [], [], []
+        for g in range(len(counts)):
+            if counts[g] == 0:
+                continue
+            pos = by_group[bounds[g] : bounds[g + 1]]
+            ids = order[pos]
+            self.sample_ids[g] = ids
+            self.seq_lens[g] = lengths[ids]
+            self.ids_list[g] = tuple(ids.tolist())
+            self.lens_list[g] = tuple(self.seq_lens[g].tolist())
+            b = int(micro_batch_size[g])
+            m = len(pos)
+            full = m // b
+            ready = pos[b - 1 :: b][:full]
+            starts = np.arange(full, dtype=np.int64) * b
+            cnt = np.full(full, b, dtype=np.int64)
+            if m % b:
+                ready = np.append(ready, n + pos[full * b])
+                starts = np.append(starts, full * b)
+                cnt = np.append(cnt, m - full * b)
+            mb_group.append(np.full(len(ready), g, dtype=np.int64))
+            mb_ready.append(ready)
+            mb_start.append(starts)
+            mb_count.append(cnt)
+        if mb_ready:
+            ready_all = np.concatenate(mb_ready)
+            srt = np.argsort(ready_all, kind="stable")
+            self.ready = ready_all[srt]
+            grp_all = np.concatenate(mb_group)[srt]
+            self.group = tuple(grp_all.tolist())
+            self.start = tuple(np.concatenate(mb_start)[srt].tolist())
+            self.count = tuple(np.concatenate(mb_count)[srt].tolist())
+        else:
+            self.ready = np.zeros(0, dtype=np.int64)
+            grp_all = np.zeros(0, dtype=np.int64)
+            self.group, self.start, self.count = (), (), ()
+        """Global micro-batch k: seq_group, start index into its group's arrays, sample count, ready position."""
+        self.queue: dict[int, tuple[int, ...]] = {
+            g: tuple(np.flatnonzero(grp_all == g).tolist()) for g in self.sample_ids
+        }
+        """Per seq_group: global micro-batch indices in FIFO order."""
+        self.num = len(self.group)
+
+    def micro_batch(self, k: int, time_s: float, lo: int = 0, hi: int | None = None) -> MicroBatch:
+        """MicroBatch of global micro-batch k (optionally only its samples lo:hi)."""
+        g = self.group[k]
+        a = self.start[k]
+        hi = self.count[k] if hi is None else hi
+        return MicroBatch(self.ids_list[g][a + lo : a + hi], self.lens_list[g][a + lo : a + hi], g, time_s)
+
+
+class TimeLookup:
+    """Predicted micro-batch times for (seq_group, p, r, samples), memoised.
+
+    A micro-batch of c samples is timed with the row of the smallest profiled b >= c (a partial
+    micro-batch at the end of the epoch, or a chunk of a filler group).
+    """
+
+    def __init__(self, table: ProfileTable) -> None:
+        self._rows: dict[tuple[int, int], list] = {}
+        for row in table.rows:
+            self._rows.setdefault((row.seq_group, row.sp_size), []).append(row)
+        for rows in self._rows.values():
+            rows.sort(key=lambda r: r.micro_batch_size)
+        self._memo: dict[tuple[int, int, int, int], float] = {}
+
+    def time_s(self, group: int, sp_size: int, recompute_layers: int, samples: int) -> float:
+        key = (group, sp_size, recompute_layers, samples)
+        t = self._memo.get(key)
+        if t is None:
+            rows = self._rows.get((group, sp_size), [])
+            row = next((r for r in rows if r.micro_batch_size >= samples), None)
+            if row is None:
+                raise PlanningError(
+                    f"no profile row for seq_group {group}, sp_size {sp_size} with micro_batch_size >= {samples}: "
+                    "re-profile with a larger profiling.max_micro_batch_size"
+                )
+            t = micro_batch_time_s(row, recompute_layers)
+            self._memo[key] = t
+        return t

@@ -1,0 +1,329 @@
+"""Step assembly (DCP-inter, DCP-intra): exactly-once, rank cover, nodes, g bounds, determinism, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dcp.config import DCPConfig, ModelShapeConfig, PlanningConfig, ProfilingConfig
+from dcp.planner import CPU_SMALL, EpochPlanner, PlanningError, analytic_table, plan_epoch
+from dcp.planner.placement import aligned_slots, node_bounds, place_largest_first
+from dcp.planner.stream import fast_constructor, shuffled_order
+
+MODEL = ModelShapeConfig(name="tiny", num_layers=4, hidden_size=64, num_heads=8, vocab_size=256)
+EDGES = (256, 512, 1024, 2048, 4096)
+
+
+def make(
+    world: int,
+    *,
+    method: str = "dcp-intra",
+    rpn: int = 8,
+    sp=(1, 2, 4, 8),
+    cap_mib: float = 24.0,
+    gmin: int = 1,
+    gmax: int = 4,
+    lookahead: int = 0,
+    seed: int = 0,
+    max_b: int = 8,
+):
+    cfg = DCPConfig(
+        model=MODEL,
+        profiling=ProfilingConfig(seq_group_edges=EDGES, max_micro_batch_size=max_b),
+        planning=PlanningConfig(
+            method=method,
+            ranks_per_node=rpn,
+            sp_sizes=sp,
+            mem_capacity_gib=cap_mib / 1024,
+            gmin=gmin,
+            gmax=gmax,
+            lookahead_samples=lookahead,
+            seed=seed,
+        ),
+    )
+    table = analytic_table(
+        MODEL,
+        EDGES,
+        sp_sizes=sp,
+        max_micro_batch_size=max_b,
+        world_size=world,
+        hardware=CPU_SMALL,
+        mem_capacity_bytes=cfg.planning.mem_capacity_bytes,
+    )
+    return cfg, table
+
+
+def lengths_for(n: int, seed: int = 0, hi: int = 4096) -> np.ndarray:
+    return np.random.default_rng(seed).integers(1, hi + 1, n)
+
+
+def check_plans(plans, lengths, cfg, world, planner=None):
+    rpn = cfg.planning.ranks_per_node
+    n = len(lengths)
+    ids = [i for p in plans for i in p.sample_ids]
+    assert sorted(ids) == list(range(n)), "every sample exactly once"
+    assert [p.step for p in plans] == list(range(len(plans)))
+    edges = (0, *EDGES)
+    for plan in plans:
+        assert plan.world_size == world and plan.method == cfg.planning.method
+        assert sum(g.sp_size for g in plan.groups) == world
+        assert [g.first_rank for g in plan.groups] == sorted(g.first_rank for g in plan.groups)
+        for g in plan.groups:
+            if g.sp_size <= rpn:
+                assert g.first_rank // rpn == (g.first_rank + g.sp_size - 1) // rpn, "group crosses a node"
+                assert (g.first_rank % rpn) % g.sp_size == 0, "group not aligned inside its node"
+            else:
+                assert g.first_rank % g.sp_size == 0
+            assert g.sp_size in cfg.planning.sp_sizes or not g.micro_batches
+            for mb in g.micro_batches:
+                assert mb.time_s > 0 and mb.size >= 1
+                assert all(edges[mb.seq_group] < s <= edges[mb.seq_group + 1] for s in mb.seq_lens)
+                assert list(mb.seq_lens) == [int(lengths[i]) for i in mb.sample_ids]
+        assert plan.samples > 0
+    if planner is not None and cfg.planning.gmin == 1:
+        for plan in plans:
+            busy = [g for g in plan.groups if g.micro_batches]
+            units = [planner.unit_time_s(g.micro_batches[0].seq_group, g.sp_size) for g in busy]
+            for g in busy:
+                assert g.time_s <= cfg.planning.gmax * max(units) * (1 + 1e-9), "Gmax bound"
+
+
+def test_dcp_intra_small_world():
+    cfg, table = make(8)
+    lengths = lengths_for(600)
+    pl = EpochPlanner(lengths, table, cfg, 8)
+    plans = list(pl)
+    check_plans(plans, lengths, cfg, 8, pl)
+    assert plans[0].method == "dcp-intra"
+    assert any(g.sp_size > 1 for p in plans for g in p.groups)  # long sequences get SP
+    assert any(g.ga_steps > 1 for p in plans for g in p.groups)  # short groups accumulate
+
+
+@pytest.mark.parametrize(("world", "rpn"), [(6, 8), (12, 8), (24, 4), (5, 2), (3, 8), (1, 8), (10, 4)])
+@pytest.mark.parametrize("method", ["dcp-inter", "dcp-intra"])
+def test_non_power_of_two_worlds(world, rpn, method):
+    cfg, table = make(world, rpn=rpn, method=method)
+    lengths = lengths_for(300, seed=world)
+    pl = EpochPlanner(lengths, table, cfg, world)
+    check_plans(list(pl), lengths, cfg, world, pl)
+
+
+def test_groups_larger_than_a_node():
+    # 2 ranks per node, long sequences need p = 4 or 8: groups span nodes and start at multiples of p.
+    cfg, table = make(12, rpn=2, cap_mib=12)
+    lengths = lengths_for(200, seed=3)
+    pl = EpochPlanner(lengths, table, cfg, 12)
+    plans = list(pl)
+    check_plans(plans, lengths, cfg, 12, pl)
+    assert any(g.sp_size > 2 and g.micro_batches for p in plans for g in p.groups)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    world=st.integers(1, 20),
+    rpn=st.sampled_from([1, 2, 3, 4, 8]),
+    n=st.integers(1, 120),
+    seed=st.integers(0, 5),
+    method=st.sampled_from(["dcp-inter", "dcp-intra"]),
+    gmax=st.integers(1, 4),
+    lookahead=st.sampled_from([0, 1, 7, 50]),
+)
+def test_invariants_property(world, rpn, n, seed, method, gmax, lookahead):
+    cfg, table = make(world, rpn=rpn, method=method, gmax=gmax, lookahead=lookahead, seed=seed)
+    lengths = lengths_for(n, seed=seed)
+    pl = EpochPlanner(lengths, table, cfg, world)
+    plans = list(pl)
+    check_plans(plans, lengths, cfg, world, pl)
+    check_window(plans, lengths, cfg, pl)
+
+
+def test_determinism_and_epoch_shuffle():
+    cfg, table = make(12, rpn=4)
+    lengths = lengths_for(400)
+    a = [p.digest() for p in plan_epoch(lengths, table, cfg, 12)]
+    b = [p.digest() for p in plan_epoch(list(lengths), table, cfg, 12)]
+    assert a == b
+    c = [p.digest() for p in plan_epoch(lengths, table, cfg, 12, epoch=1)]
+    assert a != c
+    assert list(shuffled_order(10, 0, 0)) == list(shuffled_order(10, 0, 0))
+    assert list(shuffled_order(10, 0, 0)) != list(shuffled_order(10, 0, 1))
+
+
+def _stream_positions(cfg, n, epoch=0):
+    order = shuffled_order(n, cfg.planning.seed, epoch)
+    pos = np.empty(n, dtype=np.int64)
+    pos[order] = np.arange(n)
+    return pos
+
+
+def check_window(plans, lengths, cfg, pl):
+    """Rebuild the micro-batches (b samples of a seq_group in stream order, released at the position of the
+    b-th; partial ones after the stream) and check that every micro-batch a step uses was released within
+    the look-ahead of the earliest micro-batch not yet consumed."""
+    pos = _stream_positions(cfg, len(lengths), pl.epoch)
+    groups = np.searchsorted(EDGES, lengths)
+    n = len(lengths)
+    mb_of, ready = np.zeros(n, dtype=np.int64), []
+    for sg, setting in pl.settings.items():
+        members = np.flatnonzero(groups == sg)
+        members = members[np.argsort(pos[members])]
+        b = setting.micro_batch_size
+        for i in range(0, len(members), b):
+            chunk = members[i : i + b]
+            mb_of[chunk] = len(ready)
+            ready.append(int(pos[chunk[-1]]) if len(chunk) == b else n + int(pos[chunk[0]]))
+    ready = np.asarray(ready)
+    used = np.zeros(len(ready), dtype=bool)
+    for p in plans:
+        mbs = np.unique(mb_of[list(p.sample_ids)])
+        anchor = int(ready[~used].min())
+        assert int(ready[mbs].max()) < anchor + pl.lookahead_samples, "beyond the look-ahead window"
+        used[mbs] = True
+
+
+@pytest.mark.parametrize("lookahead", [0, 16, 100])
+def test_fifo_per_seq_group_and_bounded_lookahead(lookahead):
+    world = 12
+    cfg, table = make(world, rpn=4, lookahead=lookahead)
+    lengths = lengths_for(500, seed=7)
+    pl = EpochPlanner(lengths, table, cfg, world)
+    plans = list(pl)
+    pos = _stream_positions(cfg, len(lengths))
+    groups = np.searchsorted(EDGES, lengths)
+    # Within a seq_group, samples are planned in stream order: no reordering beyond batching.
+    seen: dict[int, list[int]] = {}
+    for p in plans:
+        for g in p.groups:
+            for mb in g.micro_batches:
+                seen.setdefault(mb.seq_group, []).extend(pos[list(mb.sample_ids)].tolist())
+    for sg, positions in seen.items():
+        assert positions == sorted(positions)
+        assert len(positions) == int((groups == sg).sum())
+    look = pl.lookahead_samples
+    assert look == lookahead if lookahead else look >= 32 * world
+    check_window(plans, lengths, cfg, pl)
+
+
+def test_gmin_scales_ga():
+    # A look-ahead of the whole epoch: caps never bind before the last steps.
+    cfg, table = make(8, gmin=4, gmax=4, lookahead=100_000)
+    lengths = lengths_for(1000)
+    plans = plan_epoch(lengths, table, cfg, 8)
+    full = plans[: len(plans) // 2]
+    assert all(max(g.ga_steps for g in p.groups) >= 4 for p in full)
+    assert all(max(g.ga_steps for g in p.groups) >= 4 for p in full)
+
+
+def test_partial_last_step_and_idle_groups():
+    cfg, table = make(16)
+    lengths = np.full(3, 100)  # 3 short samples: one partial micro-batch, most ranks idle
+    plans = plan_epoch(lengths, table, cfg, 16)
+    check_plans(plans, lengths, cfg, 16)
+    assert len(plans) == 1
+    idle = [g for g in plans[0].groups if not g.micro_batches]
+    assert idle and all(g.sp_size == 1 for g in idle)
+    assert plans[0].idle_ratio_gpu > 0.5
+    assert plan_epoch([], table, cfg, 16) == []
+
+
+def test_too_long_sample_error_names_it():
+    cfg, table = make(4)
+    lengths = [100, 5000, 200, 7000]
+    with pytest.raises(PlanningError) as e:
+        plan_epoch(lengths, table, cfg, 4)
+    msg = str(e.value)
+    assert "sample 1 has 5000 tokens" in msg and "4096" in msg and "seq_group edge >= 7000" in msg
+    assert "mem_capacity" in msg and "sp_sizes" in msg
+
+
+def test_bad_lengths_and_world():
+    cfg, table = make(4)
+    with pytest.raises(PlanningError, match="sample 1 has length 0"):
+        plan_epoch([5, 0], table, cfg, 4)
+    with pytest.raises(PlanningError, match=r"world_size \(0\)"):
+        plan_epoch([5], table, cfg, 0)
+
+
+def test_seq_group_without_fitting_setting():
+    cfg, table = make(2, sp=(1, 2), cap_mib=6)  # the longest groups fit nowhere at p <= 2
+    with pytest.raises(
+        PlanningError,
+        match=r"seq_group \d \(<= \d+ tokens; 1 samples, e.g. sample 1\) has no "
+        r"setting that fits.*raise planning.mem_capacity_gib",
+    ):
+        plan_epoch([10, 4000], table, cfg, 2)
+
+
+def test_intra_beats_or_equals_inter_predicted_throughput():
+    lengths = lengths_for(1500, seed=2)
+    tput = {}
+    for method in ("dcp-inter", "dcp-intra"):
+        cfg, table = make(16, method=method, cap_mib=48)
+        plans = plan_epoch(lengths, table, cfg, 16)
+        tput[method] = sum(p.tokens for p in plans) / sum(p.step_time_s for p in plans)
+        if method == "dcp-inter":
+            assert all(
+                g.recompute_layers == MODEL.num_layers for p in plans for g in p.groups if g.micro_batches
+            )
+    assert tput["dcp-intra"] >= tput["dcp-inter"]
+
+
+def test_placement_helpers():
+    assert node_bounds(10, 4) == [(0, 4), (4, 8), (8, 10)]
+    starts, free = place_largest_first([4, 2, 1], 6, 8)  # one partial node of 6 ranks
+    assert starts == [0, 4, None] and free == []
+    starts, free = place_largest_first([4, 4, 1], 6, 3)  # p > node: multiples of p on free nodes only
+    assert starts == [0, None, 4] and free == [(5, 6)]
+    starts, free = place_largest_first([4, 2, 2, 1], 8, 8)
+    assert starts == [0, 4, 6, None] and free == []
+    starts, free = place_largest_first([4, 1], 8, 8)
+    assert starts == [0, 4] and free == [(5, 8)]
+    starts, free = place_largest_first([8, 4], 12, 2)  # cross-node groups at multiples of p
+    assert starts == [0, 8] and free == []
+    assert aligned_slots(4, 12, 6) == [0, 6]
+    assert aligned_slots(2, 5, 8) == [0, 2]
+    with pytest.raises(ValueError, match="non-increasing"):
+        place_largest_first([1, 2], 4, 4)
+
+
+def test_fast_constructor_builds_equal_objects():
+    from dcp.planner.plan import GroupPlan, MicroBatch
+
+    mb = fast_constructor(MicroBatch)((1, 2), (3, 4), 0, 0.5)
+    assert mb == MicroBatch((1, 2), (3, 4), 0, 0.5) and hash(mb) == hash(MicroBatch((1, 2), (3, 4), 0, 0.5))
+    assert fast_constructor(GroupPlan)(0, 1, 0, (mb,)) == GroupPlan(0, 1, 0, (mb,))
+    from dcp.planner.plan import StepPlan
+
+    assert fast_constructor(StepPlan) is StepPlan  # has __post_init__: falls back to the class
+
+
+def test_filler_uses_smaller_p_in_chunks():
+    # One seq_group whose best setting is p = 4, b = 2; at p = 2 only b = 1 fits memory. With W = 6 (one
+    # node of 6), every step places one p = 4 group and fills ranks 4-5 with a p = 2 group that runs each
+    # 2-sample micro-batch as two 1-sample chunks.
+    from dcp.planner import ProfileRow, ProfileTable, TableMeta
+
+    def r(b, p, t_f, feasible=True):
+        return ProfileRow(0, 1000, b, p, t_f, 2 * t_f, 10.0 * b / p, 1.0, 0.1, 10.0, 2, feasible)
+
+    # tokens per GPU-second: p=4,b=2: 2000/(4*2.5) = 200; p=4,b=1: 1000/(4*1.6) = 156; p=2,b=1: 161.
+    rows = [r(1, 4, 0.25), r(2, 4, 0.4), r(1, 2, 0.5), r(2, 2, 1.0, feasible=False)]
+    table = ProfileTable(
+        rows, TableMeta(model="m", hardware="h", dtype="float32", world_size=6, seq_group_edges=(1000,))
+    )
+    cfg = DCPConfig(model=MODEL, planning=PlanningConfig(ranks_per_node=8, sp_sizes=(2, 4), gmax=2))
+    lengths = np.full(40, 900)
+    pl = EpochPlanner(lengths, table, cfg, 6)
+    plans = list(pl)
+    ids = sorted(i for p in plans for i in p.sample_ids)
+    assert ids == list(range(40))
+    first = plans[0]
+    assert [(g.first_rank, g.sp_size) for g in first.groups] == [(0, 4), (4, 2)]
+    filler = first.groups[1]
+    assert filler.micro_batches and all(mb.size == 1 for mb in filler.micro_batches)
+    assert first.groups[0].micro_batches[0].size == 2
+    # The filler's two chunks of one 2-sample micro-batch cost twice a 1-sample micro-batch at p = 2.
+    one = 2 * (1.0 / 2 + 2.0 / 2) + 0.1
+    assert filler.micro_batches[0].time_s == pytest.approx(one)

@@ -1,0 +1,110 @@
+"""``dcp plan`` and ``dcp bench planner``: output, JSON, lengths files and their error messages."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from dcp.planner import bench, cli
+from dcp.planner.lengths import LengthsFileError, read_lengths, synthetic_lengths
+
+
+def _run(module, argv):
+    parser = argparse.ArgumentParser()
+    module.add_arguments(parser)
+    return module.run(parser.parse_args(argv))
+
+
+def test_plan_synthetic_json(capsys):
+    assert _run(cli, ["--synthetic", "300", "--world-size", "6", "--steps", "3", "--json"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    data = json.loads(out[-1])
+    assert len(data["steps"]) == 3 and data["summary"]["samples"] == 300
+    assert data["summary"]["world_size"] == 6 and data["summary"]["method"] == "dcp-intra"
+    assert out[0].split()[:3] == ["step", "sp", "ga"]
+    assert any(line.startswith("epoch: steps=") for line in out)
+
+
+@pytest.mark.parametrize("method", ["bucket", "packed", "dcp-inter"])
+def test_plan_methods_and_table_file(method, tmp_path, capsys):
+    from dcp.config import DCPConfig
+    from dcp.planner.cli import _build_table
+
+    table = _build_table(DCPConfig(), 4)
+    path = tmp_path / "t.csv"
+    table.save(path)
+    lengths = tmp_path / "l.csv"
+    lengths.write_text("id,tokens\n0,100\n1,2000\n2,300\n3,4000\n")
+    assert _run(cli, ["--lengths", str(lengths), "--table", str(path), "--method", method, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert data["summary"]["samples"] == 4 and data["summary"]["world_size"] == 4
+
+
+def test_plan_config_file(tmp_path, capsys):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        '[planning]\nmethod = "dcp-inter"\nranks_per_node = 4\n[profiling]\nseq_group_edges = [256, 1024]\n'
+    )
+    assert _run(cli, ["--config", str(cfg), "--synthetic", "50", "--world-size", "12", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert data["summary"]["method"] == "dcp-inter" and data["summary"]["samples"] == 50
+
+
+def test_plan_errors_are_reported(tmp_path, capsys):
+    bad = tmp_path / "l.txt"
+    bad.write_text("100\n20x\n")
+    assert _run(cli, ["--lengths", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "line 2" in err and "'20x'" in err and str(bad) in err
+    long = tmp_path / "long.txt"
+    long.write_text("100\n999999\n")
+    assert _run(cli, ["--lengths", str(long)]) == 2
+    assert "sample 1 has 999999 tokens" in capsys.readouterr().err
+
+
+def test_read_lengths_formats_and_errors(tmp_path):
+    p = tmp_path / "a.txt"
+    p.write_text("\n5\n7\n\n9\n")
+    assert read_lengths(p) == [5, 7, 9]
+    p.write_text("name, tokens\na, 5\nb, 6\n")
+    assert read_lengths(p) == [5, 6]
+    cases = [
+        ("", "is empty"),
+        ("name,len\na,5\n", "has no 'tokens' column"),
+        ("tokens\n5\nabc\n", "line 3: value 'abc' is not a positive integer"),
+        ("7\n-3\n", "line 2: value '-3'"),
+        ("tokens\n", "has a header but no rows"),
+    ]
+    for text, needle in cases:
+        p.write_text(text)
+        with pytest.raises(LengthsFileError, match=needle):
+            read_lengths(p)
+    with pytest.raises(LengthsFileError, match="does not exist"):
+        read_lengths(tmp_path / "missing.csv")
+    with pytest.raises(LengthsFileError, match="is not a text file"):
+        read_lengths(tmp_path)
+
+
+def test_synthetic_lengths():
+    a = synthetic_lengths(1000, 4096, seed=3)
+    assert a.min() >= 16 and a.max() <= 4096 and len(a) == 1000
+    assert (a == synthetic_lengths(1000, 4096, seed=3)).all()
+    assert (a < 256).sum() > (a > 2048).sum()  # log-uniform: many short, few long
+    with pytest.raises(ValueError, match=r"n \(0\)"):
+        synthetic_lengths(0, 10)
+
+
+def test_bench_rows_and_json(capsys):
+    assert _run(bench, ["--world-sizes", "4,12", "--steps", "5", "--json"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = json.loads(out[-1])["rows"]
+    assert [r["world_size"] for r in rows] == [4, 12]
+    assert all(r["steps"] == 5 and r["median_ms"] > 0 and r["p99_ms"] >= r["median_ms"] for r in rows)
+    assert len(out) == 4  # header, two rows, json
+
+
+def test_bench_bad_world_sizes(capsys):
+    assert _run(bench, ["--world-sizes", "8,x"]) == 2
+    assert "--world-sizes ('8,x')" in capsys.readouterr().out
