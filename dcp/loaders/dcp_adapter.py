@@ -59,11 +59,8 @@ def plan_samples(
     out = []
     for plan in plans:
         groups = tuple(
-            dataclasses.replace(
-                g,
-                micro_batches=tuple(
-                    dataclasses.replace(mb, sample_ids=tuple(ids[k] for k in mb.sample_ids)) for mb in g.micro_batches
-                ),
+            g._replace(
+                micro_batches=tuple(mb._replace(sample_ids=tuple(ids[k] for k in mb.sample_ids)) for mb in g.micro_batches)
             )
             for g in plan.groups
         )

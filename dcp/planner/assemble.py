@@ -46,7 +46,6 @@ from dcp.planner.stream import (
     MicroBatchQueues,
     PlanningError,
     TimeLookup,
-    fast_constructor,
     no_setting_error,
     seq_groups_of,
     shuffled_order,
@@ -57,9 +56,7 @@ DEFAULT_LOOKAHEAD_PER_RANK = 32
 """Minimum look-ahead samples per rank when planning.lookahead_samples is 0 (4 * world_size * 8)."""
 
 
-_NEW_MICRO_BATCH = fast_constructor(MicroBatch)
 _FIRST = operator.itemgetter(0)
-_NEW_GROUP = fast_constructor(GroupPlan)
 
 
 def lookahead_samples(config: DCPConfig, world_size: int) -> int:
@@ -392,7 +389,7 @@ class EpochPlanner:
 
         mbq = self._mbq
         start, stop, mb_time = mbq.start, self._mb_end, self._mb_time
-        new_mb, new_group = _NEW_MICRO_BATCH, _NEW_GROUP
+        new_mb, new_group = MicroBatch, GroupPlan
         plans: list[GroupPlan | None] = [None] * len(records)
         for g, js in members.items():
             q, ids, lens = queue[g], mbq.ids_list[g], mbq.lens_list[g]
@@ -441,7 +438,7 @@ class EpochPlanner:
             for lo in range(a, e, chunk):
                 hi = min(e, lo + chunk)
                 t = self._times.time_s(g, s.sp_size, s.recompute_layers, hi - lo)
-                out.append(_NEW_MICRO_BATCH(ids[lo:hi], lens[lo:hi], g, t))
+                out.append(MicroBatch(ids[lo:hi], lens[lo:hi], g, t))
         return out
 
 

@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class MicroBatch:
-    """What one SP group runs in one forward/backward: samples of one seq_group (or a packed set)."""
+class MicroBatch(NamedTuple):
+    """What one SP group runs in one forward/backward: samples of one seq_group (or a packed set).
+
+    A NamedTuple rather than a frozen dataclass: the planner builds ~5 of these per rank and step, and a
+    tuple is created several times faster (20k per step at W = 4096).
+    """
 
     sample_ids: tuple[int, ...]
     """Dataset indices of the samples, in stream order."""
@@ -31,9 +35,11 @@ class MicroBatch:
         return len(self.sample_ids)
 
 
-@dataclass(frozen=True, slots=True)
-class GroupPlan:
-    """One SP group of a step: a contiguous block of ranks and the micro-batches it accumulates."""
+class GroupPlan(NamedTuple):
+    """One SP group of a step: a contiguous block of ranks and the micro-batches it accumulates.
+
+    A NamedTuple for the same reason as MicroBatch: a step at W = 4096 holds thousands of groups.
+    """
 
     first_rank: int
     """Lowest rank of the block; the group is ranks first_rank .. first_rank + sp_size - 1."""

@@ -12,47 +12,13 @@ the position of its first sample.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from dcp.planner.cost import micro_batch_time_s
 from dcp.planner.plan import MicroBatch
 from dcp.planner.table import ProfileTable
-
-
-def fast_constructor(cls: type) -> Callable[..., Any]:
-    """A positional constructor for a frozen, slotted dataclass without __post_init__, ~2x faster.
-
-    Frozen dataclasses set every field through ``object.__setattr__`` in ``__init__``; planning a step at
-    W = 4096 builds ~10^4 micro-batches, so this builds the same object by calling the slot descriptors
-    directly. Falls back to the class itself when the class does not have that exact shape.
-    """
-    names = [f.name for f in dataclasses.fields(cls)]
-    if (
-        getattr(cls, "__slots__", None) is None
-        or tuple(cls.__slots__) != tuple(names)
-        or hasattr(cls, "__post_init__")
-    ):
-        return cls
-    setters = [getattr(cls, n).__set__ for n in names]
-    new = object.__new__
-
-    if len(setters) != 4:
-        return cls
-    s0, s1, s2, s3 = setters
-
-    def make(a: Any, b: Any, c: Any, d: Any) -> Any:
-        obj = new(cls)
-        s0(obj, a)
-        s1(obj, b)
-        s2(obj, c)
-        s3(obj, d)
-        return obj
-
-    return make
 
 
 class PlanningError(ValueError):

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from dcp.config import DCPConfig, ModelShapeConfig, PlanningConfig, ProfilingConfig
 from dcp.planner import CPU_SMALL, EpochPlanner, PlanningError, analytic_table, plan_epoch
 from dcp.planner.placement import aligned_slots, node_bounds, place_largest_first
-from dcp.planner.stream import fast_constructor, shuffled_order
+from dcp.planner.stream import shuffled_order
 
 MODEL = ModelShapeConfig(name="tiny", num_layers=4, hidden_size=64, num_heads=8, vocab_size=256)
 EDGES = (256, 512, 1024, 2048, 4096)
@@ -286,17 +286,6 @@ def test_placement_helpers():
     assert aligned_slots(2, 5, 8) == [0, 2]
     with pytest.raises(ValueError, match="non-increasing"):
         place_largest_first([1, 2], 4, 4)
-
-
-def test_fast_constructor_builds_equal_objects():
-    from dcp.planner.plan import GroupPlan, MicroBatch
-
-    mb = fast_constructor(MicroBatch)((1, 2), (3, 4), 0, 0.5)
-    assert mb == MicroBatch((1, 2), (3, 4), 0, 0.5) and hash(mb) == hash(MicroBatch((1, 2), (3, 4), 0, 0.5))
-    assert fast_constructor(GroupPlan)(0, 1, 0, (mb,)) == GroupPlan(0, 1, 0, (mb,))
-    from dcp.planner.plan import StepPlan
-
-    assert fast_constructor(StepPlan) is StepPlan  # has __post_init__: falls back to the class
 
 
 def test_filler_uses_smaller_p_in_chunks():
