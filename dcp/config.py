@@ -135,7 +135,9 @@ class PlanningConfig:
     sp_sizes: tuple[int, ...] = (1, 2, 4, 8)
     """SP sizes the planner may choose; each must divide model.num_heads."""
     lookahead_samples: int = 0
-    """Samples the step assembler may read ahead of the stream to fill ranks; 0 means 4 * world_size * 8."""
+    """Samples the step assembler may read ahead of the stream to fill ranks. 0 sizes the window from the
+    profile table: twice the samples whose GPU-time fills one longest micro-batch on every rank (at least 32
+    per rank); see dcp.planner.assemble.default_lookahead."""
     seed: int = 0
     """Seed of the per-epoch shuffle and of per-sample randomness (seed, epoch, sample id)."""
     packed_token_budget: int = 0
