@@ -1,0 +1,154 @@
+"""``dcp bench runtime``: the manager's per-step overhead and the cost of switching SP groups.
+
+On 2 gloo processes with the tiny Transformer-1D:
+- overhead: the same fixed step (one SP group of 2, ga_steps micro-batches of fixed samples) run by a plain
+  hand-written loop (forward, weighted backward, one flat all-reduce, SGD step) and by the manager
+  (iterator, plan-hash check, weights, engine), alternating rounds; overhead_pct compares medians.
+- SP switch: steps that alternate between one SP-2 group and two SP-1 groups vs steps that stay on one
+  size; the switch cost is the alternating run's time minus the mean of the two fixed runs, per switch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from typing import Any
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--steps", type=int, default=10, help="steps per timed round")
+    parser.add_argument("--rounds", type=int, default=9, help="alternating rounds (the fastest round is used)")
+    parser.add_argument("--seq-len", type=int, default=256, help="tokens per sample")
+    parser.add_argument("--ga-steps", type=int, default=2, help="micro-batches per step")
+    parser.add_argument("--json", action="store_true", help="print a JSON object as the last line")
+
+
+def _plan(epoch: int, step: int, sp_sizes: tuple[int, ...], ga: int, seq_len: int, world: int) -> Any:
+    from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
+
+    groups, first = [], 0
+    for g, p in enumerate(sp_sizes):
+        mbs = tuple(MicroBatch(sample_ids=(100 * g + k,), seq_lens=(seq_len,), seq_group=0) for k in range(ga))
+        groups.append(GroupPlan(first_rank=first, sp_size=p, recompute_layers=0, micro_batches=mbs))
+        first += p
+    return StepPlan(epoch=epoch, step=step, world_size=world, method="dcp-intra", groups=tuple(groups))
+
+
+def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from dcp.config import DCPConfig, RuntimeConfig
+    from dcp.models import T1DConfig, Transformer1D
+    from dcp.runtime.data import SyntheticTokenDataset
+    from dcp.runtime.manager import set_manager
+
+    steps, ga, seq_len = spec["steps"], spec["ga_steps"], spec["seq_len"]
+    model = Transformer1D(T1DConfig.tiny())
+    data = SyntheticTokenDataset([seq_len] * 200, vocab_size=model.config.vocab_size)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    fixed = _plan(0, 0, (2,), ga, seq_len, world)
+    # default config except one log line per round (a per-step line to a pipe costs ~0.5 ms on this host)
+    config = DCPConfig(model=model.config.shape(), runtime=RuntimeConfig(log_every=steps))
+    mgr = set_manager(model, data, config, optimizer=opt, plans=lambda e: [
+        _plan(e, s, spec["pattern"](s), ga, seq_len, world) for s in range(steps)])
+    pattern = {"sp2": lambda s: (2,), "sp1": lambda s: (1, 1), "switch": lambda s: (2,) if s % 2 else (1, 1)}
+    ctx = mgr.registry.context(fixed.groups[0], rank)
+    n_step = sum(data.target_counts()[i] for i in fixed.sample_ids)
+    batches = [data.collate([data[i]]) for mb in fixed.groups[0].micro_batches for i in mb.sample_ids]
+    params = [p for p in model.parameters()]
+
+    def plain_round() -> tuple[float, float]:
+        dist.barrier()
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(steps):
+            for i, mb in enumerate(fixed.groups[0].micro_batches):
+                batch = data.collate([data[j] for j in mb.sample_ids]) if spec["collate"] else batches[i]
+                loss, _ = model(batch, ctx)
+                (loss / n_step).backward()
+            flat = torch.cat([p.grad.reshape(-1) for p in params])
+            dist.all_reduce(flat)
+            offset = 0
+            for p in params:
+                p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
+                offset += p.numel()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return time.perf_counter() - t0, time.process_time() - c0
+
+    def manager_round(name: str) -> tuple[float, float]:
+        spec["pattern"] = pattern[name]
+        dist.barrier()
+        t0, c0 = time.perf_counter(), time.process_time()
+        for batch in mgr.get_data_iter():
+            mgr.train_micro_batch(batch)
+        return time.perf_counter() - t0, time.process_time() - c0
+
+    # time spent in the manager's per-step check/stats exchange (its only collective besides the sync)
+    begin = mgr._begin_step
+    exchange_s: list[float] = []
+
+    def timed_begin(*a: Any, **k: Any) -> None:
+        t = time.perf_counter()
+        begin(*a, **k)
+        exchange_s.append(time.perf_counter() - t)
+
+    mgr._begin_step = timed_begin
+    spec["pattern"] = pattern["sp2"]
+    plain_round(), manager_round("sp2")  # warm-up
+    exchange_s.clear()
+    kinds = ["plain", "sp2", "sp1", "switch"]
+    times: dict[str, list[tuple[float, float]]] = {k: [] for k in kinds}
+    for r in range(spec["rounds"]):
+        for name in kinds[r % 4:] + kinds[: r % 4]:  # rotate the order: no kind always runs first
+            times[name].append(plain_round() if name == "plain" else manager_round(name))
+    out: dict[str, list[float]] = {k: [w / steps for w, _ in v] for k, v in times.items()}
+    out.update({f"{k}_cpu": [c / steps for _, c in v] for k, v in times.items()})
+    out["exchange"] = exchange_s
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from dcp.testing import run_distributed
+
+    spec = {"steps": args.steps, "rounds": args.rounds, "seq_len": args.seq_len, "ga_steps": args.ga_steps,
+            "collate": True, "pattern": None}
+    t0 = time.perf_counter()
+    per_step = run_distributed(_worker, 2, spec, timeout_s=900)[0]
+    exchange = per_step.pop("exchange")
+    cpu = {k: per_step.pop(f"{k}_cpu") for k in ("plain", "sp2", "sp1", "switch")}
+    # Rounds of all kinds run back to back, so comparing within a round cancels slow drifts of the host's
+    # load; the median over rounds is reported (the fastest rounds are printed too).
+    best = {k: min(v) for k, v in per_step.items()}
+    med = {k: statistics.median(v) for k, v in per_step.items()}
+    pairs = list(zip(per_step["plain"], per_step["sp2"], per_step["sp1"], per_step["switch"], strict=True))
+    overhead_wall = 100.0 * statistics.median(m / p - 1.0 for p, m, _, _ in pairs)
+    # Process CPU time is what the manager adds in work (Python bookkeeping, the extra small collective);
+    # unlike wall time it is not inflated by other processes competing for the host's cores.
+    overhead_pct = 100.0 * statistics.median(m / p - 1.0 for p, m in zip(cpu["plain"], cpu["sp2"], strict=True))
+    overhead_best = 100.0 * (best["sp2"] - best["plain"]) / best["plain"]
+    # a pattern of alternating steps switches SP size once per step
+    switch_ms = 1e3 * statistics.median(w - 0.5 * (a + b) for _, a, b, w in pairs)
+    exchange_ms = 1e3 * statistics.median(exchange)
+    exchange_pct = 100.0 * statistics.median(exchange) / best["sp2"]
+    print(f"# dcp bench runtime: 2 gloo processes, t1d-tiny, seq_len {args.seq_len}, ga_steps {args.ga_steps}, "
+          f"{args.steps} steps x {args.rounds} rounds ({time.perf_counter() - t0:.0f} s, "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+    for name, label in (("plain", "plain loop, sp=2"), ("sp2", "manager, sp=2"), ("sp1", "manager, sp=[1,1]"),
+                        ("switch", "manager, alternating sp=2 / sp=[1,1]")):
+        spread = f"median {1e3 * med[name]:.2f} max {1e3 * max(per_step[name]):.2f}"
+        print(f"step_ms {name:7s} {1e3 * best[name]:8.2f}  ({spread})  {label}")
+    for name in ("plain", "sp2"):
+        print(f"step_cpu_ms {name:7s} {1e3 * statistics.median(cpu[name]):8.2f}  (median process CPU time, rank 0)")
+    print(f"overhead_pct {overhead_pct:.2f}  (manager sp=2 vs plain loop sp=2, process CPU time, median ratio)")
+    print(f"overhead_wall_pct {overhead_wall:.2f}  (same, wall time; fastest rounds: {overhead_best:.2f})")
+    print(f"exchange_ms {exchange_ms:.3f}  (plan-hash + stats all-gather per step, {exchange_pct:.2f} % of a step)")
+    print(f"sp_switch_ms {switch_ms:.3f}  (alternating minus mean of fixed sizes, per switch; median over rounds)")
+    if args.json:
+        print(json.dumps({"overhead_pct": round(overhead_pct, 3), "sp_switch_ms": round(switch_ms, 4),
+                          "overhead_wall_pct": round(overhead_wall, 3), "exchange_ms": round(exchange_ms, 4),
+                          "step_ms": {k: round(1e3 * v, 3) for k, v in best.items()}}))
+    return 0

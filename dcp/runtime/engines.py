@@ -1,0 +1,266 @@
+"""Engine adapters: run forward/backward/step for the manager with one gradient sync per DCP step.
+
+DCP's ranks accumulate DIFFERENT numbers of micro-batches in one step (their groups' ga_steps), and a rank
+may have none at all (the partial last step of an epoch). Every rank must still join exactly one gradient
+sync per step, over all W ranks, after its own micro-batches. The adapters below therefore decouple the
+sync from backward:
+
+- ``DDPEngine`` ("ddp"): plain data parallelism with a bucketed all-reduce (SUM) at ``step()``. torch's
+  DistributedDataParallel ties its all-reduce to a backward pass (``no_sync()`` only postpones it to the
+  next backward), so a rank with no micro-batch in a step could only join the sync by running a fake
+  forward/backward; doing the all-reduce ourselves at the boundary is simpler, exact, and costs the same
+  bytes (parameters and buffers are broadcast from rank 0 at start, as DDP does).
+- ``DeepSpeedEngine`` ("deepspeed", ZeRO-1): public API only. ``managed_gradient_accumulation: false``
+  (DeepSpeed >= 0.18) makes ``backward`` accumulate locally and ``step()`` the caller-owned boundary that
+  reduces gradients (averaged over W) and updates; ``backward(loss, scale_wrt_gas=False)`` keeps DeepSpeed
+  from dividing by its own gradient_accumulation_steps. Batch-size fields are derived in one place,
+  ``deepspeed_config``.
+
+``sync_divisor`` tells the manager how the engine combines gradients (1 = sum, W = average), so that
+loss weights ``sync_divisor / N_step`` give the gradient of the step's mean loss either way.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from dcp.runtime.manager import DCPManager
+
+ENGINES = ("ddp", "deepspeed")
+
+
+class EngineError(ValueError):
+    """An engine cannot be built or used as asked; the message says why and how to fix it."""
+
+
+class Engine:
+    """What the paper's loop calls ``model``: ``loss = model(batch); model.backward(loss); model.step()``."""
+
+    name = "base"
+    sync_divisor = 1
+
+    def __init__(self, module: torch.nn.Module, optimizer: Any, lr_scheduler: Any = None) -> None:
+        self.module = module
+        self.optimizer = optimizer
+        self.lr_scheduler = lr_scheduler
+        self._mgr: DCPManager | None = None
+        self.optimizer_steps = 0
+        """Optimizer updates applied so far (one per DCP step, whatever the ranks' ga_steps)."""
+
+    # ----- what the manager calls ----------------------------------------------------------------
+    def attach(self, manager: DCPManager) -> None:
+        self._mgr = manager
+
+    @property
+    def forward_model(self) -> Callable[..., Any]:
+        """What ``forward_fn`` receives as the model (the module, or the DeepSpeed engine wrapping it)."""
+        return self.module
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def _sync_and_update(self) -> None:
+        raise NotImplementedError
+
+    # ----- the paper's loop ----------------------------------------------------------------------
+    def _manager(self) -> DCPManager:
+        if self._mgr is None:
+            raise EngineError("engine is not attached to a manager: build it through dcp.set_manager(...)")
+        return self._mgr
+
+    def __call__(self, batch: Any) -> torch.Tensor:
+        """Forward of this rank's part of ``batch``; returns the (unweighted) loss_sum."""
+        mgr = self._manager()
+        ctx = mgr._before_forward(batch)
+        out = mgr.forward_fn(self.forward_model, batch, ctx)
+        return mgr._after_forward(out)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of ``loss * weight``: weight = sync_divisor / N_step (see dcp.runtime.weighting)."""
+        self._backward(loss * self._manager()._loss_weight)
+
+    def step(self) -> bool:
+        """Sync gradients over all ranks and update, only after this rank's last micro-batch of the step.
+
+        Returns True when the optimizer stepped, False on a non-boundary micro-batch (nothing happens).
+        """
+        mgr = self._manager()
+        if not mgr._at_boundary():
+            return False
+        t0 = time.perf_counter()
+        self._fill_missing_grads()
+        self._sync_and_update()
+        self.optimizer_steps += 1
+        mgr._step_done(time.perf_counter() - t0)
+        return True
+
+    def idle_step(self) -> None:
+        """Join the step's gradient sync with zero gradients (a rank without micro-batches this step)."""
+        self._fill_missing_grads()
+        self._sync_and_update()
+        self.optimizer_steps += 1
+
+    def _fill_missing_grads(self) -> None:
+        # Parameters this rank did not touch (idle rank, unused branch) still take part in the collective
+        # with zeros, so every rank reduces the same tensors in the same order.
+        for p in self.module.parameters():
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+
+
+class DDPEngine(Engine):
+    """Data parallelism with one bucketed SUM all-reduce of the gradients per DCP step."""
+
+    name = "ddp"
+    sync_divisor = 1
+
+    def __init__(self, module: torch.nn.Module, optimizer: Any, lr_scheduler: Any = None, *,
+                 group: Any = None, bucket_cap_mb: float = 25.0) -> None:
+        super().__init__(module, optimizer, lr_scheduler)
+        if optimizer is None:
+            raise EngineError("optimizer (None) is required: pass optimizer=torch.optim.SGD(model.parameters(), ...)")
+        self.group = group
+        self._distributed = dist.is_available() and dist.is_initialized()
+        if self._distributed:
+            with torch.no_grad():
+                # Same start everywhere, as DDP guarantees: global rank 0's parameters and buffers win.
+                src = dist.get_global_rank(group, 0) if group is not None else 0
+                for t in [*module.parameters(), *module.buffers()]:
+                    dist.broadcast(t.data, src=src, group=group)
+        self._buckets = self._make_buckets([p for p in module.parameters() if p.requires_grad], bucket_cap_mb)
+
+    @staticmethod
+    def _make_buckets(params: list[torch.nn.Parameter], cap_mb: float) -> list[list[torch.nn.Parameter]]:
+        buckets: list[list[torch.nn.Parameter]] = []
+        size = 0
+        cap = cap_mb * 2**20
+        for p in params:
+            nbytes = p.numel() * p.element_size()
+            same_kind = buckets and buckets[-1][0].dtype == p.dtype and buckets[-1][0].device == p.device
+            if not same_kind or size + nbytes > cap:
+                buckets.append([])
+                size = 0
+            buckets[-1].append(p)
+            size += nbytes
+        return buckets
+
+    def _sync_and_update(self) -> None:
+        buckets = self._buckets if self._distributed else []
+        flats, works = [], []
+        for bucket in buckets:
+            flat = torch.cat([p.grad.reshape(-1) for p in bucket])
+            works.append(dist.all_reduce(flat, group=self.group, async_op=True))
+            flats.append(flat)
+        for bucket, flat, work in zip(buckets, flats, works, strict=True):
+            work.wait()
+            offset = 0
+            for p in bucket:
+                n = p.numel()
+                p.grad.copy_(flat[offset : offset + n].view_as(p))
+                offset += n
+        self.optimizer.step()
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()  # once per optimizer step, never per micro-batch
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+def deepspeed_config(world_size: int, *, zero_stage: int = 1, user_config: dict[str, Any] | None = None) -> dict:
+    """The DeepSpeed config dict; the ONLY place batch and accumulation settings are derived.
+
+    DCP chooses micro-batch sizes and ga_steps per step and per group, so DeepSpeed's own batch fields
+    cannot describe them; they only feed DeepSpeed's sample counters. We declare one sample per rank per
+    step (micro 1, gas 1, train_batch_size W, which satisfies DeepSpeed's
+    train_batch_size = micro * gas * W check) and hand the accumulation boundary to the caller with
+    managed_gradient_accumulation=false. Gradient clipping defaults to off (DeepSpeed's default is 1.0,
+    which would silently change the exact mean-loss gradient); set it in ``user_config`` if wanted.
+    """
+    if zero_stage not in (0, 1):
+        raise EngineError(
+            f"zero_stage ({zero_stage}) is not supported: DCP's engine adapter covers ZeRO-0/1 (use 1)"
+        )
+    fixed = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": world_size,
+        "managed_gradient_accumulation": False,
+    }
+    user = dict(user_config or {})
+    clash = sorted(k for k in fixed if k in user and user[k] != fixed[k])
+    if clash:
+        raise EngineError(
+            f"deepspeed config keys {clash} are set by DCP (it picks micro-batch sizes and ga_steps per step): "
+            "remove them from the config you pass"
+        )
+    zero = {"stage": zero_stage, **user.pop("zero_optimization", {})}
+    if zero.get("stage") != zero_stage:
+        raise EngineError(f"zero_optimization.stage ({zero.get('stage')}) must be {zero_stage}: use ZeRO-1")
+    cfg = {"gradient_clipping": 0.0, "steps_per_print": 2**31 - 1, "zero_allow_untested_optimizer": True}
+    cfg.update(user)
+    cfg.update(fixed)
+    cfg["zero_optimization"] = zero
+    return cfg
+
+
+class DeepSpeedEngine(Engine):
+    """DeepSpeed ZeRO-1 through its public API; gradients are averaged over W by DeepSpeed."""
+
+    name = "deepspeed"
+
+    def __init__(self, module: torch.nn.Module, optimizer: Any, lr_scheduler: Any = None, *,
+                 world_size: int, config: dict[str, Any] | None = None) -> None:
+        if not torch.cuda.is_available():
+            # DeepSpeed picks its accelerator at import; on a CPU-only host it must be told (gloo + CPU).
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        try:
+            import deepspeed
+        except ImportError as exc:
+            raise EngineError(f"runtime.engine ('deepspeed') needs DeepSpeed ({exc}): pip install deepspeed") from None
+        if optimizer is None:
+            raise EngineError("optimizer (None) is required: pass a torch optimizer (ZeRO-1 shards its state)")
+        self.ds_config = deepspeed_config(world_size, user_config=config)
+        ds, ds_optimizer, _, ds_scheduler = deepspeed.initialize(
+            model=module, optimizer=optimizer, lr_scheduler=lr_scheduler, config=self.ds_config,
+            dist_init_required=False,
+        )
+        super().__init__(module, ds_optimizer, ds_scheduler)
+        self.ds = ds
+        self.sync_divisor = world_size
+
+    @property
+    def forward_model(self) -> Callable[..., Any]:
+        return self.ds
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        self.ds.backward(loss, scale_wrt_gas=False)
+
+    def _fill_missing_grads(self) -> None:
+        pass  # DeepSpeed's ZeRO optimizer owns the gradient buffers: never assign .grad behind its back
+
+    def idle_step(self) -> None:
+        # ZeRO-1 sets up its reduction buckets in backward, so a rank without micro-batches runs a backward
+        # of an exact zero that touches every parameter (no model forward), then joins the reduction.
+        zero = sum((p.reshape(-1)[:1] * 0.0).sum() for p in self.module.parameters() if p.requires_grad)
+        self.ds.backward(zero, scale_wrt_gas=False)
+        super().idle_step()
+
+    def _sync_and_update(self) -> None:
+        # Unmanaged accumulation: step() reduces the locally accumulated gradients over all ranks, applies
+        # the update, steps the LR scheduler once and zeroes the gradients.
+        self.ds.step()
+
+
+def build_engine(name: str, module: torch.nn.Module, optimizer: Any, lr_scheduler: Any, *, world_size: int,
+                 deepspeed_config: dict[str, Any] | None = None) -> Engine:
+    """An engine by name (runtime.engine): 'ddp' or 'deepspeed'."""
+    if name == "ddp":
+        return DDPEngine(module, optimizer, lr_scheduler)
+    if name == "deepspeed":
+        return DeepSpeedEngine(module, optimizer, lr_scheduler, world_size=world_size, config=deepspeed_config)
+    raise EngineError(f"engine ({name!r}) is not one of {list(ENGINES)}: pick one of those or pass an Engine")

@@ -1,0 +1,460 @@
+"""The DCP manager: the paper's public API (Figure 14).
+
+    mgr = set_manager(model, dataset, config, optimizer=opt)
+    engine = mgr.engine
+    for epoch in range(epochs):
+        if mgr.need_profile():
+            mgr.init_profiler()
+        for batch in mgr.get_data_iter():
+            mgr.optimize_dynamics(batch, engine)
+            with mgr.profile(batch, engine):
+                loss = engine(batch); engine.backward(loss); engine.step()
+
+Per step, every rank (1) checks that all ranks planned the same step (a digest all-gather on a gloo group
+with a timeout, which also carries the previous step's loss, counts and busy time for the log), (2) runs
+its SP group's ga_steps micro-batches with loss weight ``sync_divisor / N_step``, and (3) joins ONE
+gradient sync over all W ranks (``engine.step()`` at its last micro-batch; a rank without micro-batches
+this step joins it from inside the iterator with zero gradients).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dcp.config import ConfigError, DCPConfig
+from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
+from dcp.runtime.context import SPContext
+from dcp.runtime.data import check_dataset, target_counts
+from dcp.runtime.engines import Engine, build_engine
+from dcp.runtime.log import StepStats, get_logger
+from dcp.runtime.recompute import checkpoint_layer
+from dcp.runtime.registry import SPGroupRegistry
+from dcp.runtime.weighting import check_step_count, micro_batch_weight, step_normaliser
+
+PlanSource = Callable[[int], Any]  # epoch -> iterable of StepPlans
+
+
+class PlanMismatchError(ValueError):
+    """Ranks computed different step plans (or different numbers of steps); raised on every rank."""
+
+
+class ManagerError(ValueError):
+    """The manager was used out of order (e.g. a step without engine.step()); the message says the fix."""
+
+
+def _default_forward(model: Any, batch: Any, ctx: SPContext) -> Any:
+    return model(batch, ctx)
+
+
+def _digest_words(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(hashlib.sha256(text.encode()).digest()), dtype=torch.int64).clone()
+
+
+class DCPManager:
+    """Runs DCP step plans on this rank; build it with :func:`set_manager`."""
+
+    def __init__(self, model: torch.nn.Module, dataset: Any, config: DCPConfig, engine: Engine, *,
+                 table: Any = None, plans: PlanSource | None = None, forward_fn: Callable[..., Any] | None = None,
+                 registry: SPGroupRegistry | None = None) -> None:
+        self.model, self.dataset, self.config, self.engine = model, dataset, config, engine
+        self.table, self._plans = table, plans
+        self.forward_fn = forward_fn or _default_forward
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.world_size = dist.get_world_size() if self.distributed else 1
+        self.lengths = check_dataset(dataset)
+        self.target_counts = target_counts(dataset, self.lengths)
+        self.log = get_logger(self.rank)
+        # Every rank creates the same groups in the same order (new_group is a world collective).
+        self.registry = registry or SPGroupRegistry(
+            self.world_size, config.planning.ranks_per_node, [p for p in config.planning.sp_sizes if p <= self.world_size]
+        )
+        self._check_group = None
+        if self.distributed and self.world_size > 1:
+            # A separate gloo group with its own timeout: a rank that planned a different number of steps
+            # makes the others fail after plan_check_timeout_s instead of hanging in the gradient sync.
+            self._check_group = dist.new_group(
+                backend="gloo", timeout=timedelta(seconds=config.runtime.plan_check_timeout_s)
+            )
+        engine.attach(self)
+        self.epoch = 0
+        self.step_in_epoch = 0
+        self.global_step = 0
+        self.step_stats: list[StepStats] = []
+        """One record per finished step (the same on every rank), filled one step late."""
+        self.measurements: deque[tuple[int, int, int, int, float]] = deque(maxlen=100_000)
+        """(seq_group, micro_batch_size, sp_size, recompute_layers, seconds) of every profiled micro-batch."""
+        self._ctx = SPContext.single(attention=config.runtime.attention)
+        self._ctx_cache: dict[tuple[int, int, int], SPContext] = {}
+        self._plan: StepPlan | None = None
+        self._group: GroupPlan | None = None
+        self._pending: MicroBatch | None = None
+        self._mb_index = -1
+        self._applied = False
+        self._step_open = False
+        self._loss_weight = 0.0
+        self._n_step = 0
+        self._layer_counter = 0
+        self._prev: dict[str, Any] | None = None
+        self._reset_step_accumulators()
+
+    # ----- profiling hooks (paper step 2) --------------------------------------------------------
+    def need_profile(self) -> bool:
+        """True when this run must profile: no table, no plan source, and no valid cached table."""
+        if self.table is not None or self._plans is not None:
+            return False
+        try:
+            from dcp.profiler.dual_layer import need_profile
+        except ImportError:
+            return True
+        return need_profile(self.model, self.config, self.world_size)
+
+    def init_profiler(self, **profiler_kwargs: Any) -> None:
+        """Load the cached profile table or profile inside this run (dcp.profiler, collective on all ranks).
+
+        ``profiler_kwargs`` go to ``dcp.profiler.dual_layer.load_or_profile`` (e.g. ``adapter=``,
+        ``refresh=True``). Without the profiler package an analytic table is used, with a warning.
+        """
+        try:
+            from dcp.profiler.dual_layer import load_or_profile
+        except ImportError as exc:
+            self.log.warning("dcp.profiler unavailable (%s); using an analytic profile table", exc)
+            self.table = self._analytic_table()
+            return
+        self.table, status = load_or_profile(self.model, self.config, self.world_size, self.registry,
+                                             **profiler_kwargs)
+        if self.rank == 0:
+            self.log.info("profile table: %s (%d rows)", status, len(self.table))
+
+    def _analytic_table(self) -> Any:
+        from dcp.planner import CPU_SMALL, analytic_table
+
+        is_2d = type(self.model).__name__ == "Transformer2D"
+        return analytic_table(
+            self.config.model, self.config.profiling.seq_group_edges, sp_sizes=self.registry.sp_sizes,
+            max_micro_batch_size=self.config.profiling.max_micro_batch_size, world_size=self.world_size,
+            hardware=CPU_SMALL, attention="2d" if is_2d else "1d",
+            mem_capacity_bytes=self.config.planning.mem_capacity_bytes,
+        )
+
+    # ----- data (paper step 2) -------------------------------------------------------------------
+    def epoch_plans(self, epoch: int) -> Iterator[StepPlan]:
+        """The StepPlans of ``epoch`` (deterministic: the same on every rank and on every replay)."""
+        if self._plans is not None:
+            return iter(self._plans(epoch))
+        if self.table is None:
+            self.init_profiler()
+        from dcp.planner import EpochPlanner
+
+        return EpochPlanner(self.lengths, self.table, self.config, self.world_size, epoch)
+
+    def get_data_iter(self, max_steps: int | None = None) -> Iterator[Any]:
+        """This rank's micro-batches (Batch objects) of the current epoch, resuming mid-epoch if restored.
+
+        Every rank of an SP group yields the same full micro-batches; a rank idle in a step yields nothing
+        for it but joins the step's gradient sync here. The epoch counter advances when it is exhausted.
+        ``max_steps`` stops after that many steps (all ranks at the same step boundary: the safe point to
+        save a checkpoint; breaking out of the loop yourself would leave a rank that is idle in the last
+        step waiting in the next step's collective).
+        """
+        epoch, skip = self.epoch, self.step_in_epoch
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+        done = 0
+        for plan in self.epoch_plans(epoch):
+            if plan.step < skip:
+                continue  # replaying the deterministic planner: consumed steps are skipped, order unchanged
+            if max_steps is not None and done >= max_steps:
+                self._begin_step(None, marker=f"pause {epoch}:{plan.step}")  # flush stats at the same point
+                return
+            done += 1
+            if plan.world_size != self.world_size:
+                raise PlanMismatchError(
+                    f"plan world_size ({plan.world_size}) != torch.distributed world size ({self.world_size}): "
+                    "plan with the world size of the job"
+                )
+            self._begin_step(plan)
+            group = self._group
+            if not group.micro_batches:
+                self.engine.idle_step()
+                self._step_done(0.0)
+                continue
+            for i, mb in enumerate(group.micro_batches):
+                self._mb_index, self._pending, self._applied = i, mb, False
+                yield self.dataset.collate([self.dataset[j] for j in mb.sample_ids])
+            if self._step_open:
+                raise ManagerError(
+                    f"epoch {epoch} step {plan.step}: engine.step() was not called after the last micro-batch "
+                    "(the step's gradient sync never ran): call model.step() after every model.backward(loss)"
+                )
+        self._begin_step(None)  # flush the last step's stats; all ranks must end the epoch together
+        self.epoch, self.step_in_epoch = epoch + 1, 0
+
+    # ----- per micro-batch (paper steps 3-6) -----------------------------------------------------
+    def optimize_dynamics(self, batch: Any, model: Any = None) -> SPContext:
+        """Switch to this micro-batch's SP group and recompute setting and set its loss weight."""
+        mb = self._pending
+        if mb is None:
+            raise ManagerError("optimize_dynamics called outside get_data_iter(): iterate the manager's batches")
+        ids = tuple(getattr(batch, "sample_ids", mb.sample_ids))
+        if ids != mb.sample_ids:
+            raise ManagerError(
+                f"batch sample_ids {ids} are not the planned micro-batch {mb.sample_ids}: pass the batch that "
+                "get_data_iter() yielded, unchanged"
+            )
+        group = self._group
+        key = (group.first_rank, group.sp_size, group.recompute_layers)
+        if key not in self._ctx_cache:
+            self._ctx_cache[key] = self.registry.context(group, self.rank, attention=self.config.runtime.attention)
+        self._ctx = self._ctx_cache[key]
+        self._loss_weight = micro_batch_weight(
+            mb, self._n_step, self.target_counts, self.config.runtime.loss_weighting, self.engine.sync_divisor
+        )
+        self._applied = True
+        return self._ctx
+
+    @contextmanager
+    def profile(self, batch: Any = None, model: Any = None, gas: Any = None) -> Iterator[None]:
+        """Time one micro-batch (forward, backward, step). ``gas`` is accepted for the paper's signature;
+        DCP takes ga_steps from the plan (``mgr.gas``)."""
+        mb, group = self._pending, self._group
+        sync_before = self._sync_s
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            elapsed = time.perf_counter() - t0
+            self._busy_s += elapsed - (self._sync_s - sync_before)
+            if mb is not None and group is not None:
+                self.measurements.append((mb.seq_group, mb.size, group.sp_size, group.recompute_layers, elapsed))
+
+    def recompute(self, layer: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``layer(*args)``, checkpointed when its index (layer.layer_index, else call order within this
+        forward) is below the current group's recompute_layers."""
+        index = getattr(layer, "layer_index", None)
+        if index is None:
+            index = self._layer_counter
+            self._layer_counter += 1
+        enabled = index < self._ctx.recompute_layers
+        if kwargs and enabled and torch.is_grad_enabled():
+            from torch.utils.checkpoint import checkpoint
+
+            return checkpoint(layer, *args, use_reentrant=False, **kwargs)
+        if kwargs:
+            return layer(*args, **kwargs)
+        return checkpoint_layer(layer, *args, enabled=enabled)
+
+    def wrap_layers(self, layers: Any) -> None:
+        """Route every layer of ``layers`` (e.g. an HF model's ``model.model.layers``) through the recompute
+        switch: layer i is checkpointed when i < the current group's recompute_layers. Parameter names
+        and state dicts are unchanged (the layer's forward is wrapped, not the module)."""
+        for index, layer in enumerate(layers):
+            inner = layer.forward
+
+            def forward(*args: Any, _inner: Any = inner, _index: int = index, **kwargs: Any) -> Any:
+                enabled = _index < self._ctx.recompute_layers and torch.is_grad_enabled()
+                if not enabled:
+                    return _inner(*args, **kwargs)
+                from torch.utils.checkpoint import checkpoint
+
+                return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
+
+            layer.forward = forward
+
+    @property
+    def ctx(self) -> SPContext:
+        """SPContext of the current micro-batch (single-rank context before the first one)."""
+        return self._ctx
+
+    @property
+    def group(self) -> Any:
+        """torch ProcessGroup of the current SP group (None when sp_size is 1)."""
+        return self._ctx.group
+
+    @property
+    def gas(self) -> int:
+        """ga_steps of this rank's SP group in the current step."""
+        return self._group.ga_steps if self._group is not None else 0
+
+    @property
+    def plan(self) -> StepPlan | None:
+        """The step plan being run."""
+        return self._plan
+
+    def train_micro_batch(self, batch: Any) -> float:
+        """The paper's loop body in one call; returns this rank's unweighted loss_sum of the micro-batch."""
+        self.optimize_dynamics(batch)
+        with self.profile(batch):
+            loss = self.engine(batch)
+            self.engine.backward(loss)
+            self.engine.step()
+        return float(loss.detach())
+
+    # ----- checkpointing ---------------------------------------------------------------------------
+    def _fingerprint(self) -> str:
+        text = self.config.to_json() + repr(self.lengths) + f"w{self.world_size}"
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position in the data (epoch, finished steps of it) plus a fingerprint of config and lengths.
+        Model, optimizer and scheduler states are saved by the caller (or the DeepSpeed engine)."""
+        return {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
+                "fingerprint": self._fingerprint()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("fingerprint") != self._fingerprint():
+            raise ManagerError(
+                f"checkpoint fingerprint ({state.get('fingerprint')!r}) differs from this run's "
+                f"({self._fingerprint()!r}): resume with the same config, dataset lengths and world size, "
+                "or the remaining data order would differ"
+            )
+        self.epoch, self.step_in_epoch = int(state["epoch"]), int(state["step_in_epoch"])
+        self.global_step = int(state["global_step"])
+
+    # ----- internals used by the engine ------------------------------------------------------------
+    def _before_forward(self, batch: Any) -> SPContext:
+        if not self._applied:
+            self.optimize_dynamics(batch)
+        self._layer_counter = 0
+        return self._ctx
+
+    def _after_forward(self, out: Any) -> torch.Tensor:
+        loss, count = (out[0], out[1]) if isinstance(out, tuple | list) else (out, None)
+        self._loss_local += loss.detach().double()
+        if count is not None:
+            self._count_local += torch.as_tensor(count).detach().long().sum()
+            self._has_count = True
+        return loss
+
+    def _at_boundary(self) -> bool:
+        return self._step_open and self._applied and self._mb_index == self._group.ga_steps - 1
+
+    def _step_done(self, sync_s: float) -> None:
+        self._sync_s += sync_s
+        self._step_open = False
+        self.step_in_epoch = self._plan.step + 1
+        self.global_step += 1
+
+    def _reset_step_accumulators(self) -> None:
+        self._loss_local = torch.zeros((), dtype=torch.float64)
+        self._count_local = torch.zeros((), dtype=torch.int64)
+        self._has_count = False
+        self._busy_s = 0.0
+        self._sync_s = 0.0
+
+    def _begin_step(self, plan: StepPlan | None, marker: str | None = None) -> None:
+        now = time.perf_counter()
+        prev = self._prev
+        if prev is not None:
+            prev["step_time_s"] = now - prev["t0"]
+            # a rank that ran no forward this step (idle) counted 0 tokens; -1 marks "model gave no count"
+            prev.update(loss=self._loss_local.clone(), count=self._count_local.clone(), busy_s=self._busy_s,
+                        has_count=self._has_count or not self._group.micro_batches)
+        if marker is None:
+            marker = plan.digest() if plan is not None else f"end-of-epoch {self.epoch}"
+        gather = self.config.runtime.check_plan_hash or (
+            prev is not None and prev["global_step"] % self.config.runtime.log_every == 0
+        )
+        if gather:
+            self._exchange(marker, prev, plan)
+        self._prev = None
+        self._reset_step_accumulators()
+        self._plan, self._pending, self._mb_index, self._applied = plan, None, -1, False
+        if plan is None:
+            self._group = None
+            return
+        self._group = plan.group_of(self.rank)
+        self._n_step = step_normaliser(plan, self.target_counts, self.config.runtime.loss_weighting)
+        self._step_open = True
+        self._prev = {"plan": plan, "t0": now, "global_step": self.global_step + 1}
+
+    def _exchange(self, marker: str, prev: dict[str, Any] | None, plan: StepPlan | None) -> None:
+        """All-gather [plan digest, previous step's loss_sum, count, busy ns] from every rank."""
+        row = torch.zeros(7, dtype=torch.int64)
+        row[:4] = _digest_words(marker)
+        if prev is not None:
+            row[4] = prev["loss"].reshape(1).view(torch.int64)[0]
+            row[5] = prev["count"] if prev["has_count"] else -1
+            row[6] = int(prev["busy_s"] * 1e9)
+        if self._check_group is not None:
+            rows = [torch.zeros_like(row) for _ in range(self.world_size)]
+            dist.all_gather(rows, row, group=self._check_group)
+            table = torch.stack(rows)
+        else:
+            table = row[None]
+        if prev is not None:
+            self._record_stats(prev, table)
+        digests = [bytes(r[:4].numpy().tobytes()).hex() for r in table]
+        bad = [r for r, d in enumerate(digests) if d != digests[0]]
+        if bad:
+            where = f"epoch {self.epoch} step {plan.step}" if plan is not None else f"end of epoch {self.epoch}"
+            listing = ", ".join(f"rank {r}: {d[:16]}" for r, d in enumerate(digests))
+            raise PlanMismatchError(
+                f"{where}: step plans differ across ranks (ranks {bad} disagree with rank 0; digests {listing}): "
+                "every rank must plan from identical inputs: check that dataset.lengths(), the DCPConfig "
+                "(planning.seed, method, sp_sizes, gmin/gmax), the profile table and the world size are the same "
+                "on every rank (broadcast a table measured on rank 0 instead of profiling per rank)"
+            )
+
+    def _record_stats(self, prev: dict[str, Any], table: torch.Tensor) -> None:
+        plan: StepPlan = prev["plan"]
+        loss_sum = float(table[:, 4].clone().view(torch.float64).sum())
+        counts = table[:, 5]
+        count = int(counts.sum()) if bool((counts >= 0).all()) else -1
+        if count >= 0 and self.config.runtime.loss_weighting == "tokens":
+            check_step_count(plan.step, step_normaliser(plan, self.target_counts, "tokens"), count)
+        stats = StepStats(
+            epoch=plan.epoch, step=plan.step, global_step=prev["global_step"],
+            loss=loss_sum / count if count > 0 else float("nan"), count=max(count, 0),
+            tokens=sum(self.lengths[i] for i in plan.sample_ids), step_time_s=prev["step_time_s"],
+            busy_s=tuple(float(b) / 1e9 for b in table[:, 6]), predicted_idle=plan.idle_ratio_gpu,
+            summary=plan.summary(),
+        )
+        self.step_stats.append(stats)
+        if self.rank == 0 and stats.global_step % self.config.runtime.log_every == 0:
+            self.log.info(stats.line())
+
+
+def set_manager(model: torch.nn.Module, dataset: Any, config: DCPConfig | None = None, *, optimizer: Any = None,
+                lr_scheduler: Any = None, engine: str | Engine | None = None, table: Any = None,
+                plans: PlanSource | None = None, forward_fn: Callable[..., Any] | None = None,
+                deepspeed_config: dict[str, Any] | None = None) -> DCPManager:
+    """Build the DCP manager for ``model`` on ``dataset`` (call on every rank after init_process_group).
+
+    config: the DCPConfig (default: derived from ``model.config.shape()`` for the reference models).
+    engine: 'ddp' / 'deepspeed' (default config.runtime.engine) or a ready Engine. table: a ProfileTable
+    (None: profiled in this run by ``init_profiler``). plans: optional ``epoch -> iterable of StepPlan``
+    replacing the planner (tests, replays). forward_fn: ``(model, batch, ctx) -> (loss_sum, count)``
+    (default ``model(batch, ctx)``).
+    """
+    if config is None:
+        shape = getattr(getattr(model, "config", None), "shape", None)
+        if shape is None:
+            raise ConfigError(
+                "config (None) cannot be derived from this model (it has no config.shape()): pass "
+                "dcp.DCPConfig(model=ModelShapeConfig(num_layers=..., hidden_size=..., num_heads=...))"
+            )
+        config = DCPConfig(model=shape())
+    model_config = getattr(model, "config", None)
+    heads = getattr(model_config, "num_heads", None) or getattr(model_config, "num_attention_heads", None)
+    if isinstance(heads, int) and heads != config.model.num_heads:
+        raise ConfigError(
+            f"model.num_heads ({config.model.num_heads}) differs from the model's head count ({heads}): "
+            "build the config from the model (model.config.shape()) so SP sizes are checked against its heads"
+        )
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if isinstance(engine, Engine):
+        eng = engine
+    else:
+        eng = build_engine(engine or config.runtime.engine, model, optimizer, lr_scheduler, world_size=world,
+                           deepspeed_config=deepspeed_config)
+    return DCPManager(model, dataset, config, eng, table=table, plans=plans, forward_fn=forward_fn)

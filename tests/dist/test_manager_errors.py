@@ -1,0 +1,51 @@
+"""Ranks that planned differently fail fast with PlanMismatchError instead of hanging (W=2)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from dcp.runtime.manager import PlanMismatchError, set_manager
+from dcp.testing import run_distributed
+from tests.dist._runtime_cases import build, config_for, group, planner_setup, step
+
+pytestmark = pytest.mark.dist
+
+
+def _expect_mismatch(mgr) -> tuple[str, float]:
+    t0 = time.perf_counter()
+    try:
+        for batch in mgr.get_data_iter():
+            mgr.train_micro_batch(batch)
+    except PlanMismatchError as exc:
+        return str(exc), time.perf_counter() - t0
+    raise AssertionError("no PlanMismatchError")
+
+
+def _mismatches(rank: int, world: int) -> dict:
+    out = {}
+    # 1. a different planning seed on rank 1: different shuffles, different step 0
+    model, data, config, table = planner_setup(world, seed=rank)
+    mgr = set_manager(model, data, config, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), table=table)
+    out["seed"] = _expect_mismatch(mgr)
+    # 2. rank 1 plans one step more than rank 0: caught at rank 0's end-of-epoch check
+    model, data = build("t1d")
+    plans = [step(0, 2, group(data, 0, 2, 0, [0])), step(0, 2, group(data, 0, 2, 0, [1]), number=1)]
+    mgr = set_manager(model, data, config_for(model), optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                      plans=lambda e: plans[: 1 + rank])
+    out["count"] = _expect_mismatch(mgr)
+    return out
+
+
+def test_plan_mismatch_fails_fast_on_every_rank():
+    results = run_distributed(_mismatches, 2, timeout_s=120)
+    for res in results:
+        msg, seconds = res["seed"]
+        assert "epoch 0 step 0" in msg and "ranks [1]" in msg and "dataset.lengths()" in msg
+        assert "rank 0:" in msg and "rank 1:" in msg
+        assert seconds < 10.0
+        msg, seconds = res["count"]
+        assert "ranks [1]" in msg and seconds < 10.0
+    assert "end of epoch 0" in results[0]["count"][0]
