@@ -1,0 +1,103 @@
+"""``dcp sweep``: real-run experiment sweeps (bucket, packed, DCP-inter, DCP-intra) and their plots.
+
+    dcp sweep experiments/cpu_small.toml [--out DIR]          # W CPU processes per run group, gloo
+    dcp sweep experiments/gpu_paper.toml --launcher torchrun  # torchrun per node, NCCL
+    dcp sweep --plot DIR                                      # rebuild plots from DIR/runs.csv only
+
+Results: DIR/runs.csv, DIR/steps.csv, DIR/config.json (see dcp.experiments.results). Nothing heavy is
+imported here: the CLI imports this module at start-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("spec", nargs="?", help="sweep definition (TOML), e.g. experiments/cpu_small.toml")
+    parser.add_argument("--out", default=None, help="output folder (default: sweep.out_dir or experiments/results/NAME)")
+    parser.add_argument("--launcher", choices=("local", "torchrun"), default=None,
+                        help="local: spawn CPU processes here; torchrun: run inside (or start) torchrun")
+    parser.add_argument("--steps", type=int, default=None, help="override sweep.steps (measured steps per run)")
+    parser.add_argument("--warmup-steps", type=int, default=None, help="override sweep.warmup_steps")
+    parser.add_argument("--world-sizes", default=None, help="comma list overriding sweep.world_sizes, e.g. 2")
+    parser.add_argument("--models", default=None, help="comma list overriding sweep.models")
+    parser.add_argument("--datasets", default=None, help="comma list overriding sweep.datasets")
+    parser.add_argument("--methods", default=None, help="comma list overriding sweep.methods")
+    parser.add_argument("--refresh-profile", action="store_true",
+                        help="profile every (model, W) again instead of using the cache (same conditions as the runs)")
+    parser.add_argument("--nproc-per-node", type=int, default=0,
+                        help="torchrun launcher outside torchrun: ranks per node (default: visible GPUs)")
+    parser.add_argument("--dry-run", action="store_true", help="list the runs and their config hashes, run nothing")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved sweep as JSON and exit")
+    parser.add_argument("--plot", metavar="RESULTS_DIR", default=None,
+                        help="rebuild the plots and the table of RESULTS_DIR from its runs.csv and exit")
+
+
+def overrides_from_args(args: argparse.Namespace) -> dict:
+    """[sweep] keys replaced by command-line flags."""
+    out: dict = {}
+    if args.out:
+        out["out_dir"] = args.out
+    if args.launcher:
+        out["launcher"] = args.launcher
+    if args.steps is not None:
+        out["steps"] = args.steps
+    if getattr(args, "refresh_profile", False):
+        out["refresh_profile"] = True
+    if args.warmup_steps is not None:
+        out["warmup_steps"] = args.warmup_steps
+    if args.world_sizes:
+        out["world_sizes"] = [int(x) for x in args.world_sizes.split(",") if x]
+    for key in ("models", "datasets", "methods"):
+        value = getattr(args, key)
+        if value:
+            out[key] = [x.strip() for x in value.split(",") if x.strip()]
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    if args.plot:
+        from dcp.experiments.plot import format_table, plot_results
+        from dcp.experiments.results import read_runs
+
+        try:
+            png = plot_results(args.plot)
+            print(format_table(read_runs(args.plot)))
+        except ValueError as exc:  # ResultsError names the file and the fix
+            print(f"dcp sweep --plot: {exc}")
+            return 2
+        print(f"plot: {png}")
+        return 0
+    if not args.spec:
+        print("dcp sweep: pass a sweep file (e.g. experiments/cpu_small.toml) or --plot RESULTS_DIR")
+        return 2
+    from dcp.experiments.sweep import load_sweep
+
+    try:
+        spec = load_sweep(args.spec, overrides=overrides_from_args(args))
+    except ValueError as exc:
+        print(f"dcp sweep: {exc}")
+        return 2
+    if args.print_config:
+        print(json.dumps(spec.to_dict(), indent=2, sort_keys=True))
+        return 0
+    if args.dry_run:
+        runs = spec.expand()
+        for i, r in enumerate(runs):
+            print(f"[{i + 1}/{len(runs)}] {r.label} config_hash={r.config_hash()}")
+        print(f"{len(runs)} runs; results would go to {Path(spec.output_dir)}")
+        return 0
+    from dcp.experiments.launch import launch
+    from dcp.testing import DistributedFailure
+
+    try:
+        return launch(spec, spec_path=args.spec, nproc_per_node=args.nproc_per_node,
+                      cli_overrides=overrides_from_args(args))
+    except DistributedFailure as exc:
+        # the groups that finished before are already written; the failing rank's traceback follows
+        print(f"dcp sweep: a run group failed (results of earlier groups are in {spec.output_dir}):\n{exc}")
+        return 1

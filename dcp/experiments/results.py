@@ -1,0 +1,218 @@
+"""Result files of real runs: tidy CSV rows plus the resolved configuration saved beside them.
+
+An output folder holds three files, written by ``write_results`` (appending when they exist):
+
+- ``runs.csv``  one row per run (RUN_COLUMNS): identity, measured and predicted figures.
+- ``steps.csv`` one row per (run, measured step, SP group) (STEP_COLUMNS): the predicted and measured
+  step time and every group's predicted time and measured busy time; ``dcp bench simulator`` reads it.
+- ``config.json`` the sweep definition and, per run id, the resolved run configuration and its hash.
+
+The aggregation helpers are pure (no torch) so they are unit-tested directly.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+import subprocess
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+RUN_COLUMNS = (
+    "run_id", "git_sha", "config_hash", "sweep", "method", "model", "dataset", "world_size", "device",
+    "steps", "samples", "tokens", "tokens_per_s", "tokens_per_s_median", "step_time_s", "step_time_std_s",
+    "predicted_step_time_s", "idle_ratio", "predicted_idle_ratio", "peak_mem_gib", "mem_meter", "predicted_peak_mem_gib",
+    "profile_source", "executor", "wall_s", "load_avg_1m", "timestamp",
+)
+"""runs.csv columns. step_time_s is the measured mean wall time of an optimizer step (rank 0, from one
+step's start to the next's; every step ends in the all-rank gradient sync and the optimizer); tokens_per_s_median is the median over steps of a step's tokens / its
+time, robust to a step slowed by other processes; idle_ratio is the measured GPU-weighted idle fraction of the
+compute part (see idle_ratio_from_busy); the predicted_* columns come from the plans. load_avg_1m is the
+host's 1-minute load average when the run ended: above the core count, other processes shared the cores
+and the timings are inflated."""
+
+STEP_COLUMNS = (
+    "run_id", "method", "model", "dataset", "world_size", "step", "predicted_step_time_s",
+    "measured_step_time_s", "measured_compute_time_s", "predicted_idle_ratio", "measured_idle_ratio",
+    "tokens", "samples", "group", "first_rank", "sp_size", "ga_steps", "recompute_layers",
+    "group_tokens", "predicted_group_time_s", "measured_group_busy_s",
+)
+"""steps.csv columns: one row per SP group of a measured step; step-level columns repeat per group."""
+
+RUNS_CSV, STEPS_CSV, CONFIG_JSON = "runs.csv", "steps.csv", "config.json"
+
+
+class ResultsError(ValueError):
+    """A results folder or row is malformed; the message names the file, the problem and a fix."""
+
+
+# ----- aggregation (pure) ---------------------------------------------------------------------------
+def idle_ratio_from_busy(busy_s: Sequence[float]) -> float:
+    """GPU-weighted idle fraction of one step from every rank's busy (compute) time.
+
+    The step's compute phase ends when the busiest rank finishes, ``T* = max_r busy_r``; every other
+    rank waits ``T* - busy_r`` at the gradient sync. Idle ratio = ``sum_r (T* - busy_r) / (W * T*)``,
+    the measured counterpart of ``StepPlan.idle_ratio_gpu`` (a rank with no work counts as fully idle).
+    """
+    if not busy_s:
+        raise ResultsError("busy_s ([]) is empty: pass one busy time per rank")
+    if any(b < 0 for b in busy_s):
+        raise ResultsError(f"busy_s ({list(busy_s)}) has a negative time: busy times are durations >= 0")
+    top = max(busy_s)
+    if top <= 0:
+        return 0.0
+    return sum(top - b for b in busy_s) / (len(busy_s) * top)
+
+
+def group_busy_s(busy_s: Sequence[float], groups: Sequence[tuple[int, int]]) -> list[float]:
+    """Busy time of each SP group (first_rank, sp_size): the slowest of its ranks (they run in lockstep)."""
+    out = []
+    for first, size in groups:
+        if first < 0 or size < 1 or first + size > len(busy_s):
+            raise ResultsError(
+                f"group (first_rank={first}, sp_size={size}) is outside the {len(busy_s)} ranks: "
+                "pass groups of the step's plan"
+            )
+        out.append(max(busy_s[first:first + size]))
+    return out
+
+
+def summarize_run(step_records: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Run-level figures from measured step records (keys as in steps.csv, one record per step).
+
+    tokens_per_s is total tokens over total measured step time (not a mean of ratios), so long steps
+    weigh in proportion to their duration.
+    """
+    if not step_records:
+        raise ResultsError("step_records ([]) is empty: run at least one measured step")
+    times = [float(r["measured_step_time_s"]) for r in step_records]
+    total_t = sum(times)
+    tokens = sum(int(r["tokens"]) for r in step_records)
+    return {
+        "steps": len(step_records),
+        "samples": sum(int(r["samples"]) for r in step_records),
+        "tokens": tokens,
+        "tokens_per_s": tokens / total_t if total_t > 0 else 0.0,
+        "tokens_per_s_median": statistics.median(
+            int(r["tokens"]) / float(r["measured_step_time_s"]) if float(r["measured_step_time_s"]) > 0 else 0.0
+            for r in step_records
+        ),
+        "step_time_s": statistics.fmean(times),
+        "step_time_std_s": statistics.pstdev(times) if len(times) > 1 else 0.0,
+        "predicted_step_time_s": statistics.fmean(float(r["predicted_step_time_s"]) for r in step_records),
+        # time-weighted means: a long imbalanced step wastes more than a short one
+        "idle_ratio": _weighted(step_records, "measured_idle_ratio", "measured_compute_time_s"),
+        "predicted_idle_ratio": _weighted(step_records, "predicted_idle_ratio", "predicted_step_time_s"),
+    }
+
+
+def _weighted(records: Sequence[dict[str, Any]], key: str, weight: str) -> float:
+    w = [float(r[weight]) for r in records]
+    if sum(w) <= 0:
+        return statistics.fmean(float(r[key]) for r in records)
+    return sum(float(r[key]) * wi for r, wi in zip(records, w, strict=True)) / sum(w)
+
+
+# ----- identity -------------------------------------------------------------------------------------
+def git_sha(cwd: str | Path | None = None) -> str:
+    """Commit of the code (12 hex digits, '+dirty' when dcp/ or a sweep file differs from it), or 'unknown'."""
+    if cwd is None:  # the checkout dcp runs from, whatever the current folder
+        cwd = Path(__file__).resolve().parents[2]
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        # modified or not-yet-committed source counts: the commit alone would not reproduce the run
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "dcp", "pyproject.toml", "experiments/*.toml"], cwd=cwd,
+            capture_output=True, text=True, timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (sha + ("+dirty" if dirty else "")) if sha else "unknown"
+
+
+def session_stamp() -> str:
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+
+
+# ----- files ----------------------------------------------------------------------------------------
+def _append_csv(path: Path, columns: Sequence[str], rows: Iterable[dict[str, Any]]) -> None:
+    rows = list(rows)
+    if path.exists() and path.stat().st_size > 0:
+        with path.open(newline="") as f:
+            header = next(csv.reader(f), [])
+        if tuple(header) != tuple(columns):
+            raise ResultsError(
+                f"{path} has columns {header}, not {list(columns)}: write to a new --out folder or move the old file"
+            )
+        mode = "a"
+    else:
+        mode = "w"
+    with path.open(mode, newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(columns), lineterminator="\n", extrasaction="raise")
+        if mode == "w":
+            w.writeheader()
+        for row in rows:
+            missing = [c for c in columns if c not in row]
+            if missing:
+                raise ResultsError(f"row for {path.name} lacks columns {missing}: the runner must fill every column")
+            w.writerow({c: _fmt(row[c]) for c in columns})
+
+
+def _fmt(v: Any) -> Any:
+    return f"{v:.6g}" if isinstance(v, float) else v
+
+
+def write_results(
+    out_dir: str | Path,
+    run_rows: Sequence[dict[str, Any]],
+    step_rows: Sequence[dict[str, Any]],
+    *,
+    sweep: dict[str, Any],
+    run_configs: dict[str, dict[str, Any]],
+) -> Path:
+    """Append rows to runs.csv / steps.csv in ``out_dir`` and merge the resolved configs into config.json."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _append_csv(out / RUNS_CSV, RUN_COLUMNS, run_rows)
+    _append_csv(out / STEPS_CSV, STEP_COLUMNS, step_rows)
+    cfg_path = out / CONFIG_JSON
+    doc: dict[str, Any] = {"sweep": sweep, "runs": {}}
+    if cfg_path.exists():
+        doc = json.loads(cfg_path.read_text())
+        doc.setdefault("runs", {})
+        doc["sweep"] = sweep
+    doc["runs"].update(run_configs)
+    cfg_path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def read_runs(results_dir: str | Path) -> list[dict[str, Any]]:
+    """Rows of ``results_dir/runs.csv`` with numeric columns converted; checks config.json is beside it."""
+    path = Path(results_dir) / RUNS_CSV
+    if not path.exists():
+        raise ResultsError(f"{path} does not exist: pass a folder written by `dcp sweep` or `dcp demo`")
+    if not (Path(results_dir) / CONFIG_JSON).exists():
+        raise ResultsError(f"{Path(results_dir) / CONFIG_JSON} is missing beside {path.name}: results without "
+                           "their resolved config cannot be trusted; re-run the sweep")
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        if tuple(reader.fieldnames or ()) != RUN_COLUMNS:
+            raise ResultsError(f"{path} has columns {reader.fieldnames}, not {list(RUN_COLUMNS)}: re-run the sweep")
+        rows = [dict(r) for r in reader]
+    for r in rows:
+        for k, v in r.items():
+            if k in _INT_COLUMNS:
+                r[k] = int(v)
+            elif k not in _TEXT_COLUMNS:
+                r[k] = float(v) if v not in ("", "nan") else float("nan")
+    return rows
+
+
+_INT_COLUMNS = frozenset({"world_size", "steps", "samples", "tokens"})
+_TEXT_COLUMNS = frozenset({"run_id", "git_sha", "config_hash", "sweep", "method", "model", "dataset", "device",
+                           "mem_meter", "profile_source", "executor", "timestamp"})

@@ -1,0 +1,53 @@
+"""Executor helpers: packed micro-batches run sample by sample without padding; predicted peak memory."""
+
+from __future__ import annotations
+
+import torch
+
+from dcp.experiments.execute import packed_forward, predicted_peak, split_samples
+from dcp.models.common import collate_tokens, collate_video
+from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
+from dcp.planner.table import ProfileRow, ProfileTable, TableMeta
+
+
+def test_split_samples_cuts_each_sample_to_its_length():
+    batch = collate_tokens([torch.arange(1, 4), torch.arange(1, 6)], sample_ids=(7, 9))
+    parts = split_samples(batch)
+    assert [p.inputs.shape for p in parts] == [torch.Size([1, 3]), torch.Size([1, 5])]
+    assert [p.sample_ids for p in parts] == [(7,), (9,)]
+    torch.testing.assert_close(parts[0].targets, batch.targets[:1, :3])
+
+
+def test_split_samples_video_keeps_shapes():
+    x = [(torch.randn(2, 3, 4), torch.randn(2, 3, 4)), (torch.randn(4, 5, 4), torch.randn(4, 5, 4))]
+    parts = split_samples(collate_video(x))
+    assert [p.shapes for p in parts] == [((2, 3),), ((4, 5),)]
+    torch.testing.assert_close(parts[0].inputs[0], x[0][0])
+
+
+class _Count(torch.nn.Module):
+    """(sum of token ids, number of token positions) of the batch it sees: exposes padding."""
+
+    def forward(self, batch, ctx):
+        return batch.inputs.sum().float(), batch.inputs.numel()
+
+
+def test_packed_forward_sums_unpadded_samples():
+    batch = collate_tokens([torch.full((3,), 2), torch.full((5,), 1)])
+    loss, count = packed_forward(_Count(), batch, None)
+    assert float(loss) == 3 * 2 + 5 * 1 and count == 8  # padded would count 10 positions
+
+
+def _row(b: int, m_act: float) -> ProfileRow:
+    return ProfileRow(seq_group=0, seq_len=128, micro_batch_size=b, sp_size=1, t_f_s=0.1, t_b_s=0.2,
+                      m_act_bytes=m_act, m_inp_bytes=1.0, t_const_s=0.0, m_const_bytes=10.0, num_layers=2)
+
+
+def test_predicted_peak_uses_smallest_profiled_b_that_covers_the_micro_batch():
+    table = ProfileTable([_row(1, 100.0), _row(4, 400.0)], TableMeta(model="m", hardware="cpu", dtype="float32",
+                                                                    world_size=1, seq_group_edges=(128,)))
+    mb = MicroBatch((0, 1), (100, 120), 0, 1.0)
+    plan = StepPlan(epoch=0, step=0, world_size=1, method="dcp-intra",
+                    groups=(GroupPlan(first_rank=0, sp_size=1, recompute_layers=1, micro_batches=(mb,)),))
+    # b = 2 is covered by the b = 4 row; Eq. 6 with r = 1 of L = 2: (2 - 1) * 400 + 2 * 1 + 10
+    assert predicted_peak([plan], table) == 412.0

@@ -1,0 +1,126 @@
+"""Plots and tables rebuilt from runs.csv alone; the `dcp sweep` command's plot, dry-run and launch helpers."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from dcp.experiments import add_arguments, overrides_from_args
+from dcp.experiments import run as sweep_run
+from dcp.experiments.launch import run_groups, torchrun_command
+from dcp.experiments.plot import format_table, latest_runs, plot_results, speedups
+from dcp.experiments.results import RUN_COLUMNS, write_results
+from dcp.experiments.sweep import load_sweep
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _row(run_id, method, dataset, tput, w=2, model="t1d-tiny"):
+    row = {c: 0 for c in RUN_COLUMNS}
+    row.update(run_id=run_id, git_sha="abc", config_hash="h", sweep="t", method=method, model=model, dataset=dataset,
+               world_size=w, device="cpu", tokens_per_s=tput, step_time_s=1.0, predicted_step_time_s=0.9,
+               idle_ratio=0.2, predicted_idle_ratio=0.1, mem_meter="saved", profile_source="profiled",
+               executor="manager", timestamp="now")
+    return row
+
+
+@pytest.fixture
+def results_dir(tmp_path):
+    rows = [
+        _row("1", "bucket", "balanced", 100.0),
+        _row("2", "dcp-inter", "balanced", 150.0),
+        _row("3", "dcp-intra", "balanced", 200.0),
+        _row("4", "dcp-intra", "short", 80.0),  # no bucket row for short: speedup is NaN
+        _row("5", "bucket", "balanced", 100.0, w=4, model="t2d-tiny"),
+    ]
+    write_results(tmp_path, rows, [], sweep={"name": "t"}, run_configs={})
+    return tmp_path
+
+
+def test_speedups_against_bucket_on_same_model_dataset_world(results_dir):
+    from dcp.experiments.results import read_runs
+
+    spd = speedups(read_runs(results_dir))
+    assert spd[("t1d-tiny", "balanced", "dcp-intra", 2)] == pytest.approx(2.0)
+    assert spd[("t1d-tiny", "balanced", "bucket", 2)] == pytest.approx(1.0)
+    assert math.isnan(spd[("t1d-tiny", "short", "dcp-intra", 2)])
+
+
+def test_latest_runs_keeps_the_last_row_of_a_configuration():
+    rows = [_row("1", "bucket", "balanced", 100.0), _row("2", "bucket", "balanced", 120.0)]
+    assert [r["run_id"] for r in latest_runs(rows)] == ["2"]
+
+
+def test_plot_and_table_from_csv_only(results_dir):
+    png = plot_results(results_dir)
+    assert png == results_dir / "summary.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from dcp.experiments.results import read_runs
+
+    table = format_table(read_runs(results_dir))
+    lines = table.splitlines()
+    intra = next(line for line in lines if "dcp-intra" in line and "balanced" in line)
+    assert intra.rstrip().endswith("2.00x")
+    short = next(line for line in lines if "short" in line)
+    assert short.rstrip().endswith("-")
+
+
+def _args(*argv):
+    import argparse
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p.parse_args(list(argv))
+
+
+def test_cli_plot_rebuilds_from_csv(results_dir, capsys):
+    (results_dir / "summary.png").unlink(missing_ok=True)
+    assert sweep_run(_args("--plot", str(results_dir))) == 0
+    out = capsys.readouterr().out
+    assert "dcp-intra" in out and "plot:" in out
+    assert (results_dir / "summary.png").exists()
+
+
+def test_cli_plot_of_missing_folder_names_the_fix(tmp_path, capsys):
+    assert sweep_run(_args("--plot", str(tmp_path / "none"))) == 2
+    assert "runs.csv does not exist: pass a folder written by `dcp sweep`" in capsys.readouterr().out
+
+
+def test_cli_needs_a_spec_or_plot(capsys):
+    assert sweep_run(_args()) == 2
+    assert "pass a sweep file" in capsys.readouterr().out
+
+
+def test_cli_dry_run_lists_runs_with_hashes(capsys):
+    spec = str(REPO / "experiments" / "cpu_small.toml")
+    assert sweep_run(_args(spec, "--dry-run", "--world-sizes", "2", "--methods", "bucket,dcp-intra")) == 0
+    out = capsys.readouterr().out
+    assert "[12/12] t2d-tiny/long/dcp-intra/W2 config_hash=" in out
+
+
+def test_cli_reports_bad_sweep_values(capsys):
+    spec = str(REPO / "experiments" / "cpu_small.toml")
+    assert sweep_run(_args(spec, "--dry-run", "--methods", "magic")) == 2
+    assert "sweep.methods ('magic') is not one of" in capsys.readouterr().out
+
+
+def test_overrides_from_args():
+    got = overrides_from_args(_args("x.toml", "--out", "o", "--steps", "2", "--world-sizes", "2,4", "--models", "t1d-tiny"))
+    assert got == {"out_dir": "o", "steps": 2, "world_sizes": [2, 4], "models": ["t1d-tiny"]}
+
+
+def test_run_groups_follow_world_size_and_model():
+    spec = load_sweep(REPO / "experiments" / "cpu_small.toml")
+    groups = run_groups(spec)
+    assert [(g[0].world_size, g[0].model, len(g)) for g in groups] == [
+        (2, "t1d-tiny", 12), (2, "t2d-tiny", 12), (4, "t1d-tiny", 12), (4, "t2d-tiny", 12)]
+
+
+def test_torchrun_commands():
+    single = torchrun_command("s.toml", 8, 8, {"out_dir": "o", "methods": ["bucket"]}, multi_node=False)
+    assert single[:3] == ["torchrun", "--standalone", "--nproc-per-node=8"]
+    assert single[-6:] == ["--world-sizes", "8", "--out", "o", "--methods", "bucket"]
+    multi = torchrun_command("s.toml", 32, 8, {}, multi_node=True)
+    assert "--nnodes=4" in multi and "--rdzv-backend=c10d" in multi
