@@ -8,6 +8,11 @@ Blocks (contiguous rank ranges) for an SP size p, with W ranks and R ranks per n
 - p <= R: blocks start at node * R + k * p and lie inside one node (the last node may hold fewer than R
   ranks when W is not a multiple of R; blocks that would cross its end are not created);
 - p > R: blocks start at multiples of p and end at or before W.
+
+Size 1 is always included: the planner gives idle ranks (and any p = 1 setting) a one-rank group, and
+``mgr.group`` must then be a one-rank ProcessGroup, never ``None``, because ``group=None`` means the
+whole world to torch.distributed: a user's ``all_to_all(..., group=mgr.group)`` would otherwise become a
+world-wide collective on the ranks running at SP size 1.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ def sp_blocks(world_size: int, ranks_per_node: int, sp_sizes: Iterable[int]) -> 
     sizes = sorted(set(sp_sizes))
     if not sizes or sizes[0] < 1:
         raise ValueError(f"sp_sizes ({list(sp_sizes)}) must be positive integers: e.g. [1, 2, 4, 8]")
+    sizes = sorted(set(sizes) | {1})
     blocks: list[tuple[int, int]] = []
     for p in sizes:
         if p <= ranks_per_node:
@@ -64,8 +70,8 @@ class SPGroupRegistry:
         self.blocks = sp_blocks(world_size, ranks_per_node, self.sp_sizes)
         self._groups: dict[tuple[int, int], Any] = {}
         for first, p in self.blocks:
-            if p == 1:
-                self._groups[(first, p)] = None  # no communication: no group needed
+            if p == 1 and not dist.is_initialized():
+                self._groups[(first, p)] = None  # one process, no torch.distributed: nothing to name
                 continue
             if not dist.is_initialized():
                 raise ValueError(
@@ -77,7 +83,8 @@ class SPGroupRegistry:
             self._groups[(first, p)] = group
 
     def get(self, first_rank: int, sp_size: int) -> Any:
-        """ProcessGroup of ranks first_rank .. first_rank + sp_size - 1 (None for sp_size 1)."""
+        """ProcessGroup of ranks first_rank .. first_rank + sp_size - 1 (a one-rank group for sp_size 1;
+        None only without torch.distributed)."""
         key = (first_rank, sp_size)
         if key not in self._groups:
             valid = sorted({f for f, p in self.blocks if p == sp_size})

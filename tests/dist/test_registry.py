@@ -20,7 +20,7 @@ def _registry_w6(rank: int, world_size: int) -> dict:
     sums = {}
     for first, p in reg.blocks:
         group = reg.get(first, p)
-        if p == 1 or not first <= rank < first + p:
+        if not first <= rank < first + p:
             continue
         assert dist.get_process_group_ranks(group) == list(range(first, first + p))
         t = torch.tensor([float(rank)])
@@ -34,6 +34,9 @@ def _registry_w6(rank: int, world_size: int) -> dict:
     ))
     ctx = reg.context_for_step(plan, rank, attention="sdpa")
     ctx_ranks = dist.get_process_group_ranks(ctx.group)
+    # sp_size 1 gets a real one-rank group: group=None would mean the whole world to torch.distributed
+    solo = reg.get(rank, 1)
+    assert solo is not None and dist.get_process_group_ranks(solo) == [rank]
     try:
         reg.get(2, 4)  # (2, 4) crosses nothing but is not a block start: never created
     except UnknownSPGroupError as exc:
@@ -48,7 +51,7 @@ def test_registry_w6_with_4_ranks_per_node():
     assert all(o["blocks"] == expected_blocks for o in out)
     for rank, o in enumerate(out):
         pair = rank // 2 * 2
-        want = {(pair, 2): float(2 * pair + 1)}
+        want = {(rank, 1): float(rank), (pair, 2): float(2 * pair + 1)}
         if rank < 4:
             want[(0, 4)] = 6.0
         assert o["sums"] == want

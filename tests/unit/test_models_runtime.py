@@ -125,8 +125,9 @@ def test_sp_blocks_layout():
     )
     # sizes above a node: multiples of p that end inside the world
     assert [b for b in sp_blocks(16, 4, [8, 16]) if b[1] > 4] == [(0, 8), (8, 8), (0, 16)]
-    # a size that divides nothing (3 with 4 ranks per node) still gets its in-node blocks
-    assert sp_blocks(8, 4, [3]) == [(0, 3), (4, 3)]
+    # a size that divides nothing (3 with 4 ranks per node) still gets its in-node blocks; size 1 is
+    # always there (idle ranks and p = 1 groups get a one-rank group)
+    assert sp_blocks(8, 4, [3]) == [(r, 1) for r in range(8)] + [(0, 3), (4, 3)]
     with pytest.raises(ValueError, match=r"world_size \(0\)"):
         sp_blocks(0, 4, [1])
     with pytest.raises(ValueError, match=r"ranks_per_node \(0\)"):
