@@ -181,7 +181,8 @@ class RuntimeConfig:
     """How the manager runs a plan."""
 
     engine: str = "ddp"
-    """Gradient-sync engine: ddp (torch DistributedDataParallel) or deepspeed (ZeRO-1)."""
+    """Gradient-sync engine: ddp (data parallel with one bucketed all-reduce per step, done by DCP) or
+    deepspeed (ZeRO-1)."""
     attention: str = "auto"
     """Attention kernel: auto (flash-attn on CUDA when installed, else SDPA), sdpa or flash."""
     loss_weighting: str = "tokens"

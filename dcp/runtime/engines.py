@@ -11,7 +11,7 @@ sync from backward:
   forward/backward; doing the all-reduce ourselves at the boundary is simpler, exact, and costs the same
   bytes (parameters and buffers are broadcast from rank 0 at start, as DDP does).
 - ``DeepSpeedEngine`` ("deepspeed", ZeRO-1): public API only. ``managed_gradient_accumulation: false``
-  (DeepSpeed >= 0.18) makes ``backward`` accumulate locally and ``step()`` the caller-owned boundary that
+  (DeepSpeed >= 0.19.4) makes ``backward`` accumulate locally and ``step()`` the caller-owned boundary that
   reduces gradients (averaged over W) and updates; ``backward(loss, scale_wrt_gas=False)`` keeps DeepSpeed
   from dividing by its own gradient_accumulation_steps. Batch-size fields are derived in one place,
   ``deepspeed_config``.
@@ -123,6 +123,13 @@ class DDPEngine(Engine):
 
     def __init__(self, module: torch.nn.Module, optimizer: Any, lr_scheduler: Any = None, *,
                  group: Any = None, bucket_cap_mb: float = 25.0) -> None:
+        if isinstance(module, torch.nn.parallel.DistributedDataParallel):
+            # DDP's hooks all-reduce on every backward; with unequal ga_steps per rank the ranks would run
+            # different numbers of collectives and hang. DCP owns the (single) gradient sync per step.
+            raise EngineError(
+                "model (DistributedDataParallel) must be the plain module: pass model.module to set_manager; "
+                "DCP's ddp engine does the one gradient all-reduce per step itself"
+            )
         super().__init__(module, optimizer, lr_scheduler)
         if optimizer is None:
             raise EngineError("optimizer (None) is required: pass optimizer=torch.optim.SGD(model.parameters(), ...)")
@@ -229,6 +236,14 @@ class DeepSpeedEngine(Engine):
             model=module, optimizer=optimizer, lr_scheduler=lr_scheduler, config=self.ds_config,
             dist_init_required=False,
         )
+        if not (hasattr(ds, "managed_gradient_accumulation") and ds.managed_gradient_accumulation() is False):
+            # Older DeepSpeed ignores the key and reduces after every backward: ranks with unequal
+            # ga_steps would then run mismatched collectives (hang) or average wrong gradients.
+            raise EngineError(
+                f"DeepSpeed {getattr(deepspeed, '__version__', '?')} does not honour "
+                "managed_gradient_accumulation=false, which DCP needs for unequal ga_steps per rank: "
+                "pip install 'deepspeed>=0.19.4'"
+            )
         super().__init__(module, ds_optimizer, ds_scheduler)
         self.ds = ds
         self.sync_divisor = world_size

@@ -155,6 +155,24 @@ def test_build_engine_errors():
         build_engine("fsdp", model, None, None, world_size=1)
     with pytest.raises(EngineError, match="optimizer"):
         build_engine("ddp", model, None, None, world_size=1)
+    # a model already wrapped in torch DDP would all-reduce on every backward: refused with the fix
+    wrapped = torch.nn.parallel.DistributedDataParallel.__new__(torch.nn.parallel.DistributedDataParallel)
+    torch.nn.Module.__init__(wrapped)
+    with pytest.raises(EngineError, match=r"model \(DistributedDataParallel\) must be the plain module: pass model.module"):
+        build_engine("ddp", wrapped, torch.optim.SGD(model.parameters(), lr=0.1), None, world_size=1)
+
+
+def test_deepspeed_without_caller_owned_accumulation_is_refused(monkeypatch):
+    deepspeed = pytest.importorskip("deepspeed")
+
+    class OldEngine:  # what a DeepSpeed that ignores managed_gradient_accumulation reports
+        def managed_gradient_accumulation(self):
+            return True
+
+    monkeypatch.setattr(deepspeed, "initialize", lambda **kw: (OldEngine(), kw["optimizer"], None, None))
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(EngineError, match=r"does not honour managed_gradient_accumulation=false.*deepspeed>=0.19.4"):
+        build_engine("deepspeed", model, torch.optim.SGD(model.parameters(), lr=0.1), None, world_size=1)
 
 
 # ----- one-process manager -----------------------------------------------------------------------------
