@@ -65,7 +65,7 @@ def check_plans(plans, lengths, cfg, world, planner=None):
     ids = [i for p in plans for i in p.sample_ids]
     assert sorted(ids) == list(range(n)), "every sample exactly once"
     assert [p.step for p in plans] == list(range(len(plans)))
-    edges = (0, *EDGES)
+    edges = (0, *cfg.profiling.seq_group_edges)
     for plan in plans:
         assert plan.world_size == world and plan.method == cfg.planning.method
         assert sum(g.sp_size for g in plan.groups) == world
@@ -207,13 +207,28 @@ def test_fifo_per_seq_group_and_bounded_lookahead(lookahead):
 
 
 def test_gmin_scales_ga():
-    # A look-ahead of the whole epoch: caps never bind before the last steps.
-    cfg, table = make(8, gmin=4, gmax=4, lookahead=100_000)
-    lengths = lengths_for(1000)
-    plans = plan_epoch(lengths, table, cfg, 8)
-    full = plans[: len(plans) // 2]
-    assert all(max(g.ga_steps for g in p.groups) >= 4 for p in full)
-    assert all(max(g.ga_steps for g in p.groups) >= 4 for p in full)
+    # Two seq_groups with micro-batch times 1.0 and 0.7 on W = 2 (p = 1 only). With gmax = 4 the exact
+    # balance is g = (2, 3) (T* = 2.1, idle 2.4%): max ga 3. Gmin = 4 must scale both by ceil(4/3) = 2.
+    from dcp.planner import ProfileRow, ProfileTable, TableMeta
+
+    rows = [
+        ProfileRow(0, 100, 1, 1, 0.1, 0.2, 1.0, 1.0, 0.7, 10.0, 1),
+        ProfileRow(1, 200, 1, 1, 0.1, 0.2, 1.0, 1.0, 0.4, 10.0, 1),
+    ]
+    table = ProfileTable(rows, TableMeta(model="m", hardware="h", dtype="float32", world_size=2,
+                                         seq_group_edges=(100, 200)))
+    lengths = np.array([50, 150] * 200)
+
+    def first_step_ga(gmin: int) -> dict[int, int]:
+        cfg = DCPConfig(model=MODEL, profiling=ProfilingConfig(seq_group_edges=(100, 200)),
+                        planning=PlanningConfig(ranks_per_node=2, sp_sizes=(1,), gmin=gmin, gmax=4,
+                                                             lookahead_samples=400))
+        plans = plan_epoch(lengths, table, cfg, 2)
+        check_plans(plans, lengths, cfg, 2)
+        return {g.micro_batches[0].seq_group: g.ga_steps for g in plans[0].groups}
+
+    assert first_step_ga(1) == {0: 2, 1: 3}
+    assert first_step_ga(4) == {0: 4, 1: 6}
 
 
 def test_partial_last_step_and_idle_groups():
