@@ -87,6 +87,12 @@ def run(args: argparse.Namespace) -> int:
             "e.g. 8,32,256"
         )
         return 2
+    if not sizes or min(sizes) < 1:
+        print(f"dcp bench planner: error: --world-sizes ({args.world_sizes!r}) must be integers >= 1, e.g. 8,32,256")
+        return 2
+    if args.steps < 1:
+        print(f"dcp bench planner: error: --steps ({args.steps}) must be >= 1: time at least one step")
+        return 2
     rows = []
     cols = (
         "world_size",

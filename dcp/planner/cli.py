@@ -87,8 +87,9 @@ def summarize(plans: list, world_size: int) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dcp.data_dists import load_lengths_csv
     from dcp.planner.assemble import EpochPlanner
-    from dcp.planner.lengths import read_lengths, synthetic_lengths
+    from dcp.planner.lengths import synthetic_lengths
     from dcp.planner.table import ProfileTable
 
     try:
@@ -100,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         if table is None:
             table = _build_table(config, world)
         if args.lengths:
-            lengths = read_lengths(args.lengths)
+            lengths = list(load_lengths_csv(args.lengths).tokens)
         else:
             lengths = synthetic_lengths(args.synthetic or 2000, table.max_len, config.planning.seed).tolist()
         plans = list(EpochPlanner(lengths, table, config, world, args.epoch))

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from dcp.planner import bench, cli
-from dcp.planner.lengths import LengthsFileError, read_lengths, synthetic_lengths
+from dcp.planner.lengths import synthetic_lengths
 
 
 def _run(module, argv):
@@ -57,34 +57,11 @@ def test_plan_errors_are_reported(tmp_path, capsys):
     bad.write_text("100\n20x\n")
     assert _run(cli, ["--lengths", str(bad)]) == 2
     err = capsys.readouterr().err
-    assert "line 2" in err and "'20x'" in err and str(bad) in err
+    assert f"{bad}:2:" in err and "'20x'" in err and "is not an integer" in err
     long = tmp_path / "long.txt"
     long.write_text("100\n999999\n")
     assert _run(cli, ["--lengths", str(long)]) == 2
     assert "sample 1 has 999999 tokens" in capsys.readouterr().err
-
-
-def test_read_lengths_formats_and_errors(tmp_path):
-    p = tmp_path / "a.txt"
-    p.write_text("\n5\n7\n\n9\n")
-    assert read_lengths(p) == [5, 7, 9]
-    p.write_text("name, tokens\na, 5\nb, 6\n")
-    assert read_lengths(p) == [5, 6]
-    cases = [
-        ("", "is empty"),
-        ("name,len\na,5\n", "has no 'tokens' column"),
-        ("tokens\n5\nabc\n", "line 3: value 'abc' is not a positive integer"),
-        ("7\n-3\n", "line 2: value '-3'"),
-        ("tokens\n", "has a header but no rows"),
-    ]
-    for text, needle in cases:
-        p.write_text(text)
-        with pytest.raises(LengthsFileError, match=needle):
-            read_lengths(p)
-    with pytest.raises(LengthsFileError, match="does not exist"):
-        read_lengths(tmp_path / "missing.csv")
-    with pytest.raises(LengthsFileError, match="is not a text file"):
-        read_lengths(tmp_path)
 
 
 def test_synthetic_lengths():
@@ -108,3 +85,18 @@ def test_bench_rows_and_json(capsys):
 def test_bench_bad_world_sizes(capsys):
     assert _run(bench, ["--world-sizes", "8,x"]) == 2
     assert "--world-sizes ('8,x')" in capsys.readouterr().out
+
+
+def test_bench_planner_rejects_bad_arguments(capsys):
+    import argparse
+
+    from dcp.planner import bench
+
+    for world_sizes, steps, needle in (
+        ("8,x", 5, "must be comma-separated integers"),
+        ("0", 5, "must be integers >= 1"),
+        ("8", 0, "--steps (0) must be >= 1"),
+    ):
+        args = argparse.Namespace(world_sizes=world_sizes, steps=steps, method="dcp-intra", json=True)
+        assert bench.run(args) == 2
+        assert needle in capsys.readouterr().out
