@@ -230,12 +230,12 @@ class DCPConfig:
                 f"model.num_heads ({heads}): Ulysses shards heads across the SP group; use sizes from {ok or [1]} "
                 f"or divisors of {heads}"
             )
-        if self.planning.bucket_sp_size and heads % self.planning.bucket_sp_size:
+        if self.planning.bucket_sp_size and self.planning.bucket_sp_size not in self.planning.sp_sizes:
             _fail(
                 "planning.bucket_sp_size",
                 self.planning.bucket_sp_size,
-                f"does not divide model.num_heads ({heads})",
-                "choose a divisor of the head count",
+                f"is not in planning.sp_sizes ({list(self.planning.sp_sizes)})",
+                "add it to sp_sizes (the runtime builds SP groups only for those sizes) or use 0 to derive it",
             )
         const = self.model.constant_mem_bytes(dp_size=1)
         if const >= self.planning.mem_capacity_bytes:

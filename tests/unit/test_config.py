@@ -72,9 +72,10 @@ def test_sp_size_must_divide_heads():
     assert "[1, 2]" in msg
 
 
-def test_bucket_sp_size_must_divide_heads():
-    with pytest.raises(ConfigError, match=r"planning.bucket_sp_size \(3\) does not divide model.num_heads \(8\)"):
-        DCPConfig(planning=PlanningConfig(sp_sizes=(1, 2), bucket_sp_size=3))
+def test_bucket_sp_size_must_be_an_sp_size():
+    # (sp_sizes themselves must divide the head count, so a bucket size from them does too)
+    with pytest.raises(ConfigError, match=r"planning.bucket_sp_size \(4\) is not in planning.sp_sizes \(\[1, 2\]\)"):
+        DCPConfig(planning=PlanningConfig(sp_sizes=(1, 2), bucket_sp_size=4))
 
 
 def test_capacity_below_constant_memory():
