@@ -139,7 +139,8 @@ class PlanningConfig:
     profile table: twice the samples whose GPU-time fills one longest micro-batch on every rank (at least 32
     per rank); see dcp.planner.assemble.default_lookahead."""
     seed: int = 0
-    """Seed of the per-epoch shuffle and of per-sample randomness (seed, epoch, sample id)."""
+    """Seed of the per-epoch shuffle (numpy Generator seeded by (seed, epoch)). Per-sample randomness
+    (noise, masks) comes from the dataset's own seed via dcp.runtime.data.sample_generator(seed, epoch, id)."""
     packed_token_budget: int = 0
     """Packed parallel only: tokens per micro-batch; 0 derives it from the table and the memory capacity."""
     bucket_sp_size: int = 0

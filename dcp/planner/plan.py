@@ -128,7 +128,8 @@ class StepPlan:
 
     @property
     def idle_ratio_batch(self) -> float:
-        """Paper's per-batch form (Eq. 3 over step time): mean over busy groups of (T* - g_i T_i) / T*."""
+        """Paper's per-batch form: Eq. 3 counts every batch (SP group) once, whatever its GPUs; as a ratio of
+        the step time, the mean over busy groups of (T* - g_i T_i) / T*."""
         busy = [g for g in self.groups if g.micro_batches]
         t = self.step_time_s
         if not busy or t <= 0:

@@ -93,6 +93,17 @@ def ulysses_attention(
     if impl not in IMPLS:
         raise ValueError(f"ulysses impl ({impl!r}) is not one of {list(IMPLS)}: pick one of those")
     check_heads(q.shape[2], ctx.sp_size)
+    if k.shape[2] != q.shape[2] or v.shape[2] != q.shape[2]:
+        # Grouped-query attention: each kv head serves H / H_kv query heads. Ulysses gives every rank
+        # H / p query heads, so the kv heads are repeated up to H first (a rank then receives exactly the
+        # kv heads its query heads read); this also works when p does not divide H_kv.
+        if q.shape[2] % k.shape[2] or k.shape[2] != v.shape[2]:
+            raise ValueError(
+                f"key/value heads ({k.shape[2]}, {v.shape[2]}) must be equal and divide the query heads "
+                f"({q.shape[2]}): pass grouped-query attention tensors [b, s, H_kv, d]"
+            )
+        rep = q.shape[2] // k.shape[2]
+        k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
     if key_padding_mask is not None and key_padding_mask.shape[1] != q.shape[1] * ctx.sp_size:
         raise ValueError(
             f"key_padding_mask length ({key_padding_mask.shape[1]}) != s_local ({q.shape[1]}) * sp_size "

@@ -118,6 +118,37 @@ def _primitives_p2(rank: int, world_size: int) -> None:
         raise AssertionError("3 heads with sp_size 2 must raise ValueError")
     single = SPContext.single(attention="sdpa")  # p = 1: no communication, plain attention
     _check_attention(single)
+    _check_gqa(ctx)
+
+
+def _check_gqa(ctx) -> None:
+    """Grouped-query attention (1 kv head for 4 query heads, so p = 2 does not divide H_kv) equals the
+    one-process result with kv heads repeated by hand, gradients of k and v included."""
+    from dcp.runtime.attention import local_attention
+    from dcp.runtime.ulysses import ulysses_attention
+
+    gen = torch.Generator().manual_seed(5)
+    s_full = 4 * ctx.sp_size
+    q, up = (torch.randn(1, s_full, 4, 8, generator=gen) for _ in range(2))
+    k, v = (torch.randn(1, s_full, 1, 8, generator=gen) for _ in range(2))
+    start, end = ctx.shard(s_full)
+    full = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref = local_attention(full[0], full[1].expand(-1, -1, 4, -1), full[2].expand(-1, -1, 4, -1),
+                          causal=True, key_padding_mask=None, backend="sdpa")
+    (ref * up).sum().backward()
+    shard = [t[:, start:end].clone().requires_grad_() for t in (q, k, v)]
+    out = ulysses_attention(*shard, ctx, causal=True)
+    (out * up[:, start:end]).sum().backward()
+    torch.testing.assert_close(out, ref[:, start:end].detach(), **TOL)
+    for sh, f in zip(shard, full, strict=True):
+        torch.testing.assert_close(sh.grad, f.grad[:, start:end], **TOL)
+    try:
+        three = torch.zeros(1, end - start, 3, 8)  # 3 kv heads do not divide 4 query heads
+        ulysses_attention(shard[0], three, three, ctx, causal=True)
+    except ValueError as exc:
+        assert "must be equal and divide the query heads" in str(exc)
+    else:
+        raise AssertionError("mismatched kv heads must raise ValueError")
 
 
 def _models_p2(rank: int, world_size: int) -> None:
