@@ -51,7 +51,8 @@ class ProfileRow:
     num_layers: int
     """L: repeated layers of the model."""
     feasible: bool = True
-    """False when the candidate ran out of memory while profiling (kept so it is not profiled again)."""
+    """False when the candidate ran out of memory while profiling, or exceeds mem_capacity_gib even with full
+    recompute (its times are inf); kept so it is not profiled again."""
 
     @property
     def tokens(self) -> int:

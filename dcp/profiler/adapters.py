@@ -1,0 +1,235 @@
+"""Model adapters: the few operations the dual-layer profiler needs from a model.
+
+The profiler never calls ``model.forward`` while profiling; it runs the pieces itself:
+
+- ``synthetic_batch(b, s, generator)``: a micro-batch of b samples of s tokens;
+- ``layer_inputs(batch, ctx) -> (hidden, aux)``: embedding of this rank's chunk and per-batch values
+  every layer needs (rotary tables, masks);
+- ``run_layer(i, hidden, aux, ctx) -> hidden``: one repeated layer;
+- ``head_loss(hidden, batch, ctx, aux) -> (loss_sum, count)``: final norm, head and loss;
+- ``full_loss(batch, ctx, recompute)``: the whole model with every layer wrapped by ``recompute`` (the
+  benchmark's measured step).
+
+:class:`ProtocolAdapter` serves any model that already exposes these names (both reference models do).
+:class:`HFLlamaAdapter` serves a Hugging Face ``LlamaForCausalLM`` (``model.model.layers``,
+``embed_tokens``, ``rotary_emb``, ``norm``, ``lm_head``); its attention is the model's own, which only
+sees this rank's chunk, so it is limited to sp_size 1 unless ``sp_aware=True`` says the attention was
+replaced by a Ulysses-aware one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+RecomputeFn = Callable[..., torch.Tensor]
+
+
+class AdapterError(ValueError):
+    """The model lacks what the profiler needs; the message says what is missing and how to fix it."""
+
+
+def _config_dict(config: Any) -> dict[str, Any]:
+    if config is None:
+        return {}
+    if hasattr(config, "to_dict"):
+        return dict(config.to_dict())
+    if hasattr(config, "__dataclass_fields__"):
+        import dataclasses
+
+        return dataclasses.asdict(config)
+    return {k: v for k, v in vars(config).items() if not k.startswith("_")}
+
+
+def config_hash(config: Any) -> str:
+    """Short stable hash of a model config (cache key): JSON of its fields, sorted."""
+    raw = json.dumps(_config_dict(config), sort_keys=True, default=str)
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+class ModelAdapter:
+    """Base class: what the profiler calls. Subclasses wrap one kind of model."""
+
+    module: nn.Module
+    name: str = "model"
+
+    @property
+    def num_layers(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def num_heads(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def max_sp_size(self) -> int | None:
+        """Largest SP size this adapter can run correctly (None: any divisor of the head count)."""
+        return None
+
+    def config_hash(self) -> str:
+        return config_hash(getattr(self.module, "config", None))
+
+    def synthetic_batch(self, batch_size: int, seq_len: int, *, generator: torch.Generator) -> Any:
+        raise NotImplementedError
+
+    def layer_inputs(self, batch: Any, ctx: Any) -> tuple[torch.Tensor, Any]:
+        raise NotImplementedError
+
+    def run_layer(self, i: int, hidden: torch.Tensor, aux: Any, ctx: Any) -> torch.Tensor:
+        raise NotImplementedError
+
+    def head_loss(self, hidden: torch.Tensor, batch: Any, ctx: Any, aux: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def full_loss(self, batch: Any, ctx: Any, recompute: RecomputeFn | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole model; each layer runs as ``recompute(run_one, hidden)`` when ``recompute`` is given."""
+        hidden, aux = self.layer_inputs(batch, ctx)
+        for i in range(self.num_layers):
+            if recompute is None:
+                hidden = self.run_layer(i, hidden, aux, ctx)
+            else:
+                hidden = recompute(_LayerCall(self, i, aux, ctx), hidden)
+        return self.head_loss(hidden, batch, ctx, aux)
+
+
+class _LayerCall:
+    """``hidden -> run_layer(i, hidden, aux, ctx)`` as a picklable-free callable for checkpoint."""
+
+    __slots__ = ("adapter", "i", "aux", "ctx")
+
+    def __init__(self, adapter: ModelAdapter, i: int, aux: Any, ctx: Any) -> None:
+        self.adapter, self.i, self.aux, self.ctx = adapter, i, aux, ctx
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.adapter.run_layer(self.i, hidden, self.aux, self.ctx)
+
+
+class ProtocolAdapter(ModelAdapter):
+    """A model exposing ``layers``, ``synthetic_batch``, ``layer_inputs``, ``run_layer``, ``head_loss``."""
+
+    REQUIRED = ("layers", "synthetic_batch", "layer_inputs", "run_layer", "head_loss")
+
+    def __init__(self, model: nn.Module) -> None:
+        missing = [n for n in self.REQUIRED if not hasattr(model, n)]
+        if missing:
+            raise AdapterError(
+                f"model ({type(model).__name__}) lacks {missing}: implement the profiler protocol "
+                f"({list(self.REQUIRED)}) or pass adapter=HFLlamaAdapter(model) / your own ModelAdapter"
+            )
+        self.module = model
+        config = getattr(model, "config", None)
+        self.name = str(getattr(config, "name", type(model).__name__))
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.module.layers)
+
+    @property
+    def num_heads(self) -> int:
+        return int(self.module.config.num_heads)
+
+    def synthetic_batch(self, batch_size: int, seq_len: int, *, generator: torch.Generator) -> Any:
+        return self.module.synthetic_batch(batch_size, seq_len, generator=generator)
+
+    def layer_inputs(self, batch: Any, ctx: Any) -> tuple[torch.Tensor, Any]:
+        return self.module.layer_inputs(batch, ctx)
+
+    def run_layer(self, i: int, hidden: torch.Tensor, aux: Any, ctx: Any) -> torch.Tensor:
+        return self.module.run_layer(i, hidden, aux, ctx)
+
+    def head_loss(self, hidden: torch.Tensor, batch: Any, ctx: Any, aux: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.module.head_loss(hidden, batch, ctx, aux)
+
+
+class HFLlamaAdapter(ModelAdapter):
+    """A Hugging Face LlamaForCausalLM (or any model with the same ``model.model.*`` layout)."""
+
+    def __init__(self, model: nn.Module, *, sp_aware: bool = False) -> None:
+        inner = getattr(model, "model", None)
+        missing = [n for n in ("layers", "embed_tokens", "norm", "rotary_emb") if not hasattr(inner, n)]
+        if not hasattr(model, "lm_head"):
+            missing.append("lm_head")
+        if missing:
+            raise AdapterError(
+                f"model ({type(model).__name__}) lacks model.{missing}: HFLlamaAdapter expects a Llama-style "
+                "causal LM (model.model.layers, embed_tokens, rotary_emb, norm, and lm_head); write a ModelAdapter"
+            )
+        self.module = model
+        self.sp_aware = sp_aware
+        self.name = str(getattr(model.config, "model_type", "hf")) + "-hf"
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.module.model.layers)
+
+    @property
+    def num_heads(self) -> int:
+        return int(self.module.config.num_attention_heads)
+
+    @property
+    def max_sp_size(self) -> int | None:
+        return None if self.sp_aware else 1
+
+    def synthetic_batch(self, batch_size: int, seq_len: int, *, generator: torch.Generator) -> Any:
+        from dcp.models.common import collate_tokens
+
+        ids = torch.randint(0, int(self.module.config.vocab_size), (batch_size, seq_len), generator=generator)
+        return collate_tokens(list(ids))
+
+    def _chunk(self, t: torch.Tensor, ctx: Any, value: int) -> torch.Tensor:
+        s = t.shape[1]
+        start, end = ctx.shard(s)
+        return F.pad(t, (0, ctx.padded_len(s) - s), value=value)[:, start:end]
+
+    def layer_inputs(self, batch: Any, ctx: Any) -> tuple[torch.Tensor, Any]:
+        inner = self.module.model
+        device = inner.embed_tokens.weight.device
+        ids = self._chunk(batch.inputs.to(device), ctx, 0)
+        hidden = inner.embed_tokens(ids)
+        start, end = ctx.shard(batch.inputs.shape[1])
+        # Global positions: a token gets the same rotation whatever the SP size.
+        position_ids = torch.arange(start, end, device=device)[None, :]
+        cos, sin = inner.rotary_emb(hidden, position_ids)
+        return hidden, {"position_embeddings": (cos, sin), "position_ids": position_ids}
+
+    def run_layer(self, i: int, hidden: torch.Tensor, aux: Any, ctx: Any) -> torch.Tensor:
+        out = self.module.model.layers[i](
+            hidden,
+            attention_mask=None,
+            position_ids=aux["position_ids"],
+            position_embeddings=aux["position_embeddings"],
+            use_cache=False,
+        )
+        return out[0] if isinstance(out, tuple) else out
+
+    def head_loss(self, hidden: torch.Tensor, batch: Any, ctx: Any, aux: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        from dcp.models.common import IGNORE_INDEX
+
+        logits = self.module.lm_head(self.module.model.norm(hidden))
+        targets = self._chunk(batch.targets.to(logits.device), ctx, IGNORE_INDEX)
+        loss_sum = F.cross_entropy(
+            logits.flatten(0, 1).float(), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
+        )
+        return loss_sum, (targets != IGNORE_INDEX).sum()
+
+
+def get_adapter(model: Any) -> ModelAdapter:
+    """The adapter for ``model``: itself if it is one, the protocol adapter, or the HF Llama adapter."""
+    if isinstance(model, ModelAdapter):
+        return model
+    if all(hasattr(model, n) for n in ProtocolAdapter.REQUIRED):
+        return ProtocolAdapter(model)
+    inner = getattr(model, "model", None)
+    if inner is not None and hasattr(inner, "layers") and hasattr(inner, "embed_tokens"):
+        return HFLlamaAdapter(model)
+    raise AdapterError(
+        f"model ({type(model).__name__}) exposes neither the profiler protocol "
+        f"({list(ProtocolAdapter.REQUIRED)}) nor a Llama layout (model.model.layers, embed_tokens): "
+        "pass adapter=<a dcp.profiler.adapters.ModelAdapter subclass> to profile_table"
+    )

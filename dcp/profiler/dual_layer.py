@@ -1,0 +1,329 @@
+"""``profile_table``: the dual-layer profiler over every seq_group and candidate (b, p), in parallel.
+
+Phases run per SP size p, ascending. In a phase the W ranks split into the registry's blocks of p
+ranks (``SPGroupRegistry``); each block takes its share of the pending seq_groups (round robin) and
+runs :class:`~dcp.profiler.search.BatchSearch` on each, measuring every candidate with
+:func:`~dcp.profiler.measure.measure_candidate`. Blocks work at the same time on different
+candidates; ranks left over when p does not divide W idle for the phase. At the end of a phase every
+rank calls ``all_gather_object`` once, so all ranks hold the same rows before deciding what the next
+phase profiles (a seq_group that did not fit at b = 1 moves to the next p). The final table is built
+from the same gathered rows on every rank, so every rank returns an identical table: the planner then
+computes identical plans everywhere.
+
+Collectives inside a phase stay inside one block (the Ulysses all-to-alls, barriers, the group's
+agreement on out-of-memory and its MAX of timings); the only world-wide collective is the gather at the
+phase end, which every rank reaches exactly once per phase, whatever its block did.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from dcp.config import DCPConfig
+from dcp.planner.table import ProfileRow, ProfileTable, TableMeta
+from dcp.profiler.adapters import ModelAdapter, get_adapter
+from dcp.profiler.cache import CacheKey
+from dcp.profiler.measure import MeasureSettings, measure_candidate
+from dcp.profiler.memory import state_bytes
+from dcp.profiler.search import BatchSearch, assign_round_robin, pending_groups, row_fits, sp_sizes_to_try
+
+# fault(seq_group, micro_batch_size, sp_size) -> None; may raise an out-of-memory error (tests)
+FaultFn = Callable[[int, int, int], None]
+INF = float("inf")
+
+
+def hardware_name(device: torch.device) -> str:
+    """Cache-key description of the device: GPU name, or CPU architecture and core count."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu-{platform.machine() or 'unknown'}-{os.cpu_count()}cores"
+
+
+def _module_facts(adapter: ModelAdapter) -> tuple[torch.device, str]:
+    p = next(adapter.module.parameters(), None)
+    if p is None:
+        return torch.device("cpu"), "float32"
+    return p.device, str(p.dtype).replace("torch.", "")
+
+
+def cache_key_for(adapter: ModelAdapter | Any, config: DCPConfig, world_size: int) -> CacheKey:
+    """The cache key of profiling ``adapter`` (or a model) with ``config`` on ``world_size`` ranks."""
+    from dcp import __version__
+
+    adapter = get_adapter(adapter)
+    device, dtype = _module_facts(adapter)
+    sizes = sp_sizes_to_try(
+        config.planning.sp_sizes, num_heads=adapter.num_heads, world_size=world_size, max_sp_size=adapter.max_sp_size
+    )
+    return CacheKey(
+        model=adapter.name,
+        model_hash=adapter.config_hash(),
+        world_size=world_size,
+        hardware=hardware_name(device),
+        dtype=dtype,
+        version=__version__,
+        seq_group_edges=tuple(config.profiling.seq_group_edges),
+        sp_sizes=tuple(sizes),
+        max_micro_batch_size=config.profiling.max_micro_batch_size,
+        mem_capacity_gib=float(config.planning.mem_capacity_gib),
+    )
+
+
+def _row(g: int, s: int, b: int, p: int, L: int, m: Any) -> ProfileRow:
+    # out of memory on some rank of the group, or over the capacity at r = L: keep the candidate, marked
+    if m is None:
+        return ProfileRow(
+            seq_group=g, seq_len=s, micro_batch_size=b, sp_size=p, t_f_s=INF, t_b_s=INF, m_act_bytes=INF,
+            m_inp_bytes=INF, t_const_s=INF, m_const_bytes=INF, num_layers=L, feasible=False,
+        )
+    values = dataclasses.asdict(m)
+    fits = values.pop("fits")
+    return ProfileRow(seq_group=g, seq_len=s, micro_batch_size=b, sp_size=p, num_layers=L, feasible=fits, **values)
+
+
+def _profile_block(
+    adapter: ModelAdapter,
+    ctx: Any,
+    groups: list[int],
+    edges: tuple[int, ...],
+    settings: MeasureSettings,
+    config: DCPConfig,
+    fault: FaultFn | None,
+    bar: Any,
+) -> list[ProfileRow]:
+    """The adaptive search of one block over its seq_groups (ascending); same decisions on every rank
+    of the block because every decision uses group-agreed measurements."""
+    rows: list[ProfileRow] = []
+    capacity = config.planning.mem_capacity_bytes
+    p, L = ctx.sp_size, adapter.num_layers
+    for g in groups:
+        s = edges[g]
+        search = BatchSearch(
+            max_micro_batch_size=config.profiling.max_micro_batch_size,
+            capacity_bytes=capacity,
+            state_bytes=settings.state_bytes,
+        )
+        while (b := search.next_b()) is not None:
+            hook = (lambda g=g, b=b: fault(g, b, p)) if fault is not None else None
+            m = measure_candidate(adapter, ctx, b, s, settings, fault=hook)
+            row = _row(g, s, b, p, L, m)
+            search.record(row)
+            rows.append(row)
+            if bar is not None:
+                bar.set_postfix_str(f"s={s} b={b} p={p}{'' if row_fits(row, capacity) else ' (does not fit)'}")
+                bar.update(1)
+        if not search.fits_at_b1:
+            # Memory grows with length: the longer seq_groups of this block cannot fit at this p either.
+            break
+    return rows
+
+
+def _gather(rows: list[ProfileRow], world_size: int) -> list[ProfileRow]:
+    if world_size == 1:
+        return rows
+    import torch.distributed as dist
+
+    parts: list[Any] = [None] * world_size
+    dist.all_gather_object(parts, rows)
+    return [r for part in parts for r in part]
+
+
+def _world_and_rank(world_size: int | None, rank: int | None) -> tuple[int, int]:
+    import torch.distributed as dist
+
+    on = dist.is_available() and dist.is_initialized()
+    w = world_size if world_size is not None else (dist.get_world_size() if on else 1)
+    r = rank if rank is not None else (dist.get_rank() if on else 0)
+    if not 0 <= r < w:
+        raise ValueError(f"rank ({r}) must be in [0, world_size={w}): pass torch.distributed.get_rank()")
+    if w > 1 and not on:
+        raise ValueError(
+            f"world_size ({w}) > 1 but torch.distributed is not initialised: call init_process_group on every rank"
+        )
+    return w, r
+
+
+def profile_table(
+    model: Any,
+    config: DCPConfig,
+    world_size: int | None = None,
+    registry: Any = None,
+    *,
+    rank: int | None = None,
+    adapter: ModelAdapter | None = None,
+    progress: bool = True,
+    optimizer: torch.optim.Optimizer | None = None,
+    grow_only: bool = False,
+    fault: FaultFn | None = None,
+) -> ProfileTable:
+    """Profile ``model`` for every seq_group of ``config.profiling`` on all ``world_size`` ranks.
+
+    Call it on every rank (it is collective). ``world_size`` and ``rank`` default to torch.distributed's
+    (1 and 0 without a process group). ``registry`` is the job's SPGroupRegistry (built here if None,
+    which is itself collective). ``grow_only`` profiles a seq_group only at the smallest p where
+    b = 1 fits; by default larger p are profiled too, because DCP-intra can trade a larger p for less
+    recompute. Returns the same table on every rank; the model's gradients and the RNG state are left
+    as they were.
+    """
+    world_size, rank = _world_and_rank(world_size, rank)
+    adapter = get_adapter(model) if adapter is None else adapter
+    device, dtype = _module_facts(adapter)
+    prof = config.profiling
+    sizes = sp_sizes_to_try(
+        config.planning.sp_sizes, num_heads=adapter.num_heads, world_size=world_size, max_sp_size=adapter.max_sp_size
+    )
+    if registry is None:
+        from dcp.runtime.registry import SPGroupRegistry
+
+        registry = SPGroupRegistry(world_size, config.planning.ranks_per_node, sizes)
+    state = state_bytes(adapter.module, optimizer, optimizer_bytes_per_param=config.model.optimizer_bytes_per_param)
+    settings = MeasureSettings(
+        warmup_iters=prof.warmup_iters,
+        measure_iters=prof.measure_iters,
+        meter="allocator" if device.type == "cuda" else "saved",
+        capacity_bytes=config.planning.mem_capacity_bytes,
+        state_bytes=float(state.total_bytes),
+        seed=config.planning.seed,
+    )
+    from dcp.runtime.context import SPContext
+
+    bar = None
+    if progress and rank == 0:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(desc="dual-layer profiling", unit="candidate")
+    t0 = time.perf_counter()
+    rows: list[ProfileRow] = []
+    edges = prof.seq_group_edges
+    # Profiling inside a training run must not move the run's random streams (output gradients are
+    # drawn with randn_like): fork the RNG and restore it afterwards.
+    rng = torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
+    try:
+        rng.__enter__()
+        for p in sizes:
+            blocks = [first for first, q in registry.blocks if q == p]
+            pending = pending_groups(len(edges), rows, p, config.planning.mem_capacity_bytes, grow_only=grow_only)
+            share = assign_round_robin(pending, len(blocks)) if blocks else []
+            mine: list[ProfileRow] = []
+            for k, first in enumerate(blocks):
+                if first <= rank < first + p and share[k]:
+                    ctx = SPContext(
+                        group=registry.get(first, p), sp_size=p, sp_rank=rank - first,
+                        recompute_layers=adapter.num_layers, attention=config.runtime.attention,
+                    )
+                    found = _profile_block(adapter, ctx, share[k], edges, settings, config, fault, bar)
+                    # one copy per block: its first rank reports, the others hold the same rows
+                    mine = found if rank == first else []
+            rows.extend(_gather(mine, world_size))
+    finally:
+        rng.__exit__(None, None, None)
+        if bar is not None:
+            bar.close()
+    wall_s = time.perf_counter() - t0
+    if world_size > 1:
+        # every rank reports the slowest rank's wall time, so the metadata is identical everywhere
+        import torch.distributed as dist
+
+        t = torch.tensor([wall_s], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        wall_s = float(t.item())
+    key = cache_key_for(adapter, config, world_size)
+    meta = TableMeta(
+        model=adapter.name,
+        hardware=key.hardware,
+        dtype=dtype,
+        world_size=world_size,
+        seq_group_edges=edges,
+        version=key.version,
+        source="profiled",
+        extra={
+            "model_hash": key.model_hash,
+            "profile_wall_s": round(wall_s, 3),
+            "state_bytes": state.total_bytes,
+            "mem_capacity_gib": float(config.planning.mem_capacity_gib),
+            "sp_sizes": list(sizes),
+            "meter": settings.meter,
+        },
+    )
+    return ProfileTable(rows, meta)
+
+
+def _rank0_lookup(cache_dir: str, key: CacheKey, refresh: bool, world_size: int, rank: int) -> tuple[str, str]:
+    """Rank 0 reads the cache and tells everyone: ('hit', csv) | ('miss', '') | ('<ErrorClass>', message).
+
+    Ranks must agree on profiling (it is collective) even when only rank 0 sees the file or a write is
+    in flight, so nobody reads the cache but rank 0.
+    """
+    from dcp.profiler import cache
+
+    out: tuple[str, str] = ("miss", "")
+    if rank == 0:
+        try:
+            found = cache.load_or_refuse(cache_dir, key, refresh=refresh)
+            out = ("hit", found.to_csv()) if found is not None else ("miss", "")
+        except cache.CacheError as exc:
+            out = (type(exc).__name__, str(exc))
+    if world_size > 1:
+        import torch.distributed as dist
+
+        box: list[Any] = [out]
+        dist.broadcast_object_list(box, src=0)
+        out = box[0]
+    if out[0] not in ("hit", "miss"):
+        raise getattr(cache, out[0])(out[1])
+    return out
+
+
+def load_or_profile(
+    model: Any,
+    config: DCPConfig,
+    world_size: int | None = None,
+    registry: Any = None,
+    *,
+    rank: int | None = None,
+    adapter: ModelAdapter | None = None,
+    refresh: bool = False,
+    progress: bool = True,
+    optimizer: torch.optim.Optimizer | None = None,
+    fault: FaultFn | None = None,
+) -> tuple[ProfileTable, str]:
+    """The cached table if valid, else profile inside this run and cache it (rank 0 writes).
+
+    Collective: call it on every rank. Returns (table, status), status 'hit' or 'profiled', the same on
+    every rank. A stale or corrupt cache raises (``dcp.profiler.cache.StaleCacheError`` /
+    ``CorruptCacheError``, on every rank) unless ``refresh``.
+    """
+    from dcp.profiler import cache
+
+    world_size, rank = _world_and_rank(world_size, rank)
+    adapter = get_adapter(model) if adapter is None else adapter
+    key = cache_key_for(adapter, config, world_size)
+    status, text = _rank0_lookup(config.profiling.cache_dir, key, refresh, world_size, rank)
+    if status == "hit":
+        return ProfileTable.from_csv(text, text=True), "hit"
+    table = profile_table(
+        model, config, world_size=world_size, rank=rank, registry=registry, adapter=adapter,
+        progress=progress, optimizer=optimizer, fault=fault,
+    )
+    table = cache.with_key(table, key)
+    cache.store(table, config.profiling.cache_dir, key, rank=rank)
+    return table, "profiled"
+
+
+def need_profile(model: Any, config: DCPConfig, world_size: int | None = None, *, refresh: bool = False) -> bool:
+    """True when ``config.profiling.cache_dir`` holds no valid table for this model and world size.
+
+    Collective when torch.distributed is initialised (rank 0 decides, everyone gets its answer). Raises
+    ``StaleCacheError`` / ``CorruptCacheError`` (ValueErrors telling how to refresh) for a cache that
+    exists but cannot be used, unless ``refresh``.
+    """
+    world_size, rank = _world_and_rank(world_size, None)
+    key = cache_key_for(model, config, world_size)
+    return _rank0_lookup(config.profiling.cache_dir, key, refresh, world_size, rank)[0] != "hit"

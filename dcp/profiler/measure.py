@@ -1,0 +1,409 @@
+"""Measure one candidate (seq_len, b, p) on one SP group: the heart of dual-layer profiling.
+
+Two layers of the real model run on a synthetic micro-batch: layer 0 warms up (caches, allocator,
+kernels), layer 1 is measured. Per repetition:
+
+1. constant part: ``layer_inputs`` (embedding) forward, ``head_loss`` forward + backward, embedding
+   backward -> T_C;
+2. layer 0 forward + backward (warm-up, discarded);
+3. layer 1 forward with autograd on (what a non-recomputed layer and a recompute both run) -> t_f, then
+   its backward from a random output gradient -> t_b;
+4. layer 1 again, checkpointed the way the runtime checkpoints (forward, then recompute + backward)
+   -> t_ckpt. With ``timing='checkpoint'`` (default) the stored t_f, t_b solve ``t_f + t_b = plain
+   layer`` and ``2 t_f + t_b = t_ckpt``, so Eq. 4-5 are exact at r = 0 and r = L: t_f is then the
+   marginal cost of one recomputation, checkpoint bookkeeping included (several percent of a small
+   layer). ``timing='plain'`` keeps the paper's raw forward and backward times.
+
+Memory comes from one metered pass before the timed ones (so a candidate that does not fit stops before
+any timing). With the saved-tensor meter (CPU):
+
+- m_inp = bytes of layer 1's input (what a checkpointed layer keeps);
+- m     = unique bytes layer 1 saves for backward, its input, the parameters and the aux values excluded;
+- M_C   = parameters + gradients + optimizer state + what the embedding saves + the aux values the layer
+          saves (shared by all layers, counted once) + max(what the head saves, m): during backward of a fully recomputed model the head's saved
+          tensors are freed before the first layer recomputes, and one recomputed layer's m is alive at a
+          time, so the peak of the step is ``L * m_inp + M_C`` (Eq. 6 at r = L).
+
+With the allocator meter (CUDA) the same quantities come from ``memory_allocated`` differences and the
+transient peaks of the head and of one layer's forward + backward.
+
+Inside an SP group every rank runs the same shapes, so all ranks meet every collective (the Ulysses
+all-to-alls) in the same order. Times are the median over repetitions, then the MAX over the group (the
+group is as slow as its slowest rank); memory is the MAX over the group too. Using group-agreed values
+is what keeps the adaptive search identical on every rank of the group.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dcp.profiler.adapters import ModelAdapter
+from dcp.profiler.memory import (
+    AllocatorMeter,
+    SavedTensorMeter,
+    free_cached_memory,
+    out_of_memory_errors,
+    storage_bytes,
+    storage_key,
+    tensors_in,
+)
+from dcp.runtime.recompute import checkpoint_layer
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Measurement:
+    """Group-agreed figures of one candidate (per rank)."""
+
+    t_f_s: float
+    """Forward time of the measured layer (autograd on)."""
+    t_b_s: float
+    """Backward time of the measured layer, without its recompute."""
+    m_act_bytes: float
+    """Bytes the layer keeps for backward beyond its input."""
+    m_inp_bytes: float
+    """Bytes of the layer's input."""
+    t_const_s: float
+    """Embedding + head + loss forward and backward."""
+    m_const_bytes: float
+    """State bytes + embedding/aux bytes + the larger of the head's and one layer's working set."""
+    fits: bool = True
+    """False when Eq. 6 at r = L exceeds the capacity: memory is measured, times are not (inf)."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class MeasureSettings:
+    """How to measure: repetitions, meter, capacity and fixed state bytes."""
+
+    warmup_iters: int = 1
+    """Untimed repetitions after the metered pass."""
+    measure_iters: int = 3
+    """Timed repetitions; the median is kept."""
+    meter: str = "saved"
+    """'saved' (saved-tensor bytes, any device) or 'allocator' (CUDA allocator)."""
+    capacity_bytes: float | None = None
+    """Emulated capacity for the saved-tensor meter (None: unlimited)."""
+    state_bytes: float = 0.0
+    """Parameters + gradients + optimizer state of the model (bytes per rank)."""
+    seed: int = 0
+    """Seed of the synthetic batch (same on every rank of a group: they must see the same batch)."""
+    timing: str = "checkpoint"
+    """'checkpoint': also time the measured layer checkpointed and store the t_f, t_b that make Eq. 4-5
+    exact at r = 0 and r = L (see solve_recompute_cost); 'plain': the paper's plain forward/backward."""
+    clock: str = "wall"
+    """'wall' (time.perf_counter, what training sees) or 'cpu' (time.process_time of this process: robust
+    on a shared, oversubscribed CPU machine, but blind to time spent waiting for communication)."""
+
+    def __post_init__(self) -> None:
+        if self.meter not in ("saved", "allocator"):
+            raise ValueError(f"MeasureSettings.meter ({self.meter!r}) is not 'saved' or 'allocator': pick one")
+        if self.timing not in ("checkpoint", "plain"):
+            raise ValueError(f"MeasureSettings.timing ({self.timing!r}) is not 'checkpoint' or 'plain': pick one")
+        if self.clock not in CLOCKS:
+            raise ValueError(f"MeasureSettings.clock ({self.clock!r}) is not one of {list(CLOCKS)}: pick one")
+        if self.measure_iters < 1 or self.warmup_iters < 0:
+            raise ValueError(
+                f"MeasureSettings.measure_iters ({self.measure_iters}) must be >= 1 and warmup_iters "
+                f"({self.warmup_iters}) >= 0: use at least one timed repetition"
+            )
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _barrier(ctx: Any) -> None:
+    # Start timed regions together: a rank that enters early would otherwise time its wait in the
+    # first all-to-all as layer time.
+    if ctx.sp_size > 1:
+        import torch.distributed as dist
+
+        dist.barrier(group=ctx.group)
+
+
+CLOCKS = ("wall", "cpu")
+
+
+def _clock(name: str) -> Callable[[], float]:
+    return time.perf_counter if name == "wall" else time.process_time
+
+
+def _timed(fn: Callable[[], Any], device: torch.device, ctx: Any, clock: str = "wall") -> tuple[float, Any]:
+    now = _clock(clock)
+    _barrier(ctx)
+    _sync(device)
+    t0 = now()
+    out = fn()
+    _sync(device)
+    return now() - t0, out
+
+
+def group_max(values: list[float], ctx: Any) -> list[float]:
+    """Element-wise MAX over the ranks of the SP group (identity for sp_size 1)."""
+    if ctx.sp_size == 1:
+        return values
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctx.group)
+    return t.tolist()
+
+
+def _device_of(adapter: ModelAdapter) -> torch.device:
+    p = next(adapter.module.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def _ensure_grads(module: torch.nn.Module) -> dict[torch.nn.Parameter, torch.Tensor | None]:
+    """Give every trainable parameter a gradient buffer (a training step has them), return the old ones."""
+    old = {}
+    for p in module.parameters():
+        if p.requires_grad:
+            old[p] = p.grad
+            p.grad = torch.zeros_like(p)
+    return old
+
+
+def _one_pass(adapter: ModelAdapter, batch: Any, ctx: Any, device: torch.device, clock: str = "wall") -> dict[str, Any]:
+    """Constant part, warm-up layer, measured layer; returns timings and the tensors the meters need."""
+    out: dict[str, Any] = {}
+    t_embed, (hidden, aux) = _timed(lambda: adapter.layer_inputs(batch, ctx), device, ctx, clock)
+    x_last = hidden.detach().requires_grad_(True)  # stands in for the last layer's output
+
+    def head() -> None:
+        loss, _count = adapter.head_loss(x_last, batch, ctx, aux)
+        loss.backward()
+
+    t_head, _ = _timed(head, device, ctx, clock)
+    t_embed_b, _ = _timed(lambda: hidden.backward(x_last.grad), device, ctx, clock)
+    out["t_const_s"] = t_embed + t_head + t_embed_b
+    # Layer 0: warm-up, forward and backward like the measured one.
+    x0 = hidden.detach().requires_grad_(True)
+    y0 = adapter.run_layer(0, x0, aux, ctx)
+    y0.backward(torch.ones_like(y0))
+    x1 = y0.detach().requires_grad_(True)
+    out.update(hidden=hidden, aux=aux, x1=x1)
+    return out
+
+
+def group_all_ok(ok: bool, ctx: Any) -> bool:
+    """True only if every rank of the SP group says ok (one all-reduce MIN on the group).
+
+    After an out-of-memory error one rank may want to skip a candidate that the others finished: every
+    rank calls this at the same point, success or failure, so the group decides together and no rank is
+    left waiting in a collective the others skipped.
+    """
+    if ctx.sp_size == 1:
+        return ok
+    import torch.distributed as dist
+
+    t = torch.tensor([1 if ok else 0], dtype=torch.int32)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=ctx.group)
+    return bool(t.item())
+
+
+def measure_candidate(
+    adapter: ModelAdapter,
+    ctx: Any,
+    micro_batch_size: int,
+    seq_len: int,
+    settings: MeasureSettings,
+    fault: Callable[[], None] | None = None,
+) -> Measurement | None:
+    """Dual-layer measurement of (seq_len, b) on the SP group of ``ctx``; None if it ran out of memory,
+    ``fits=False`` (memory only) if it cannot fit the capacity even with full recompute.
+
+    Out-of-memory errors (``torch.OutOfMemoryError`` on a GPU, the emulated one on CPU) are caught, the
+    memory freed, and the group agrees on the outcome. ``fault`` (tests) runs at the end of the memory
+    pass and may raise such an error.
+
+    Limit: the ranks of a group run identical shapes, so an OOM normally strikes all of them at the same
+    operation; one that strikes a single rank *inside* a Ulysses all-to-all leaves its peers waiting in
+    that collective until the process group's timeout turns the wait into an error (no silent hang). The model's gradients are restored afterwards, so profiling
+    inside a training run leaves no trace.
+    """
+    if adapter.num_layers < 2:
+        raise ValueError(
+            f"model num_layers ({adapter.num_layers}) must be >= 2 for dual-layer profiling: "
+            "the first layer warms up, the second is measured"
+        )
+    oom = out_of_memory_errors()
+    device = _device_of(adapter)
+    gen = torch.Generator().manual_seed(settings.seed * 1_000_003 + seq_len * 101 + micro_batch_size)
+    batch = adapter.synthetic_batch(micro_batch_size, seq_len, generator=gen)
+    if hasattr(batch, "to"):
+        batch = batch.to(device)
+    params = list(adapter.module.parameters())
+    old_grads = _ensure_grads(adapter.module)
+    try:
+        # Phase 1: memory (the largest footprint of the candidate, so an OOM most likely happens here).
+        mem: list[float] | None = None
+        try:
+            if settings.meter == "allocator":
+                mem = _memory_allocator(adapter, batch, ctx, device, settings)
+            else:
+                mem = _memory_saved(adapter, batch, ctx, device, settings, params)
+            if fault is not None:
+                fault()  # after the pass's last collective, like an OOM in its final backward
+        except oom:
+            mem = None
+            free_cached_memory()
+        # One collective whatever happened: the failure flag and the memory figures, MAX over the group.
+        failed, m_act, m_inp, m_const = group_max([float(mem is None)] + (mem or [0.0, 0.0, 0.0]), ctx)
+        if failed:
+            return None
+        full_recompute_bytes = adapter.num_layers * m_inp + m_const  # Eq. 6 at r = L
+        if settings.capacity_bytes is not None and full_recompute_bytes > settings.capacity_bytes:
+            # Does not fit even with full recompute: no point timing it (the search stops here).
+            inf = float("inf")
+            return Measurement(t_f_s=inf, t_b_s=inf, t_const_s=inf, m_act_bytes=m_act, m_inp_bytes=m_inp,
+                               m_const_bytes=m_const, fits=False)
+        # Phase 2: time.
+        times: dict[str, list[float]] | None = {"t_f_s": [], "t_b_s": [], "t_ckpt_s": [], "t_const_s": []}
+        try:
+            _time_passes(adapter, batch, ctx, device, settings, times)
+        except oom:
+            times = None
+            free_cached_memory()
+        if not group_all_ok(times is not None, ctx):
+            return None
+        med = [statistics.median(times[k]) for k in ("t_f_s", "t_b_s", "t_ckpt_s", "t_const_s")]
+        t_f_s, t_b_s, t_ckpt_s, t_const_s = group_max(med, ctx)
+        if settings.timing == "checkpoint":
+            t_f_s, t_b_s = solve_recompute_cost(t_f_s, t_b_s, t_ckpt_s)
+        return Measurement(
+            t_f_s=t_f_s, t_b_s=t_b_s, t_const_s=t_const_s,
+            m_act_bytes=m_act, m_inp_bytes=m_inp, m_const_bytes=m_const,
+        )
+    finally:
+        for p, g in old_grads.items():
+            p.grad = g
+
+
+def solve_recompute_cost(t_f_s: float, t_b_s: float, t_ckpt_s: float) -> tuple[float, float]:
+    """(t_f, t_b) that make Eq. 4-5 exact at both ends: r = 0 costs t_f + t_b (a plain layer) and r = L
+    costs 2 t_f + t_b = t_ckpt (a checkpointed layer: forward, then recompute + backward).
+
+    t_f becomes the marginal cost of recomputing a layer (its forward plus the checkpoint's
+    bookkeeping, which is not negligible for small layers); t_b the rest of a plain layer. If noise makes
+    the checkpointed layer look no dearer than a plain one, the plain figures are kept.
+    """
+    plain = t_f_s + t_b_s
+    extra = t_ckpt_s - plain
+    if not 0 < extra < plain:
+        return t_f_s, t_b_s
+    return extra, plain - extra
+
+
+def _time_passes(
+    adapter: ModelAdapter, batch: Any, ctx: Any, device: torch.device, settings: MeasureSettings,
+    times: dict[str, list[float]],
+) -> None:
+    for it in range(settings.warmup_iters + settings.measure_iters):
+        st = _one_pass(adapter, batch, ctx, device, settings.clock)
+        x1, aux = st["x1"], st["aux"]
+        t_f, y1 = _timed(lambda x1=x1, aux=aux: adapter.run_layer(1, x1, aux, ctx), device, ctx, settings.clock)
+        grad = torch.randn_like(y1)
+        t_b, _ = _timed(lambda y1=y1, grad=grad: y1.backward(grad), device, ctx, settings.clock)
+        del y1
+        # The same layer checkpointed the way the runtime does it (forward, then recompute + backward).
+        x1c = x1.detach().requires_grad_(True)
+
+        def ckpt(x1c: torch.Tensor = x1c, aux: Any = aux, grad: torch.Tensor = grad) -> None:
+            fn = _LayerFn(adapter, 1, aux, ctx)
+            checkpoint_layer(fn, x1c, enabled=True).backward(grad)
+
+        t_c, _ = _timed(ckpt, device, ctx, settings.clock)
+        if it >= settings.warmup_iters:
+            times["t_f_s"].append(t_f)
+            times["t_b_s"].append(t_b)
+            times["t_ckpt_s"].append(t_c)
+            times["t_const_s"].append(st["t_const_s"])
+        del st, x1, x1c, grad
+
+
+class _LayerFn:
+    """``hidden -> adapter.run_layer(i, hidden, aux, ctx)`` for checkpoint (keeps aux and ctx out of
+    the checkpointed arguments)."""
+
+    def __init__(self, adapter: ModelAdapter, i: int, aux: Any, ctx: Any) -> None:
+        self.adapter, self.i, self.aux, self.ctx = adapter, i, aux, ctx
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.adapter.run_layer(self.i, hidden, self.aux, self.ctx)
+
+
+def _memory_saved(
+    adapter: ModelAdapter, batch: Any, ctx: Any, device: torch.device, settings: MeasureSettings, params: list
+) -> list[float]:
+    cap, base = settings.capacity_bytes, settings.state_bytes
+    with SavedTensorMeter(exclude=params, capacity_bytes=cap, base_bytes=base) as embed_meter:
+        hidden, aux = adapter.layer_inputs(batch, ctx)
+    aux_tensors = [t for t in tensors_in(aux)]
+    aux_keys = {storage_key(t) for t in aux_tensors}
+    embed_b = embed_meter.saved_bytes
+    # The head sees the last layer's output; a detached copy of the embedding has the same shape.
+    x_last = hidden.detach().requires_grad_(True)
+    with SavedTensorMeter(exclude=params, capacity_bytes=cap, base_bytes=base + embed_b) as head_meter:
+        loss, _ = adapter.head_loss(x_last, batch, ctx, aux)
+    head_saved = dict(head_meter.saved_storages)
+    loss.backward()
+    del loss
+    x0 = hidden.detach().requires_grad_(True)
+    with torch.no_grad():
+        x1 = adapter.run_layer(0, x0, aux, ctx).detach().requires_grad_(True)
+    m_inp = storage_bytes(x1)
+    budget = base + embed_b + 2 * m_inp
+    with SavedTensorMeter(exclude=params + [x1], capacity_bytes=cap, base_bytes=budget) as layer_meter:
+        y1 = adapter.run_layer(1, x1, aux, ctx)
+    # Aux values (rotary tables, masks) that the layers save are shared by all of them and alive all step:
+    # count them once, in M_C (and not again in the head's share).
+    layer_aux = {k: n for k, n in layer_meter.saved_storages.items() if k in aux_keys}
+    m_act = layer_meter.saved_bytes - sum(layer_aux.values())
+    aux_b = sum(layer_aux.values())
+    head_b = sum(n for k, n in head_saved.items() if k not in layer_aux)
+    y1.backward(torch.ones_like(y1))
+    m_const = base + embed_b + aux_b + max(head_b, m_act)
+    return [float(m_act), float(m_inp), float(m_const)]
+
+
+def _memory_allocator(
+    adapter: ModelAdapter, batch: Any, ctx: Any, device: torch.device, settings: MeasureSettings
+) -> list[float]:
+    # Warm the allocator and kernels once so the metered pass sees steady-state behaviour.
+    _one_pass(adapter, batch, ctx, device)
+    with AllocatorMeter(device) as embed_meter:
+        hidden, aux = adapter.layer_inputs(batch, ctx)
+    # kept = embedding's saved tensors + aux + the embedding output itself (x0, counted in L * m_inp)
+    embed_aux_b = embed_meter.kept_bytes - hidden.numel() * hidden.element_size()
+    x_last = hidden.detach().requires_grad_(True)
+    with AllocatorMeter(device) as head_meter:
+        loss, _ = adapter.head_loss(x_last, batch, ctx, aux)
+        loss.backward()
+        del loss
+    head_peak = head_meter.peak_bytes
+    x0 = hidden.detach().requires_grad_(True)
+    with torch.no_grad():
+        x1 = adapter.run_layer(0, x0, aux, ctx).detach().requires_grad_(True)
+    m_inp = x1.numel() * x1.element_size()
+    with AllocatorMeter(device) as fwd_meter:
+        y1 = adapter.run_layer(1, x1, aux, ctx)
+    out_b = y1.numel() * y1.element_size()
+    m_act = max(0, fwd_meter.kept_bytes - out_b)
+    with AllocatorMeter(device) as layer_meter:
+        y1.backward(torch.ones_like(y1))
+        del y1
+    # Working set of one layer at backward: its kept activations plus the backward's transient peak.
+    layer_peak = m_act + out_b + max(0, layer_meter.peak_bytes)
+    m_const = settings.state_bytes + max(0, embed_aux_b) + max(head_peak, layer_peak)
+    if settings.capacity_bytes is not None and m_const + 2 * m_inp > settings.capacity_bytes:
+        raise torch.OutOfMemoryError(
+            f"constant memory ({m_const / 2**20:.1f} MiB) exceeds the capacity ({settings.capacity_bytes / 2**20:.1f} MiB)"
+        )
+    return [float(m_act), float(m_inp), float(m_const)]

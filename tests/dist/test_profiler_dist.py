@@ -1,0 +1,76 @@
+"""Parallel dual-layer profiling on W = 2 gloo processes: groups of p ranks profile different candidates,
+every rank ends with the identical table, an out-of-memory on one rank of a group is agreed on, p grows
+when b = 1 does not fit, the cache is written once and hit afterwards, and the table plans an epoch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dcp.planner import ProfileTable, plan_epoch
+from dcp.testing import run_distributed
+
+pytestmark = pytest.mark.dist
+
+EDGES = (128, 256, 512)
+
+
+def _config(cache_dir: str):
+    from dcp.config import DCPConfig, PlanningConfig, ProfilingConfig
+    from dcp.models import build_config
+
+    return DCPConfig(
+        model=build_config("t1d-tiny").shape(),
+        profiling=ProfilingConfig(seq_group_edges=EDGES, max_micro_batch_size=4, warmup_iters=0, measure_iters=1,
+                                  cache_dir=cache_dir),
+        # ~7.5 MiB per rank: 512 tokens do not fit on one rank (state alone is ~4.5 MiB), they do on two
+        planning=PlanningConfig(mem_capacity_gib=0.007, sp_sizes=(1, 2), ranks_per_node=2),
+    )
+
+
+def _fault(seq_group: int, micro_batch_size: int, sp_size: int) -> None:
+    # only rank 1 "runs out of memory": rank 0 must learn it from the group's agreement, not hang
+    if torch.distributed.get_rank() == 1 and (seq_group, micro_batch_size, sp_size) == (0, 2, 2):
+        raise torch.OutOfMemoryError("injected out-of-memory on rank 1")
+
+
+def _profile(rank: int, world_size: int, cache_dir: str) -> tuple[str, str, str]:
+    from dcp.models import build_model
+    from dcp.profiler import load_or_profile
+    from dcp.runtime.registry import SPGroupRegistry
+
+    model = build_model("t1d-tiny")
+    config = _config(cache_dir)
+    registry = SPGroupRegistry(world_size, 2, (1, 2))
+    table, status = load_or_profile(model, config, world_size, registry, progress=False, fault=_fault)
+    again, status2 = load_or_profile(model, config, world_size, registry, progress=False)
+    assert again.rows == table.rows
+    return table.to_csv(), status, status2
+
+
+def test_parallel_profiling_gives_every_rank_the_same_table(tmp_path):
+    results = run_distributed(_profile, 2, str(tmp_path), timeout_s=150.0)
+    (csv0, st0, hit0), (csv1, st1, hit1) = results
+    assert csv0 == csv1  # identical tables (rows and metadata) on every rank
+    assert (st0, st1, hit0, hit1) == ("profiled", "profiled", "hit", "hit")
+    assert len(list(tmp_path.glob("*.csv"))) == 1  # rank 0 wrote once, atomically
+    table = ProfileTable.from_csv(csv0, text=True)
+    by = {(r.seq_len, r.micro_batch_size, r.sp_size): r for r in table.rows}
+    # the injected OOM (rank 1 only) marks the candidate on both ranks; profiling went on
+    assert not by[(128, 2, 2)].feasible
+    assert by[(256, 1, 2)].feasible and by[(512, 1, 2)].feasible
+    # 512 tokens do not fit on one rank at b = 1: p grew to 2
+    assert not by[(512, 1, 1)].feasible
+    fit = [r for r in table.rows if r.feasible]
+    assert all(r.t_f_s > 0 and r.t_b_s > 0 and r.t_const_s > 0 and r.m_act_bytes > 0 for r in fit)
+    # memory per rank shrinks with p (each rank holds s / p tokens) and grows with s
+    for (s, b, p), r in by.items():
+        if p == 2 and (s, b, 1) in by and by[(s, b, 1)].feasible and r.feasible:
+            assert r.m_act_bytes < by[(s, b, 1)].m_act_bytes and r.m_inp_bytes * 2 == by[(s, b, 1)].m_inp_bytes
+    assert by[(512, 1, 2)].m_act_bytes > by[(256, 1, 2)].m_act_bytes
+    # and it plans an epoch end to end
+    config = _config(str(tmp_path))
+    lengths = [int(x) for x in torch.randint(16, 513, (40,), generator=torch.Generator().manual_seed(0))]
+    plans = plan_epoch(lengths, table, config, 2)
+    assert sorted(i for p in plans for i in p.sample_ids) == list(range(40))
+    assert any(g.sp_size == 2 for p in plans for g in p.groups)  # long samples need both ranks
