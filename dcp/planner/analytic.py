@@ -25,7 +25,14 @@ Formulas (h = hidden, f = ffn hidden, V = vocab, d = dtype bytes, n = b*s/p loca
 - T_C: embedding + LM head + loss: ``6 * n * V * h`` FLOPs (forward 2, backward 4), logits traffic, plus
   CONST_KERNELS launches.
 - M_C: parameters + gradients + ZeRO-1-sharded optimizer state (ModelShapeConfig.constant_mem_bytes
-  over world_size) + logits and their gradient (``2 * n * V * d``) + all-to-all buffers (``2 * n * h * d``).
+  over world_size) + all-to-all buffers (``2 * n * h * d``) + the larger of the head's working set (logits
+  and their gradient, ``2 * n * V * d``) and one layer's working set (the row's own m_act). The last term
+  is the measured profiler's M_C (dcp/profiler/measure.py, docs/profiler.md "What is measured"): with full
+  recompute (r = L) Eq. 6 keeps only the L layer inputs, yet backward re-materialises one layer's
+  activations at a time, so the true peak is ``L * m_inp + m_act + ...``; without this term Eq. 6 at r = L
+  has no room for the layer being recomputed. The head's tensors are freed before the first layer is
+  recomputed, so the two working sets are never alive together (hence the max, not the sum). For r < L
+  the estimate is conservative by at most one m_act, as for a measured table.
 
 The simulator defines other HardwareSpec instances (H100, H200) and reuses these public functions.
 """
@@ -205,7 +212,10 @@ def analytic_row(
         + 4.0 * n * v * d / hardware.mem_bandwidth_bytes_per_s
         + (CONST_KERNELS * hardware.kernel_overhead_s)
     )
-    m_const = model.constant_mem_bytes(dp_size=world_size) + 2.0 * n * v * d + 2.0 * n * h * d
+    m_act = (ACT_H * a * h + ACT_F * f) * n * d
+    # M_C holds the larger of the head's (logits + gradient) and one recomputed layer's working set, as the
+    # profiler measures it: Eq. 6 at r = L otherwise has no room for the layer being recomputed.
+    m_const = model.constant_mem_bytes(dp_size=world_size) + 2.0 * n * h * d + max(2.0 * n * v * d, m_act)
     return ProfileRow(
         seq_group=seq_group,
         seq_len=seq_len,
@@ -213,7 +223,7 @@ def analytic_row(
         sp_size=sp_size,
         t_f_s=t_f,
         t_b_s=t_b,
-        m_act_bytes=(ACT_H * a * h + ACT_F * f) * n * d,
+        m_act_bytes=m_act,
         m_inp_bytes=n * h * d,
         t_const_s=t_const,
         m_const_bytes=m_const,

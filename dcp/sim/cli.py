@@ -44,8 +44,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gmax", type=int, default=4, help="planning.gmax")
     parser.add_argument("--lookahead-per-rank", type=int, default=DEFAULT_LOOKAHEAD_PER_RANK,
                         help="planner look-ahead window in samples per GPU (default 0: the planner's work-sized default)")
-    parser.add_argument("--layer-working-set", action="store_true",
-                        help="sensitivity: count one layer's activations (being recomputed) in every row's memory")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument("--json", action="store_true", help="print a JSON object as the last line")
 
@@ -96,8 +94,7 @@ def run(args: argparse.Namespace) -> int:
             if (lengths.shapes is not None) != (sc.attention == "2d"):
                 kind = "2d (frames, spatial_tokens)" if lengths.shapes is not None else "1d (tokens)"
                 print(f"note: {kind} lengths on model {args.model}; using total tokens per sample", file=sys.stderr)
-            table = paper_table(sc, args.gpus, shapes=lengths.shapes if sc.attention == "2d" else None,
-                                layer_working_set=args.layer_working_set)
+            table = paper_table(sc, args.gpus, shapes=lengths.shapes if sc.attention == "2d" else None)
     except (ValueError, OSError) as exc:
         print(f"dcp simulate: {exc}", file=sys.stderr)
         return 2

@@ -6,7 +6,6 @@ build one table per (model, hardware, world size) with ``paper_table`` and reuse
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -77,27 +76,21 @@ def video_shapes() -> list[tuple[int, int]]:
     return load_grid_scale("t2d", "paper").buckets()
 
 
-def paper_table(sc: Scenario, world_size: int, *, shapes: Sequence[tuple[int, int]] | None = None,
-                layer_working_set: bool = False) -> ProfileTable:
+def paper_table(sc: Scenario, world_size: int, *, shapes: Sequence[tuple[int, int]] | None = None) -> ProfileTable:
     """Analytic bf16 table of the scenario; 2d groups take their frames from ``shapes`` (default: video grid).
 
-    ``layer_working_set`` (a sensitivity option): Eq. 6 counts no memory for the layer being recomputed or
-    back-propagated, whose activations (one m_act) are alive at the peak even with full recompute; this adds
-    one m_act to M_C of every row. A measured table contains it in its measured peak.
+    Its M_C already holds one recomputed layer's working set, as a measured table's does
+    (see dcp.planner.analytic), so full recompute leaves room for the layer being recomputed.
     """
     frames = None
     if sc.attention == "2d":
         frames = frames_per_group(sc.seq_group_edges, shapes if shapes is not None else video_shapes())
         frames = [f if f is not None else max(1, round((e / 1000) ** 0.5)) for f, e in zip(frames, sc.seq_group_edges,
                                                                                              strict=True)]
-    table = analytic_table(sc.model, sc.seq_group_edges, sp_sizes=[p for p in sc.sp_sizes if p <= world_size],
-                           max_micro_batch_size=MAX_MICRO_BATCH_SIZE, world_size=world_size, hardware=sc.hardware,
-                           dtype_bytes=BF16_BYTES, attention=sc.attention, frames_per_sample=frames,
-                           mem_capacity_bytes=sc.hardware.mem_capacity_bytes)
-    if layer_working_set:
-        table = table.with_rows(dataclasses.replace(r, m_const_bytes=r.m_const_bytes + r.m_act_bytes)
-                                for r in table.rows)
-    return table
+    return analytic_table(sc.model, sc.seq_group_edges, sp_sizes=[p for p in sc.sp_sizes if p <= world_size],
+                          max_micro_batch_size=MAX_MICRO_BATCH_SIZE, world_size=world_size, hardware=sc.hardware,
+                          dtype_bytes=BF16_BYTES, attention=sc.attention, frames_per_sample=frames,
+                          mem_capacity_bytes=sc.hardware.mem_capacity_bytes)
 
 
 def paper_config(sc: Scenario, method: str, *, gmin: int = 1, gmax: int = 4, seed: int = 0) -> DCPConfig:

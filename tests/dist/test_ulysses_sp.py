@@ -195,8 +195,8 @@ def _switching_p4(rank: int, world_size: int) -> None:
             _check_attention(ctx)
             for name in ("t1d-tiny", "t2d-tiny") if p == 4 else ("t2d-tiny",):
                 _check_model(name, ctx, recompute_layers=1 if p == 2 else 0)
-        else:
-            assert ctx.group is None
+        else:  # a one-rank group (never None, which torch.distributed reads as the whole world)
+            assert dist.get_process_group_ranks(ctx.group) == [rank]
 
 
 # ----- tests ------------------------------------------------------------------------------------------

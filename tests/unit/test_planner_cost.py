@@ -195,6 +195,24 @@ def test_analytic_table_shapes_and_monotonicity():
     assert attention_flops_fwd(MODEL, 1024, 1, 4) == pytest.approx(attention_flops_fwd(MODEL, 1024, 1, 1) / 4)
 
 
+@pytest.mark.parametrize(("vocab", "attention"), [(256, "1d"), (32000, "1d"), (64, "2d")])
+def test_analytic_m_const_holds_one_layer_working_set(vocab, attention):
+    # As the profiler measures it: M_C = state + all-to-all buffers + max(head working set, one layer's m),
+    # so Eq. 6 at r = L leaves room for the one layer that backward re-materialises at a time.
+    model = dataclasses.replace(MODEL, vocab_size=vocab)
+    t = analytic_table(
+        model, (1024, 8192), sp_sizes=(1, 2), max_micro_batch_size=4, world_size=2, hardware=CPU_SMALL,
+        attention=attention,
+    )
+    h, d = model.hidden_size, 4
+    for r in t.rows:
+        n = r.micro_batch_size * r.seq_len / r.sp_size
+        base = model.constant_mem_bytes(dp_size=2) + 2 * n * h * d
+        assert r.m_const_bytes == pytest.approx(base + max(2 * n * vocab * d, r.m_act_bytes))
+        assert r.m_const_bytes >= base + r.m_act_bytes
+        assert micro_batch_mem_bytes(r, r.num_layers) >= r.num_layers * r.m_inp_bytes + r.m_act_bytes + base
+
+
 def test_analytic_memory_cap_marks_infeasible_and_stops():
     cap = 40 * 2**20
     t = analytic_table(
