@@ -389,7 +389,7 @@ class EpochPlanner:
 
         mbq = self._mbq
         start, stop, mb_time = mbq.start, self._mb_end, self._mb_time
-        new_mb, new_group = MicroBatch, GroupPlan
+        new_group, tuple_new = GroupPlan, tuple.__new__
         plans: list[GroupPlan | None] = [None] * len(records)
         for g, js in members.items():
             q, ids, lens = queue[g], mbq.ids_list[g], mbq.lens_list[g]
@@ -399,9 +399,10 @@ class EpochPlanner:
             total = sum(counts)
             # Micro-batches run at the primary setting are built for the whole seq_group in one pass
             # (one comprehension, not one per group), then dealt out in FIFO order.
+            # tuple.__new__ skips the NamedTuple's Python-level __new__ frame (~20% of this loop at W = 4096).
             built = tuple(
                 [
-                    new_mb(ids[(a := start[k]) : (e := stop[k])], lens[a:e], g, mb_time[k])
+                    tuple_new(MicroBatch, (ids[(a := start[k]) : (e := stop[k])], lens[a:e], g, mb_time[k]))
                     for k in q[f : f + total]
                 ]
             )
