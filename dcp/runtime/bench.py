@@ -3,7 +3,7 @@
 On 2 gloo processes with the tiny Transformer-1D:
 - overhead: the same fixed step (one SP group of 2, ga_steps micro-batches of fixed samples) run by a plain
   hand-written loop (forward, weighted backward, one flat all-reduce, SGD step) and by the manager
-  (iterator, plan-hash check, weights, engine), alternating rounds; overhead_pct compares medians.
+  (iterator, plan-hash check, weights, engine), alternating rounds; overhead_pct compares wall-time medians (overhead_cpu_pct: CPU time).
 - SP switch: steps that alternate between one SP-2 group and two SP-1 groups vs steps that stay on one
   size; the switch cost is the alternating run's time minus the mean of the two fixed runs, per switch.
 """
@@ -125,10 +125,10 @@ def run(args: argparse.Namespace) -> int:
     best = {k: min(v) for k, v in per_step.items()}
     med = {k: statistics.median(v) for k, v in per_step.items()}
     pairs = list(zip(per_step["plain"], per_step["sp2"], per_step["sp1"], per_step["switch"], strict=True))
-    overhead_wall = 100.0 * statistics.median(m / p - 1.0 for p, m, _, _ in pairs)
-    # Process CPU time is what the manager adds in work (Python bookkeeping, the extra small collective);
-    # unlike wall time it is not inflated by other processes competing for the host's cores.
-    overhead_pct = 100.0 * statistics.median(m / p - 1.0 for p, m in zip(cpu["plain"], cpu["sp2"], strict=True))
+    # The headline is wall time: it includes waiting in the plan-hash all-gather. Process CPU time (what
+    # the manager adds in work) is reported beside it; it is not inflated by other processes on the host.
+    overhead_pct = 100.0 * statistics.median(m / p - 1.0 for p, m, _, _ in pairs)
+    overhead_cpu = 100.0 * statistics.median(m / p - 1.0 for p, m in zip(cpu["plain"], cpu["sp2"], strict=True))
     overhead_best = 100.0 * (best["sp2"] - best["plain"]) / best["plain"]
     # a pattern of alternating steps switches SP size once per step
     switch_ms = 1e3 * statistics.median(w - 0.5 * (a + b) for _, a, b, w in pairs)
@@ -143,12 +143,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"step_ms {name:7s} {1e3 * best[name]:8.2f}  ({spread})  {label}")
     for name in ("plain", "sp2"):
         print(f"step_cpu_ms {name:7s} {1e3 * statistics.median(cpu[name]):8.2f}  (median process CPU time, rank 0)")
-    print(f"overhead_pct {overhead_pct:.2f}  (manager sp=2 vs plain loop sp=2, process CPU time, median ratio)")
-    print(f"overhead_wall_pct {overhead_wall:.2f}  (same, wall time; fastest rounds: {overhead_best:.2f})")
+    print(f"overhead_pct {overhead_pct:.2f}  (manager sp=2 vs plain loop sp=2, wall time, median ratio; "
+          f"fastest rounds: {overhead_best:.2f})")
+    print(f"overhead_cpu_pct {overhead_cpu:.2f}  (same, process CPU time of rank 0)")
     print(f"exchange_ms {exchange_ms:.3f}  (plan-hash + stats all-gather per step, {exchange_pct:.2f} % of a step)")
     print(f"sp_switch_ms {switch_ms:.3f}  (alternating minus mean of fixed sizes, per switch; median over rounds)")
     if args.json:
         print(json.dumps({"overhead_pct": round(overhead_pct, 3), "sp_switch_ms": round(switch_ms, 4),
-                          "overhead_wall_pct": round(overhead_wall, 3), "exchange_ms": round(exchange_ms, 4),
+                          "overhead_cpu_pct": round(overhead_cpu, 3), "exchange_ms": round(exchange_ms, 4),
                           "step_ms": {k: round(1e3 * v, 3) for k, v in best.items()}}))
     return 0
