@@ -262,3 +262,30 @@ def test_config_errors_heads_and_missing_config():
         set_manager(model, data, wrong, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
     with pytest.raises(ConfigError, match="cannot be derived"):
         set_manager(torch.nn.Linear(2, 2), data, optimizer=None)
+
+
+def test_plan_world_size_engine_detached_and_missing_deepspeed_errors(monkeypatch):
+    import sys
+
+    from dcp.runtime.engines import DDPEngine
+    from dcp.runtime.manager import PlanMismatchError
+
+    # a plan made for another world size is refused before anything runs
+    model = Transformer1D(T1DConfig.tiny())
+    data = SyntheticTokenDataset([6, 9], vocab_size=model.config.vocab_size)
+    mb0 = MicroBatch(sample_ids=(0,), seq_lens=(6,), seq_group=0)
+    mb1 = MicroBatch(sample_ids=(1,), seq_lens=(9,), seq_group=0)
+    plan = StepPlan(epoch=0, step=0, world_size=2, method="dcp-intra", groups=(
+        GroupPlan(first_rank=0, sp_size=1, recompute_layers=0, micro_batches=(mb0,)),
+        GroupPlan(first_rank=1, sp_size=1, recompute_layers=0, micro_batches=(mb1,))))
+    mgr = set_manager(model, data, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), plans=lambda e: [plan])
+    with pytest.raises(PlanMismatchError, match=r"plan world_size \(2\) != torch.distributed world size \(1\)"):
+        next(mgr.get_data_iter())
+    # an engine built by hand, outside set_manager, says how to attach it
+    engine = DDPEngine(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(EngineError, match="not attached to a manager: build it through dcp.set_manager"):
+        engine(data.collate([data[0]]))
+    # engine = "deepspeed" without DeepSpeed installed names the package to install
+    monkeypatch.setitem(sys.modules, "deepspeed", None)
+    with pytest.raises(EngineError, match=r"runtime.engine \('deepspeed'\) needs DeepSpeed .*pip install deepspeed"):
+        build_engine("deepspeed", model, torch.optim.SGD(model.parameters(), lr=0.1), None, world_size=1)
