@@ -7,7 +7,7 @@
 - ``assemble``: an epoch's sample stream -> StepPlans; ``baselines``: bucket and packed parallel.
 """
 
-from dcp.planner.analytic import CPU_SMALL, HardwareSpec, analytic_table
+from dcp.planner.analytic import CPU_SMALL, HardwareSpec, analytic_table, analytic_table_for
 from dcp.planner.assemble import EpochPlanner, lookahead_samples, plan_epoch
 from dcp.planner.cost import micro_batch_mem_bytes, micro_batch_time_s, min_recompute_layers
 from dcp.planner.inter import idle_fraction, solve_ga_steps
@@ -30,6 +30,7 @@ __all__ = [
     "TableError",
     "TableMeta",
     "analytic_table",
+    "analytic_table_for",
     "best_settings",
     "idle_fraction",
     "lookahead_samples",

@@ -44,7 +44,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dcp.config import ModelShapeConfig
+from dcp.config import DCPConfig, ModelShapeConfig
 from dcp.planner.cost import micro_batch_mem_bytes
 from dcp.planner.table import ProfileRow, ProfileTable, TableMeta
 
@@ -337,3 +337,25 @@ def analytic_table(
         extra={"attention": attention, "frames_per_sample": frames, "mem_capacity_bytes": mem_capacity_bytes},
     )
     return ProfileTable(rows, meta)
+
+
+def analytic_table_for(
+    config: DCPConfig,
+    world_size: int,
+    *,
+    hardware: HardwareSpec = CPU_SMALL,
+    sp_sizes: Sequence[int] | None = None,
+    mem_capacity_bytes: float | None = None,
+) -> ProfileTable:
+    """``analytic_table`` for a run config: its model shape (2D attention when the model has two
+    attentions per layer), seq_group edges, SP sizes, micro-batch bound and memory capacity."""
+    return analytic_table(
+        config.model,
+        config.profiling.seq_group_edges,
+        sp_sizes=config.planning.sp_sizes if sp_sizes is None else sp_sizes,
+        max_micro_batch_size=config.profiling.max_micro_batch_size,
+        world_size=world_size,
+        hardware=hardware,
+        attention="2d" if config.model.attentions_per_layer == 2 else "1d",
+        mem_capacity_bytes=config.planning.mem_capacity_bytes if mem_capacity_bytes is None else mem_capacity_bytes,
+    )

@@ -24,20 +24,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def bench_world_size(world_size: int, steps: int, method: str = "dcp-intra") -> dict:
-    from dcp.planner.analytic import CPU_SMALL, analytic_table
+    from dcp.planner.analytic import CPU_SMALL, analytic_table_for
     from dcp.planner.assemble import EpochPlanner
     from dcp.planner.lengths import synthetic_lengths
 
     config = DCPConfig(planning=PlanningConfig(method=method))
-    table = analytic_table(
-        config.model,
-        config.profiling.seq_group_edges,
-        sp_sizes=config.planning.sp_sizes,
-        max_micro_batch_size=config.profiling.max_micro_batch_size,
-        world_size=world_size,
-        hardware=CPU_SMALL,
-        mem_capacity_bytes=CPU_SMALL.mem_capacity_bytes,
-    )
+    table = analytic_table_for(config, world_size, mem_capacity_bytes=CPU_SMALL.mem_capacity_bytes)
     # Enough samples for `steps` full steps plus the look-ahead window: a balanced step of this workload
     # takes ~30-50 samples per rank and the default window holds ~90 per rank.
     n = (64 * (steps + 1) + 128) * world_size

@@ -30,17 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _build_table(config: DCPConfig, world_size: int):
-    from dcp.planner.analytic import CPU_SMALL, analytic_table
+    from dcp.planner.analytic import analytic_table_for
 
-    return analytic_table(
-        config.model,
-        config.profiling.seq_group_edges,
-        sp_sizes=config.planning.sp_sizes,
-        max_micro_batch_size=config.profiling.max_micro_batch_size,
-        world_size=world_size,
-        hardware=CPU_SMALL,
-        mem_capacity_bytes=config.planning.mem_capacity_bytes,
-    )
+    return analytic_table_for(config, world_size)
 
 
 def rle(values: Sequence[int]) -> str:

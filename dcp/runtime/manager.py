@@ -136,15 +136,9 @@ class DCPManager:
             self.log.info("profile table: %s (%d rows)", status, len(self.table))
 
     def _analytic_table(self) -> Any:
-        from dcp.planner import CPU_SMALL, analytic_table
+        from dcp.planner import analytic_table_for
 
-        is_2d = type(self.model).__name__ == "Transformer2D"
-        return analytic_table(
-            self.config.model, self.config.profiling.seq_group_edges, sp_sizes=self.registry.sp_sizes,
-            max_micro_batch_size=self.config.profiling.max_micro_batch_size, world_size=self.world_size,
-            hardware=CPU_SMALL, attention="2d" if is_2d else "1d",
-            mem_capacity_bytes=self.config.planning.mem_capacity_bytes,
-        )
+        return analytic_table_for(self.config, self.world_size, sp_sizes=self.registry.sp_sizes)
 
     # ----- data (paper step 2) -------------------------------------------------------------------
     def epoch_plans(self, epoch: int) -> Iterator[StepPlan]:
