@@ -189,11 +189,13 @@ class RuntimeConfig:
     loss_weighting: str = "tokens"
     """Loss normalisation over the whole step: tokens or samples (all-reduced counts, never 1/ga_steps)."""
     check_plan_hash: bool = True
-    """All-gather a hash of every step plan and fail fast when ranks disagree."""
+    """Before each epoch, all-gather a digest of all its step plans and fail fast when ranks disagree (any
+    step, or the number of steps), before the epoch's first collective."""
     plan_check_timeout_s: float = 60.0
     """Collective timeout used for the plan-hash check, so a divergent rank fails instead of hanging."""
     log_every: int = 1
-    """Rank 0 logs one line every this many steps."""
+    """Rank 0 logs one line every this many steps; each logged step all-gathers the step's loss, token
+    count and per-rank busy time (one small collective, and a synchronisation point, per logged step)."""
 
     def __post_init__(self) -> None:
         if self.engine not in ("ddp", "deepspeed"):

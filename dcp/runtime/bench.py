@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"overhead_pct {overhead_pct:.2f}  (manager sp=2 vs plain loop sp=2, wall time, median ratio; "
           f"fastest rounds: {overhead_best:.2f})")
     print(f"overhead_cpu_pct {overhead_cpu:.2f}  (same, process CPU time of rank 0)")
-    print(f"exchange_ms {exchange_ms:.3f}  (plan-hash + stats all-gather per step, {exchange_pct:.2f} % of a step)")
+    print(f"exchange_ms {exchange_ms:.3f}  (manager bookkeeping between steps: stats all-gather on logged steps, per step; {exchange_pct:.2f} % of a step)")
     print(f"sp_switch_ms {switch_ms:.3f}  (alternating minus mean of fixed sizes, per switch; median over rounds)")
     if args.json:
         print(json.dumps({"overhead_pct": round(overhead_pct, 3), "sp_switch_ms": round(switch_ms, 4),

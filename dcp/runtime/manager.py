@@ -163,6 +163,12 @@ class DCPManager:
         epoch, skip = self.epoch, self.step_in_epoch
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
+        if self.config.runtime.check_plan_hash:
+            # One all-gather per epoch of a digest over ALL the epoch's step plans: a rank that planned
+            # differently (any step, or a different number of steps) fails here, before the epoch's first
+            # collective, and steps carry no extra synchronisation point (the planner is deterministic and
+            # fast, so the plans are simply computed twice).
+            self._exchange(self._epoch_digest(epoch), None, None, where=f"epoch {epoch} (its step plans)")
         done = 0
         for plan in self.epoch_plans(epoch):
             if plan.step < skip:
@@ -355,11 +361,11 @@ class DCPManager:
                         has_count=self._has_count or not self._group.micro_batches)
         if marker is None:
             marker = plan.digest() if plan is not None else f"end-of-epoch {self.epoch}"
-        gather = self.config.runtime.check_plan_hash or (
-            prev is not None and prev["global_step"] % self.config.runtime.log_every == 0
-        )
-        if gather:
-            self._exchange(marker, prev, plan)
+        # Stats of the finished step (loss, count, busy time) are gathered only for logged steps; every
+        # rank computes the same global_step, so all ranks agree on whether to gather.
+        if prev is not None and prev["global_step"] % self.config.runtime.log_every == 0:
+            where = f"epoch {self.epoch} step {plan.step}" if plan is not None else f"end of epoch {self.epoch}"
+            self._exchange(marker, prev, plan, where=where)
         self._prev = None
         self._reset_step_accumulators()
         self._plan, self._pending, self._mb_index, self._applied = plan, None, -1, False
@@ -371,7 +377,15 @@ class DCPManager:
         self._step_open = True
         self._prev = {"plan": plan, "t0": now, "global_step": self.global_step + 1}
 
-    def _exchange(self, marker: str, prev: dict[str, Any] | None, plan: StepPlan | None) -> None:
+    def _epoch_digest(self, epoch: int) -> str:
+        h = hashlib.sha256()
+        n = 0
+        for plan in self.epoch_plans(epoch):
+            h.update(plan.digest().encode())
+            n += 1
+        return f"epoch {epoch}: {n} plans {h.hexdigest()}"
+
+    def _exchange(self, marker: str, prev: dict[str, Any] | None, plan: StepPlan | None, *, where: str) -> None:
         """All-gather [plan digest, previous step's loss_sum, count, busy ns] from every rank."""
         row = torch.zeros(7, dtype=torch.int64)
         row[:4] = _digest_words(marker)
@@ -390,7 +404,6 @@ class DCPManager:
         digests = [bytes(r[:4].numpy().tobytes()).hex() for r in table]
         bad = [r for r, d in enumerate(digests) if d != digests[0]]
         if bad:
-            where = f"epoch {self.epoch} step {plan.step}" if plan is not None else f"end of epoch {self.epoch}"
             listing = ", ".join(f"rank {r}: {d[:16]}" for r, d in enumerate(digests))
             raise PlanMismatchError(
                 f"{where}: step plans differ across ranks (ranks {bad} disagree with rank 0; digests {listing}): "
