@@ -197,6 +197,10 @@ class RuntimeConfig:
     """Rank 0 logs one line every this many steps; each logged step all-gathers the step's loss, token
     count and per-rank busy time (one small collective, and a synchronisation point, per logged step)."""
 
+    stats_every: int = 0
+    """Also gather those step statistics (StepStats: loss, count, per-rank busy time) every this many steps
+    without logging them, e.g. 1 for experiment runs that record every step; 0: only on logged steps."""
+
     def __post_init__(self) -> None:
         if self.engine not in ("ddp", "deepspeed"):
             _fail("runtime.engine", self.engine, "is not one of ['ddp', 'deepspeed']", "pick one of those")
@@ -208,6 +212,8 @@ class RuntimeConfig:
             _fail("runtime.plan_check_timeout_s", self.plan_check_timeout_s, "must be > 0", "e.g. 60")
         if self.log_every < 1:
             _fail("runtime.log_every", self.log_every, "must be >= 1", "set it to 1 or more")
+        if self.stats_every < 0:
+            _fail("runtime.stats_every", self.stats_every, "must be >= 0", "use 0 for logged steps only, 1 for every step")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

@@ -42,7 +42,7 @@ DEMO_SWEEP: dict[str, Any] = {
                       "warmup_iters": 1, "measure_iters": 3, "cache_dir": ".dcp_cache"},
         # emulated per-rank memory: 2048-token samples need SP = 2 even with full recompute
         "planning": {"mem_capacity_gib": 0.016, "gmin": 1, "gmax": 4, "ranks_per_node": 8, "sp_sizes": [1, 2, 4]},
-        "runtime": {"engine": "ddp", "attention": "sdpa", "log_every": 1000},
+        "runtime": {"engine": "ddp", "attention": "sdpa", "log_every": 1000, "stats_every": 1},
     },
 }
 

@@ -17,6 +17,7 @@ have no document-masked (varlen) attention, and per-sample execution costs what 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from itertools import islice
 from typing import Any
@@ -173,6 +174,9 @@ def execute_manager(run: RunSpec, rank: int, world_size: int, device: Any, regis
     from dcp.runtime.manager import set_manager
 
     sweep, cfg = run.sweep, run.config
+    # Every step's StepStats (all ranks' busy times) are needed for the measured idle ratio, whatever the
+    # log interval: gather them each step.
+    cfg = cfg.replace(runtime=dataclasses.replace(cfg.runtime, stats_every=1))
     dataset = build_dataset(run)
     total = sweep.warmup_steps + sweep.steps
     plans = first_plans(dataset, table, cfg, world_size, total)

@@ -363,7 +363,9 @@ class DCPManager:
             marker = plan.digest() if plan is not None else f"end-of-epoch {self.epoch}"
         # Stats of the finished step (loss, count, busy time) are gathered only for logged steps; every
         # rank computes the same global_step, so all ranks agree on whether to gather.
-        if prev is not None and prev["global_step"] % self.config.runtime.log_every == 0:
+        rt = self.config.runtime
+        if prev is not None and (prev["global_step"] % rt.log_every == 0
+                                 or (rt.stats_every and prev["global_step"] % rt.stats_every == 0)):
             where = f"epoch {self.epoch} step {plan.step}" if plan is not None else f"end of epoch {self.epoch}"
             self._exchange(marker, prev, plan, where=where)
         self._prev = None
