@@ -46,6 +46,7 @@ from dcp.planner.stream import (
     MicroBatchQueues,
     PlanningError,
     TimeLookup,
+    micro_batch_times,
     no_setting_error,
     seq_groups_of,
     shuffled_order,
@@ -169,16 +170,16 @@ class EpochPlanner:
         self._unit_primary = [0.0] * n_groups
         """Primary time of one full micro-batch per seq_group."""
         count = np.asarray(mbq.count, dtype=np.int64)
-        mb_time = np.zeros(mbq.num)
         for g in present:
             s = self.settings[g]
             self._p_of[g] = s.sp_size
             self._unit_primary[g] = self._unit_time(s)
-            ks = np.asarray(mbq.queue[g], dtype=np.int64)
-            for c in np.unique(count[ks]).tolist():
-                mb_time[ks[count[ks] == c]] = self._times.time_s(g, s.sp_size, s.recompute_layers, c)
+        mb_time = micro_batch_times(
+            mbq, self._times, {g: (self.settings[g].sp_size, self.settings[g].recompute_layers) for g in present}
+        )
         self._mb_time = tuple(mb_time.tolist())
-        """Predicted time of every micro-batch with its seq_group's primary setting."""
+        """Predicted time of every micro-batch with its seq_group's primary setting, at its padded length
+        (balancing still uses the conservative per-seq_group unit times)."""
         self._mb_end = tuple((np.asarray(mbq.start, dtype=np.int64) + count).tolist())
         self._ready = tuple(mbq.ready.tolist())
         self._queue = [mbq.queue.get(g, ()) for g in range(n_groups)]

@@ -23,7 +23,13 @@ import numpy as np
 from dcp.planner.cost import micro_batch_time_s, min_recompute_layers
 from dcp.planner.placement import aligned_slots
 from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
-from dcp.planner.stream import MicroBatchQueues, PlanningError, no_setting_error
+from dcp.planner.stream import (
+    MicroBatchQueues,
+    PlanningError,
+    TimeLookup,
+    micro_batch_times,
+    no_setting_error,
+)
 from dcp.planner.table import ProfileRow, ProfileTable
 
 if TYPE_CHECKING:
@@ -173,19 +179,12 @@ def _step(pl: EpochPlanner, step: int, p: int, slots: list[int], mbs: list[Micro
 def _bucket(pl: EpochPlanner, p: int, slots: list[int], b_of: dict[int, int]) -> Iterator[StepPlan]:
     mbq = MicroBatchQueues(pl.lengths, pl.groups, pl.order, b_of)
     L = pl.table.num_layers
-    rows = {(r.seq_group, r.micro_batch_size): r for r in pl.table.rows if r.sp_size == p}
-    memo: dict[tuple[int, int], float] = {}
-
-    def time_of(g: int, c: int) -> float:
-        if (g, c) not in memo:
-            b = min(bb for (gg, bb) in rows if gg == g and bb >= c)
-            memo[(g, c)] = micro_batch_time_s(rows[(g, b)], L)
-        return memo[(g, c)]
+    mb_time = micro_batch_times(mbq, TimeLookup(pl.table), {g: (p, L) for g in b_of}).tolist()
 
     step = 0
     for k0 in range(0, mbq.num, len(slots)):
         ks = range(k0, min(k0 + len(slots), mbq.num))
-        mbs = [mbq.micro_batch(k, time_of(mbq.group[k], mbq.count[k])) for k in ks]
+        mbs = [mbq.micro_batch(k, mb_time[k]) for k in ks]
         yield _step(pl, step, p, slots, mbs)
         step += 1
 
@@ -214,15 +213,23 @@ def _packed(pl: EpochPlanner, p: int, slots: list[int], budget: int) -> Iterator
             f"sample {i} has {int(pl.lengths[i])} tokens, more than planning.packed_token_budget ({budget}): "
             f"raise the budget to >= {int(pl.lengths.max())} (and the memory capacity if needed) or drop the sample"
         )
-    return _pack_steps(pl, p, slots, budget, one)
+    # each sample's b = 1 time at its own length (interpolated between seq_group bounds, as micro-batches are)
+    times = TimeLookup(pl.table)
+    sample_time = np.zeros(len(pl.lengths))
+    for g in one:
+        idx = np.flatnonzero(pl.groups == g)
+        sample_time[idx] = times.padded_times_s(g, p, L, 1, pl.lengths[idx])
+    return _pack_steps(pl, p, slots, budget, one, sample_time)
 
 
 def _pack_steps(
-    pl: EpochPlanner, p: int, slots: list[int], budget: int, one: dict[int, tuple[float, float]]
+    pl: EpochPlanner, p: int, slots: list[int], budget: int, one: dict[int, tuple[float, float]],
+    sample_time: np.ndarray,
 ) -> Iterator[StepPlan]:
     order = pl.order.tolist()
     lengths = pl.lengths[pl.order].tolist()
     groups = pl.groups[pl.order].tolist()
+    t_one = sample_time[pl.order].tolist()
     n, i, step = len(order), 0, 0
     while i < n:
         mbs = []
@@ -230,7 +237,8 @@ def _pack_steps(
             # Greedy in stream order: close the pack when the next sample would pass the budget.
             ids, lens, tok, t, tc = [], [], 0, 0.0, 0.0
             while i < n and tok + lengths[i] <= budget:
-                t1, c = one[groups[i]]
+                c = one[groups[i]][1]
+                t1 = t_one[i]
                 ids.append(order[i])
                 lens.append(lengths[i])
                 tok += lengths[i]

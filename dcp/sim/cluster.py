@@ -123,6 +123,7 @@ def ideal_tokens_per_s(lengths: Sequence[int], table: ProfileTable, config: DCPC
     best = best_settings(table, mem_capacity_bytes=cfg.mem_capacity_bytes, sp_sizes=cfg.sp_sizes,
                          world_size=world_size, ranks_per_node=cfg.ranks_per_node, dynamic_recompute=True)
     arr, groups = seq_groups_of(lengths, table)
+    times = TimeLookup(table)
     gpu_s = 0.0
     for g in sorted(set(groups.tolist())):
         if g not in best:
@@ -132,7 +133,9 @@ def ideal_tokens_per_s(lengths: Sequence[int], table: ProfileTable, config: DCPC
                 "allow larger SP sizes, more memory, or drop those samples"
             )
         s = best[g]
-        gpu_s += int((groups == g).sum()) * s.sp_size * s.time_s / s.micro_batch_size
+        # each sample at its own length (the runtime pads only to a micro-batch's longest sample)
+        per_mb = times.padded_times_s(g, s.sp_size, s.recompute_layers, s.micro_batch_size, arr[groups == g])
+        gpu_s += float(per_mb.sum()) * s.sp_size / s.micro_batch_size
     return float(arr.sum()) * world_size / gpu_s
 
 
@@ -165,7 +168,8 @@ def step_cost(plan: StepPlan, times: TimeLookup | None, rows: dict, *, sync_s: f
         t = 0.0
         for mb in g.micro_batches:
             if times is not None and mb.seq_group >= 0:
-                t += times.time_s(mb.seq_group, g.sp_size, g.recompute_layers, mb.size)
+                t += float(times.padded_times_s(mb.seq_group, g.sp_size, g.recompute_layers, mb.size,
+                                                [max(mb.seq_lens)])[0])
             else:
                 t += mb.time_s
             row = _mem_row(mb, g.sp_size, rows, edges)
