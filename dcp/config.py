@@ -21,8 +21,27 @@ class ConfigError(ValueError):
     """A configuration value breaks a rule; the message says which and how to fix it."""
 
 
-def _fail(path: str, value: Any, rule: str, fix: str) -> None:
-    raise ConfigError(f"{path} ({value!r}) {rule}: {fix}")
+def fail(path: str, value: Any, rule: str, fix: str, *, error: type[ValueError] = ConfigError) -> None:
+    """Raise ``error`` with the project's message shape ``path (value) rule: fix`` (every module's config
+    and argument errors go through here, each with its own ValueError subclass)."""
+    raise error(f"{path} ({value!r}) {rule}: {fix}")
+
+
+def read_toml(
+    path: str | Path,
+    *,
+    what: str = "config file",
+    missing_fix: str = "pass the path of a TOML file",
+    error: type[ValueError] = ConfigError,
+) -> dict[str, Any]:
+    """Parse a TOML file; a missing file or bad syntax raises ``error`` naming the file and the fix."""
+    path = Path(path)
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise error(f"{what} ({str(path)!r}) does not exist: {missing_fix}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise error(f"{what} ({str(path)!r}) is not valid TOML ({exc}): fix the syntax") from None
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -51,13 +70,13 @@ class ModelShapeConfig:
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_heads", "attentions_per_layer", "vocab_size", "param_bytes"):
             if getattr(self, name) < 1:
-                _fail(f"model.{name}", getattr(self, name), "must be >= 1", f"set model.{name} to a positive integer")
+                fail(f"model.{name}", getattr(self, name), "must be >= 1", f"set model.{name} to a positive integer")
         if self.ffn_hidden_size < 0:
-            _fail("model.ffn_hidden_size", self.ffn_hidden_size, "must be >= 0", "use 0 for 8 * hidden_size // 3")
+            fail("model.ffn_hidden_size", self.ffn_hidden_size, "must be >= 0", "use 0 for 8 * hidden_size // 3")
         if self.optimizer_bytes_per_param < 0:
-            _fail("model.optimizer_bytes_per_param", self.optimizer_bytes_per_param, "must be >= 0", "use 8 for Adam")
+            fail("model.optimizer_bytes_per_param", self.optimizer_bytes_per_param, "must be >= 0", "use 8 for Adam")
         if self.hidden_size % self.num_heads:
-            _fail(
+            fail(
                 "model.hidden_size",
                 self.hidden_size,
                 f"is not divisible by model.num_heads ({self.num_heads})",
@@ -102,20 +121,20 @@ class ProfilingConfig:
         edges = tuple(self.seq_group_edges)
         object.__setattr__(self, "seq_group_edges", edges)
         if not edges:
-            _fail("profiling.seq_group_edges", edges, "is empty", "give at least one upper token bound, e.g. [1024]")
+            fail("profiling.seq_group_edges", edges, "is empty", "give at least one upper token bound, e.g. [1024]")
         if any(e < 1 for e in edges) or any(b <= a for a, b in zip(edges, edges[1:], strict=False)):
-            _fail(
+            fail(
                 "profiling.seq_group_edges",
                 list(edges),
                 "must be positive and strictly increasing",
                 "sort the bounds and remove duplicates",
             )
         if self.max_micro_batch_size < 1:
-            _fail("profiling.max_micro_batch_size", self.max_micro_batch_size, "must be >= 1", "set it to 1 or more")
+            fail("profiling.max_micro_batch_size", self.max_micro_batch_size, "must be >= 1", "set it to 1 or more")
         if self.warmup_iters < 0:
-            _fail("profiling.warmup_iters", self.warmup_iters, "must be >= 0", "set it to 0 or more")
+            fail("profiling.warmup_iters", self.warmup_iters, "must be >= 0", "set it to 0 or more")
         if self.measure_iters < 1:
-            _fail("profiling.measure_iters", self.measure_iters, "must be >= 1", "set it to 1 or more")
+            fail("profiling.measure_iters", self.measure_iters, "must be >= 1", "set it to 1 or more")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -150,27 +169,27 @@ class PlanningConfig:
         sizes = tuple(self.sp_sizes)
         object.__setattr__(self, "sp_sizes", sizes)
         if self.method not in METHODS:
-            _fail("planning.method", self.method, f"is not one of {list(METHODS)}", "pick one of those names")
+            fail("planning.method", self.method, f"is not one of {list(METHODS)}", "pick one of those names")
         if not self.mem_capacity_gib > 0:
-            _fail("planning.mem_capacity_gib", self.mem_capacity_gib, "must be > 0", "set the per-rank memory in GiB")
+            fail("planning.mem_capacity_gib", self.mem_capacity_gib, "must be > 0", "set the per-rank memory in GiB")
         if self.gmin < 1:
-            _fail("planning.gmin", self.gmin, "must be >= 1", "set gmin to 1 or more")
+            fail("planning.gmin", self.gmin, "must be >= 1", "set gmin to 1 or more")
         if self.gmax < 1:
-            _fail("planning.gmax", self.gmax, "must be >= 1", "set gmax to 1 or more")
+            fail("planning.gmax", self.gmax, "must be >= 1", "set gmax to 1 or more")
         if self.gmin > self.gmax:
             raise ConfigError(
                 f"planning.gmin ({self.gmin}) > planning.gmax ({self.gmax}): set gmin <= gmax"
             )
         if self.ranks_per_node < 1:
-            _fail("planning.ranks_per_node", self.ranks_per_node, "must be >= 1", "set the GPUs per node, e.g. 8")
+            fail("planning.ranks_per_node", self.ranks_per_node, "must be >= 1", "set the GPUs per node, e.g. 8")
         if not sizes or any(p < 1 for p in sizes) or len(set(sizes)) != len(sizes):
-            _fail("planning.sp_sizes", list(sizes), "must be distinct positive integers", "e.g. [1, 2, 4, 8]")
+            fail("planning.sp_sizes", list(sizes), "must be distinct positive integers", "e.g. [1, 2, 4, 8]")
         if self.lookahead_samples < 0:
-            _fail("planning.lookahead_samples", self.lookahead_samples, "must be >= 0", "use 0 for the default")
+            fail("planning.lookahead_samples", self.lookahead_samples, "must be >= 0", "use 0 for the default")
         if self.packed_token_budget < 0:
-            _fail("planning.packed_token_budget", self.packed_token_budget, "must be >= 0", "use 0 to derive it")
+            fail("planning.packed_token_budget", self.packed_token_budget, "must be >= 0", "use 0 to derive it")
         if self.bucket_sp_size < 0:
-            _fail("planning.bucket_sp_size", self.bucket_sp_size, "must be >= 0", "use 0 to derive it")
+            fail("planning.bucket_sp_size", self.bucket_sp_size, "must be >= 0", "use 0 to derive it")
 
     @property
     def mem_capacity_bytes(self) -> int:
@@ -203,17 +222,17 @@ class RuntimeConfig:
 
     def __post_init__(self) -> None:
         if self.engine not in ("ddp", "deepspeed"):
-            _fail("runtime.engine", self.engine, "is not one of ['ddp', 'deepspeed']", "pick one of those")
+            fail("runtime.engine", self.engine, "is not one of ['ddp', 'deepspeed']", "pick one of those")
         if self.attention not in ("auto", "sdpa", "flash"):
-            _fail("runtime.attention", self.attention, "is not one of ['auto', 'sdpa', 'flash']", "pick one of those")
+            fail("runtime.attention", self.attention, "is not one of ['auto', 'sdpa', 'flash']", "pick one of those")
         if self.loss_weighting not in ("tokens", "samples"):
-            _fail("runtime.loss_weighting", self.loss_weighting, "is not one of ['tokens', 'samples']", "pick one")
+            fail("runtime.loss_weighting", self.loss_weighting, "is not one of ['tokens', 'samples']", "pick one")
         if not self.plan_check_timeout_s > 0:
-            _fail("runtime.plan_check_timeout_s", self.plan_check_timeout_s, "must be > 0", "e.g. 60")
+            fail("runtime.plan_check_timeout_s", self.plan_check_timeout_s, "must be > 0", "e.g. 60")
         if self.log_every < 1:
-            _fail("runtime.log_every", self.log_every, "must be >= 1", "set it to 1 or more")
+            fail("runtime.log_every", self.log_every, "must be >= 1", "set it to 1 or more")
         if self.stats_every < 0:
-            _fail("runtime.stats_every", self.stats_every, "must be >= 0", "use 0 for logged steps only, 1 for every step")
+            fail("runtime.stats_every", self.stats_every, "must be >= 0", "use 0 for logged steps only, 1 for every step")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -240,7 +259,7 @@ class DCPConfig:
                 f"or divisors of {heads}"
             )
         if self.planning.bucket_sp_size and self.planning.bucket_sp_size not in self.planning.sp_sizes:
-            _fail(
+            fail(
                 "planning.bucket_sp_size",
                 self.planning.bucket_sp_size,
                 f"is not in planning.sp_sizes ({list(self.planning.sp_sizes)})",
@@ -313,11 +332,4 @@ def config_from_dict(raw: dict[str, Any]) -> DCPConfig:
 
 def load_config(path: str | Path) -> DCPConfig:
     """Load a TOML file strictly (unknown sections or keys fail)."""
-    path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file ({str(path)!r}) does not exist: pass the path of a TOML file") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file ({str(path)!r}) is not valid TOML ({exc}): fix the syntax") from None
-    return config_from_dict(raw)
+    return config_from_dict(read_toml(path))

@@ -10,10 +10,12 @@ split into tiers; a *distribution* (``datasets/<name>.toml``) names a grid and s
 
 from __future__ import annotations
 
-import tomllib
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from dcp.config import fail, read_toml
 
 SCALES = ("paper", "cpu")
 SAMPLERS = ("tiers", "zipf", "lognormal")
@@ -127,17 +129,11 @@ class DistributionSpec:
                   "need mean in [0, 1] and std > 0", "e.g. mean 0.5, std 0.2")
 
 
-def _fail(field: str, value: Any, rule: str, fix: str) -> None:
-    raise DistributionError(f"{field} ({value!r}) {rule}: {fix}")
+_fail = functools.partial(fail, error=DistributionError)
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        return tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise DistributionError(f"spec file ({str(path)!r}) does not exist: check the datasets folder") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise DistributionError(f"spec file ({str(path)!r}) is not valid TOML ({exc}): fix the syntax") from None
+    return read_toml(path, what="spec file", missing_fix="check the datasets folder", error=DistributionError)
 
 
 def _check_keys(where: str, raw: dict[str, Any], valid: set[str]) -> None:

@@ -20,14 +20,14 @@ names the field, the value, the rule and a fix; unknown keys list the valid ones
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dcp.config import METHODS, ConfigError, DCPConfig, config_from_dict
+from dcp.config import METHODS, ConfigError, DCPConfig, config_from_dict, fail, read_toml
 
 # Models a sweep may name -> (family, constructor of dcp.models' config). "tiny" ones run on CPU processes;
 # t1d-5b and t2d-1.2b are Table 1 of the paper (42 layers / 3072 / 48 heads; 28 layers / 1152 / 16 heads).
@@ -60,8 +60,7 @@ class SweepError(ConfigError):
     """A sweep definition breaks a rule; the message names field, value, rule and fix."""
 
 
-def _fail(path: str, value: Any, rule: str, fix: str) -> None:
-    raise SweepError(f"{path} ({value!r}) {rule}: {fix}")
+_fail = functools.partial(fail, error=SweepError)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -293,11 +292,5 @@ def _check_type(key: str, hint: str, value: Any) -> None:
 
 def load_sweep(path: str | Path, *, overrides: dict[str, Any] | None = None) -> SweepSpec:
     """Load a sweep TOML file strictly. ``overrides`` replace [sweep] keys (CLI flags such as --out)."""
-    path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise SweepError(f"sweep file ({str(path)!r}) does not exist: pass the path of a sweep TOML file") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise SweepError(f"sweep file ({str(path)!r}) is not valid TOML ({exc}): fix the syntax") from None
+    raw = read_toml(path, what="sweep file", missing_fix="pass the path of a sweep TOML file", error=SweepError)
     return sweep_from_dict(raw, overrides=overrides)

@@ -5,26 +5,24 @@ Pure Python (numpy only): every loader here can be planned, tested and benchmark
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from dcp.config import ConfigError
+from dcp.config import fail
 
 
 class LoaderError(ValueError):
     """An argument given to a loader breaks a rule; the message names it, its value, the rule and a fix."""
 
 
-def fail_config(path: str, value: Any, rule: str, fix: str) -> None:
-    """Raise the config error of ``dcp.config``'s style: ``path (value) rule: fix``."""
-    raise ConfigError(f"{path} ({value!r}) {rule}: {fix}")
+fail_config = fail
+"""A loader config error (ConfigError): ``path (value) rule: fix``."""
 
-
-def fail_arg(name: str, value: Any, rule: str, fix: str) -> None:
-    raise LoaderError(f"{name} ({value!r}) {rule}: {fix}")
+fail_arg = functools.partial(fail, error=LoaderError)
+"""A loader argument error (LoaderError): ``name (value) rule: fix``."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,20 +10,12 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dcp.config import ConfigError
-
 IGNORE_INDEX = -100
-
-
-def fail(path: str, value: Any, rule: str, fix: str) -> None:
-    """Raise a ConfigError (a ValueError) naming field, value, rule and fix."""
-    raise ConfigError(f"{path} ({value!r}) {rule}: {fix}")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

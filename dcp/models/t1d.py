@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dcp.config import ModelShapeConfig
-from dcp.models.common import IGNORE_INDEX, Batch, SwiGLU, collate_tokens, fail, init_weights, length_mask
+from dcp.config import ModelShapeConfig, fail
+from dcp.models.common import IGNORE_INDEX, Batch, SwiGLU, collate_tokens, init_weights, length_mask
 from dcp.runtime.context import SPContext
 from dcp.runtime.recompute import checkpoint_layer
 from dcp.runtime.ulysses import IMPLS, ulysses_attention

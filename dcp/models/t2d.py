@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dcp.config import ModelShapeConfig
-from dcp.models.common import Batch, SwiGLU, collate_video, fail, init_weights, length_mask, sinusoid
+from dcp.config import ModelShapeConfig, fail
+from dcp.models.common import Batch, SwiGLU, collate_video, init_weights, length_mask, sinusoid
 from dcp.runtime.attention import local_attention
 from dcp.runtime.context import SPContext
 from dcp.runtime.recompute import checkpoint_layer

@@ -49,9 +49,8 @@ def _model_overrides(model_name: str, raw_model: dict[str, Any]) -> dict[str, An
 def resolve(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     """(DCPConfig, model overrides) from the flags; the config's model section is the built model's shape."""
     import dataclasses
-    import tomllib
 
-    from dcp.config import DCPConfig, load_config
+    from dcp.config import DCPConfig, load_config, read_toml
     from dcp.models import build_config
 
     if args.nproc < 1:
@@ -59,8 +58,7 @@ def resolve(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     config = load_config(args.config) if args.config else DCPConfig()
     overrides: dict[str, Any] = {}
     if args.config:
-        with open(args.config, "rb") as f:
-            overrides = _model_overrides(args.model, tomllib.load(f).get("model", {}))
+        overrides = _model_overrides(args.model, read_toml(args.config).get("model", {}))
     model_cfg = build_config(args.model, **overrides)
     planning, profiling = config.planning, config.profiling
     if args.mem_capacity_gib is not None:
