@@ -292,3 +292,29 @@ def test_hardware_spec_validation():
     with pytest.raises(ValueError, match=r"ranks_per_node \(0\)"):
         dataclasses.replace(CPU_SMALL, ranks_per_node=0)
     assert isinstance(CPU_SMALL, HardwareSpec)
+
+
+def test_micro_batches_are_timed_at_their_padded_length():
+    import numpy as np
+
+    from dcp.planner import ProfileRow, ProfileTable, TableMeta
+    from dcp.planner.stream import MicroBatchQueues, TimeLookup, micro_batch_times
+
+    def row(g, s, b, t_f):
+        return ProfileRow(g, s, b, 1, t_f, 2 * t_f, 1.0, 1.0, 0.1, 1.0, 2)
+
+    # two seq_groups (bounds 100, 200); b = 2 time 1.3 at 100 tokens, 2.5 at 200 (L = 2: 2 * 3 t_f + 0.1)
+    table = ProfileTable([row(0, 100, 2, 0.2), row(1, 200, 2, 0.4)],
+                         TableMeta(model="m", hardware="h", dtype="float32", world_size=1, seq_group_edges=(100, 200)))
+    lengths = np.array([40, 150, 60, 120, 200])
+    groups = np.array([0, 1, 0, 1, 1])
+    mbq = MicroBatchQueues(lengths, groups, np.arange(5), {0: 2, 1: 2})
+    times = micro_batch_times(mbq, TimeLookup(table), {0: (1, 0), 1: (1, 0)})
+    t0, t1, tc = 6 * 0.2 + 0.1, 6 * 0.4 + 0.1, 0.1
+    want = {
+        (0, 2): tc + (t0 - tc) * 60 / 100,  # samples 40, 60: padded to 60, between T_C at 0 and bound 100
+        (1, 2): t0 + (t1 - t0) * (150 - 100) / 100,  # samples 150, 120: padded to 150
+        (1, 1): t1,  # the last sample alone is at the bound
+    }
+    got = {(mbq.group[k], mbq.count[k]): times[k] for k in range(mbq.num)}
+    assert got == pytest.approx(want)
