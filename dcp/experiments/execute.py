@@ -10,6 +10,12 @@ return, on rank 0, one record per measured step (``runner.step_record``) plus ru
 - ``direct``: the runner's own loop: per step a barrier, this rank's micro-batches, one flat gradient
   all-reduce, AdamW. Same plans, no manager: a cross-check of the manager's overhead.
 
+Memory: on CUDA the allocator's peak counter is read around every micro-batch (free). On CPU the meter
+counts saved tensors through autograd hooks, whose Python callbacks cost ~10 % of a small micro-batch's
+time; inside the timed steps they would bias the very step times the simulator is validated against. On
+CPU the peak is therefore measured after the timed steps, by replaying every measured micro-batch of
+this rank once more (forward and backward, same SP group and recompute setting, no optimizer update).
+
 A packed micro-batch (seq_group -1) runs sample by sample inside one micro-batch: the reference models
 have no document-masked (varlen) attention, and per-sample execution costs what varlen packing costs
 (no padding, no attention across samples), which is how the planner predicts a pack.
@@ -52,7 +58,8 @@ def first_plans(dataset: Any, table: Any, cfg: Any, world_size: int, count: int)
     """The epoch's first ``count`` StepPlans (pure, identical on every rank and to the manager's)."""
     from dcp.planner import EpochPlanner
 
-    plans = list(islice(EpochPlanner(dataset.lengths(), table, cfg, world_size, 0), count))
+    shapes = dataset.sample_shapes() if hasattr(dataset, "sample_shapes") else None
+    plans = list(islice(EpochPlanner(dataset.lengths(), table, cfg, world_size, 0, shapes=shapes), count))
     if len(plans) < count:
         raise ValueError(
             f"sweep.num_samples gives only {len(plans)} steps for {cfg.planning.method} at W={world_size}, fewer "
@@ -115,6 +122,33 @@ class Meter:
         if self.device.type == "cuda":
             return float(torch.cuda.max_memory_allocated(self.device))
         return float(self.inner.peak_bytes)
+
+
+def replay_peak(plans: list[Any], rank: int, registry: Any, model: Any, dataset: Any, attention: str,
+                forward: Any, device: Any, params: list[Any]) -> float:
+    """Largest metered peak of this rank's micro-batches in ``plans``, re-run untimed (the CPU memory pass).
+
+    Every rank of an SP group replays the same micro-batches in plan order, so the Ulysses collectives
+    inside a group match; groups never talk to each other here. Gradients are dropped afterwards.
+    """
+    peak = 0.0
+    for plan in plans:
+        group = plan.group_of(rank)
+        if not group.micro_batches:
+            continue
+        ctx = registry.context(group, rank, attention)
+        for mb in group.micro_batches:
+            batch = dataset.collate([dataset[j] for j in mb.sample_ids])
+            with Meter(device, params) as meter:
+                loss_sum, _ = forward(model, batch.to(device), ctx)
+                loss_sum.backward()
+            peak = max(peak, meter.peak())
+    model.zero_grad(set_to_none=True)
+    return peak
+
+
+def _plain_forward(model: Any, batch: Any, ctx: Any) -> tuple[Any, Any]:
+    return model(batch, ctx)
 
 
 def state_bytes(model: Any, optimizer: Any, device: Any) -> float:
@@ -186,14 +220,19 @@ def execute_manager(run: RunSpec, rank: int, world_size: int, device: Any, regis
     engine = mgr.engine
     params = [p for p in model.parameters() if p.requires_grad]
     peak = 0.0
+    inline = device.type == "cuda"  # CPU: metered in an untimed replay afterwards (module docstring)
     for batch in mgr.get_data_iter(max_steps=total):
         mgr.optimize_dynamics(batch, engine)
         with mgr.profile(batch, engine, mgr.gas):
-            with Meter(device, params) as meter:
-                loss = engine(batch.to(device) if device.type == "cuda" else batch)
+            if inline:
+                with Meter(device, params) as meter:
+                    loss = engine(batch.to(device))
+                    engine.backward(loss)
+                peak = max(peak, meter.peak())
+            else:
+                loss = engine(batch)
                 engine.backward(loss)
             engine.step()
-        peak = max(peak, meter.peak())
     stats = mgr.step_stats  # the same on every rank: busy times of all ranks, this rank's step time
     if len(stats) != total:
         raise RuntimeError(f"manager recorded {len(stats)} steps, expected {total}: report this as a bug")
@@ -203,6 +242,10 @@ def execute_manager(run: RunSpec, rank: int, world_size: int, device: Any, regis
         if st.step != plan.step:
             raise RuntimeError(f"manager step {st.step} is not planned step {plan.step}: plans diverged")
         records.append(step_record(i - sweep.warmup_steps, plan, list(st.busy_s), st.step_time_s))
+    if not inline:
+        forward = packed_forward if run.method == "packed" else _plain_forward
+        peak = replay_peak(plans[sweep.warmup_steps:], rank, registry, model, dataset, cfg.runtime.attention,
+                           forward, device, params)
     peak = _reduce_peak(peak + state_bytes(model, optimizer, device), device)
     return records, _extra(run, peak, plans, table, device, "manager")
 
@@ -223,6 +266,8 @@ def execute_direct(run: RunSpec, rank: int, world_size: int, device: Any, regist
     counts = dataset.target_counts()
     records: list[dict] = []
     peak = 0.0
+    inline = device.type == "cuda"  # CPU: metered in an untimed replay afterwards (module docstring)
+    forward = packed_forward if run.method == "packed" else _plain_forward
     for i, plan in enumerate(plans):
         group = plan.group_of(rank)
         ctx = registry.context(group, rank, cfg.runtime.attention)
@@ -235,11 +280,14 @@ def execute_direct(run: RunSpec, rank: int, world_size: int, device: Any, regist
         dist.barrier()  # every rank starts the step together: busy and wall times share an origin
         t0 = time.perf_counter()
         for batch in batches:
-            with Meter(device, params) as meter:
-                fwd = packed_forward if run.method == "packed" else (lambda m, b, c: m(b, c))
-                loss_sum, _ = fwd(model, batch.to(device), ctx)
+            if inline:
+                with Meter(device, params) as meter:
+                    loss_sum, _ = forward(model, batch.to(device), ctx)
+                    (loss_sum * weight).backward()
+                peak = max(peak, meter.peak())
+            else:
+                loss_sum, _ = forward(model, batch, ctx)
                 (loss_sum * weight).backward()
-            peak = max(peak, meter.peak())
         _sync(device)
         busy = time.perf_counter() - t0
         _all_reduce_grads(params)
@@ -253,6 +301,9 @@ def execute_direct(run: RunSpec, rank: int, world_size: int, device: Any, regist
         if i >= sweep.warmup_steps and rank == 0:
             records.append(step_record(i - sweep.warmup_steps, plan, [float(g[0]) for g in gathered],
                                        max(float(g[1]) for g in gathered)))
+    if not inline:
+        peak = replay_peak(plans[sweep.warmup_steps:], rank, registry, model, dataset, cfg.runtime.attention,
+                           forward, device, params)
     peak = _reduce_peak(peak + state_bytes(model, optimizer, device), device)
     return records, _extra(run, peak, plans, table, device, "direct")
 

@@ -51,3 +51,29 @@ def test_predicted_peak_uses_smallest_profiled_b_that_covers_the_micro_batch():
                     groups=(GroupPlan(first_rank=0, sp_size=1, recompute_layers=1, micro_batches=(mb,)),))
     # b = 2 is covered by the b = 4 row; Eq. 6 with r = 1 of L = 2: (2 - 1) * 400 + 2 * 1 + 10
     assert predicted_peak([plan], table) == 412.0
+
+
+def test_replay_peak_meters_what_the_timed_steps_ran_and_drops_gradients():
+    """CPU runs are metered in an untimed replay: it sees the same peak as metering every micro-batch inline."""
+    from dcp.experiments.execute import Meter, _plain_forward, replay_peak
+    from dcp.models import build_model
+    from dcp.runtime.data import SyntheticTokenDataset
+    from dcp.runtime.registry import SPGroupRegistry
+
+    model = build_model("t1d-tiny")
+    params = [p for p in model.parameters()]
+    data = SyntheticTokenDataset([40, 90, 60, 200], vocab_size=model.config.vocab_size, seed=0)
+    mbs = (MicroBatch((0, 1), (40, 90), 0), MicroBatch((3,), (200,), 1))
+    plan = StepPlan(0, 0, 1, "dcp-intra", (GroupPlan(0, 1, 2, mbs),))
+    registry = SPGroupRegistry(1, 1, [1])
+    ctx = registry.context(plan.groups[0], 0, "sdpa")
+    inline = 0.0
+    for mb in mbs:
+        with Meter(torch.device("cpu"), params) as meter:
+            loss, _ = model(data.collate([data[i] for i in mb.sample_ids]), ctx)
+            loss.backward()
+        inline = max(inline, meter.peak())
+    model.zero_grad(set_to_none=True)
+    got = replay_peak([plan], 0, registry, model, data, "sdpa", _plain_forward, torch.device("cpu"), params)
+    assert got == inline > 0
+    assert all(p.grad is None for p in params)
