@@ -63,7 +63,7 @@ def simulate_methods(lengths: Sequence[int], model_name: str, hardware_name: str
         cfg = paper_config(sc, m, gmin=gmin, gmax=gmax)
         cfg = cfg.replace(planning=dataclasses.replace(cfg.planning,
                                                        lookahead_samples=lookahead_per_rank * world_size))
-        out[m] = simulate(lengths, table, cfg, world_size, hardware=sc.hardware)
+        out[m] = simulate(lengths, table, cfg, world_size, hardware=sc.hardware, shapes=shapes)
     return out
 
 

@@ -46,6 +46,7 @@ from dcp.planner.stream import (
     MicroBatchQueues,
     PlanningError,
     TimeLookup,
+    check_shapes,
     micro_batch_times,
     no_setting_error,
     seq_groups_of,
@@ -84,8 +85,11 @@ class EpochPlanner:
     """Iterates the StepPlans of one epoch (any planning.method). Deterministic for (seed, epoch)."""
 
     def __init__(
-        self, lengths: Sequence[int], table: ProfileTable, config: DCPConfig, world_size: int, epoch: int = 0
+        self, lengths: Sequence[int], table: ProfileTable, config: DCPConfig, world_size: int, epoch: int = 0,
+        *, shapes: Sequence[Sequence[int]] | None = None,
     ) -> None:
+        """``shapes``: (frames, spatial tokens) per sample for 2D data, whose micro-batches pad T and S
+        separately (``dcp.planner.stream``); None for 1D data."""
         if world_size < 1:
             raise PlanningError(f"world_size ({world_size}) must be >= 1: pass the number of ranks")
         self.config = config
@@ -94,6 +98,7 @@ class EpochPlanner:
         self.epoch = epoch
         self.method = config.planning.method
         self.lengths, self.groups = seq_groups_of(lengths, table)
+        self.shapes = check_shapes(shapes, self.lengths)
         self.order = shuffled_order(len(self.lengths), config.planning.seed, epoch)
         self.settings: dict[int, Setting] = {}
         """Primary setting per seq_group (DCP methods; empty for baselines)."""
@@ -162,7 +167,8 @@ class EpochPlanner:
         self._times = TimeLookup(self.table)
         self._unit_memo: dict[tuple[int, int], float] = {}
         mbq = self._mbq = MicroBatchQueues(
-            self.lengths, self.groups, self.order, {g: s.micro_batch_size for g, s in self.settings.items()}
+            self.lengths, self.groups, self.order, {g: s.micro_batch_size for g, s in self.settings.items()},
+            shapes=self.shapes, edges=self.table.seq_group_edges,
         )
         n_groups = len(self.table.seq_group_edges)
         self._p_of = [0] * n_groups
@@ -445,10 +451,11 @@ class EpochPlanner:
 
 
 def plan_epoch(
-    lengths: Sequence[int], table: ProfileTable, config: DCPConfig, world_size: int, epoch: int = 0
+    lengths: Sequence[int], table: ProfileTable, config: DCPConfig, world_size: int, epoch: int = 0,
+    *, shapes: Sequence[Sequence[int]] | None = None,
 ) -> list[StepPlan]:
     """All StepPlans of one epoch for config.planning.method (dcp-inter, dcp-intra, bucket, packed)."""
-    return list(EpochPlanner(lengths, table, config, world_size, epoch))
+    return list(EpochPlanner(lengths, table, config, world_size, epoch, shapes=shapes))
 
 
 __all__ = ["EpochPlanner", "PlanningError", "lookahead_samples", "plan_epoch"]

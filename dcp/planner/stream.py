@@ -8,6 +8,13 @@ a micro-batch when it holds b samples, at the stream position of its b-th sample
 ordered by that position, so the only reordering is the one batching needs. At the end of the stream
 every partial queue (< b samples) is flushed as a smaller micro-batch, ordered after every full one by
 the position of its first sample.
+
+2D samples (frames T x spatial tokens S) are padded in both dimensions: a micro-batch of shapes (T_i, S_i)
+runs as b x max(T) x max(S) tokens, which can exceed every sample's own T x S and even its seq_group's
+bound (12 x 9 and 4 x 36 hold 108 and 144 tokens; together they pad to 12 x 36 = 432 each). Given the
+shapes, a seq_group's FIFO run is cut early, before the sample that would push max(T) x max(S) over the
+seq_group's bound: the profile row at that bound then still bounds the micro-batch's memory, and its time
+is read at the padded size.
 """
 
 from __future__ import annotations
@@ -76,12 +83,59 @@ def no_setting_error(
     )
 
 
+def check_shapes(shapes: Sequence[Sequence[int]] | np.ndarray | None, lengths: np.ndarray) -> np.ndarray | None:
+    """Per-sample (T, S) as an int64 [n, 2] array (None stays None); PlanningError when a shape is not two
+    positive ints or T x S is not the sample's length."""
+    if shapes is None:
+        return None
+    arr = np.asarray(shapes, dtype=np.int64)
+    if arr.shape != (len(lengths), 2):
+        raise PlanningError(
+            f"shapes has shape {arr.shape}, expected ({len(lengths)}, 2): pass one (frames, spatial_tokens) pair "
+            "per sample, in the order of lengths, or shapes=None for 1D data"
+        )
+    bad = np.flatnonzero((arr[:, 0] < 1) | (arr[:, 1] < 1) | (arr[:, 0] * arr[:, 1] != lengths))
+    if bad.size:
+        i = int(bad[0])
+        raise PlanningError(
+            f"sample {i} has shape {tuple(arr[i].tolist())} and length {int(lengths[i])} ({bad.size} samples "
+            "disagree): a shape must be (T >= 1, S >= 1) with T x S == the sample's length; fix the dataset's "
+            "sample_shapes() or lengths()"
+        )
+    return arr
+
+
+def _shape_runs(t: np.ndarray, s: np.ndarray, bound: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, counts) of consecutive runs of at most b samples whose padded max(T) x max(S) <= bound."""
+    starts, counts = [], []
+    i, m = 0, len(t)
+    tl, sl = t.tolist(), s.tolist()
+    while i < m:
+        t_max, s_max, j = tl[i], sl[i], i + 1
+        while j < m and j - i < b:
+            nt, ns = max(t_max, tl[j]), max(s_max, sl[j])
+            if nt * ns > bound:
+                break
+            t_max, s_max, j = nt, ns, j + 1
+        starts.append(i)
+        counts.append(j - i)
+        i = j
+    return np.asarray(starts, dtype=np.int64), np.asarray(counts, dtype=np.int64)
+
+
 class MicroBatchQueues:
-    """All micro-batches of an epoch in readiness order, with per-seq_group FIFO queues."""
+    """All micro-batches of an epoch in readiness order, with per-seq_group FIFO queues.
+
+    ``shapes`` ([n, 2] (T, S) per sample, 2D data) and ``edges`` (seq_group bounds) cut runs so that a
+    micro-batch's 2D padding stays within its seq_group's bound (module docstring).
+    """
 
     def __init__(
-        self, lengths: np.ndarray, groups: np.ndarray, order: np.ndarray, micro_batch_size: Mapping[int, int]
+        self, lengths: np.ndarray, groups: np.ndarray, order: np.ndarray, micro_batch_size: Mapping[int, int],
+        *, shapes: np.ndarray | None = None, edges: Sequence[int] = (),
     ) -> None:
+        if shapes is not None and not len(edges):
+            raise ValueError("edges (empty) must be the seq_group bounds when shapes are given: pass table.seq_group_edges")
         n = len(order)
         stream_groups = groups[order]
         by_group = np.argsort(stream_groups, kind="stable")  # stream positions, grouped, increasing inside
@@ -97,7 +151,7 @@ class MicroBatchQueues:
         """Per seq_group: sample ids in stream order as a tuple."""
         self.lens_list: dict[int, tuple[int, ...]] = {}
         """Per seq_group: token counts as a tuple."""
-        mb_group, mb_ready, mb_start, mb_count = [], [], [], []
+        mb_group, mb_ready, mb_start, mb_count, mb_padded = [], [], [], [], []
         for g in range(len(counts)):
             if counts[g] == 0:
                 continue
@@ -109,18 +163,29 @@ class MicroBatchQueues:
             self.lens_list[g] = tuple(self.seq_lens[g].tolist())
             b = int(micro_batch_size[g])
             m = len(pos)
-            full = m // b
-            ready = pos[b - 1 :: b][:full]
-            starts = np.arange(full, dtype=np.int64) * b
-            cnt = np.full(full, b, dtype=np.int64)
-            if m % b:
-                ready = np.append(ready, n + pos[full * b])
-                starts = np.append(starts, full * b)
-                cnt = np.append(cnt, m - full * b)
+            if shapes is None:
+                full = m // b
+                ready = pos[b - 1 :: b][:full]
+                starts = np.arange(full, dtype=np.int64) * b
+                cnt = np.full(full, b, dtype=np.int64)
+                if m % b:
+                    ready = np.append(ready, n + pos[full * b])
+                    starts = np.append(starts, full * b)
+                    cnt = np.append(cnt, m - full * b)
+                padded = np.maximum.reduceat(self.seq_lens[g], starts) if len(starts) else starts
+            else:
+                t, s = shapes[ids, 0], shapes[ids, 1]
+                starts, cnt = _shape_runs(t, s, int(edges[g]), b)
+                # a run is ready at its last sample; the group's last run, if short of b, is the end-of-stream flush
+                ready = pos[starts + cnt - 1]
+                if cnt[-1] < b:
+                    ready[-1] = n + pos[starts[-1]]
+                padded = np.maximum.reduceat(t, starts) * np.maximum.reduceat(s, starts)
             mb_group.append(np.full(len(ready), g, dtype=np.int64))
             mb_ready.append(ready)
             mb_start.append(starts)
             mb_count.append(cnt)
+            mb_padded.append(padded)
         if mb_ready:
             ready_all = np.concatenate(mb_ready)
             srt = np.argsort(ready_all, kind="stable")
@@ -129,11 +194,14 @@ class MicroBatchQueues:
             self.group = tuple(grp_all.tolist())
             self.start = tuple(np.concatenate(mb_start)[srt].tolist())
             self.count = tuple(np.concatenate(mb_count)[srt].tolist())
+            self.padded = np.concatenate(mb_padded)[srt]
         else:
             self.ready = np.zeros(0, dtype=np.int64)
             grp_all = np.zeros(0, dtype=np.int64)
             self.group, self.start, self.count = (), (), ()
-        """Global micro-batch k: seq_group, start index into its group's arrays, sample count, ready position."""
+            self.padded = np.zeros(0, dtype=np.int64)
+        """Global micro-batch k: seq_group, start index into its group's arrays, sample count, ready position,
+        and padded tokens per sample (longest sample; 2D: max(T) x max(S))."""
         self.queue: dict[int, tuple[int, ...]] = {
             g: tuple(np.flatnonzero(grp_all == g).tolist()) for g in self.sample_ids
         }
@@ -208,16 +276,14 @@ class TimeLookup:
 
 def micro_batch_times(mbq: MicroBatchQueues, times: TimeLookup, setting_of: Mapping[int, tuple[int, int]]) -> np.ndarray:
     """Predicted time of every micro-batch of ``mbq`` (indexed like it), each seq_group g run at
-    ``setting_of[g] = (sp_size, recompute_layers)``, timed at the micro-batch's padded (longest) length."""
+    ``setting_of[g] = (sp_size, recompute_layers)``, timed at the micro-batch's padded size per sample."""
     out = np.zeros(mbq.num)
     count = np.asarray(mbq.count, dtype=np.int64)
-    start = np.asarray(mbq.start, dtype=np.int64)
     for g, (p, r) in setting_of.items():
         ks = np.asarray(mbq.queue.get(g, ()), dtype=np.int64)
         if not ks.size:
             continue
-        # a seq_group's micro-batches are consecutive runs of its stream-ordered samples (FIFO order)
-        padded = np.maximum.reduceat(mbq.seq_lens[g], start[ks])
+        padded = mbq.padded[ks]
         for c in np.unique(count[ks]).tolist():
             sel = count[ks] == c
             out[ks[sel]] = times.padded_times_s(g, p, r, c, padded[sel])

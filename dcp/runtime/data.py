@@ -54,6 +54,10 @@ class DCPDataset(Protocol):
         """One Batch (dcp.models.common.Batch) from the samples of a micro-batch, in the given order."""
         ...
 
+    # Optional, for 2D data whose collate pads frames and spatial tokens separately:
+    #   def sample_shapes(self) -> Sequence[tuple[int, int]]: (T, S) per sample, T * S == lengths()[i].
+    # The planner then keeps every micro-batch's padded max(T) x max(S) within its seq_group's bound.
+
 
 def check_dataset(dataset: Any) -> list[int]:
     """Validate the protocol once and return the lengths as ints (raises DatasetError)."""
@@ -158,6 +162,10 @@ class SyntheticVideoDataset:
 
     def lengths(self) -> list[int]:
         return [t * s for t, s in self.shapes]
+
+    def sample_shapes(self) -> list[tuple[int, int]]:
+        """(T, S) per sample: collate pads T and S separately, and the planner must know it."""
+        return list(self.shapes)
 
     def target_counts(self) -> list[int]:
         return self.lengths()

@@ -72,6 +72,8 @@ class DCPManager:
         self.rank = dist.get_rank() if self.distributed else 0
         self.world_size = dist.get_world_size() if self.distributed else 1
         self.lengths = check_dataset(dataset)
+        self.shapes = dataset.sample_shapes() if hasattr(dataset, "sample_shapes") else None
+        """(T, S) per sample for 2D data (the dataset's optional sample_shapes()), else None."""
         self.target_counts = target_counts(dataset, self.lengths)
         self.log = get_logger(self.rank)
         # Every rank creates the same groups in the same order (new_group is a world collective).
@@ -149,7 +151,7 @@ class DCPManager:
             self.init_profiler()
         from dcp.planner import EpochPlanner
 
-        return EpochPlanner(self.lengths, self.table, self.config, self.world_size, epoch)
+        return EpochPlanner(self.lengths, self.table, self.config, self.world_size, epoch, shapes=self.shapes)
 
     def get_data_iter(self, max_steps: int | None = None) -> Iterator[Any]:
         """This rank's micro-batches (Batch objects) of the current epoch, resuming mid-epoch if restored.
@@ -302,6 +304,8 @@ class DCPManager:
     # ----- checkpointing ---------------------------------------------------------------------------
     def _fingerprint(self) -> str:
         text = self.config.to_json() + repr(self.lengths) + f"w{self.world_size}"
+        if self.shapes is not None:
+            text += repr([tuple(s) for s in self.shapes])
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def state_dict(self) -> dict[str, Any]:

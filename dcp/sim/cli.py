@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     out = {}
     for m in methods:
         try:
-            r = simulate(lengths.tokens, table, configs[m], args.gpus, hardware=sc.hardware)
+            r = simulate(lengths.tokens, table, configs[m], args.gpus, hardware=sc.hardware, shapes=lengths.shapes)
         except ValueError as exc:
             print(f"dcp simulate: {m}: {exc}", file=sys.stderr)
             return 2

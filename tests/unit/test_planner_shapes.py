@@ -1,0 +1,173 @@
+"""2D padding: micro-batches of (frames, spatial) samples stay within their seq_group's bound when padded."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dcp.planner import EpochPlanner, PlanningError
+from dcp.planner.stream import (
+    MicroBatchQueues,
+    TimeLookup,
+    check_shapes,
+    micro_batch_times,
+    seq_groups_of,
+    shuffled_order,
+)
+from tests.unit.test_planner_assemble import EDGES, make
+
+FRAMES = (4, 8, 12, 16, 20, 32)
+SPATIAL = (9, 16, 36, 64, 100)
+
+
+def video_shapes(n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.stack([rng.choice(FRAMES, n), rng.choice(SPATIAL, n)], axis=1)
+
+
+def queues(shapes: np.ndarray, b: int, seed: int = 0, edges=EDGES):
+    lengths = shapes[:, 0] * shapes[:, 1]
+    groups = np.searchsorted(np.asarray(edges), lengths, side="left")
+    order = shuffled_order(len(lengths), seed, 0)
+    return MicroBatchQueues(lengths, groups, order, {g: b for g in range(len(edges))}, shapes=shapes, edges=edges)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 300), b=st.integers(1, 8), seed=st.integers(0, 10_000))
+def test_padded_runs_stay_within_the_bound_and_keep_fifo(n, b, seed):
+    shapes = video_shapes(n, seed)
+    mbq = queues(shapes, b, seed)
+    seen = []
+    for g, ks in mbq.queue.items():
+        ids = mbq.ids_list[g]
+        prev_end = 0
+        for k in ks:
+            a, c = mbq.start[k], mbq.count[k]
+            assert a == prev_end, "a seq_group's micro-batches are consecutive FIFO runs"
+            prev_end = a + c
+            assert 1 <= c <= b
+            member = [ids[i] for i in range(a, a + c)]
+            t_max, s_max = shapes[member, 0].max(), shapes[member, 1].max()
+            assert t_max * s_max == mbq.padded[k]
+            assert mbq.padded[k] <= EDGES[g]
+            seen += member
+        assert prev_end == len(ids)
+    assert sorted(seen) == list(range(n))
+    assert list(mbq.ready) == sorted(mbq.ready)
+
+
+def test_runs_are_cut_before_the_sample_that_would_pad_past_the_bound():
+    # seq_group 0 (<= 256 tokens): 12x9 = 108 and 4x36 = 144 fit alone, but together pad to 12x36 = 432
+    shapes = np.array([[12, 9], [4, 36], [4, 36], [12, 9]])
+    lengths = shapes[:, 0] * shapes[:, 1]
+    groups = np.zeros(4, dtype=np.int64)
+    order = np.arange(4)
+    mbq = MicroBatchQueues(lengths, groups, order, {0: 4}, shapes=shapes, edges=EDGES)
+    assert list(mbq.count) == [1, 2, 1]
+    assert mbq.padded.tolist() == [108, 144, 108]
+    # without shapes (1D) the four samples form one micro-batch padded to the longest sample
+    flat = MicroBatchQueues(lengths, groups, order, {0: 4})
+    assert list(flat.count) == [4] and flat.padded.tolist() == [144]
+
+
+def test_equal_shapes_give_the_1d_micro_batches():
+    shapes = np.tile([[8, 16]], (50, 1))
+    lengths = shapes[:, 0] * shapes[:, 1]
+    groups = np.zeros(50, dtype=np.int64)
+    order = shuffled_order(50, 3, 0)
+    with_shapes = MicroBatchQueues(lengths, groups, order, {0: 4}, shapes=shapes, edges=EDGES)
+    without = MicroBatchQueues(lengths, groups, order, {0: 4})
+    assert with_shapes.count == without.count and with_shapes.start == without.start
+    assert with_shapes.ready.tolist() == without.ready.tolist()
+
+
+def test_padded_size_drives_the_predicted_time():
+    cfg, table = make(4)
+    shapes = np.array([[12, 9], [4, 36]] * 8)
+    lengths, groups = seq_groups_of(shapes[:, 0] * shapes[:, 1], table)
+    order = np.arange(len(lengths))
+    times = TimeLookup(table)
+    setting = {0: (1, 0)}
+    tall = MicroBatchQueues(lengths, groups, order, {0: 2}, shapes=shapes, edges=table.seq_group_edges)
+    flat = MicroBatchQueues(lengths, groups, order, {0: 2})
+    t_tall, t_flat = micro_batch_times(tall, times, setting), micro_batch_times(flat, times, setting)
+    # 1D pairs pad to 144 tokens; 2D cuts them into single samples: more, smaller micro-batches, each timed
+    # at its own padded size, never above the bound's time
+    assert tall.num == 16 and flat.num == 8
+    assert np.all(t_tall <= times.time_s(0, 1, 0, 2) + 1e-12)
+    assert t_tall.sum() > 0 and t_flat.sum() > 0
+
+
+@pytest.mark.parametrize("method", ["dcp-inter", "dcp-intra", "bucket"])
+def test_planned_micro_batches_collate_within_their_bound(method):
+    from dcp.runtime.data import SyntheticVideoDataset
+
+    cfg, table = make(4, method=method)
+    shapes = [tuple(s) for s in video_shapes(400, 1).tolist()]
+    data = SyntheticVideoDataset(shapes, in_channels=2)
+    plans = list(EpochPlanner(data.lengths(), table, cfg, 4, shapes=data.sample_shapes()))
+    placed = 0
+    for plan in plans:
+        for g in plan.groups:
+            for mb in g.micro_batches:
+                batch = data.collate([data[i] for i in mb.sample_ids])
+                assert batch.inputs.shape[1] * batch.inputs.shape[2] <= EDGES[mb.seq_group]
+                placed += mb.size
+    assert placed == len(shapes)
+
+
+def test_shape_errors_name_the_sample_and_the_fix():
+    lengths = np.array([36, 64])
+    with pytest.raises(PlanningError, match=r"sample 1 has shape \(8, 9\) and length 64.*T x S =="):
+        check_shapes([(4, 9), (8, 9)], lengths)
+    with pytest.raises(PlanningError, match=r"shapes has shape \(1, 2\), expected \(2, 2\)"):
+        check_shapes([(4, 9)], lengths)
+    with pytest.raises(PlanningError, match=r"sample 0 has shape \(0, 9\)"):
+        check_shapes([(0, 9), (8, 8)], np.array([0, 64]))
+    assert check_shapes(None, lengths) is None
+    cfg, table = make(2)
+    with pytest.raises(PlanningError, match="T x S"):
+        EpochPlanner([36, 64], table, cfg, 2, shapes=[(4, 9), (8, 9)])
+    with pytest.raises(ValueError, match="edges"):
+        MicroBatchQueues(lengths, np.zeros(2, dtype=np.int64), np.arange(2), {0: 2}, shapes=np.array([[4, 9], [8, 8]]))
+
+
+def test_manager_plans_with_the_datasets_shapes():
+    from dcp.runtime.data import SyntheticVideoDataset
+    from dcp.runtime.manager import set_manager
+
+    cfg, table = make(1, sp=(1,))
+    data = SyntheticVideoDataset([(12, 9), (4, 36), (4, 36), (12, 9)], in_channels=2)
+    model = torch.nn.Linear(2, 2)
+    mgr = set_manager(model, data, cfg, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), table=table)
+    assert mgr.shapes == [(12, 9), (4, 36), (4, 36), (12, 9)]
+    mbs = [mb for plan in mgr.epoch_plans(0) for g in plan.groups for mb in g.micro_batches]
+    for mb in mbs:
+        t = max(data.shapes[i][0] for i in mb.sample_ids)
+        s = max(data.shapes[i][1] for i in mb.sample_ids)
+        assert t * s <= EDGES[mb.seq_group]
+
+
+def test_simulator_times_2d_micro_batches_at_their_padded_size():
+    from dcp.sim.cluster import simulate, step_cost
+
+    cfg, table = make(2, method="bucket", sp=(1, 2))
+    shapes = [(12, 9), (4, 36)] * 20
+    lengths = [t * s for t, s in shapes]
+    res, steps = simulate(lengths, table, cfg, 2, hardware=None, shapes=shapes, return_steps=True)
+    assert res.num_samples == len(shapes)
+    plan = EpochPlanner(lengths, table, cfg, 2, shapes=shapes).__next__()
+    rows = {(r.seq_group, r.sp_size): [r] for r in table.rows if r.micro_batch_size == 1}
+    # a micro-batch mixing 12 x 9 and 4 x 36 pads to 12 x 36: the truth-table path must time that, not the
+    # longest sample (144 tokens)
+    mixed = plan.groups[0]._replace(micro_batches=(plan.groups[0].micro_batches[0]._replace(
+        sample_ids=(0, 1), seq_lens=(108, 144)),))
+    mixed_plan = plan.__class__(plan.epoch, plan.step, plan.world_size, plan.method, (mixed, *plan.groups[1:]))
+    times = TimeLookup(table)
+    two_d = step_cost(mixed_plan, times, rows, sync_s=0.0, optimizer_s=0.0, edges=table.seq_group_edges,
+                      shapes=shapes)
+    one_d = step_cost(mixed_plan, times, rows, sync_s=0.0, optimizer_s=0.0, edges=table.seq_group_edges)
+    assert two_d.compute_time_s > one_d.compute_time_s  # 12 x 36 = 432 padded tokens beat 144
