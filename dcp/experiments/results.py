@@ -38,9 +38,12 @@ STEP_COLUMNS = (
     "run_id", "method", "model", "dataset", "world_size", "step", "predicted_step_time_s",
     "measured_step_time_s", "measured_compute_time_s", "predicted_idle_ratio", "measured_idle_ratio",
     "tokens", "samples", "group", "first_rank", "sp_size", "ga_steps", "recompute_layers",
-    "group_tokens", "predicted_group_time_s", "measured_group_busy_s",
+    "group_tokens", "predicted_group_time_s", "measured_group_busy_s", "profiled_update_time_s",
 )
-"""steps.csv columns: one row per SP group of a measured step; step-level columns repeat per group."""
+"""steps.csv columns: one row per SP group of a measured step; step-level columns repeat per group.
+predicted_step_time_s is the planner's compute part (slowest SP group); profiled_update_time_s is the
+once-per-step gradient all-reduce + optimizer update the profiler measured on the same ranks (blank for a
+table without it), which ``dcp bench simulator`` adds to predict the whole step."""
 
 RUNS_CSV, STEPS_CSV, CONFIG_JSON = "runs.csv", "steps.csv", "config.json"
 

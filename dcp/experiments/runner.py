@@ -73,8 +73,10 @@ def run_group(rank: int, world_size: int, runs: list[RunSpec], info: GroupInfo) 
             continue
         index = info.first_index + i
         run_id = f"{info.stamp}-{index:03d}"
+        update = profiled_update_s(table)
         for s in steps:
             s["run_id"] = run_id
+            s["profiled_update_time_s"] = "" if update is None else update
         outcome = _run_row(run, run_id, info, steps, extra, wall)
         outcomes.append({"run": outcome, "steps": _step_rows(run, run_id, steps), "config": _config_doc(run)})
         print(
@@ -119,6 +121,14 @@ def _table(model: Any, cfg: Any, rank: int, world_size: int, registry: Any, memo
               f"{cache.cache_path(cfg.profiling.cache_dir, key) if status == 'hit' else path})", flush=True)
     memo[key] = table
     return table
+
+
+def profiled_update_s(table: Any) -> float | None:
+    """Gradient all-reduce + optimizer update per step measured with the profile (None: not measured)."""
+    extra = table.meta.extra or {}
+    if "grad_sync_s" not in extra or "optimizer_step_s" not in extra:
+        return None
+    return float(extra["grad_sync_s"]) + float(extra["optimizer_step_s"])
 
 
 def _device(kind: str) -> Any:

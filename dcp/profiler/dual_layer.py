@@ -226,6 +226,11 @@ def profile_table(
         rng.__exit__(None, None, None)
         if bar is not None:
             bar.close()
+    # once-per-step costs (gradient all-reduce, optimizer update) on the same ranks, for the simulator
+    from dcp.profiler.update import measure_step_update
+
+    update = measure_step_update(adapter.module, world_size=world_size, optimizer=optimizer,
+                                 engine=config.runtime.engine, iters=max(3, prof.measure_iters))
     wall_s = time.perf_counter() - t0
     if world_size > 1:
         # every rank reports the slowest rank's wall time, so the metadata is identical everywhere
@@ -250,6 +255,9 @@ def profile_table(
             "mem_capacity_gib": float(config.planning.mem_capacity_gib),
             "sp_sizes": list(sizes),
             "meter": settings.meter,
+            "grad_sync_s": update.grad_sync_s,
+            "optimizer_step_s": update.optimizer_step_s,
+            "update_engine": config.runtime.engine,
         },
     )
     return ProfileTable(rows, meta)

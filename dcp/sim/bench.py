@@ -3,9 +3,10 @@
 Real runs (``dcp sweep experiments/cpu_small.toml``) write ``steps.csv`` rows with, per measured step, the
 planner's predicted compute time (from the run's own profile table: the slowest SP group's micro-batches,
 Eq. 4) and the measured step wall time, plus ``config.json`` with each run's resolved configuration. The
-simulator predicts a step as that compute time plus the ZeRO-1/DDP gradient sync and the optimizer update
-of the run's model on the run's hardware model (``cpu-small`` for CPU runs), exactly what
-``dcp.sim.cluster.step_cost`` adds. This bench compares the two and prints one row per run and the median
+simulator predicts a step as that compute time plus the once-per-step gradient all-reduce and optimizer
+update: the figure the profiler measured on the same ranks (``profiled_update_time_s``,
+``dcp.profiler.update``), or for older results without it the analytic model of the run's hardware
+(``cpu-small`` for CPU runs), as ``dcp.sim.cluster.step_cost`` adds. This bench compares the two and prints one row per run and the median
 and 90th-percentile absolute error over all steps; with --json the last line is
 ``{"step_time_err_median_pct": .., "step_time_err_p90_pct": .., ...}``.
 """
@@ -111,14 +112,18 @@ def read_step_pairs(steps_csv: Path, *, skip_first: int = 0) -> dict[str, list[t
             step = int(row["step"])
             pred, meas = float(row["predicted_step_time_s"]), float(row["measured_step_time_s"])
             world = int(row.get("world_size") or 1)
+            profiled = (row.get("profiled_update_time_s") or "").strip()
+            update = float(profiled) if profiled else None
         except ValueError:
             raise BenchError(f"{steps_csv}:{line}: a step, time or world_size value is not a number: "
                              "fix or regenerate the file") from None
         first_step[row["run_id"]] = min(first_step.get(row["run_id"], step), step)
         if step < first_step[row["run_id"]] + skip_first:
             continue
-        device = str(row.get("device") or "cpu")
-        pred += _sync_s(configs.get(row["run_id"]), world, device)
+        if update is not None:
+            pred += update  # measured with the run's profile, on the same ranks
+        else:  # results written before the profiler measured it: the analytic CPU model
+            pred += _sync_s(configs.get(row["run_id"]), world, str(row.get("device") or "cpu"))
         out.setdefault(row["run_id"], []).append((pred, meas))
     return out
 
