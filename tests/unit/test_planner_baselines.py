@@ -118,11 +118,16 @@ def test_packed_time_counts_constant_once():
     (mb,) = [mb for g in plans[0].groups for mb in g.micro_batches]
     row = next(r for r in table.rows_for(0) if (r.sp_size, r.micro_batch_size) == (1, 1))
     t_edge = micro_batch_time_s(row, 4)
-    # each sample is timed at its own length: interpolated between T_C at 0 tokens and the row at the first
-    # seq_group's bound (the runtime does not pad a sample up to the bound)
-    t1 = row.t_const_s + (t_edge - row.t_const_s) * 100 / table.seq_group_edges[0]
-    assert mb.size == 2 and mb.time_s == pytest.approx(2 * t1 - row.t_const_s)
-    assert mb.time_s < 2 * t_edge - row.t_const_s
+    # below the first seq_group's bound there is no measured row to interpolate from: each sample keeps the
+    # bound's time, and the pack pays the constant part T_C once
+    assert mb.size == 2 and mb.time_s == pytest.approx(2 * t_edge - row.t_const_s)
+    # in the second seq_group a sample is interpolated between the two bounds' rows
+    plans = plan_epoch([384, 384], table, cfg, 4)
+    (mb,) = [mb for g in plans[0].groups for mb in g.micro_batches]
+    row2 = next(r for r in table.rows_for(1) if (r.sp_size, r.micro_batch_size) == (1, 1))
+    e0, e1 = table.seq_group_edges[:2]
+    t_384 = t_edge + (micro_batch_time_s(row2, 4) - t_edge) * (384 - e0) / (e1 - e0)
+    assert mb.time_s == pytest.approx(2 * t_384 - row2.t_const_s)
 
 
 def test_packed_errors():

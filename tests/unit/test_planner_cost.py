@@ -310,9 +310,9 @@ def test_micro_batches_are_timed_at_their_padded_length():
     groups = np.array([0, 1, 0, 1, 1])
     mbq = MicroBatchQueues(lengths, groups, np.arange(5), {0: 2, 1: 2})
     times = micro_batch_times(mbq, TimeLookup(table), {0: (1, 0), 1: (1, 0)})
-    t0, t1, tc = 6 * 0.2 + 0.1, 6 * 0.4 + 0.1, 0.1
+    t0, t1 = 6 * 0.2 + 0.1, 6 * 0.4 + 0.1
     want = {
-        (0, 2): tc + (t0 - tc) * 60 / 100,  # samples 40, 60: padded to 60, between T_C at 0 and bound 100
+        (0, 2): t0,  # samples 40, 60: the first seq_group has no measured row below: its bound's time
         (1, 2): t0 + (t1 - t0) * (150 - 100) / 100,  # samples 150, 120: padded to 150
         (1, 1): t1,  # the last sample alone is at the bound
     }

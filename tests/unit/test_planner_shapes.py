@@ -155,19 +155,19 @@ def test_simulator_times_2d_micro_batches_at_their_padded_size():
     from dcp.sim.cluster import simulate, step_cost
 
     cfg, table = make(2, method="bucket", sp=(1, 2))
-    shapes = [(12, 9), (4, 36)] * 20
+    shapes = [(20, 16), (4, 100)] * 20  # seq_group 1 (256, 512]: 320 and 400 tokens
     lengths = [t * s for t, s in shapes]
     res, steps = simulate(lengths, table, cfg, 2, hardware=None, shapes=shapes, return_steps=True)
     assert res.num_samples == len(shapes)
     plan = EpochPlanner(lengths, table, cfg, 2, shapes=shapes).__next__()
     rows = {(r.seq_group, r.sp_size): [r] for r in table.rows if r.micro_batch_size == 1}
-    # a micro-batch mixing 12 x 9 and 4 x 36 pads to 12 x 36: the truth-table path must time that, not the
-    # longest sample (144 tokens)
+    # a micro-batch mixing 20 x 16 and 4 x 100 pads to 20 x 100: the truth-table path must time that (at the
+    # bound), not the longest sample (400 tokens, interpolated below the bound)
     mixed = plan.groups[0]._replace(micro_batches=(plan.groups[0].micro_batches[0]._replace(
-        sample_ids=(0, 1), seq_lens=(108, 144)),))
+        sample_ids=(0, 1), seq_lens=(320, 400), seq_group=1),))
     mixed_plan = plan.__class__(plan.epoch, plan.step, plan.world_size, plan.method, (mixed, *plan.groups[1:]))
     times = TimeLookup(table)
     two_d = step_cost(mixed_plan, times, rows, sync_s=0.0, optimizer_s=0.0, edges=table.seq_group_edges,
                       shapes=shapes)
     one_d = step_cost(mixed_plan, times, rows, sync_s=0.0, optimizer_s=0.0, edges=table.seq_group_edges)
-    assert two_d.compute_time_s > one_d.compute_time_s  # 12 x 36 = 432 padded tokens beat 144
+    assert two_d.compute_time_s > one_d.compute_time_s
