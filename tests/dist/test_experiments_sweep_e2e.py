@@ -52,6 +52,7 @@ def test_two_step_sweep_end_to_end(tmp_path):
         mine = [s for s in steps if s["run_id"] == run_id]
         assert sum(int(s["sp_size"]) for s in mine) == 2
         assert all(float(s["measured_group_busy_s"]) <= float(s["measured_compute_time_s"]) + 1e-9 for s in mine)
+        assert all(float(s["profiled_update_time_s"]) > 0 for s in mine)  # measured with the profile
     doc = json.loads((out / "config.json").read_text())
     assert set(doc["runs"]) == {r["run_id"] for r in rows}
     assert {d["config_hash"] for d in doc["runs"].values()} == {r["config_hash"] for r in rows}

@@ -61,6 +61,8 @@ def test_parallel_profiling_gives_every_rank_the_same_table(tmp_path):
     assert by[(256, 1, 2)].feasible and by[(512, 1, 2)].feasible
     # 512 tokens do not fit on one rank at b = 1: p grew to 2
     assert not by[(512, 1, 1)].feasible
+    # the once-per-step costs were measured on the same two ranks (identical metadata on both, as above)
+    assert table.meta.extra["grad_sync_s"] > 0 and table.meta.extra["optimizer_step_s"] > 0
     fit = [r for r in table.rows if r.feasible]
     assert all(r.t_f_s > 0 and r.t_b_s > 0 and r.t_const_s > 0 and r.m_act_bytes > 0 for r in fit)
     # memory per rank shrinks with p (each rank holds s / p tokens) and grows with s

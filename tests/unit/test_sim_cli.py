@@ -138,3 +138,16 @@ def test_simulate_with_config_on_cpu_model(tmp_path, capsys):
     bad.write_text("[modle]\n")
     assert _run(cli, ["--dataset", "t1d-short", "--config", str(bad)]) == 2
     assert "not a known section" in capsys.readouterr().err
+
+
+def test_bench_prefers_the_profiled_update_time(tmp_path):
+    f = tmp_path / "steps.csv"
+    f.write_text("run_id,method,world_size,step,predicted_step_time_s,measured_step_time_s,group,profiled_update_time_s\n"
+                 "a,dcp-inter,4,0,1.0,1.1,0,0.25\n")
+    (tmp_path / "config.json").write_text(json.dumps({"runs": {"a": {"config": {"model": {"name": "m", "num_layers": 2,
+                                                                   "hidden_size": 64, "num_heads": 4}}}}}))
+    # the measured 0.25 s replaces the analytic cpu-small sync + optimizer figure
+    assert bench.read_step_pairs(f) == {"a": [(1.25, 1.1)]}
+    f.write_text(f.read_text().replace(",0.25", ",slow"))
+    with pytest.raises(bench.BenchError, match="steps.csv:2"):
+        bench.read_step_pairs(f)
