@@ -168,7 +168,7 @@ class EpochPlanner:
         self._unit_memo: dict[tuple[int, int], float] = {}
         mbq = self._mbq = MicroBatchQueues(
             self.lengths, self.groups, self.order, {g: s.micro_batch_size for g, s in self.settings.items()},
-            shapes=self.shapes, edges=self.table.seq_group_edges,
+            shapes=self.shapes,
         )
         n_groups = len(self.table.seq_group_edges)
         self._p_of = [0] * n_groups

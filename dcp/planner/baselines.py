@@ -177,7 +177,7 @@ def _step(pl: EpochPlanner, step: int, p: int, slots: list[int], mbs: list[Micro
 
 
 def _bucket(pl: EpochPlanner, p: int, slots: list[int], b_of: dict[int, int]) -> Iterator[StepPlan]:
-    mbq = MicroBatchQueues(pl.lengths, pl.groups, pl.order, b_of, shapes=pl.shapes, edges=pl.table.seq_group_edges)
+    mbq = MicroBatchQueues(pl.lengths, pl.groups, pl.order, b_of, shapes=pl.shapes)
     L = pl.table.num_layers
     mb_time = micro_batch_times(mbq, TimeLookup(pl.table), {g: (p, L) for g in b_of}).tolist()
 

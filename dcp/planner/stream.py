@@ -11,10 +11,10 @@ the position of its first sample.
 
 2D samples (frames T x spatial tokens S) are padded in both dimensions: a micro-batch of shapes (T_i, S_i)
 runs as b x max(T) x max(S) tokens, which can exceed every sample's own T x S and even its seq_group's
-bound (12 x 9 and 4 x 36 hold 108 and 144 tokens; together they pad to 12 x 36 = 432 each). Given the
-shapes, a seq_group's FIFO run is cut early, before the sample that would push max(T) x max(S) over the
-seq_group's bound: the profile row at that bound then still bounds the micro-batch's memory, and its time
-is read at the padded size.
+bound (12 x 9 and 4 x 36 hold 108 and 144 tokens; together they pad to 12 x 36 = 432 each), so a profile
+row would bound neither its time nor its memory. Given the shapes, micro-batches are formed as video
+training buckets them: one shape per micro-batch. A seq_group's queue then releases a micro-batch when
+b samples of one shape have arrived (FIFO within the shape); there is no padding at all.
 """
 
 from __future__ import annotations
@@ -105,50 +105,45 @@ def check_shapes(shapes: Sequence[Sequence[int]] | np.ndarray | None, lengths: n
     return arr
 
 
-def _shape_runs(t: np.ndarray, s: np.ndarray, bound: int, b: int) -> tuple[np.ndarray, np.ndarray]:
-    """(starts, counts) of consecutive runs of at most b samples whose padded max(T) x max(S) <= bound."""
-    starts, counts = [], []
-    i, m = 0, len(t)
-    tl, sl = t.tolist(), s.tolist()
-    while i < m:
-        t_max, s_max, j = tl[i], sl[i], i + 1
-        while j < m and j - i < b:
-            nt, ns = max(t_max, tl[j]), max(s_max, sl[j])
-            if nt * ns > bound:
-                break
-            t_max, s_max, j = nt, ns, j + 1
-        starts.append(i)
-        counts.append(j - i)
-        i = j
-    return np.asarray(starts, dtype=np.int64), np.asarray(counts, dtype=np.int64)
+def _runs(pos: np.ndarray, b: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(starts, counts, ready) of b-sample runs over one FIFO (stream positions ``pos``): a full run is ready
+    at its b-th sample, the last partial one at the end of the stream (n + its first position)."""
+    m = len(pos)
+    full = m // b
+    ready = pos[b - 1 :: b][:full]
+    starts = np.arange(full, dtype=np.int64) * b
+    cnt = np.full(full, b, dtype=np.int64)
+    if m % b:
+        ready = np.append(ready, n + pos[full * b])
+        starts = np.append(starts, full * b)
+        cnt = np.append(cnt, m - full * b)
+    return starts, cnt, ready
 
 
 class MicroBatchQueues:
     """All micro-batches of an epoch in readiness order, with per-seq_group FIFO queues.
 
-    ``shapes`` ([n, 2] (T, S) per sample, 2D data) and ``edges`` (seq_group bounds) cut runs so that a
-    micro-batch's 2D padding stays within its seq_group's bound (module docstring).
+    ``shapes`` ([n, 2] (T, S) per sample, 2D data) makes every micro-batch hold one shape (module docstring).
     """
 
     def __init__(
         self, lengths: np.ndarray, groups: np.ndarray, order: np.ndarray, micro_batch_size: Mapping[int, int],
-        *, shapes: np.ndarray | None = None, edges: Sequence[int] = (),
+        *, shapes: np.ndarray | None = None,
     ) -> None:
-        if shapes is not None and not len(edges):
-            raise ValueError("edges (empty) must be the seq_group bounds when shapes are given: pass table.seq_group_edges")
         n = len(order)
         stream_groups = groups[order]
         by_group = np.argsort(stream_groups, kind="stable")  # stream positions, grouped, increasing inside
         counts = np.bincount(stream_groups, minlength=int(groups.max(initial=0)) + 1)
         bounds = np.concatenate([[0], np.cumsum(counts)])
         self.sample_ids: dict[int, np.ndarray] = {}
-        """Per seq_group: sample ids in stream order."""
+        """Per seq_group: sample ids in stream order (2D: grouped by shape, stream order within a shape);
+        every micro-batch is a consecutive run of them."""
         self.seq_lens: dict[int, np.ndarray] = {}
-        """Per seq_group: token counts in stream order."""
+        """Per seq_group: token counts, in the order of sample_ids."""
         # Python tuples, not lists: slicing a tuple yields the MicroBatch field directly, and the garbage
         # collector untracks tuples of ints, so these epoch-long containers are never re-scanned.
         self.ids_list: dict[int, tuple[int, ...]] = {}
-        """Per seq_group: sample ids in stream order as a tuple."""
+        """Per seq_group: sample_ids as a tuple."""
         self.lens_list: dict[int, tuple[int, ...]] = {}
         """Per seq_group: token counts as a tuple."""
         mb_group, mb_ready, mb_start, mb_count, mb_padded = [], [], [], [], []
@@ -156,31 +151,28 @@ class MicroBatchQueues:
             if counts[g] == 0:
                 continue
             pos = by_group[bounds[g] : bounds[g + 1]]
+            if shapes is not None:
+                # one FIFO per shape: a stable sort by shape keeps stream order inside each shape
+                key = shapes[order[pos], 0] * (int(shapes[:, 1].max()) + 1) + shapes[order[pos], 1]
+                by_shape = np.argsort(key, kind="stable")
+                pos, key = pos[by_shape], key[by_shape]
             ids = order[pos]
             self.sample_ids[g] = ids
             self.seq_lens[g] = lengths[ids]
             self.ids_list[g] = tuple(ids.tolist())
             self.lens_list[g] = tuple(self.seq_lens[g].tolist())
             b = int(micro_batch_size[g])
-            m = len(pos)
             if shapes is None:
-                full = m // b
-                ready = pos[b - 1 :: b][:full]
-                starts = np.arange(full, dtype=np.int64) * b
-                cnt = np.full(full, b, dtype=np.int64)
-                if m % b:
-                    ready = np.append(ready, n + pos[full * b])
-                    starts = np.append(starts, full * b)
-                    cnt = np.append(cnt, m - full * b)
-                padded = np.maximum.reduceat(self.seq_lens[g], starts) if len(starts) else starts
+                starts, cnt, ready = _runs(pos, b, n)
             else:
-                t, s = shapes[ids, 0], shapes[ids, 1]
-                starts, cnt = _shape_runs(t, s, int(edges[g]), b)
-                # a run is ready at its last sample; the group's last run, if short of b, is the end-of-stream flush
-                ready = pos[starts + cnt - 1]
-                if cnt[-1] < b:
-                    ready[-1] = n + pos[starts[-1]]
-                padded = np.maximum.reduceat(t, starts) * np.maximum.reduceat(s, starts)
+                cuts = np.flatnonzero(np.diff(key)) + 1  # where one shape's FIFO ends and the next begins
+                parts = [_runs(part, b, n) for part in np.split(pos, cuts)]
+                offsets = np.concatenate([[0], cuts])
+                starts = np.concatenate([st + off for (st, _, _), off in zip(parts, offsets, strict=True)])
+                cnt = np.concatenate([c for _, c, _ in parts])
+                ready = np.concatenate([r for _, _, r in parts])
+            # padded tokens per sample: the longest sample (2D: one shape per micro-batch, so its T x S)
+            padded = np.maximum.reduceat(self.seq_lens[g], starts)
             mb_group.append(np.full(len(ready), g, dtype=np.int64))
             mb_ready.append(ready)
             mb_start.append(starts)
@@ -201,7 +193,7 @@ class MicroBatchQueues:
             self.group, self.start, self.count = (), (), ()
             self.padded = np.zeros(0, dtype=np.int64)
         """Global micro-batch k: seq_group, start index into its group's arrays, sample count, ready position,
-        and padded tokens per sample (longest sample; 2D: max(T) x max(S))."""
+        and padded tokens per sample (its longest sample; 2D micro-batches hold one shape, T x S)."""
         self.queue: dict[int, tuple[int, ...]] = {
             g: tuple(np.flatnonzero(grp_all == g).tolist()) for g in self.sample_ids
         }

@@ -1,4 +1,4 @@
-"""2D padding: micro-batches of (frames, spatial) samples stay within their seq_group's bound when padded."""
+"""2D data: with per-sample (frames, spatial) shapes every micro-batch holds one shape, so nothing is padded."""
 
 from __future__ import annotations
 
@@ -32,45 +32,53 @@ def queues(shapes: np.ndarray, b: int, seed: int = 0, edges=EDGES):
     lengths = shapes[:, 0] * shapes[:, 1]
     groups = np.searchsorted(np.asarray(edges), lengths, side="left")
     order = shuffled_order(len(lengths), seed, 0)
-    return MicroBatchQueues(lengths, groups, order, {g: b for g in range(len(edges))}, shapes=shapes, edges=edges)
+    return MicroBatchQueues(lengths, groups, order, {g: b for g in range(len(edges))}, shapes=shapes)
 
 
 @settings(max_examples=40, deadline=None)
 @given(n=st.integers(1, 300), b=st.integers(1, 8), seed=st.integers(0, 10_000))
-def test_padded_runs_stay_within_the_bound_and_keep_fifo(n, b, seed):
+def test_one_shape_per_micro_batch_fifo_within_a_shape(n, b, seed):
     shapes = video_shapes(n, seed)
     mbq = queues(shapes, b, seed)
+    position = {int(i): p for p, i in enumerate(shuffled_order(n, seed, 0))}
     seen = []
     for g, ks in mbq.queue.items():
         ids = mbq.ids_list[g]
-        prev_end = 0
+        last_of_shape: dict[tuple, int] = {}
+        partial: set = set()
         for k in ks:
             a, c = mbq.start[k], mbq.count[k]
-            assert a == prev_end, "a seq_group's micro-batches are consecutive FIFO runs"
-            prev_end = a + c
-            assert 1 <= c <= b
             member = [ids[i] for i in range(a, a + c)]
-            t_max, s_max = shapes[member, 0].max(), shapes[member, 1].max()
-            assert t_max * s_max == mbq.padded[k]
-            assert mbq.padded[k] <= EDGES[g]
+            shape = {tuple(shapes[i]) for i in member}
+            assert len(shape) == 1 and 1 <= c <= b  # one shape: no padding
+            (shape,) = shape
+            assert mbq.padded[k] == shape[0] * shape[1] <= EDGES[g]
+            # within a shape, micro-batches take samples in stream order and only the last one is partial
+            assert shape not in partial
+            if c < b:
+                partial.add(shape)
+            assert all(position[i] > last_of_shape.get(shape, -1) for i in member)
+            assert [position[i] for i in member] == sorted(position[i] for i in member)
+            last_of_shape[shape] = position[member[-1]]
             seen += member
-        assert prev_end == len(ids)
     assert sorted(seen) == list(range(n))
     assert list(mbq.ready) == sorted(mbq.ready)
 
 
-def test_runs_are_cut_before_the_sample_that_would_pad_past_the_bound():
+def test_mixed_shapes_never_share_a_micro_batch():
     # seq_group 0 (<= 256 tokens): 12x9 = 108 and 4x36 = 144 fit alone, but together pad to 12x36 = 432
     shapes = np.array([[12, 9], [4, 36], [4, 36], [12, 9]])
     lengths = shapes[:, 0] * shapes[:, 1]
     groups = np.zeros(4, dtype=np.int64)
     order = np.arange(4)
-    mbq = MicroBatchQueues(lengths, groups, order, {0: 4}, shapes=shapes, edges=EDGES)
-    assert list(mbq.count) == [1, 2, 1]
-    assert mbq.padded.tolist() == [108, 144, 108]
-    # without shapes (1D) the four samples form one micro-batch padded to the longest sample
-    flat = MicroBatchQueues(lengths, groups, order, {0: 4})
-    assert list(flat.count) == [4] and flat.padded.tolist() == [144]
+    mbq = MicroBatchQueues(lengths, groups, order, {0: 2}, shapes=shapes)
+    got = sorted((mbq.micro_batch(k, 0.0).sample_ids, int(mbq.padded[k]), int(mbq.ready[k])) for k in range(mbq.num))
+    # (0, 3) is ready at stream position 3 (its 2nd sample), (1, 2) at position 2
+    assert got == [((0, 3), 108, 3), ((1, 2), 144, 2)]
+    # without shapes (1D) consecutive samples pair up, padded to the longest
+    flat = MicroBatchQueues(lengths, groups, order, {0: 2})
+    assert [flat.micro_batch(k, 0.0).sample_ids for k in range(flat.num)] == [(0, 1), (2, 3)]
+    assert flat.padded.tolist() == [144, 144]
 
 
 def test_equal_shapes_give_the_1d_micro_batches():
@@ -78,7 +86,7 @@ def test_equal_shapes_give_the_1d_micro_batches():
     lengths = shapes[:, 0] * shapes[:, 1]
     groups = np.zeros(50, dtype=np.int64)
     order = shuffled_order(50, 3, 0)
-    with_shapes = MicroBatchQueues(lengths, groups, order, {0: 4}, shapes=shapes, edges=EDGES)
+    with_shapes = MicroBatchQueues(lengths, groups, order, {0: 4}, shapes=shapes)
     without = MicroBatchQueues(lengths, groups, order, {0: 4})
     assert with_shapes.count == without.count and with_shapes.start == without.start
     assert with_shapes.ready.tolist() == without.ready.tolist()
@@ -91,18 +99,17 @@ def test_padded_size_drives_the_predicted_time():
     order = np.arange(len(lengths))
     times = TimeLookup(table)
     setting = {0: (1, 0)}
-    tall = MicroBatchQueues(lengths, groups, order, {0: 2}, shapes=shapes, edges=table.seq_group_edges)
+    tall = MicroBatchQueues(lengths, groups, order, {0: 2}, shapes=shapes)
     flat = MicroBatchQueues(lengths, groups, order, {0: 2})
-    t_tall, t_flat = micro_batch_times(tall, times, setting), micro_batch_times(flat, times, setting)
-    # 1D pairs pad to 144 tokens; 2D cuts them into single samples: more, smaller micro-batches, each timed
-    # at its own padded size, never above the bound's time
-    assert tall.num == 16 and flat.num == 8
-    assert np.all(t_tall <= times.time_s(0, 1, 0, 2) + 1e-12)
-    assert t_tall.sum() > 0 and t_flat.sum() > 0
+    # 1D pairs mix the two shapes; 2D pairs two samples of one shape: the same number of full micro-batches,
+    # each timed at its own T x S (the first seq_group keeps its bound's time: no measured row below it)
+    assert tall.num == flat.num == 8 and sorted(set(tall.padded.tolist())) == [108, 144]
+    t_tall = micro_batch_times(tall, times, setting)
+    assert np.allclose(t_tall, times.time_s(0, 1, 0, 2))
 
 
 @pytest.mark.parametrize("method", ["dcp-inter", "dcp-intra", "bucket"])
-def test_planned_micro_batches_collate_within_their_bound(method):
+def test_planned_micro_batches_collate_without_padding(method):
     from dcp.runtime.data import SyntheticVideoDataset
 
     cfg, table = make(4, method=method)
@@ -114,7 +121,8 @@ def test_planned_micro_batches_collate_within_their_bound(method):
         for g in plan.groups:
             for mb in g.micro_batches:
                 batch = data.collate([data[i] for i in mb.sample_ids])
-                assert batch.inputs.shape[1] * batch.inputs.shape[2] <= EDGES[mb.seq_group]
+                assert batch.inputs.shape[0] * batch.inputs.shape[1] * batch.inputs.shape[2] == mb.tokens
+                assert mb.tokens <= mb.size * EDGES[mb.seq_group]
                 placed += mb.size
     assert placed == len(shapes)
 
@@ -131,8 +139,6 @@ def test_shape_errors_name_the_sample_and_the_fix():
     cfg, table = make(2)
     with pytest.raises(PlanningError, match="T x S"):
         EpochPlanner([36, 64], table, cfg, 2, shapes=[(4, 9), (8, 9)])
-    with pytest.raises(ValueError, match="edges"):
-        MicroBatchQueues(lengths, np.zeros(2, dtype=np.int64), np.arange(2), {0: 2}, shapes=np.array([[4, 9], [8, 8]]))
 
 
 def test_manager_plans_with_the_datasets_shapes():
@@ -145,10 +151,8 @@ def test_manager_plans_with_the_datasets_shapes():
     mgr = set_manager(model, data, cfg, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), table=table)
     assert mgr.shapes == [(12, 9), (4, 36), (4, 36), (12, 9)]
     mbs = [mb for plan in mgr.epoch_plans(0) for g in plan.groups for mb in g.micro_batches]
-    for mb in mbs:
-        t = max(data.shapes[i][0] for i in mb.sample_ids)
-        s = max(data.shapes[i][1] for i in mb.sample_ids)
-        assert t * s <= EDGES[mb.seq_group]
+    assert sorted(i for mb in mbs for i in mb.sample_ids) == [0, 1, 2, 3]
+    assert all(len({data.shapes[i] for i in mb.sample_ids}) == 1 for mb in mbs)
 
 
 def test_simulator_times_2d_micro_batches_at_their_padded_size():
