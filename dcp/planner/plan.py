@@ -90,13 +90,16 @@ class StepPlan:
     def __post_init__(self) -> None:
         owner = [-1] * self.world_size
         for gi, g in enumerate(self.groups):
-            for r in g.ranks:
-                if not 0 <= r < self.world_size or owner[r] != -1:
-                    raise ValueError(
-                        f"StepPlan groups overlap or leave the world: rank {r} of group {gi} "
-                        f"(world_size {self.world_size}); the assembler must place each rank once"
-                    )
-                owner[r] = gi
+            first, p = g.first_rank, g.sp_size
+            # slice assignment: one C-level check and write per group, not one Python step per rank
+            if first < 0 or first + p > self.world_size or owner[first : first + p].count(-1) != p:
+                bad = next((r for r in range(first, first + p) if not 0 <= r < self.world_size or owner[r] != -1),
+                           first)
+                raise ValueError(
+                    f"StepPlan groups overlap or leave the world: rank {bad} of group {gi} "
+                    f"(world_size {self.world_size}); the assembler must place each rank once"
+                )
+            owner[first : first + p] = [gi] * p
         if -1 in owner:
             raise ValueError(f"StepPlan leaves rank {owner.index(-1)} without a group: cover all ranks")
         object.__setattr__(self, "_rank_to_group", tuple(owner))

@@ -318,3 +318,20 @@ def test_micro_batches_are_timed_at_their_padded_length():
     }
     got = {(mbq.group[k], mbq.count[k]): times[k] for k in range(mbq.num)}
     assert got == pytest.approx(want)
+
+
+def test_step_plan_rejects_groups_that_overlap_leave_the_world_or_miss_a_rank():
+    from dcp.planner.plan import GroupPlan, StepPlan
+
+    def plan(*groups):
+        return StepPlan(0, 0, 4, "dcp-inter", tuple(GroupPlan(f, p, 0, ()) for f, p in groups))
+
+    assert plan((0, 2), (2, 1), (3, 1)).group_of(3).first_rank == 3
+    with pytest.raises(ValueError, match=r"overlap or leave the world: rank 1 of group 1"):
+        plan((0, 2), (1, 2), (3, 1))
+    with pytest.raises(ValueError, match=r"overlap or leave the world: rank 4 of group 1 \(world_size 4\)"):
+        plan((0, 2), (3, 2))
+    with pytest.raises(ValueError, match=r"overlap or leave the world: rank -1 of group 0"):
+        plan((-1, 2), (1, 1), (2, 2))
+    with pytest.raises(ValueError, match=r"leaves rank 2 without a group: cover all ranks"):
+        plan((0, 2), (3, 1))
