@@ -128,6 +128,16 @@ def read_step_pairs(steps_csv: Path, *, skip_first: int = 0) -> dict[str, list[t
     return out
 
 
+def run_world_sizes(steps_csv: Path) -> dict[str, int]:
+    """world_size of every run id in a steps.csv (0 where the column is missing or not a number)."""
+    out: dict[str, int] = {}
+    with open(steps_csv, newline="") as fh:
+        for row in csv.DictReader(fh):
+            w = (row.get("world_size") or "").strip()
+            out.setdefault(row.get("run_id", ""), int(w) if w.isdigit() else 0)
+    return out
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--results", nargs="*", metavar="STEPS_CSV",
                         help=f"steps.csv files of real runs (default: {DEFAULT_GLOB})")
@@ -168,9 +178,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"dcp bench simulator: {exc}", file=sys.stderr)
             return 2
     all_pairs: list[tuple[float, float]] = []
+    by_world: dict[int, list[tuple[float, float]]] = {}
     print(f"{'run_id':<40} {'steps':>5} {'pred_s':>9} {'meas_s':>9} {'median%':>8} {'p90%':>7}")
     try:
         for f in files:
+            worlds = run_world_sizes(f)
             for run_id, pairs in read_step_pairs(f, skip_first=args.skip_first).items():
                 if not pairs:
                     continue
@@ -179,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
                 mm = sum(m for _, m in pairs) / len(pairs)
                 print(f"{run_id[:40]:<40} {st.n:>5} {mp:>9.4f} {mm:>9.4f} {st.median_pct:>8.1f} {st.p90_pct:>7.1f}")
                 all_pairs.extend(pairs)
+                by_world.setdefault(worlds.get(run_id, 0), []).extend(pairs)
     except (BenchError, OSError) as exc:
         print(f"dcp bench simulator: {exc}", file=sys.stderr)
         return 2
@@ -188,11 +201,18 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({"step_time_err_median_pct": None, "step_time_err_p90_pct": None, "steps": 0}))
         return 1
+    per_world = {w: compare_step_times(p) for w, p in sorted(by_world.items())}
+    for w, sw in per_world.items():
+        print(f"W={w}: {sw.n} steps, median error {sw.median_pct:.1f}%, p90 {sw.p90_pct:.1f}%, "
+              f"mean signed {sw.mean_signed_pct:+.1f}%")
     st = compare_step_times(all_pairs)
     verdict = "within" if st.median_pct <= args.target_pct else "outside"
     print(f"all: {st.n} steps, median error {st.median_pct:.1f}%, p90 {st.p90_pct:.1f}%, mean signed "
           f"{st.mean_signed_pct:+.1f}% ({verdict} the {args.target_pct:.0f}% target)")
     if args.json:
         print(json.dumps({"step_time_err_median_pct": st.median_pct, "step_time_err_p90_pct": st.p90_pct,
-                          "step_time_err_mean_signed_pct": st.mean_signed_pct, "steps": st.n}))
+                          "step_time_err_mean_signed_pct": st.mean_signed_pct, "steps": st.n,
+                          "by_world_size": {str(w): {"step_time_err_median_pct": sw.median_pct,
+                                                     "step_time_err_p90_pct": sw.p90_pct, "steps": sw.n}
+                                            for w, sw in per_world.items()}}))
     return 0

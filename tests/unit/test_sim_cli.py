@@ -151,3 +151,13 @@ def test_bench_prefers_the_profiled_update_time(tmp_path):
     f.write_text(f.read_text().replace(",0.25", ",slow"))
     with pytest.raises(bench.BenchError, match="steps.csv:2"):
         bench.read_step_pairs(f)
+
+
+def test_bench_reports_each_world_size(tmp_path, capsys):
+    f = _steps_csv(tmp_path, [("a", "bucket", 2, 0, 1.0, 1.0, 0), ("b", "bucket", 4, 0, 1.0, 2.0, 0)])
+    rc = _run(bench, ["--results", str(f), "--json"])
+    out = capsys.readouterr().out
+    last = json.loads(out.strip().splitlines()[-1])
+    assert rc == 0 and "W=4: 1 steps, median error 50.0%" in out
+    assert last["by_world_size"]["2"]["step_time_err_median_pct"] == 0.0
+    assert last["by_world_size"]["4"]["steps"] == 1
