@@ -4,13 +4,14 @@ The dual-layer rows time what one micro-batch costs; a step also pays, once, the
 the optimizer update. ``measure_step_update`` times both on the job's own ranks, for the model's
 parameter count, without touching the model or its optimizer:
 
-- gradient sync: a SUM all-reduce of a flat fp buffer of the model's gradient size over the world group
-  (DCP's ddp engine runs exactly this; ZeRO-1's reduce-scatter + all-gather move the same bytes);
+- gradient sync: the ddp engine's own sequence (flatten the gradients, SUM all-reduce over the world
+  group, copy back); ZeRO-1's reduce-scatter + all-gather move the same bytes;
 - optimizer update: a fresh optimizer of the job's class and defaults (AdamW when none is given) stepping
-  over a flat stand-in parameter: the whole model for the ddp engine, this rank's 1/W shard for ZeRO-1.
+  over stand-in parameters: tensors shaped like the model's for the ddp engine (per-tensor overhead is a
+  large part of a small model's update), one flat 1/W shard for ZeRO-1 (DeepSpeed flattens it).
 
-Buffers are capped at ``max_elements`` and the measured time is scaled linearly by the true element
-count (both are bandwidth-bound at that size), so profiling a large model inside a training run never
+Stand-ins stop at ``max_elements`` (whole tensors, at least one) and the measured time is scaled linearly
+by the true element count (both are bandwidth-bound at that size), so profiling a large model inside a training run never
 allocates another copy of its parameters and optimizer state. Every rank must call it (collective); each
 figure is the median over ``iters`` timed repetitions, then the MAX over ranks, identical everywhere.
 """
@@ -77,27 +78,47 @@ def measure_step_update(
     first = params[0]
     device, dtype = first.device, first.dtype
 
+    # Stand-ins shaped like the update the engine runs. The ddp engine keeps every parameter tensor and
+    # updates them one by one (per-tensor optimizer overhead counts: AdamW over 30 small tensors costs ~3x
+    # one flat tensor of the same size on CPU), and flattens the gradients into one buffer for the
+    # all-reduce and copies them back. ZeRO-1 updates a flat fp32 shard of 1/W of the parameters.
+    if engine == "deepspeed":
+        total = math.ceil(numel / world_size)
+        shapes = [(min(total, max_elements),)]
+    else:
+        total, shapes, kept = numel, [], 0
+        for p in params:
+            if kept and kept + p.numel() > max_elements:
+                break
+            shapes.append(tuple(p.shape))
+            kept += p.numel()
+    stand_ins = [torch.zeros(shape, device=device, dtype=dtype, requires_grad=True) for shape in shapes]
+    for t in stand_ins:
+        t.grad = torch.full_like(t, 1e-3)
+    scale = total / sum(t.numel() for t in stand_ins)
+
     sync_s = 0.0
     if world_size > 1:
         import torch.distributed as dist
 
-        n = min(numel, max_elements)
-        buf = torch.ones(n, device=device, dtype=dtype)
-        sync_s = _median_time(lambda: dist.all_reduce(buf), iters, device) * (numel / n)
-        del buf
+        def all_reduce_grads(tensors: list[torch.Tensor] = stand_ins) -> None:
+            flat = torch.cat([t.grad.reshape(-1) for t in tensors])
+            dist.all_reduce(flat)
+            offset = 0
+            for t in tensors:
+                t.grad.copy_(flat[offset : offset + t.numel()].view_as(t))
+                offset += t.numel()
 
-    # ZeRO-1 updates a 1/W shard per rank; the ddp engine updates every parameter on every rank.
-    shard = math.ceil(numel / world_size) if engine == "deepspeed" else numel
-    n = min(shard, max_elements)
-    stand_in = torch.zeros(n, device=device, dtype=dtype, requires_grad=True)
-    stand_in.grad = torch.full_like(stand_in, 1e-3)
+        # the whole gradient crosses the network whatever the engine: scale by its size
+        sync_s = _median_time(all_reduce_grads, iters, device) * numel / sum(t.numel() for t in stand_ins)
+
     try:
-        opt = type(optimizer)([stand_in], **optimizer.defaults) if optimizer is not None else None
+        opt = type(optimizer)(stand_ins, **optimizer.defaults) if optimizer is not None else None
     except TypeError:  # an optimizer whose constructor does not take its own defaults back
         opt = None
-    opt = opt or torch.optim.AdamW([stand_in])
-    opt_s = _median_time(opt.step, iters, device) * (shard / n)
-    del opt, stand_in
+    opt = opt or torch.optim.AdamW(stand_ins)
+    opt_s = _median_time(opt.step, iters, device) * scale
+    del opt, stand_ins
 
     figures = [sync_s, opt_s]
     if world_size > 1:
