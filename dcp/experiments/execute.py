@@ -311,14 +311,14 @@ def execute_direct(run: RunSpec, rank: int, world_size: int, device: Any, regist
 def _all_reduce_grads(params: list[Any]) -> None:
     """Sum every rank's gradient in one flat collective; ranks without work contribute zeros."""
     import torch
-    import torch.distributed as dist
 
-    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
-    dist.all_reduce(flat)
-    offset = 0
+    from dcp.runtime.engines import all_reduce_grads_flat, copy_flat_into_grads
+
     for p in params:
-        p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
-        offset += p.numel()
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    flat, _ = all_reduce_grads_flat(params)
+    copy_flat_into_grads(params, flat)
 
 
 def _sync(device: Any) -> None:

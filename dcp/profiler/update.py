@@ -99,15 +99,11 @@ def measure_step_update(
 
     sync_s = 0.0
     if world_size > 1:
-        import torch.distributed as dist
+        from dcp.runtime.engines import all_reduce_grads_flat, copy_flat_into_grads
 
         def all_reduce_grads(tensors: list[torch.Tensor] = stand_ins) -> None:
-            flat = torch.cat([t.grad.reshape(-1) for t in tensors])
-            dist.all_reduce(flat)
-            offset = 0
-            for t in tensors:
-                t.grad.copy_(flat[offset : offset + t.numel()].view_as(t))
-                offset += t.numel()
+            flat, _ = all_reduce_grads_flat(tensors)
+            copy_flat_into_grads(tensors, flat)
 
         # the whole gradient crosses the network whatever the engine: scale by its size
         sync_s = _median_time(all_reduce_grads, iters, device) * numel / sum(t.numel() for t in stand_ins)

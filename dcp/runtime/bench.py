@@ -44,6 +44,7 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     from dcp.config import DCPConfig, RuntimeConfig
     from dcp.models import T1DConfig, Transformer1D
     from dcp.runtime.data import SyntheticTokenDataset
+    from dcp.runtime.engines import all_reduce_grads_flat, copy_flat_into_grads
     from dcp.runtime.manager import set_manager
 
     steps, ga, seq_len = spec["steps"], spec["ga_steps"], spec["seq_len"]
@@ -69,12 +70,8 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
                 batch = data.collate([data[j] for j in mb.sample_ids]) if spec["collate"] else batches[i]
                 loss, _ = model(batch, ctx)
                 (loss / n_step).backward()
-            flat = torch.cat([p.grad.reshape(-1) for p in params])
-            dist.all_reduce(flat)
-            offset = 0
-            for p in params:
-                p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
-                offset += p.numel()
+            flat, _ = all_reduce_grads_flat(params)
+            copy_flat_into_grads(params, flat)
             opt.step()
             opt.zero_grad(set_to_none=True)
         return time.perf_counter() - t0, time.process_time() - c0
