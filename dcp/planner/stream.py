@@ -147,13 +147,14 @@ class MicroBatchQueues:
         self.lens_list: dict[int, tuple[int, ...]] = {}
         """Per seq_group: token counts as a tuple."""
         mb_group, mb_ready, mb_start, mb_count, mb_padded = [], [], [], [], []
+        s_span = int(shapes[:, 1].max()) + 1 if shapes is not None and len(shapes) else 1
         for g in range(len(counts)):
             if counts[g] == 0:
                 continue
             pos = by_group[bounds[g] : bounds[g + 1]]
             if shapes is not None:
                 # one FIFO per shape: a stable sort by shape keeps stream order inside each shape
-                key = shapes[order[pos], 0] * (int(shapes[:, 1].max()) + 1) + shapes[order[pos], 1]
+                key = shapes[order[pos], 0] * s_span + shapes[order[pos], 1]
                 by_shape = np.argsort(key, kind="stable")
                 pos, key = pos[by_shape], key[by_shape]
             ids = order[pos]
