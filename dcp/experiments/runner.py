@@ -180,7 +180,8 @@ def _step_rows(run: RunSpec, run_id: str, steps: list[dict]) -> list[dict]:
 
 
 def _config_doc(run: RunSpec) -> dict:
-    return {"config_hash": run.config_hash(), "label": run.label, **run.resolved()}
+    # host_cpus: where W x threads_per_rank exceeds it, ranks time-share cores (dcp bench simulator says so)
+    return {"config_hash": run.config_hash(), "label": run.label, "host_cpus": os.cpu_count(), **run.resolved()}
 
 
 def step_record(step: int, plan: Any, busy_s: list[float], wall_s: float) -> dict:

@@ -128,6 +128,15 @@ def read_step_pairs(steps_csv: Path, *, skip_first: int = 0) -> dict[str, list[t
     return out
 
 
+def oversubscribed(run_cfg: dict | None) -> bool | None:
+    """True when the run's ranks x threads exceeded the host's cores (ranks time-shared them); None if unknown."""
+    run_cfg = run_cfg or {}
+    cpus, world = run_cfg.get("host_cpus"), run_cfg.get("world_size")
+    if not isinstance(cpus, int) or not isinstance(world, int) or str(run_cfg.get("device", "cpu")) != "cpu":
+        return None
+    return world * int(run_cfg.get("threads_per_rank") or 1) > cpus
+
+
 def run_world_sizes(steps_csv: Path) -> dict[str, int]:
     """world_size of every run id in a steps.csv (0 where the column is missing or not a number)."""
     out: dict[str, int] = {}
@@ -179,10 +188,11 @@ def run(args: argparse.Namespace) -> int:
             return 2
     all_pairs: list[tuple[float, float]] = []
     by_world: dict[int, list[tuple[float, float]]] = {}
+    shared: dict[int, set] = {}  # world size -> {oversubscribed flags of its runs}
     print(f"{'run_id':<40} {'steps':>5} {'pred_s':>9} {'meas_s':>9} {'median%':>8} {'p90%':>7}")
     try:
         for f in files:
-            worlds = run_world_sizes(f)
+            worlds, configs = run_world_sizes(f), _run_configs(f)
             for run_id, pairs in read_step_pairs(f, skip_first=args.skip_first).items():
                 if not pairs:
                     continue
@@ -192,6 +202,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{run_id[:40]:<40} {st.n:>5} {mp:>9.4f} {mm:>9.4f} {st.median_pct:>8.1f} {st.p90_pct:>7.1f}")
                 all_pairs.extend(pairs)
                 by_world.setdefault(worlds.get(run_id, 0), []).extend(pairs)
+                shared.setdefault(worlds.get(run_id, 0), set()).add(oversubscribed(configs.get(run_id)))
     except (BenchError, OSError) as exc:
         print(f"dcp bench simulator: {exc}", file=sys.stderr)
         return 2
@@ -203,8 +214,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     per_world = {w: compare_step_times(p) for w, p in sorted(by_world.items())}
     for w, sw in per_world.items():
+        note = " (ranks time-shared the host's cores: W x threads > cores)" if True in shared.get(w, ()) else ""
         print(f"W={w}: {sw.n} steps, median error {sw.median_pct:.1f}%, p90 {sw.p90_pct:.1f}%, "
-              f"mean signed {sw.mean_signed_pct:+.1f}%")
+              f"mean signed {sw.mean_signed_pct:+.1f}%{note}")
     st = compare_step_times(all_pairs)
     verdict = "within" if st.median_pct <= args.target_pct else "outside"
     print(f"all: {st.n} steps, median error {st.median_pct:.1f}%, p90 {st.p90_pct:.1f}%, mean signed "
@@ -213,6 +225,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"step_time_err_median_pct": st.median_pct, "step_time_err_p90_pct": st.p90_pct,
                           "step_time_err_mean_signed_pct": st.mean_signed_pct, "steps": st.n,
                           "by_world_size": {str(w): {"step_time_err_median_pct": sw.median_pct,
-                                                     "step_time_err_p90_pct": sw.p90_pct, "steps": sw.n}
+                                                     "step_time_err_p90_pct": sw.p90_pct, "steps": sw.n,
+                                                     "oversubscribed": True in shared.get(w, ())}
                                             for w, sw in per_world.items()}}))
     return 0

@@ -161,3 +161,21 @@ def test_bench_reports_each_world_size(tmp_path, capsys):
     assert rc == 0 and "W=4: 1 steps, median error 50.0%" in out
     assert last["by_world_size"]["2"]["step_time_err_median_pct"] == 0.0
     assert last["by_world_size"]["4"]["steps"] == 1
+    assert "time-shared" not in out and last["by_world_size"]["4"]["oversubscribed"] is False  # host unknown
+    # with the host's cores recorded (config.json), W x threads > cores is named
+    (tmp_path / "config.json").write_text(json.dumps({"runs": {
+        "a": {"world_size": 2, "threads_per_rank": 1, "host_cpus": 2, "device": "cpu"},
+        "b": {"world_size": 4, "threads_per_rank": 1, "host_cpus": 2, "device": "cpu"}}}))
+    _run(bench, ["--results", str(f), "--json"])
+    out = capsys.readouterr().out
+    last = json.loads(out.strip().splitlines()[-1])
+    assert "(ranks time-shared the host's cores" in out.split("W=4:")[1].splitlines()[0]
+    assert "time-shared" not in out.split("W=2:")[1].splitlines()[0]
+    assert (last["by_world_size"]["2"]["oversubscribed"], last["by_world_size"]["4"]["oversubscribed"]) == (False, True)
+
+
+def test_oversubscribed_needs_the_host_facts():
+    assert bench.oversubscribed({"world_size": 4, "threads_per_rank": 2, "host_cpus": 8, "device": "cpu"}) is False
+    assert bench.oversubscribed({"world_size": 4, "threads_per_rank": 2, "host_cpus": 4, "device": "cpu"}) is True
+    assert bench.oversubscribed({"world_size": 4, "device": "cpu"}) is None
+    assert bench.oversubscribed({"world_size": 8, "host_cpus": 2, "device": "cuda"}) is None
