@@ -52,6 +52,8 @@ def run_group(rank: int, world_size: int, runs: list[RunSpec], info: GroupInfo) 
     device = _device(runs[0].sweep.device)
     if device.type == "cpu":
         torch.set_num_threads(runs[0].sweep.threads_per_rank)
+        if runs[0].sweep.pin_cpus:
+            _pin(rank, runs[0].sweep.threads_per_rank)
     registries: dict[tuple, Any] = {}
     tables: dict[Any, Any] = {}
     outcomes = []
@@ -121,6 +123,20 @@ def _table(model: Any, cfg: Any, rank: int, world_size: int, registry: Any, memo
               f"{cache.cache_path(cfg.profiling.cache_dir, key) if status == 'hit' else path})", flush=True)
     memo[key] = table
     return table
+
+
+def pinned_cpus(rank: int, threads: int, cores: int) -> set[int]:
+    """Cores of ``rank`` under sweep.pin_cpus: ``threads`` consecutive cores from rank * threads, mod cores."""
+    return {(rank * threads + i) % cores for i in range(min(threads, cores))}
+
+
+def _pin(rank: int, threads: int) -> None:
+    if not hasattr(os, "sched_setaffinity"):  # macOS, Windows
+        if rank == 0:
+            print("note: sweep.pin_cpus is not supported on this OS (no sched_setaffinity); ranks are not pinned",
+                  flush=True)
+        return
+    os.sched_setaffinity(0, pinned_cpus(rank, threads, os.cpu_count() or 1))
 
 
 def profiled_update_s(table: Any) -> float | None:

@@ -16,7 +16,8 @@ def _spec(tmp_path, executor: str):
     raw = {
         "sweep": {"name": "dist_test", "world_sizes": [2], "models": ["t1d-tiny"], "datasets": ["balanced"],
                   "methods": ["bucket", "dcp-intra"], "steps": 1, "warmup_steps": 1, "num_samples": 64,
-                  "scale": "cpu", "executor": executor, "out_dir": str(tmp_path / "out")},
+                  "scale": "cpu", "executor": executor, "out_dir": str(tmp_path / "out"),
+                  "pin_cpus": executor == "manager"},
         "config": {
             # a quick profile: few candidates, one measurement each
             "profiling": {"seq_group_edges": [256, 1024, 2048], "max_micro_batch_size": 2, "warmup_iters": 0,
@@ -57,6 +58,8 @@ def test_two_step_sweep_end_to_end(tmp_path):
     assert set(doc["runs"]) == {r["run_id"] for r in rows}
     assert {d["config_hash"] for d in doc["runs"].values()} == {r["config_hash"] for r in rows}
     assert doc["sweep"]["name"] == "dist_test"
+    # the bench needs these to tell runs whose ranks time-shared the cores
+    assert all(d["pin_cpus"] is True and d["host_cpus"] >= 1 for d in doc["runs"].values())
     with (out / "runs.csv").open() as f:
         assert tuple(next(csv.reader(f))) == RUN_COLUMNS
     # the profile was cached: a second sweep reuses it (its rows carry the same table source)

@@ -117,6 +117,9 @@ def test_missing_sweep_table():
         ({"executor": "fast"}, r"sweep\.executor \('fast'\) is not one of"),
         ({"name": "a b"}, r"sweep\.name \('a b'\) must be non-empty"),
         ({"refresh_profile": 1}, r"sweep\.refresh_profile \(1\) must be of type bool"),
+        ({"pin_cpus": 1}, r"sweep\.pin_cpus \(1\) must be of type bool"),
+        ({"pin_cpus": True, "device": "cuda", "backend": "nccl"},
+         r"sweep\.pin_cpus \(True\) only applies to sweep\.device = 'cpu': remove it for GPU runs"),
     ],
 )
 def test_bad_values_name_field_value_rule_and_fix(change, pattern):
@@ -138,3 +141,11 @@ def test_load_sweep_file_errors(tmp_path):
     bad.write_text("[sweep\nname = 1")
     with pytest.raises(SweepError, match=r"is not valid TOML"):
         load_sweep(bad)
+
+
+def test_pinned_cpus_give_each_rank_its_threads_cores_wrapping_around_the_host():
+    from dcp.experiments.runner import pinned_cpus
+
+    assert [pinned_cpus(r, 1, 2) for r in range(4)] == [{0}, {1}, {0}, {1}]  # W = 4 on 2 cores: fixed pairs
+    assert [pinned_cpus(r, 2, 8) for r in range(2)] == [{0, 1}, {2, 3}]
+    assert pinned_cpus(1, 4, 2) == {0, 1}  # more threads than cores: every core, once
