@@ -98,7 +98,8 @@ class SweepSpec:
     pin_cpus: bool = False
     """CPU runs: bind rank r to cores r*t .. r*t+t-1 (mod the host's cores, t = threads_per_rank), as numactl
     or torchrun's binding would. Ranks then stop migrating between cores; where ranks outnumber cores, the
-    same ranks always share a core (W = 4 on 2 cores: 18 % -> 14 % median simulator error in one A/B)."""
+    same ranks always share a core. (W = 4 on 2 cores: 18 % -> 14 % median simulator error in one back-to-back
+    A/B, but the next full sweep with pinning gave 21 %: within this host's run-to-run spread.)"""
     executor: str = "manager"
     """manager: the paper's loop through dcp's manager (set_manager, get_data_iter, optimize_dynamics,
     profile); direct: the runner's own minimal loop over the same plans (a cross-check of the manager)."""
