@@ -51,3 +51,26 @@ def test_an_optimizer_that_cannot_be_rebuilt_from_its_defaults_falls_back_to_ada
     model = _model()
     got = measure_step_update(model, world_size=1, optimizer=Custom(model.parameters(), 1.0))
     assert got.optimizer_step_s > 0
+
+
+class _Recording(torch.optim.SGD):
+    """An optimizer that remembers the shapes it was built over."""
+
+    seen: list = []
+
+    def __init__(self, params, lr=0.1, **kw):
+        params = list(params)
+        _Recording.seen.append([tuple(p.shape) for p in params])
+        super().__init__(params, lr=lr)
+
+
+def test_stand_ins_follow_the_engine_parameter_shapes_for_ddp_one_flat_shard_for_zero1():
+    model = _model()  # Linear(64, 64) + Linear(64, 8): 4 tensors, 4680 elements
+    _Recording.seen.clear()
+    measure_step_update(model, world_size=1, optimizer=_Recording(model.parameters()), iters=1)
+    assert _Recording.seen[-1] == [(64, 64), (64,), (8, 64), (8,)]  # per-tensor, like the ddp engine
+    measure_step_update(model, world_size=1, optimizer=_Recording(model.parameters()), engine="deepspeed", iters=1)
+    assert _Recording.seen[-1] == [(4680,)]  # ZeRO-1: one flat shard (1/W of the parameters; W = 1 here)
+    # capped: whole tensors up to max_elements (always at least one)
+    measure_step_update(model, world_size=1, optimizer=_Recording(model.parameters()), iters=1, max_elements=4096)
+    assert _Recording.seen[-1] == [(64, 64)]
