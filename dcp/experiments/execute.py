@@ -124,6 +124,13 @@ class Meter:
         return float(self.inner.peak_bytes)
 
 
+def _inline_meter(inline: bool, device: Any, params: list[Any]) -> Any:
+    """A Meter around a timed micro-batch on CUDA (free); nothing on CPU (metered by replay_peak)."""
+    import contextlib
+
+    return Meter(device, params) if inline else contextlib.nullcontext()
+
+
 def replay_peak(plans: list[Any], rank: int, registry: Any, model: Any, dataset: Any, attention: str,
                 forward: Any, device: Any, params: list[Any]) -> float:
     """Largest metered peak of this rank's micro-batches in ``plans``, re-run untimed (the CPU memory pass).
@@ -224,14 +231,11 @@ def execute_manager(run: RunSpec, rank: int, world_size: int, device: Any, regis
     for batch in mgr.get_data_iter(max_steps=total):
         mgr.optimize_dynamics(batch, engine)
         with mgr.profile(batch, engine, mgr.gas):
-            if inline:
-                with Meter(device, params) as meter:
-                    loss = engine(batch.to(device))
-                    engine.backward(loss)
-                peak = max(peak, meter.peak())
-            else:
-                loss = engine(batch)
+            with _inline_meter(inline, device, params) as meter:
+                loss = engine(batch.to(device) if inline else batch)
                 engine.backward(loss)
+            if meter is not None:
+                peak = max(peak, meter.peak())
             engine.step()
     stats = mgr.step_stats  # the same on every rank: busy times of all ranks, this rank's step time
     if len(stats) != total:
@@ -280,14 +284,11 @@ def execute_direct(run: RunSpec, rank: int, world_size: int, device: Any, regist
         dist.barrier()  # every rank starts the step together: busy and wall times share an origin
         t0 = time.perf_counter()
         for batch in batches:
-            if inline:
-                with Meter(device, params) as meter:
-                    loss_sum, _ = forward(model, batch.to(device), ctx)
-                    (loss_sum * weight).backward()
-                peak = max(peak, meter.peak())
-            else:
-                loss_sum, _ = forward(model, batch, ctx)
+            with _inline_meter(inline, device, params) as meter:
+                loss_sum, _ = forward(model, batch.to(device) if inline else batch, ctx)
                 (loss_sum * weight).backward()
+            if meter is not None:
+                peak = max(peak, meter.peak())
         _sync(device)
         busy = time.perf_counter() - t0
         _all_reduce_grads(params)

@@ -160,20 +160,18 @@ def _mem_row(mb, sp_size: int, rows: dict, edges: Sequence[int]):
 
 
 def step_cost(plan: StepPlan, times: TimeLookup | None, rows: dict, *, sync_s: float, optimizer_s: float,
-              edges: Sequence[int] = (), shapes: Sequence[tuple[int, int]] | None = None) -> StepResult:
+              edges: Sequence[int] = ()) -> StepResult:
     """Cost of one StepPlan; ``times`` re-times micro-batches from a truth table (None: planner's times),
-    each at its padded size per sample (2D ``shapes``: max frames x max spatial tokens)."""
+    each at its padded size per sample (its longest sample: 2D micro-batches planned with shapes hold one
+    shape, so that is their T x S)."""
     group_times: list[float] = []
     peak = 0.0
     for g in plan.groups:
         t = 0.0
         for mb in g.micro_batches:
             if times is not None and mb.seq_group >= 0:
-                if shapes is None:
-                    padded = max(mb.seq_lens)
-                else:
-                    padded = max(shapes[i][0] for i in mb.sample_ids) * max(shapes[i][1] for i in mb.sample_ids)
-                t += float(times.padded_times_s(mb.seq_group, g.sp_size, g.recompute_layers, mb.size, [padded])[0])
+                t += float(times.padded_times_s(mb.seq_group, g.sp_size, g.recompute_layers, mb.size,
+                                                [max(mb.seq_lens)])[0])
             else:
                 t += mb.time_s
             row = _mem_row(mb, g.sp_size, rows, edges)
@@ -197,7 +195,8 @@ def simulate(lengths: Sequence[int], table: ProfileTable, config: DCPConfig, wor
 
     ``hardware`` gives the per-step gradient sync and optimizer time (``None``: zero, for tables whose
     T_C already includes them). ``truth_table`` (default: ``table``) times the micro-batches. ``shapes``
-    ((frames, spatial tokens) per sample, 2D data) makes micro-batches pad T and S separately.
+    ((frames, spatial tokens) per sample, 2D data) goes to the planner, which then keeps one shape per
+    micro-batch (a 2D collate pads T and S separately).
     """
     if world_size < 1:
         raise SimulationError(f"world_size ({world_size}) must be >= 1: pass the number of simulated GPUs")
@@ -212,8 +211,7 @@ def simulate(lengths: Sequence[int], table: ProfileTable, config: DCPConfig, wor
     opt = optimizer_step_time_s(model, hardware, world_size) if hardware else 0.0
     times = TimeLookup(truth) if truth_table is not None else None
     rows = _row_lookup(truth)
-    steps = [step_cost(p, times, rows, sync_s=sync, optimizer_s=opt, edges=truth.seq_group_edges, shapes=shapes)
-             for p in plans]
+    steps = [step_cost(p, times, rows, sync_s=sync, optimizer_s=opt, edges=truth.seq_group_edges) for p in plans]
     seen = sum(s.samples for s in steps)
     if seen != len(lengths):
         raise SimulationError(

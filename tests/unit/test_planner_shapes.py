@@ -155,23 +155,22 @@ def test_manager_plans_with_the_datasets_shapes():
     assert all(len({data.shapes[i] for i in mb.sample_ids}) == 1 for mb in mbs)
 
 
-def test_simulator_times_2d_micro_batches_at_their_padded_size():
-    from dcp.sim.cluster import simulate, step_cost
+def test_simulator_plans_2d_with_shapes_and_times_micro_batches_at_their_shape():
+    from dcp.planner import plan_epoch
+    from dcp.sim.cluster import simulate
 
-    cfg, table = make(2, method="bucket", sp=(1, 2))
-    shapes = [(20, 16), (4, 100)] * 20  # seq_group 1 (256, 512]: 320 and 400 tokens
+    cfg, table = make(2, method="dcp-inter", sp=(1, 2))  # b = 8 in seq_group 1
+    shapes = [(20, 16), (4, 100)] * 20  # seq_group 1 (256, 512]: 320 and 400 tokens, padded together 20 x 100
     lengths = [t * s for t, s in shapes]
     res, steps = simulate(lengths, table, cfg, 2, hardware=None, shapes=shapes, return_steps=True)
     assert res.num_samples == len(shapes)
-    plan = EpochPlanner(lengths, table, cfg, 2, shapes=shapes).__next__()
-    rows = {(r.seq_group, r.sp_size): [r] for r in table.rows if r.micro_batch_size == 1}
-    # a micro-batch mixing 20 x 16 and 4 x 100 pads to 20 x 100: the truth-table path must time that (at the
-    # bound), not the longest sample (400 tokens, interpolated below the bound)
-    mixed = plan.groups[0]._replace(micro_batches=(plan.groups[0].micro_batches[0]._replace(
-        sample_ids=(0, 1), seq_lens=(320, 400), seq_group=1),))
-    mixed_plan = plan.__class__(plan.epoch, plan.step, plan.world_size, plan.method, (mixed, *plan.groups[1:]))
-    times = TimeLookup(table)
-    two_d = step_cost(mixed_plan, times, rows, sync_s=0.0, optimizer_s=0.0, edges=table.seq_group_edges,
-                      shapes=shapes)
-    one_d = step_cost(mixed_plan, times, rows, sync_s=0.0, optimizer_s=0.0, edges=table.seq_group_edges)
-    assert two_d.compute_time_s > one_d.compute_time_s
+    plans = plan_epoch(lengths, table, cfg, 2, shapes=shapes)
+    mbs = [mb for p in plans for g in p.groups for mb in g.micro_batches]
+    assert all(len({shapes[i] for i in mb.sample_ids}) == 1 for mb in mbs)  # the simulator's plans hold one shape
+    # re-timed from a truth table (the same one), each step costs what the planner predicted for it
+    retimed = simulate(lengths, table, cfg, 2, hardware=None, shapes=shapes, truth_table=table, return_steps=True)[1]
+    assert [s.compute_time_s for s in retimed] == pytest.approx([p.step_time_s for p in plans])
+    assert [s.compute_time_s for s in steps] == pytest.approx([p.step_time_s for p in plans])
+    # without shapes the planner pairs 320- and 400-token samples, which a 2D collate would pad to 2000 tokens
+    flat = plan_epoch(lengths, table, cfg, 2)
+    assert any(len({shapes[i] for i in mb.sample_ids}) > 1 for p in flat for g in p.groups for mb in g.micro_batches)
