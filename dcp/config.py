@@ -205,6 +205,10 @@ class RuntimeConfig:
     deepspeed (ZeRO-1)."""
     attention: str = "auto"
     """Attention kernel: auto (flash-attn on CUDA when installed, else SDPA), sdpa or flash."""
+    precision: str = "auto"
+    """Compute precision: auto (bf16 on CUDA, fp32 elsewhere), bf16 or fp32. bf16 keeps fp32 master weights
+    and optimizer state (ddp: autocast over fp32 parameters; deepspeed: its own bf16 mode); profile tables
+    are measured, and cached, per precision."""
     loss_weighting: str = "tokens"
     """Loss normalisation over the whole step: tokens or samples (all-reduced counts, never 1/ga_steps)."""
     check_plan_hash: bool = True
@@ -225,6 +229,9 @@ class RuntimeConfig:
             fail("runtime.engine", self.engine, "is not one of ['ddp', 'deepspeed']", "pick one of those")
         if self.attention not in ("auto", "sdpa", "flash"):
             fail("runtime.attention", self.attention, "is not one of ['auto', 'sdpa', 'flash']", "pick one of those")
+        if self.precision not in ("auto", "bf16", "fp32"):
+            fail("runtime.precision", self.precision, "is not one of ['auto', 'bf16', 'fp32']",
+                 "pick one of those (auto: bf16 on CUDA, fp32 on CPU)")
         if self.loss_weighting not in ("tokens", "samples"):
             fail("runtime.loss_weighting", self.loss_weighting, "is not one of ['tokens', 'samples']", "pick one")
         if not self.plan_check_timeout_s > 0:

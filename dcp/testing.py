@@ -40,6 +40,10 @@ def _child(
     env: dict[str, str],
     pg_timeout_s: float,
 ) -> None:
+    if backend == "gloo":
+        # CPU processes: DeepSpeed must take its CPU accelerator even on a host with GPUs (it picks one at
+        # import and would otherwise place rank r's model on cuda:r). An explicit env entry wins.
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.update(env)
     os.environ.update(
         MASTER_ADDR="127.0.0.1",

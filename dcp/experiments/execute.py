@@ -132,12 +132,15 @@ def _inline_meter(inline: bool, device: Any, params: list[Any]) -> Any:
 
 
 def replay_peak(plans: list[Any], rank: int, registry: Any, model: Any, dataset: Any, attention: str,
-                forward: Any, device: Any, params: list[Any]) -> float:
+                forward: Any, device: Any, params: list[Any], precision: str = "fp32") -> float:
     """Largest metered peak of this rank's micro-batches in ``plans``, re-run untimed (the CPU memory pass).
 
     Every rank of an SP group replays the same micro-batches in plan order, so the Ulysses collectives
     inside a group match; groups never talk to each other here. Gradients are dropped afterwards.
+    ``precision`` ('bf16' / 'fp32', resolved) is the one the timed steps ran in.
     """
+    from dcp.distributed import autocast
+
     peak = 0.0
     for plan in plans:
         group = plan.group_of(rank)
@@ -147,7 +150,8 @@ def replay_peak(plans: list[Any], rank: int, registry: Any, model: Any, dataset:
         for mb in group.micro_batches:
             batch = dataset.collate([dataset[j] for j in mb.sample_ids])
             with Meter(device, params) as meter:
-                loss_sum, _ = forward(model, batch.to(device), ctx)
+                with autocast(precision, device):
+                    loss_sum, _ = forward(model, batch.to(device), ctx)
                 loss_sum.backward()
             peak = max(peak, meter.peak())
     model.zero_grad(set_to_none=True)
@@ -187,13 +191,12 @@ def predicted_peak(plans: list[Any], table: Any) -> float:
     return best
 
 
-def _reduce_peak(local: float, device: Any) -> float:
-    import torch
+def _reduce_peak(local: float) -> float:
     import torch.distributed as dist
 
-    t = torch.tensor([local], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
+    from dcp.distributed.comm import all_reduce_values
+
+    return all_reduce_values([local], dist.ReduceOp.MAX)[0]
 
 
 def _extra(run: RunSpec, peak: float, plans: list[Any], table: Any, device: Any, executor: str) -> dict:
@@ -249,8 +252,8 @@ def execute_manager(run: RunSpec, rank: int, world_size: int, device: Any, regis
     if not inline:
         forward = packed_forward if run.method == "packed" else _plain_forward
         peak = replay_peak(plans[sweep.warmup_steps:], rank, registry, model, dataset, cfg.runtime.attention,
-                           forward, device, params)
-    peak = _reduce_peak(peak + state_bytes(model, optimizer, device), device)
+                           forward, device, params, mgr.precision)
+    peak = _reduce_peak(peak + state_bytes(model, optimizer, device))
     return records, _extra(run, peak, plans, table, device, "manager")
 
 
@@ -260,9 +263,11 @@ def execute_direct(run: RunSpec, rank: int, world_size: int, device: Any, regist
     import torch
     import torch.distributed as dist
 
+    from dcp.distributed import autocast, backend_device, resolve_precision
     from dcp.experiments.runner import step_record
 
     sweep, cfg = run.sweep, run.config
+    precision = resolve_precision(cfg.runtime.precision, device)  # as the manager's ddp engine runs it
     dataset = build_dataset(run)
     plans = first_plans(dataset, table, cfg, world_size, sweep.warmup_steps + sweep.steps)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -285,7 +290,8 @@ def execute_direct(run: RunSpec, rank: int, world_size: int, device: Any, regist
         t0 = time.perf_counter()
         for batch in batches:
             with _inline_meter(inline, device, params) as meter:
-                loss_sum, _ = forward(model, batch.to(device) if inline else batch, ctx)
+                with autocast(precision, device):
+                    loss_sum, _ = forward(model, batch.to(device) if inline else batch, ctx)
                 (loss_sum * weight).backward()
             if meter is not None:
                 peak = max(peak, meter.peak())
@@ -296,7 +302,7 @@ def execute_direct(run: RunSpec, rank: int, world_size: int, device: Any, regist
         optimizer.zero_grad(set_to_none=True)
         _sync(device)
         wall = time.perf_counter() - t0
-        stats = torch.tensor([busy, wall], dtype=torch.float64, device=device)
+        stats = torch.tensor([busy, wall], dtype=torch.float64, device=backend_device())
         gathered = [torch.zeros_like(stats) for _ in range(world_size)]
         dist.all_gather(gathered, stats)
         if i >= sweep.warmup_steps and rank == 0:
@@ -304,8 +310,8 @@ def execute_direct(run: RunSpec, rank: int, world_size: int, device: Any, regist
                                        max(float(g[1]) for g in gathered)))
     if not inline:
         peak = replay_peak(plans[sweep.warmup_steps:], rank, registry, model, dataset, cfg.runtime.attention,
-                           forward, device, params)
-    peak = _reduce_peak(peak + state_bytes(model, optimizer, device), device)
+                           forward, device, params, precision)
+    peak = _reduce_peak(peak + state_bytes(model, optimizer, device))
     return records, _extra(run, peak, plans, table, device, "direct")
 
 
@@ -313,7 +319,7 @@ def _all_reduce_grads(params: list[Any]) -> None:
     """Sum every rank's gradient in one flat collective; ranks without work contribute zeros."""
     import torch
 
-    from dcp.runtime.engines import all_reduce_grads_flat, copy_flat_into_grads
+    from dcp.distributed.comm import all_reduce_grads_flat, copy_flat_into_grads
 
     for p in params:
         if p.grad is None:

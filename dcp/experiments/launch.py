@@ -68,7 +68,7 @@ def launch_local(spec: SweepSpec, *, timeout_s: float = 3600.0, quiet: bool = Fa
             print(f"== {group[0].model}, W={w}: {len(group)} runs (profiling first if not cached)", flush=True)
         info = GroupInfo(first_index=done, **info_base)
         results = run_distributed(
-            run_group, w, group, info, timeout_s=timeout_s, pg_timeout_s=900.0,
+            run_group, w, group, info, timeout_s=timeout_s, pg_timeout_s=900.0, backend=spec.backend,
             env={"DCP_TEST_THREADS": str(spec.threads_per_rank), "OMP_NUM_THREADS": str(spec.threads_per_rank)},
         )
         outcomes = results[0]

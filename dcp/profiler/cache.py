@@ -61,6 +61,8 @@ class CacheKey:
     """Device description (GPU name, or 'cpu-<arch>-<cores>')."""
     dtype: str
     """Parameter dtype, e.g. 'float32'."""
+    precision: str
+    """Compute precision the table was measured in ('bf16' or 'fp32', runtime.precision resolved)."""
     version: str
     """dcp version that profiled the table."""
     seq_group_edges: tuple[int, ...]

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from dcp.config import DCPConfig
+from dcp.distributed.device import autocast, compute_dtype, resolve_precision
 from dcp.planner.table import ProfileRow, ProfileTable, TableMeta
 from dcp.profiler.adapters import ModelAdapter, get_adapter
 from dcp.profiler.cache import CacheKey
@@ -53,6 +54,13 @@ def _module_facts(adapter: ModelAdapter) -> tuple[torch.device, str]:
     return p.device, str(p.dtype).replace("torch.", "")
 
 
+def table_precision(adapter: ModelAdapter | Any, config: DCPConfig) -> str:
+    """The precision a table for this model and config is measured in: runtime.precision resolved on the
+    model's device ('bf16' or 'fp32'); a bf16 module (DeepSpeed's bf16 mode) is measured in bf16."""
+    device, dtype = _module_facts(get_adapter(adapter))
+    return "bf16" if dtype == "bfloat16" else resolve_precision(config.runtime.precision, device)
+
+
 def cache_key_for(adapter: ModelAdapter | Any, config: DCPConfig, world_size: int) -> CacheKey:
     """The cache key of profiling ``adapter`` (or a model) with ``config`` on ``world_size`` ranks."""
     from dcp import __version__
@@ -68,6 +76,7 @@ def cache_key_for(adapter: ModelAdapter | Any, config: DCPConfig, world_size: in
         world_size=world_size,
         hardware=hardware_name(device),
         dtype=dtype,
+        precision=table_precision(adapter, config),
         version=__version__,
         seq_group_edges=tuple(config.profiling.seq_group_edges),
         sp_sizes=tuple(sizes),
@@ -174,7 +183,8 @@ def profile_table(
     """
     world_size, rank = _world_and_rank(world_size, rank)
     adapter = get_adapter(model) if adapter is None else adapter
-    device, dtype = _module_facts(adapter)
+    device, _ = _module_facts(adapter)
+    precision = table_precision(adapter, config)
     prof = config.profiling
     sizes = sp_sizes_to_try(
         config.planning.sp_sizes, num_heads=adapter.num_heads, world_size=world_size, max_sp_size=adapter.max_sp_size
@@ -205,8 +215,11 @@ def profile_table(
     # Profiling inside a training run must not move the run's random streams (output gradients are
     # drawn with randn_like): fork the RNG and restore it afterwards.
     rng = torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
+    # Measured in the run's precision (bf16: autocast over the fp32 module, as the ddp engine runs it).
+    amp = autocast(precision, device)
     try:
         rng.__enter__()
+        amp.__enter__()
         for p in sizes:
             blocks = [first for first, q in registry.blocks if q == p]
             pending = pending_groups(len(edges), rows, p, config.planning.mem_capacity_bytes, grow_only=grow_only)
@@ -223,6 +236,7 @@ def profile_table(
                     mine = found if rank == first else []
             rows.extend(_gather(mine, world_size))
     finally:
+        amp.__exit__(None, None, None)
         rng.__exit__(None, None, None)
         if bar is not None:
             bar.close()
@@ -236,14 +250,14 @@ def profile_table(
         # every rank reports the slowest rank's wall time, so the metadata is identical everywhere
         import torch.distributed as dist
 
-        t = torch.tensor([wall_s], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        wall_s = float(t.item())
+        from dcp.distributed.comm import all_reduce_values
+
+        wall_s = all_reduce_values([wall_s], dist.ReduceOp.MAX)[0]
     key = cache_key_for(adapter, config, world_size)
     meta = TableMeta(
         model=adapter.name,
         hardware=key.hardware,
-        dtype=dtype,
+        dtype=str(compute_dtype(precision)).replace("torch.", ""),
         world_size=world_size,
         seq_group_edges=edges,
         version=key.version,
@@ -258,6 +272,7 @@ def profile_table(
             "grad_sync_s": update.grad_sync_s,
             "optimizer_step_s": update.optimizer_step_s,
             "update_engine": config.runtime.engine,
+            "precision": precision,
         },
     )
     return ProfileTable(rows, meta)

@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from dcp.distributed.comm import all_reduce_values
 from dcp.profiler.adapters import ModelAdapter
 from dcp.profiler.memory import (
     AllocatorMeter,
@@ -145,14 +146,13 @@ def _timed(fn: Callable[[], Any], device: torch.device, ctx: Any, clock: str = "
 
 
 def group_max(values: list[float], ctx: Any) -> list[float]:
-    """Element-wise MAX over the ranks of the SP group (identity for sp_size 1)."""
+    """Element-wise MAX over the ranks of the SP group (identity for sp_size 1), on the group's backend
+    device (CPU for gloo, the rank's GPU for NCCL)."""
     if ctx.sp_size == 1:
         return values
     import torch.distributed as dist
 
-    t = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctx.group)
-    return t.tolist()
+    return all_reduce_values(values, dist.ReduceOp.MAX, ctx.group)
 
 
 def _device_of(adapter: ModelAdapter) -> torch.device:
@@ -203,9 +203,7 @@ def group_all_ok(ok: bool, ctx: Any) -> bool:
         return ok
     import torch.distributed as dist
 
-    t = torch.tensor([1 if ok else 0], dtype=torch.int32)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=ctx.group)
-    return bool(t.item())
+    return all_reduce_values([1.0 if ok else 0.0], dist.ReduceOp.MIN, ctx.group)[0] > 0
 
 
 def measure_candidate(

@@ -99,7 +99,7 @@ def measure_step_update(
 
     sync_s = 0.0
     if world_size > 1:
-        from dcp.runtime.engines import all_reduce_grads_flat, copy_flat_into_grads
+        from dcp.distributed.comm import all_reduce_grads_flat, copy_flat_into_grads
 
         def all_reduce_grads(tensors: list[torch.Tensor] = stand_ins) -> None:
             flat, _ = all_reduce_grads_flat(tensors)
@@ -120,7 +120,7 @@ def measure_step_update(
     if world_size > 1:
         import torch.distributed as dist
 
-        t = torch.tensor(figures, dtype=torch.float64, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        figures = t.tolist()
+        from dcp.distributed.comm import all_reduce_values
+
+        figures = all_reduce_values(figures, dist.ReduceOp.MAX)
     return StepUpdate(grad_sync_s=float(figures[0]), optimizer_step_s=float(figures[1]))

@@ -30,34 +30,19 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from dcp.distributed.comm import all_reduce_grads_flat, check_backend_device, copy_flat_into_grads
+from dcp.distributed.device import autocast, module_device, resolve_precision
+
 if TYPE_CHECKING:
     from dcp.runtime.manager import DCPManager
 
 ENGINES = ("ddp", "deepspeed")
+__all__ = ["ENGINES", "DDPEngine", "DeepSpeedEngine", "Engine", "EngineError", "all_reduce_grads_flat",
+           "build_engine", "copy_flat_into_grads", "deepspeed_config"]
 
 
 class EngineError(ValueError):
     """An engine cannot be built or used as asked; the message says why and how to fix it."""
-
-
-def all_reduce_grads_flat(tensors: list[torch.Tensor], group: Any = None, *, async_op: bool = False) -> tuple:
-    """Start a SUM all-reduce of the ``.grad`` of ``tensors`` as one flat buffer: (flat, work or None).
-
-    One collective per buffer instead of one per tensor; ``copy_flat_into_grads`` writes the result back
-    (after ``work.wait()`` when async). The ddp engine runs this per bucket, the profiler times it.
-    """
-    flat = torch.cat([t.grad.reshape(-1) for t in tensors])
-    work = dist.all_reduce(flat, group=group, async_op=async_op)
-    return flat, work
-
-
-def copy_flat_into_grads(tensors: list[torch.Tensor], flat: torch.Tensor) -> None:
-    """Write consecutive slices of ``flat`` back into the ``.grad`` of ``tensors`` (the inverse of the cat)."""
-    offset = 0
-    for t in tensors:
-        n = t.numel()
-        t.grad.copy_(flat[offset : offset + n].view_as(t))
-        offset += n
 
 
 class Engine:
@@ -66,10 +51,15 @@ class Engine:
     name = "base"
     sync_divisor = 1
 
-    def __init__(self, module: torch.nn.Module, optimizer: Any, lr_scheduler: Any = None) -> None:
+    def __init__(self, module: torch.nn.Module, optimizer: Any, lr_scheduler: Any = None, *,
+                 precision: str = "fp32") -> None:
         self.module = module
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
+        self.device = module_device(module)
+        """Where the module computes (its first parameter's device); the manager accumulates there."""
+        self.precision = resolve_precision(precision, self.device)
+        """'bf16' or 'fp32' (runtime.precision resolved on ``device``)."""
         self._mgr: DCPManager | None = None
         self.optimizer_steps = 0
         """Optimizer updates applied so far (one per DCP step, whatever the ranks' ga_steps)."""
@@ -99,8 +89,13 @@ class Engine:
         """Forward of this rank's part of ``batch``; returns the (unweighted) loss_sum."""
         mgr = self._manager()
         ctx = mgr._before_forward(batch)
-        out = mgr.forward_fn(self.forward_model, batch, ctx)
+        with self._autocast():
+            out = mgr.forward_fn(self.forward_model, batch, ctx)
         return mgr._after_forward(out)
+
+    def _autocast(self) -> Any:
+        """The forward's precision context (backward runs outside it, as torch.autocast recommends)."""
+        return autocast(self.precision, self.device)
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of ``loss * weight``: weight = sync_divisor / N_step (see dcp.runtime.weighting)."""
@@ -142,7 +137,7 @@ class DDPEngine(Engine):
     sync_divisor = 1
 
     def __init__(self, module: torch.nn.Module, optimizer: Any, lr_scheduler: Any = None, *,
-                 group: Any = None, bucket_cap_mb: float = 25.0) -> None:
+                 group: Any = None, bucket_cap_mb: float = 25.0, precision: str = "fp32") -> None:
         if isinstance(module, torch.nn.parallel.DistributedDataParallel):
             # DDP's hooks all-reduce on every backward; with unequal ga_steps per rank the ranks would run
             # different numbers of collectives and hang. DCP owns the (single) gradient sync per step.
@@ -150,12 +145,18 @@ class DDPEngine(Engine):
                 "model (DistributedDataParallel) must be the plain module: pass model.module to set_manager; "
                 "DCP's ddp engine does the one gradient all-reduce per step itself"
             )
-        super().__init__(module, optimizer, lr_scheduler)
+        super().__init__(module, optimizer, lr_scheduler, precision=precision)
         if optimizer is None:
             raise EngineError("optimizer (None) is required: pass optimizer=torch.optim.SGD(model.parameters(), ...)")
         self.group = group
         self._distributed = dist.is_available() and dist.is_initialized()
         if self._distributed:
+            # bf16 runs autocast over fp32 parameters: gradients, the all-reduce and the optimizer stay
+            # fp32 (the master weights). NCCL needs the parameters on this rank's GPU.
+            try:
+                check_backend_device(str(dist.get_backend(group)), self.device, "model parameters")
+            except ValueError as exc:
+                raise EngineError(str(exc)) from None
             with torch.no_grad():
                 # Same start everywhere, as DDP guarantees: global rank 0's parameters and buffers win.
                 src = dist.get_global_rank(group, 0) if group is not None else 0
@@ -190,7 +191,8 @@ class DDPEngine(Engine):
         self.optimizer.zero_grad(set_to_none=True)
 
 
-def deepspeed_config(world_size: int, *, zero_stage: int = 1, user_config: dict[str, Any] | None = None) -> dict:
+def deepspeed_config(world_size: int, *, zero_stage: int = 1, user_config: dict[str, Any] | None = None,
+                     precision: str = "fp32") -> dict:
     """The DeepSpeed config dict; the ONLY place batch and accumulation settings are derived.
 
     DCP chooses micro-batch sizes and ga_steps per step and per group, so DeepSpeed's own batch fields
@@ -199,7 +201,11 @@ def deepspeed_config(world_size: int, *, zero_stage: int = 1, user_config: dict[
     train_batch_size = micro * gas * W check) and hand the accumulation boundary to the caller with
     managed_gradient_accumulation=false. Gradient clipping defaults to off (DeepSpeed's default is 1.0,
     which would silently change the exact mean-loss gradient); set it in ``user_config`` if wanted.
+    ``precision`` ('bf16' or 'fp32', resolved) sets DeepSpeed's own bf16 mode: a bf16 module with fp32
+    master weights and optimizer state in the ZeRO-1 shards; a user config that says otherwise is refused.
     """
+    if precision not in ("bf16", "fp32"):
+        raise EngineError(f"precision ({precision!r}) must be 'bf16' or 'fp32' here: resolve runtime.precision first")
     if zero_stage not in (0, 1):
         raise EngineError(
             f"zero_stage ({zero_stage}) is not supported: DCP's engine adapter covers ZeRO-0/1 (use 1)"
@@ -220,9 +226,18 @@ def deepspeed_config(world_size: int, *, zero_stage: int = 1, user_config: dict[
     zero = {"stage": zero_stage, **user.pop("zero_optimization", {})}
     if zero.get("stage") != zero_stage:
         raise EngineError(f"zero_optimization.stage ({zero.get('stage')}) must be {zero_stage}: use ZeRO-1")
+    want_bf16 = precision == "bf16"
+    for key, want in (("bf16", want_bf16), ("fp16", False)):
+        got = bool(user.get(key, {}).get("enabled", False)) if isinstance(user.get(key), dict) else None
+        if got is not None and got != want:
+            raise EngineError(
+                f"deepspeed config {key}.enabled ({got}) contradicts runtime.precision ({precision!r}): DCP sets "
+                "the precision from runtime.precision; remove the key or change runtime.precision"
+            )
     cfg = {"gradient_clipping": 0.0, "steps_per_print": 2**31 - 1, "zero_allow_untested_optimizer": True}
     cfg.update(user)
     cfg.update(fixed)
+    cfg["bf16"] = {**(user.get("bf16") or {}), "enabled": want_bf16}
     cfg["zero_optimization"] = zero
     return cfg
 
@@ -233,17 +248,22 @@ class DeepSpeedEngine(Engine):
     name = "deepspeed"
 
     def __init__(self, module: torch.nn.Module, optimizer: Any, lr_scheduler: Any = None, *,
-                 world_size: int, config: dict[str, Any] | None = None) -> None:
-        if not torch.cuda.is_available():
-            # DeepSpeed picks its accelerator at import; on a CPU-only host it must be told (gloo + CPU).
+                 world_size: int, config: dict[str, Any] | None = None, precision: str = "fp32") -> None:
+        device = module_device(module)
+        if device.type == "cpu":
+            # DeepSpeed picks its accelerator once, at import; a CPU run (gloo) needs its CPU accelerator even
+            # on a host with GPUs, or it would place the model on cuda:<local rank>.
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
         try:
             import deepspeed
+            from deepspeed.accelerator import get_accelerator
         except ImportError as exc:
             raise EngineError(f"runtime.engine ('deepspeed') needs DeepSpeed ({exc}): pip install deepspeed") from None
         if optimizer is None:
             raise EngineError("optimizer (None) is required: pass a torch optimizer (ZeRO-1 shards its state)")
-        self.ds_config = deepspeed_config(world_size, user_config=config)
+        check_accelerator(get_accelerator().device_name(), device)
+        precision = resolve_precision(precision, device)
+        self.ds_config = deepspeed_config(world_size, user_config=config, precision=precision)
         ds, ds_optimizer, _, ds_scheduler = deepspeed.initialize(
             model=module, optimizer=optimizer, lr_scheduler=lr_scheduler, config=self.ds_config,
             dist_init_required=False,
@@ -256,13 +276,18 @@ class DeepSpeedEngine(Engine):
                 "managed_gradient_accumulation=false, which DCP needs for unequal ga_steps per rank: "
                 "pip install 'deepspeed>=0.19.4'"
             )
-        super().__init__(module, ds_optimizer, ds_scheduler)
+        super().__init__(module, ds_optimizer, ds_scheduler, precision=precision)
         self.ds = ds
         self.sync_divisor = world_size
 
     @property
     def forward_model(self) -> Callable[..., Any]:
         return self.ds
+
+    def _autocast(self) -> Any:
+        # DeepSpeed's bf16 mode already runs a bf16 module; the reference models compute their losses in
+        # fp32 themselves, so no autocast on top (DeepSpeed has its own torch_autocast option for that).
+        return autocast("fp32", self.device)
 
     def _backward(self, loss: torch.Tensor) -> None:
         self.ds.backward(loss, scale_wrt_gas=False)
@@ -283,11 +308,22 @@ class DeepSpeedEngine(Engine):
         self.ds.step()
 
 
+def check_accelerator(accelerator: str, device: torch.device) -> None:
+    """Raise EngineError when DeepSpeed's accelerator ('cpu', 'cuda', ...) is not where the model lives."""
+    if accelerator != device.type:
+        raise EngineError(
+            f"DeepSpeed's accelerator ({accelerator!r}) differs from the model's device ({device}): DeepSpeed picks it "
+            f"at its first import; set DS_ACCELERATOR={device.type} before importing deepspeed (CPU runs: "
+            "DS_ACCELERATOR=cpu) or move the model to the accelerator's device"
+        )
+
+
 def build_engine(name: str, module: torch.nn.Module, optimizer: Any, lr_scheduler: Any, *, world_size: int,
-                 deepspeed_config: dict[str, Any] | None = None) -> Engine:
-    """An engine by name (runtime.engine): 'ddp' or 'deepspeed'."""
+                 deepspeed_config: dict[str, Any] | None = None, precision: str = "fp32") -> Engine:
+    """An engine by name (runtime.engine): 'ddp' or 'deepspeed'; ``precision`` is runtime.precision."""
     if name == "ddp":
-        return DDPEngine(module, optimizer, lr_scheduler)
+        return DDPEngine(module, optimizer, lr_scheduler, precision=precision)
     if name == "deepspeed":
-        return DeepSpeedEngine(module, optimizer, lr_scheduler, world_size=world_size, config=deepspeed_config)
+        return DeepSpeedEngine(module, optimizer, lr_scheduler, world_size=world_size, config=deepspeed_config,
+                               precision=precision)
     raise EngineError(f"engine ({name!r}) is not one of {list(ENGINES)}: pick one of those or pass an Engine")

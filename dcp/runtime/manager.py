@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from dcp.config import ConfigError, DCPConfig
+from dcp.distributed.device import module_device, move_batch, resolve_precision
 from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
 from dcp.runtime.context import SPContext
 from dcp.runtime.data import check_dataset, target_counts
@@ -76,6 +77,11 @@ class DCPManager:
         """(T, S) per sample for 2D data (the dataset's optional sample_shapes()), else None."""
         self.target_counts = target_counts(dataset, self.lengths)
         self.log = get_logger(self.rank)
+        self.device = getattr(engine, "device", None) or module_device(model)
+        """The run's device (where the engine's module computes): batches, loss and count accumulators live
+        there; only the gloo plan-check collective copies its small row to the host."""
+        self.precision = getattr(engine, "precision", None) or resolve_precision(config.runtime.precision, self.device)
+        """runtime.precision resolved on ``device``: 'bf16' or 'fp32'."""
         # Every rank creates the same groups in the same order (new_group is a world collective).
         self.registry = registry or SPGroupRegistry(
             self.world_size, config.planning.ranks_per_node, [p for p in config.planning.sp_sizes if p <= self.world_size]
@@ -192,7 +198,7 @@ class DCPManager:
                 continue
             for i, mb in enumerate(group.micro_batches):
                 self._mb_index, self._pending, self._applied = i, mb, False
-                yield self.dataset.collate([self.dataset[j] for j in mb.sample_ids])
+                yield move_batch(self.dataset.collate([self.dataset[j] for j in mb.sample_ids]), self.device)
             if self._step_open:
                 raise ManagerError(
                     f"epoch {epoch} step {plan.step}: engine.step() was not called after the last micro-batch "
@@ -333,9 +339,11 @@ class DCPManager:
 
     def _after_forward(self, out: Any) -> torch.Tensor:
         loss, count = (out[0], out[1]) if isinstance(out, tuple | list) else (out, None)
-        self._loss_local += loss.detach().double()
+        # Accumulated on the run's device in fp64 / int64 whatever the compute precision, without reading
+        # anything back to the host (the step's values are copied out once, in the stats exchange).
+        self._loss_local += loss.detach().to(self._loss_local.device, torch.float64)
         if count is not None:
-            self._count_local += torch.as_tensor(count).detach().long().sum()
+            self._count_local += torch.as_tensor(count).detach().to(self._count_local.device, torch.int64).sum()
             self._has_count = True
         return loss
 
@@ -349,8 +357,8 @@ class DCPManager:
         self.global_step += 1
 
     def _reset_step_accumulators(self) -> None:
-        self._loss_local = torch.zeros((), dtype=torch.float64)
-        self._count_local = torch.zeros((), dtype=torch.int64)
+        self._loss_local = torch.zeros((), dtype=torch.float64, device=self.device)
+        self._count_local = torch.zeros((), dtype=torch.int64, device=self.device)
         self._has_count = False
         self._busy_s = 0.0
         self._sync_s = 0.0
@@ -392,12 +400,16 @@ class DCPManager:
         return f"epoch {epoch}: {n} plans {h.hexdigest()}"
 
     def _exchange(self, marker: str, prev: dict[str, Any] | None, plan: StepPlan | None, *, where: str) -> None:
-        """All-gather [plan digest, previous step's loss_sum, count, busy ns] from every rank."""
+        """All-gather [plan digest, previous step's loss_sum, count, busy ns] from every rank.
+
+        The check group is gloo (CPU tensors) on purpose: the step's device accumulators are copied to the
+        host here, once per logged step, which is also the only host-device synchronisation they cost.
+        """
         row = torch.zeros(7, dtype=torch.int64)
         row[:4] = _digest_words(marker)
         if prev is not None:
-            row[4] = prev["loss"].reshape(1).view(torch.int64)[0]
-            row[5] = prev["count"] if prev["has_count"] else -1
+            row[4] = prev["loss"].cpu().reshape(1).view(torch.int64)[0]
+            row[5] = prev["count"].cpu() if prev["has_count"] else -1
             row[6] = int(prev["busy_s"] * 1e9)
         if self._check_group is not None:
             rows = [torch.zeros_like(row) for _ in range(self.world_size)]
@@ -467,7 +479,13 @@ def set_manager(model: torch.nn.Module, dataset: Any, config: DCPConfig | None =
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     if isinstance(engine, Engine):
         eng = engine
+        want = resolve_precision(config.runtime.precision, eng.device)
+        if eng.precision != want:
+            raise ConfigError(
+                f"runtime.precision ({config.runtime.precision!r}, i.e. {want!r} on {eng.device}) differs from the "
+                f"engine's ({eng.precision!r}): build the engine with precision=config.runtime.precision"
+            )
     else:
         eng = build_engine(engine or config.runtime.engine, model, optimizer, lr_scheduler, world_size=world,
-                           deepspeed_config=deepspeed_config)
+                           deepspeed_config=deepspeed_config, precision=config.runtime.precision)
     return DCPManager(model, dataset, config, eng, table=table, plans=plans, forward_fn=forward_fn)

@@ -11,7 +11,7 @@ from dcp.profiler import cache
 from dcp.profiler.cache import CacheKey, CorruptCacheError, StaleCacheError
 
 KEY = CacheKey(model="t1d-tiny", model_hash="0123456789abcdef", world_size=2, hardware="cpu-x86_64-2cores",
-               dtype="float32", version="0.1.0", seq_group_edges=(128, 256), sp_sizes=(1, 2),
+               dtype="float32", precision="fp32", version="0.1.0", seq_group_edges=(128, 256), sp_sizes=(1, 2),
                max_micro_batch_size=4, mem_capacity_gib=1.0)
 
 

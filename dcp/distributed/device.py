@@ -1,0 +1,76 @@
+"""Where a run computes and in what precision.
+
+``runtime.precision`` is 'auto' (bf16 on CUDA, fp32 elsewhere), 'bf16' or 'fp32'. bf16 keeps fp32 master
+weights and optimizer state: the ddp engine runs its forward under ``torch.autocast(bfloat16)`` over fp32
+parameters (on CPU too), DeepSpeed runs its own bf16 mode (bf16 module, fp32 master shards in ZeRO-1).
+Losses and token counts are accumulated in fp64 / int64 whatever the precision.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any
+
+import torch
+
+PRECISIONS = ("auto", "bf16", "fp32")
+_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def resolve_precision(precision: str, device: torch.device | str) -> str:
+    """'bf16' or 'fp32' for ``precision`` on ``device`` ('auto': bf16 on CUDA, fp32 elsewhere)."""
+    if precision not in PRECISIONS:
+        raise ValueError(
+            f"runtime.precision ({precision!r}) is not one of {list(PRECISIONS)}: pick one of those"
+        )
+    if precision != "auto":
+        return precision
+    return "bf16" if torch.device(device).type == "cuda" else "fp32"
+
+
+def compute_dtype(precision: str) -> torch.dtype:
+    """torch dtype of a resolved precision ('bf16' or 'fp32')."""
+    if precision not in _DTYPES:
+        raise ValueError(f"precision ({precision!r}) must be resolved to 'bf16' or 'fp32': call resolve_precision")
+    return _DTYPES[precision]
+
+
+def autocast(precision: str, device: torch.device | str) -> contextlib.AbstractContextManager:
+    """``torch.autocast(device_type, bfloat16)`` for 'bf16'; a no-op context for 'fp32'."""
+    if compute_dtype(precision) == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+
+
+def module_device(module: Any) -> torch.device:
+    """Device of a module's first parameter (or buffer); CPU for a module without either."""
+    for tensors in (module.parameters(), module.buffers()):
+        t = next(iter(tensors), None)
+        if t is not None:
+            return t.device
+    return torch.device("cpu")
+
+
+def move_batch(batch: Any, device: torch.device) -> Any:
+    """``batch`` on ``device``; host batches are pinned and copied without blocking the host.
+
+    A Batch (dataclass with tensor ``inputs`` / ``targets``) is copied field by field from pinned memory
+    (``non_blocking=True``: no host-device synchronisation, the copy is ordered on the current stream before
+    the forward's kernels). Other objects with ``.to(device)`` are moved with it; anything else is returned
+    as is. Nothing is done on CPU or when the tensors already live on ``device``.
+    """
+    device = torch.device(device)
+    if device.type == "cpu":
+        return batch
+    if dataclasses.is_dataclass(batch) and isinstance(getattr(batch, "inputs", None), torch.Tensor):
+        changes = {}
+        for name in ("inputs", "targets"):
+            t = getattr(batch, name, None)
+            if isinstance(t, torch.Tensor) and t.device != device:
+                pin = device.type == "cuda" and t.device.type == "cpu"
+                changes[name] = (t.pin_memory() if pin else t).to(device, non_blocking=pin)
+        return dataclasses.replace(batch, **changes) if changes else batch
+    if hasattr(batch, "to"):
+        return batch.to(device)
+    return batch
