@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from typing import Any
 
 import torch
@@ -74,3 +75,45 @@ def move_batch(batch: Any, device: torch.device) -> Any:
     if hasattr(batch, "to"):
         return batch.to(device)
     return batch
+
+
+class Span:
+    """A timed region; ``seconds()`` gives its length (on CUDA it waits for the region's end event)."""
+
+    __slots__ = ("_start", "_end", "_seconds")
+
+    def __init__(self, seconds: float | None = None, start: Any = None, end: Any = None) -> None:
+        self._seconds, self._start, self._end = seconds, start, end
+
+    def seconds(self) -> float:
+        if self._seconds is None:
+            self._end.synchronize()  # the one host-device wait, taken when the figure is read
+            self._seconds = self._start.elapsed_time(self._end) / 1e3
+        return self._seconds
+
+
+class Stopwatch:
+    """Times regions on a device without host-device synchronisation inside them.
+
+    CPU (and other non-CUDA devices): ``time.perf_counter`` at start and stop. CUDA: a pair of timing events
+    recorded on the current stream, so the span is the GPU's time for the region's work (kernel launches
+    are asynchronous: a host clock would time the launches, not the work); it is resolved only when
+    ``Span.seconds()`` is read, e.g. when a logged step's stats are exchanged anyway.
+    """
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.cuda = torch.device(device).type == "cuda"
+
+    def start(self) -> Any:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def stop(self, token: Any) -> Span:
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            return Span(start=token, end=end)
+        return Span(seconds=time.perf_counter() - token)

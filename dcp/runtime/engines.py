@@ -23,7 +23,6 @@ loss weights ``sync_divisor / N_step`` give the gradient of the step's mean loss
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -109,11 +108,11 @@ class Engine:
         mgr = self._manager()
         if not mgr._at_boundary():
             return False
-        t0 = time.perf_counter()
+        token = mgr._watch.start()
         self._fill_missing_grads()
         self._sync_and_update()
         self.optimizer_steps += 1
-        mgr._step_done(time.perf_counter() - t0)
+        mgr._step_done(mgr._watch.stop(token))
         return True
 
     def idle_step(self) -> None:

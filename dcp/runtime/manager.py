@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from dcp.config import ConfigError, DCPConfig
-from dcp.distributed.device import module_device, move_batch, resolve_precision
+from dcp.distributed.device import Span, Stopwatch, module_device, move_batch, resolve_precision
 from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
 from dcp.runtime.context import SPContext
 from dcp.runtime.data import check_dataset, target_counts
@@ -100,7 +100,10 @@ class DCPManager:
         self.step_stats: list[StepStats] = []
         """One record per finished step (the same on every rank), filled one step late."""
         self.measurements: deque[tuple[int, int, int, int, float]] = deque(maxlen=100_000)
-        """(seq_group, micro_batch_size, sp_size, recompute_layers, seconds) of every profiled micro-batch."""
+        """(seq_group, micro_batch_size, sp_size, recompute_layers, seconds) of every profiled micro-batch
+        (on CUDA: GPU time between events, added when a logged step's stats are exchanged)."""
+        self._watch = Stopwatch(self.device)
+        self._unresolved: list[tuple[tuple[int, int, int, int], Span]] = []
         self._ctx = SPContext.single(attention=config.runtime.attention)
         self._ctx_cache: dict[tuple[int, int, int], SPContext] = {}
         self._plan: StepPlan | None = None
@@ -235,15 +238,20 @@ class DCPManager:
         """Time one micro-batch (forward, backward, step). ``gas`` is accepted for the paper's signature;
         DCP takes ga_steps from the plan (``mgr.gas``)."""
         mb, group = self._pending, self._group
-        sync_before = self._sync_s
-        t0 = time.perf_counter()
+        sync_before = len(self._sync_spans)
+        token = self._watch.start()
         try:
             yield
         finally:
-            elapsed = time.perf_counter() - t0
-            self._busy_s += elapsed - (self._sync_s - sync_before)
+            # busy = the micro-batch minus the gradient sync + update it contains (engine.step at the boundary).
+            # On CUDA these are event spans, read only when the step's stats are exchanged: no sync here.
+            span = self._watch.stop(token)
+            self._busy_spans.append((1, span))
+            self._busy_spans.extend((-1, s) for s in self._sync_spans[sync_before:])
             if mb is not None and group is not None:
-                self.measurements.append((mb.seq_group, mb.size, group.sp_size, group.recompute_layers, elapsed))
+                self._unresolved.append(((mb.seq_group, mb.size, group.sp_size, group.recompute_layers), span))
+                if not self._watch.cuda:
+                    self._resolve_measurements()
 
     def recompute(self, layer: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``layer(*args)``, checkpointed when its index (layer.layer_index, else call order within this
@@ -350,8 +358,13 @@ class DCPManager:
     def _at_boundary(self) -> bool:
         return self._step_open and self._applied and self._mb_index == self._group.ga_steps - 1
 
-    def _step_done(self, sync_s: float) -> None:
-        self._sync_s += sync_s
+    def _resolve_measurements(self) -> None:
+        for key, span in self._unresolved:
+            self.measurements.append((*key, span.seconds()))
+        self._unresolved.clear()
+
+    def _step_done(self, sync: Span | float) -> None:
+        self._sync_spans.append(sync if isinstance(sync, Span) else Span(seconds=float(sync)))
         self._step_open = False
         self.step_in_epoch = self._plan.step + 1
         self.global_step += 1
@@ -360,8 +373,8 @@ class DCPManager:
         self._loss_local = torch.zeros((), dtype=torch.float64, device=self.device)
         self._count_local = torch.zeros((), dtype=torch.int64, device=self.device)
         self._has_count = False
-        self._busy_s = 0.0
-        self._sync_s = 0.0
+        self._busy_spans: list[tuple[int, Span]] = []
+        self._sync_spans: list[Span] = []
 
     def _begin_step(self, plan: StepPlan | None, marker: str | None = None) -> None:
         now = time.perf_counter()
@@ -369,7 +382,7 @@ class DCPManager:
         if prev is not None:
             prev["step_time_s"] = now - prev["t0"]
             # a rank that ran no forward this step (idle) counted 0 tokens; -1 marks "model gave no count"
-            prev.update(loss=self._loss_local.clone(), count=self._count_local.clone(), busy_s=self._busy_s,
+            prev.update(loss=self._loss_local.clone(), count=self._count_local.clone(), busy=self._busy_spans,
                         has_count=self._has_count or not self._group.micro_batches)
         if marker is None:
             marker = plan.digest() if plan is not None else f"end-of-epoch {self.epoch}"
@@ -410,7 +423,8 @@ class DCPManager:
         if prev is not None:
             row[4] = prev["loss"].cpu().reshape(1).view(torch.int64)[0]
             row[5] = prev["count"].cpu() if prev["has_count"] else -1
-            row[6] = int(prev["busy_s"] * 1e9)
+            row[6] = int(sum(sign * span.seconds() for sign, span in prev["busy"]) * 1e9)
+            self._resolve_measurements()
         if self._check_group is not None:
             rows = [torch.zeros_like(row) for _ in range(self.world_size)]
             dist.all_gather(rows, row, group=self._check_group)
