@@ -1,7 +1,7 @@
 """Executing one run on this rank: the manager's training loop (default) or a minimal direct loop.
 
 Both executors run the same plans (``EpochPlanner`` over the run's lengths and the profiled table) and
-return, on rank 0, one record per measured step (``runner.step_record``) plus run-level facts.
+return, on rank 0, one record per measured step (``step_record``) plus run-level facts.
 
 - ``manager``: the paper's loop (Figure 14) through ``dcp.set_manager``: ``get_data_iter``,
   ``optimize_dynamics``, ``profile``, engine forward/backward/step (DDP or DeepSpeed ZeRO-1). Busy time
@@ -28,6 +28,7 @@ import time
 from itertools import islice
 from typing import Any
 
+from dcp.experiments.results import idle_ratio_from_busy
 from dcp.experiments.sweep import RunSpec, model_config
 
 
@@ -209,12 +210,38 @@ def _extra(run: RunSpec, peak: float, plans: list[Any], table: Any, device: Any,
     }
 
 
+def step_record(step: int, plan: Any, busy_s: list[float], wall_s: float) -> dict:
+    """The measured and predicted figures of one step (rank 0), in steps.csv terms."""
+    groups = [
+        {
+            "first_rank": g.first_rank,
+            "sp_size": g.sp_size,
+            "ga_steps": g.ga_steps,
+            "recompute_layers": g.recompute_layers,
+            "group_tokens": g.tokens,
+            "predicted_group_time_s": g.time_s,
+        }
+        for g in plan.groups
+    ]
+    return {
+        "step": step,
+        "predicted_step_time_s": plan.step_time_s,
+        "measured_step_time_s": wall_s,
+        "measured_compute_time_s": max(busy_s),
+        "predicted_idle_ratio": plan.idle_ratio_gpu,
+        "measured_idle_ratio": idle_ratio_from_busy(busy_s),
+        "tokens": plan.tokens,
+        "samples": plan.samples,
+        "groups": groups,
+        "busy_s": list(busy_s),
+    }
+
+
 # ----- executor 1: the manager (the paper's loop) ------------------------------------------------------
 def execute_manager(run: RunSpec, rank: int, world_size: int, device: Any, registry: Any, table: Any,
                     model: Any) -> tuple[list[dict], dict]:
     import torch
 
-    from dcp.experiments.runner import step_record
     from dcp.runtime.manager import set_manager
 
     sweep, cfg = run.sweep, run.config
@@ -264,7 +291,6 @@ def execute_direct(run: RunSpec, rank: int, world_size: int, device: Any, regist
     import torch.distributed as dist
 
     from dcp.distributed import autocast, backend_device, resolve_precision
-    from dcp.experiments.runner import step_record
 
     sweep, cfg = run.sweep, run.config
     precision = resolve_precision(cfg.runtime.precision, device)  # as the manager's ddp engine runs it

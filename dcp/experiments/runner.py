@@ -16,9 +16,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from dcp.experiments.execute import build_model, execute_direct, execute_manager
-from dcp.experiments.results import group_busy_s, idle_ratio_from_busy, summarize_run
+from dcp.experiments.execute import build_model, execute_direct, execute_manager, step_record
+from dcp.experiments.results import group_busy_s, summarize_run
 from dcp.experiments.sweep import RunSpec
+
+__all__ = ["GroupInfo", "run_group", "step_record"]
 
 GIB = 1024**3
 
@@ -198,30 +200,3 @@ def _step_rows(run: RunSpec, run_id: str, steps: list[dict]) -> list[dict]:
 def _config_doc(run: RunSpec) -> dict:
     # host_cpus: where W x threads_per_rank exceeds it, ranks time-share cores (dcp bench simulator says so)
     return {"config_hash": run.config_hash(), "label": run.label, "host_cpus": os.cpu_count(), **run.resolved()}
-
-
-def step_record(step: int, plan: Any, busy_s: list[float], wall_s: float) -> dict:
-    """The measured and predicted figures of one step (rank 0), in steps.csv terms."""
-    groups = [
-        {
-            "first_rank": g.first_rank,
-            "sp_size": g.sp_size,
-            "ga_steps": g.ga_steps,
-            "recompute_layers": g.recompute_layers,
-            "group_tokens": g.tokens,
-            "predicted_group_time_s": g.time_s,
-        }
-        for g in plan.groups
-    ]
-    return {
-        "step": step,
-        "predicted_step_time_s": plan.step_time_s,
-        "measured_step_time_s": wall_s,
-        "measured_compute_time_s": max(busy_s),
-        "predicted_idle_ratio": plan.idle_ratio_gpu,
-        "measured_idle_ratio": idle_ratio_from_busy(busy_s),
-        "tokens": plan.tokens,
-        "samples": plan.samples,
-        "groups": groups,
-        "busy_s": list(busy_s),
-    }
