@@ -245,3 +245,18 @@ def test_engines_still_export_the_flat_helpers():
 
     assert engines.all_reduce_grads_flat is comm.all_reduce_grads_flat
     assert engines.copy_flat_into_grads is comm.copy_flat_into_grads
+
+
+def test_profile_table_records_its_precision(tmp_path):
+    from dcp.config import PlanningConfig, ProfilingConfig
+    from dcp.profiler.dual_layer import profile_table
+
+    model = Transformer1D(T1DConfig.tiny())
+    cfg = DCPConfig(model=model.config.shape(), runtime=RuntimeConfig(precision="bf16"),
+                    profiling=ProfilingConfig(seq_group_edges=(32,), max_micro_batch_size=1, measure_iters=1,
+                                              warmup_iters=0, cache_dir=str(tmp_path)),
+                    planning=PlanningConfig(sp_sizes=(1,), mem_capacity_gib=1.0))
+    table = profile_table(model, cfg, progress=False)
+    assert table.meta.dtype == "bfloat16" and table.meta.extra["precision"] == "bf16"
+    assert all(p.dtype is torch.float32 for p in model.parameters())  # measured under autocast, not cast
+    assert not torch.is_autocast_enabled("cpu")  # the context is left again

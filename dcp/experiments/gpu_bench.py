@@ -1,0 +1,384 @@
+"""``dcp bench gpu``: the project's checks for a machine with one GPU, in one command.
+
+In one process on one GPU (and W = 1 with NCCL through the manager):
+
+1. the GPU tests (``pytest tests/gpu``, in a subprocess);
+2. the dual-layer profile of the paper's shapes at reduced depth (Transformer-1D 5B and Transformer-2D 1.2B
+   with 8 layers, in the run's precision, bf16 on CUDA) against measured whole-model steps: time and memory
+   at r = 0 and r = L, predicted by the planner's own Eq. 4-6 from the measured rows;
+3. padded vs unpadded micro-batch efficiency: a Transformer-1D micro-batch of lengths [8192, 6000, 4000,
+   2000] (right-padded to 8192) against the same samples run unpadded, one per micro-batch (same real tokens
+   and the same attention work): efficiency = unpadded time / padded time (1.0: padding costs nothing);
+4. host-device synchronisations per micro-batch (``torch.cuda.set_sync_debug_mode('warn')``, counted) and the
+   GPU busy fraction of a short (1 x 1024 tokens) micro-batch: union of the CUDA kernels' intervals
+   (torch.profiler) over the wall time of the micro-batch;
+5. a short ``dcp sweep`` (bucket, packed, DCP-inter, DCP-intra, tiny models) through the manager at W = 1
+   (NCCL) with each engine whose package is installed.
+
+Prints a table; ``--json`` adds a last line ``{"time_err_median_pct", "mem_err_median_pct",
+"padded_efficiency", "syncs_per_micro_batch", "gpu_busy_short", "manager_runs_ok", "engines", ...}``.
+Without CUDA it says so and prints ``{"cuda": false}`` (exit 0). ``--device cpu --tiny`` (hidden) runs the
+same code on CPU with tiny shapes (no sync count, no busy fraction): what the unit tests exercise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+PADDED_LENGTHS = (8192, 6000, 4000, 2000)
+SHORT_TOKENS = 1024
+# (model, [(seq_len, micro_batch_size)]) of the dual-layer check
+PAPER_CELLS = (("t1d-5b", ((2048, 2), (8192, 1))), ("t2d-1.2b", ((4096, 1), (16384, 1))))
+TINY_CELLS = (("t1d-tiny", ((32, 1),)), ("t2d-tiny", ((32, 1),)))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+    parser.add_argument("--layers", type=int, default=8, help="layers of the paper-shaped models (default 8)")
+    parser.add_argument("--reps", type=int, default=3, help="timed repetitions per measurement (median)")
+    parser.add_argument("--no-tests", action="store_true", help="skip the GPU test suite (pytest tests/gpu)")
+    parser.add_argument("--no-sweep", action="store_true", help="skip the short sweep through the manager")
+    parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"), help=argparse.SUPPRESS)
+    parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
+
+
+# ----- measurements (each takes its device explicitly) --------------------------------------------------
+def _sync(device: Any) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _step(model: Any, batch: Any, ctx: Any, recompute_layers: int, precision: str, device: Any,
+          reentrant: bool = False) -> None:
+    """One whole-model forward + backward with the first ``recompute_layers`` layers checkpointed."""
+    from torch.utils.checkpoint import checkpoint
+
+    from dcp.distributed import autocast
+
+    with autocast(precision, device):
+        if reentrant and recompute_layers:
+            # the saved-tensor meter (CPU) sees a reentrant checkpoint's recomputation; non-reentrant hides it
+            def recompute(layer: Any, hidden: Any, c: Any, aux: Any) -> Any:
+                return checkpoint(layer, hidden, c, aux, use_reentrant=True)
+
+            loss, _ = model(batch, ctx, recompute=recompute)
+        else:
+            loss, _ = model(batch, ctx.replace(recompute_layers=recompute_layers))
+    loss.backward()
+
+
+def _timed_step(model: Any, batch: Any, ctx: Any, r: int, precision: str, device: Any, reps: int) -> float:
+    _step(model, batch, ctx, r, precision, device)  # warm-up
+    times = []
+    for _ in range(reps):
+        _sync(device)
+        t0 = time.perf_counter()
+        _step(model, batch, ctx, r, precision, device)
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _step_peak_bytes(model: Any, batch: Any, ctx: Any, r: int, precision: str, device: Any, state_b: float) -> float:
+    """Peak memory of one step: allocator peak above the pre-step level plus the state bytes (CUDA), or the
+    saved-tensor peak plus the state bytes (CPU), the quantity Eq. 6 predicts."""
+    import torch
+
+    from dcp.profiler.memory import SavedTensorMeter
+
+    if device.type == "cuda":
+        _sync(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        _step(model, batch, ctx, r, precision, device)
+        _sync(device)
+        return float(torch.cuda.max_memory_allocated(device) - base) + state_b
+    with SavedTensorMeter(exclude=list(model.parameters())) as meter:
+        _step(model, batch, ctx, r, precision, device, reentrant=True)
+    return float(meter.peak_bytes) + state_b
+
+
+def dual_layer_rows(name: str, cells: tuple, device: Any, precision: str, layers: int, reps: int) -> list[dict]:
+    """Predicted (dual-layer rows, Eq. 4-6) vs measured whole-model time and memory at r = 0 and r = L."""
+    import torch
+
+    from dcp.models import build_model
+    from dcp.planner.cost import micro_batch_mem_bytes, micro_batch_time_s
+    from dcp.profiler.adapters import get_adapter
+    from dcp.profiler.dual_layer import _row
+    from dcp.profiler.measure import MeasureSettings, measure_candidate
+    from dcp.runtime.context import SPContext
+
+    model = build_model(name, num_layers=layers).to(device)
+    adapter = get_adapter(model)
+    for p in model.parameters():  # a training step has gradient buffers: both sides count them
+        p.grad = torch.zeros_like(p)
+    state_b = float(sum(p.numel() * p.element_size() * 2 for p in model.parameters()))
+    ctx = SPContext.single(attention="auto")
+    settings = MeasureSettings(warmup_iters=1, measure_iters=reps, state_bytes=state_b,
+                               meter="allocator" if device.type == "cuda" else "saved")
+    from dcp.distributed import autocast
+
+    out = []
+    for s, b in cells:
+        with autocast(precision, device):
+            m = measure_candidate(adapter, ctx, b, s, settings)
+        if m is None:
+            raise RuntimeError(f"{name} s={s} b={b} ran out of memory while profiling: lower the shapes")
+        row = _row(0, s, b, 1, adapter.num_layers, m)
+        batch = adapter.synthetic_batch(b, s, generator=torch.Generator().manual_seed(s + b)).to(device)
+        for r in (0, adapter.num_layers):
+            meas_t = _timed_step(model, batch, ctx, r, precision, device, reps)
+            meas_m = _step_peak_bytes(model, batch, ctx, r, precision, device, state_b)
+            out.append({"model": name, "seq_len": s, "b": b, "r": r,
+                        "pred_time_s": micro_batch_time_s(row, r), "meas_time_s": meas_t,
+                        "pred_mem_bytes": micro_batch_mem_bytes(row, r), "meas_mem_bytes": meas_m})
+        for p in model.parameters():
+            p.grad.zero_()
+    del model
+    return out
+
+
+def padded_efficiency(name: str, lengths: tuple[int, ...], device: Any, precision: str, layers: int,
+                      reps: int) -> dict:
+    """Unpadded time (each sample alone) / padded time (one right-padded micro-batch) for the same samples."""
+    import torch
+
+    from dcp.models import build_model, collate_tokens
+    from dcp.runtime.context import SPContext
+
+    model = build_model(name, num_layers=layers).to(device)
+    gen = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(0, model.config.vocab_size, (n,), generator=gen) for n in lengths]
+    ctx = SPContext.single(attention="auto")
+    padded = collate_tokens(seqs).to(device)
+    singles = [collate_tokens([s]).to(device) for s in seqs]
+    t_pad, t_one = [], []
+    for _ in range(reps):  # interleaved, so a slow phase hits both sides
+        t_pad.append(_timed_step(model, padded, ctx, 0, precision, device, 1))
+        t_one.append(sum(_timed_step(model, one, ctx, 0, precision, device, 1) for one in singles))
+    model.zero_grad(set_to_none=True)
+    tp, tu = statistics.median(t_pad), statistics.median(t_one)
+    return {"lengths": list(lengths), "padded_s": tp, "unpadded_s": tu, "efficiency": tu / tp}
+
+
+def syncs_per_micro_batch(model: Any, batch: Any, device: Any, precision: str) -> int:
+    """Host-device synchronisations during one forward + backward (CUDA only), counted with the sync
+    debug mode: every sync raises a warning, which is recorded instead of printed."""
+    import torch
+
+    from dcp.runtime.context import SPContext
+
+    ctx = SPContext.single(attention="auto")
+    _step(model, batch, ctx, 0, precision, device)  # warm-up outside the counted region
+    _sync(device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            _step(model, batch, ctx, 0, precision, device)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    _sync(device)
+    model.zero_grad(set_to_none=True)
+    return sum(1 for w in caught if "synchroniz" in str(w.message).lower())
+
+
+def busy_union_us(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals (kernels on several streams may overlap)."""
+    total, cur_start, cur_end = 0.0, None, None
+    for start, end in sorted(intervals):
+        if cur_end is None or start > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    if cur_end is not None:
+        total += cur_end - cur_start
+    return total
+
+
+def gpu_busy_fraction(model: Any, batch: Any, device: Any, precision: str) -> float:
+    """Kernel-busy time / wall time of one forward + backward of ``batch`` (CUDA only, torch.profiler)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from dcp.runtime.context import SPContext
+
+    ctx = SPContext.single(attention="auto")
+    for _ in range(2):
+        _step(model, batch, ctx, 0, precision, device)
+    _sync(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        _step(model, batch, ctx, 0, precision, device)
+        _sync(device)
+        wall_us = (time.perf_counter() - t0) * 1e6
+    model.zero_grad(set_to_none=True)
+    kernels = [(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA]
+    return min(1.0, busy_union_us(kernels) / wall_us) if wall_us > 0 else float("nan")
+
+
+def installed_engines() -> list[str]:
+    engines = ["ddp"]
+    try:
+        import deepspeed  # noqa: F401
+    except ImportError:
+        return engines
+    return engines + ["deepspeed"]
+
+
+def manager_sweep(engine: str, device: str, out_dir: str, *, models: tuple[str, ...] = ("t1d-tiny", "t2d-tiny"),
+                  methods: tuple[str, ...] = ()) -> dict:
+    """A short sweep (all four methods by default, tiny models, W = 1) through the manager; ok when every run
+    finished with a measured throughput."""
+    from dcp.experiments.launch import launch_local
+    from dcp.experiments.sweep import METHODS, sweep_from_dict
+
+    cuda = device == "cuda"
+    raw = {
+        "sweep": {"name": f"bench_gpu_{engine}", "world_sizes": [1], "models": list(models),
+                  "datasets": ["short"], "methods": list(methods or METHODS), "steps": 2, "warmup_steps": 1,
+                  "num_samples": 192, "scale": "cpu", "device": device, "backend": "nccl" if cuda else "gloo",
+                  "executor": "manager", "out_dir": out_dir, "refresh_profile": True},
+        "config": {"profiling": {"seq_group_edges": [64, 128, 256, 512, 1024, 2048], "max_micro_batch_size": 4,
+                                 "warmup_iters": 1, "measure_iters": 1, "cache_dir": str(Path(out_dir) / "cache")},
+                   "planning": {"sp_sizes": [1], "mem_capacity_gib": 4.0 if cuda else 0.5, "ranks_per_node": 1},
+                   "runtime": {"engine": engine, "log_every": 1000}},
+    }
+    spec = sweep_from_dict(raw)
+    expected = len(spec.expand())
+    try:
+        outcomes = launch_local(spec, quiet=True, timeout_s=1800.0)
+    except Exception as exc:  # noqa: BLE001 - a failed run is a result of the check, reported with its cause
+        return {"engine": engine, "runs": 0, "expected": expected, "ok": False, "error": str(exc).splitlines()[-1]}
+    done = [o["run"] for o in outcomes if float(o["run"].get("tokens_per_s", 0)) > 0]
+    return {"engine": engine, "runs": len(done), "expected": expected, "ok": len(done) == expected, "error": ""}
+
+
+def gpu_tests(repo: Path) -> dict:
+    """``pytest tests/gpu`` in a subprocess: pass/fail/skip counts from its summary line."""
+    folder = repo / "tests" / "gpu"
+    if not folder.is_dir():
+        return {"rc": -1, "summary": f"{folder} not found (run from a checkout of the project)"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(folder)],
+                          cwd=repo, capture_output=True, text=True)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    return {"rc": proc.returncode, "summary": lines[-1] if lines else proc.stderr.strip()[-200:]}
+
+
+# ----- the command ---------------------------------------------------------------------------------------
+def _err(pred: float, meas: float) -> float:
+    return abs(pred - meas) / meas * 100.0 if meas > 0 else float("nan")
+
+
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 3) if values else None
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+    from tqdm.auto import tqdm
+
+    from dcp.distributed import resolve_precision
+
+    want = args.device
+    if want in ("auto", "cuda") and not torch.cuda.is_available():
+        print("dcp bench gpu: no CUDA device is visible here (torch.cuda.is_available() is False); "
+              "run it on a machine with a GPU")
+        print(json.dumps({"cuda": False}))
+        return 0
+    if args.layers < 2:
+        raise ValueError(f"--layers ({args.layers}) must be >= 2: the dual-layer profiler measures layer 1")
+    device = torch.device("cuda", torch.cuda.current_device()) if want != "cpu" else torch.device("cpu")
+    precision = resolve_precision("auto", device)
+    tiny = args.tiny
+    cells = TINY_CELLS if tiny else PAPER_CELLS
+    layers = 2 if tiny else args.layers
+    t1d = "t1d-tiny" if tiny else "t1d-5b"
+    lengths = tuple(n // 256 for n in PADDED_LENGTHS) if tiny else PADDED_LENGTHS
+    short = 32 if tiny else SHORT_TOKENS
+    engines = installed_engines()
+    repo = Path(__file__).resolve().parents[2]
+    steps = (["tests"] if not args.no_tests else []) + [f"dual-layer {m}" for m, _ in cells] + ["padded"]
+    steps += ["syncs + busy"] if device.type == "cuda" else []
+    steps += [f"sweep {e}" for e in engines] if not args.no_sweep else []
+    summary: dict[str, Any] = {"cuda": device.type == "cuda", "device": str(device), "precision": precision}
+    rows: list[dict] = []
+    sweeps: list[dict] = []
+    bar = tqdm(total=len(steps), desc="bench gpu", unit="check")
+    try:
+        for step in steps:
+            bar.set_postfix_str(step)
+            if step == "tests":
+                summary["gpu_tests"] = gpu_tests(repo)
+            elif step.startswith("dual-layer"):
+                name = step.split()[1]
+                rows += dual_layer_rows(name, dict(cells)[name], device, precision, layers, args.reps)
+            elif step == "padded":
+                summary["padded"] = padded_efficiency(t1d, lengths, device, precision, layers, args.reps)
+            elif step == "syncs + busy":
+                from dcp.models import build_model, collate_tokens
+
+                model = build_model(t1d, num_layers=layers).to(device)
+                gen = torch.Generator().manual_seed(1)
+                batch = collate_tokens([torch.randint(0, model.config.vocab_size, (short,), generator=gen)]).to(device)
+                summary["syncs_per_micro_batch"] = syncs_per_micro_batch(model, batch, device, precision)
+                summary["gpu_busy_short"] = round(gpu_busy_fraction(model, batch, device, precision), 3)
+                del model
+            elif step.startswith("sweep"):
+                with tempfile.TemporaryDirectory(prefix="dcp-bench-gpu-") as tmp:
+                    sweeps.append(manager_sweep(step.split()[1], device.type, tmp))
+            bar.update(1)
+    finally:
+        bar.close()
+    _print_table(rows, summary, sweeps)
+    t_errs = [_err(r["pred_time_s"], r["meas_time_s"]) for r in rows]
+    m_errs = [_err(r["pred_mem_bytes"], r["meas_mem_bytes"]) for r in rows]
+    summary.update(
+        time_err_median_pct=_median(t_errs), mem_err_median_pct=_median(m_errs),
+        padded_efficiency=round(summary["padded"]["efficiency"], 3),
+        syncs_per_micro_batch=summary.get("syncs_per_micro_batch"), gpu_busy_short=summary.get("gpu_busy_short"),
+        manager_runs_ok=all(s["ok"] for s in sweeps) if sweeps else None,
+        engines=[s["engine"] for s in sweeps] if sweeps else engines, sweeps=sweeps,
+    )
+    summary.pop("padded")
+    if args.json:
+        print(json.dumps(summary))
+    return 0
+
+
+def _print_table(rows: list[dict], summary: dict, sweeps: list[dict]) -> None:
+    print(f"device {summary['device']}, precision {summary['precision']}")
+    if "gpu_tests" in summary:
+        print(f"tests/gpu: {summary['gpu_tests']['summary']} (exit {summary['gpu_tests']['rc']})")
+    print(f"{'model':<9} {'seq':>6} {'b':>2} {'r':>3} {'pred_ms':>9} {'meas_ms':>9} {'t_err%':>7} "
+          f"{'pred_MiB':>10} {'meas_MiB':>10} {'m_err%':>7}")
+    for r in rows:
+        print(f"{r['model']:<9} {r['seq_len']:>6} {r['b']:>2} {r['r']:>3} {r['pred_time_s'] * 1e3:>9.2f} "
+              f"{r['meas_time_s'] * 1e3:>9.2f} {_err(r['pred_time_s'], r['meas_time_s']):>7.2f} "
+              f"{r['pred_mem_bytes'] / 2**20:>10.1f} {r['meas_mem_bytes'] / 2**20:>10.1f} "
+              f"{_err(r['pred_mem_bytes'], r['meas_mem_bytes']):>7.2f}")
+    pad = summary["padded"]
+    print(f"padded micro-batch {pad['lengths']}: {pad['padded_s'] * 1e3:.1f} ms vs unpadded {pad['unpadded_s'] * 1e3:.1f}"
+          f" ms -> efficiency {pad['efficiency']:.3f}")
+    if "syncs_per_micro_batch" in summary:
+        print(f"host-device syncs per micro-batch: {summary['syncs_per_micro_batch']}; "
+              f"GPU busy share of a {SHORT_TOKENS}-token micro-batch: {summary['gpu_busy_short']:.3f}")
+    else:
+        print("syncs per micro-batch and GPU busy share: not measured (no CUDA)")
+    for s in sweeps:
+        status = "ok" if s["ok"] else f"FAILED {s['error']}"
+        print(f"sweep through the manager, engine {s['engine']}: {s['runs']}/{s['expected']} runs {status}")

@@ -1,0 +1,51 @@
+"""``dcp bench gpu`` on CPU: the no-CUDA answer, and its measurements through the hidden tiny CPU path (the
+CUDA-only figures, sync count and GPU busy share, cannot run here)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from dcp.cli import main
+from dcp.experiments import gpu_bench
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer of a machine without CUDA")
+def test_without_cuda_it_says_so_and_exits_0(capsys):
+    assert main(["bench", "gpu", "--json"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert "no CUDA device" in out[0]
+    assert json.loads(out[-1]) == {"cuda": False}
+
+
+def test_tiny_cpu_path_prints_the_table_and_the_summary(capsys):
+    assert main(["bench", "gpu", "--device", "cpu", "--tiny", "--no-tests", "--no-sweep", "--reps", "1", "--json"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    summary = json.loads(out[-1])
+    for key in ("time_err_median_pct", "mem_err_median_pct", "padded_efficiency", "syncs_per_micro_batch",
+                "gpu_busy_short", "manager_runs_ok", "engines"):
+        assert key in summary
+    assert summary["cuda"] is False and summary["precision"] == "fp32"
+    assert summary["time_err_median_pct"] >= 0 and summary["mem_err_median_pct"] >= 0
+    assert summary["padded_efficiency"] > 0
+    assert summary["syncs_per_micro_batch"] is None and summary["gpu_busy_short"] is None  # CUDA only
+    rows = [ln for ln in out if ln.startswith(("t1d-tiny", "t2d-tiny"))]
+    assert [ln.split()[3] for ln in rows] == ["0", "2", "0", "2"]  # r = 0 and r = L for both models
+
+
+def test_bad_layers_is_refused():
+    with pytest.raises(ValueError, match=r"--layers \(1\) must be >= 2"):
+        main(["bench", "gpu", "--device", "cpu", "--tiny", "--layers", "1"])
+
+
+def test_busy_union_merges_overlapping_kernels():
+    assert gpu_bench.busy_union_us([]) == 0.0
+    assert gpu_bench.busy_union_us([(0, 10), (5, 12), (20, 25), (21, 22)]) == 17.0
+
+
+@pytest.mark.slow
+def test_manager_sweep_on_cpu(tmp_path):
+    out = gpu_bench.manager_sweep("ddp", "cpu", str(tmp_path), models=("t1d-tiny",), methods=("bucket", "dcp-intra"))
+    assert out == {"engine": "ddp", "runs": 2, "expected": 2, "ok": True, "error": ""}
