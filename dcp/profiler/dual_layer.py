@@ -17,6 +17,7 @@ phase end, which every rank reaches exactly once per phase, whatever its block d
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import platform
@@ -216,10 +217,10 @@ def profile_table(
     # drawn with randn_like): fork the RNG and restore it afterwards.
     rng = torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
     # Measured in the run's precision (bf16: autocast over the fp32 module, as the ddp engine runs it).
-    amp = autocast(precision, device)
+    amp = contextlib.ExitStack()
     try:
         rng.__enter__()
-        amp.__enter__()
+        amp.enter_context(autocast(precision, device))
         for p in sizes:
             blocks = [first for first, q in registry.blocks if q == p]
             pending = pending_groups(len(edges), rows, p, config.planning.mem_capacity_bytes, grow_only=grow_only)
@@ -236,7 +237,7 @@ def profile_table(
                     mine = found if rank == first else []
             rows.extend(_gather(mine, world_size))
     finally:
-        amp.__exit__(None, None, None)
+        amp.close()
         rng.__exit__(None, None, None)
         if bar is not None:
             bar.close()

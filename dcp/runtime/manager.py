@@ -250,7 +250,7 @@ class DCPManager:
             self._busy_spans.extend((-1, s) for s in self._sync_spans[sync_before:])
             if mb is not None and group is not None:
                 self._unresolved.append(((mb.seq_group, mb.size, group.sp_size, group.recompute_layers), span))
-                if not self._watch.cuda:
+                if not self._watch.cuda or len(self._unresolved) >= 4096:  # bound the events held between logs
                     self._resolve_measurements()
 
     def recompute(self, layer: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -493,10 +493,11 @@ def set_manager(model: torch.nn.Module, dataset: Any, config: DCPConfig | None =
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     if isinstance(engine, Engine):
         eng = engine
-        want = resolve_precision(config.runtime.precision, eng.device)
-        if eng.precision != want:
+        device = getattr(eng, "device", None) or module_device(model)
+        want = resolve_precision(config.runtime.precision, device)
+        if getattr(eng, "precision", want) != want:
             raise ConfigError(
-                f"runtime.precision ({config.runtime.precision!r}, i.e. {want!r} on {eng.device}) differs from the "
+                f"runtime.precision ({config.runtime.precision!r}, i.e. {want!r} on {device}) differs from the "
                 f"engine's ({eng.precision!r}): build the engine with precision=config.runtime.precision"
             )
     else:
