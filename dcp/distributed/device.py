@@ -37,11 +37,15 @@ def compute_dtype(precision: str) -> torch.dtype:
     return _DTYPES[precision]
 
 
-def autocast(precision: str, device: torch.device | str) -> contextlib.AbstractContextManager:
-    """``torch.autocast(device_type, bfloat16)`` for 'bf16'; a no-op context for 'fp32'."""
+def autocast(precision: str, device: torch.device | str, *, cache: bool = True) -> contextlib.AbstractContextManager:
+    """``torch.autocast(device_type, bfloat16)`` for 'bf16'; a no-op context for 'fp32'.
+
+    ``cache=False`` turns off autocast's weight-cast cache: a region that spans many forwards (the profiler)
+    then casts the weights inside every layer's forward, as each training forward (its own region) does,
+    so the bf16 weight copies a layer saves for backward are counted in its activation bytes."""
     if compute_dtype(precision) == torch.float32:
         return contextlib.nullcontext()
-    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16, cache_enabled=cache)
 
 
 def module_device(module: Any) -> torch.device:

@@ -47,6 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reps", type=int, default=3, help="timed repetitions per measurement (median)")
     parser.add_argument("--no-tests", action="store_true", help="skip the GPU test suite (pytest tests/gpu)")
     parser.add_argument("--no-sweep", action="store_true", help="skip the short sweep through the manager")
+    parser.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"),
+                        help="compute precision (auto: bf16 on CUDA)")
     parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"), help=argparse.SUPPRESS)
     parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
 
@@ -132,7 +134,7 @@ def dual_layer_rows(name: str, cells: tuple, device: Any, precision: str, layers
 
     out = []
     for s, b in cells:
-        with autocast(precision, device):
+        with autocast(precision, device, cache=False):  # as the profiler measures (dual_layer.profile_table)
             m = measure_candidate(adapter, ctx, b, s, settings)
         if m is None:
             raise RuntimeError(f"{name} s={s} b={b} ran out of memory while profiling: lower the shapes")
@@ -303,7 +305,7 @@ def run(args: argparse.Namespace) -> int:
     if args.layers < 2:
         raise ValueError(f"--layers ({args.layers}) must be >= 2: the dual-layer profiler measures layer 1")
     device = torch.device("cuda", torch.cuda.current_device()) if want != "cpu" else torch.device("cpu")
-    precision = resolve_precision("auto", device)
+    precision = resolve_precision(args.precision, device)
     tiny = args.tiny
     cells = TINY_CELLS if tiny else PAPER_CELLS
     layers = 2 if tiny else args.layers

@@ -216,11 +216,12 @@ def profile_table(
     # Profiling inside a training run must not move the run's random streams (output gradients are
     # drawn with randn_like): fork the RNG and restore it afterwards.
     rng = torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
-    # Measured in the run's precision (bf16: autocast over the fp32 module, as the ddp engine runs it).
+    # Measured in the run's precision (bf16: autocast over the fp32 module, as the ddp engine runs it; no cast
+    # cache across passes, so every layer forward pays and keeps its weight casts as in training).
     amp = contextlib.ExitStack()
     try:
         rng.__enter__()
-        amp.enter_context(autocast(precision, device))
+        amp.enter_context(autocast(precision, device, cache=False))
         for p in sizes:
             blocks = [first for first, q in registry.blocks if q == p]
             pending = pending_groups(len(edges), rows, p, config.planning.mem_capacity_bytes, grow_only=grow_only)
