@@ -23,6 +23,7 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("bench", "profiler"), "dcp.profiler.bench", "dual-layer prediction error vs measured steps"),
     (("bench", "simulator"), "dcp.sim.bench", "simulator step time vs measured CPU runs"),
     (("bench", "loaders"), "dcp.loaders.bench", "padding waste and token balance of the data loaders"),
+    (("bench", "padded"), "dcp.runtime.bench_padded", "predicted vs measured time of unequal-length micro-batches"),
 )
 
 
