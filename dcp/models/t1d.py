@@ -4,6 +4,10 @@ Sequence parallelism: each rank of the SP group embeds its contiguous chunk of t
 RoPE uses GLOBAL positions (chunk offset + local index), so a token gets the same rotation whatever
 the SP size; attention is Ulysses (dcp.runtime.ulysses); the loss is summed over this rank's chunk.
 Summing loss_sum, count and parameter gradients over the SP group gives the one-process values.
+
+Unequal lengths (padding, or a pack of the packed baseline) run as ONE row of documents: no token
+attends across a document boundary or to padding, RoPE positions restart per document, and no layer
+computes on padding, so the result equals running the samples one at a time (see ``Transformer1D.packs``).
 """
 
 from __future__ import annotations
