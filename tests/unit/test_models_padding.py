@@ -181,3 +181,22 @@ def test_t1d_packs_unequal_lengths_into_one_row_of_documents():
     equal = collate_tokens([torch.arange(6), torch.arange(6)])
     hidden, aux = model.layer_inputs(equal, SPContext.single())
     assert hidden.shape[:2] == (2, 6) and aux.doc_lens == ((6,), (6,))
+
+
+def test_packed_micro_batch_equals_its_documents_run_separately():
+    """The packed baseline: one forward of a pack (one row of documents), recompute on, equals its documents
+    run one at a time: loss, count and every gradient."""
+    from dcp.experiments.execute import packed_forward
+
+    model = build_model("t1d-tiny", num_layers=3)
+    g = torch.Generator().manual_seed(5)
+    pack = collate_tokens([torch.randint(0, 256, (n,), generator=g) for n in (3, 17, 1, 8, 8)])
+    ctx = SPContext.single(recompute_layers=2, attention="sdpa")
+    calls = []
+    model.register_forward_pre_hook(lambda mod, args: calls.append(1))
+    model.zero_grad()
+    loss, count = packed_forward(model, pack, ctx)
+    loss.backward()
+    got = (loss.detach(), int(count), {n: p.grad.clone() for n, p in model.named_parameters()})
+    assert len(calls) == 1  # one forward for the whole pack
+    _assert_same(got, _alone(model, pack))
