@@ -329,6 +329,21 @@ class TimeLookup:
         return float(self.lengths_times_s(group, sp_size, recompute_layers, len(lens), np.array([lens.sum()]),
                                           np.array([np.square(lens).sum()]))[0])
 
+    def pack_time_s(self, sp_size: int, recompute_layers: int, seq_lens: Sequence[int]) -> float:
+        """Time of a packed micro-batch (one row of documents, any seq_groups), from its documents' real
+        lengths with the length model of its longest document's seq_group, anchored at that group's
+        smallest-b row (a pack runs as one sequence: the overhead ``a`` is paid once)."""
+        longest = max(seq_lens)
+        group = int(np.searchsorted(np.asarray(self._edges), longest, side="left"))
+        if group >= len(self._edges):
+            raise PlanningError(
+                f"a pack's longest document has {longest} tokens, more than the longest seq_group "
+                f"({self._edges[-1]}): add a longer seq_group edge and re-profile, or drop the sample"
+            )
+        lens = np.asarray(seq_lens, dtype=np.float64)
+        return float(self.lengths_times_s(group, sp_size, recompute_layers, 1, np.array([lens.sum()]),
+                                          np.array([np.square(lens).sum()]))[0])
+
     def padded_times_s(
         self, group: int, sp_size: int, recompute_layers: int, samples: int, padded_lens: np.ndarray
     ) -> np.ndarray:

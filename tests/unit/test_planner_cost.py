@@ -334,6 +334,18 @@ def test_micro_batches_are_timed_from_their_real_lengths():
     assert times.lengths_time_s(1, 1, 0, [200, 200]) == pytest.approx(times.time_s(1, 1, 0, 2))
 
 
+def test_pack_is_priced_as_one_sequence_of_documents():
+    from dcp.planner.stream import PlanningError, TimeLookup
+
+    a, b1, b2 = 0.05, 1e-3, 2e-5
+    rows = [_timed_row(g, e, b, a + b * (b1 * e + b2 * e * e)) for g, e in enumerate((100, 200)) for b in (1, 2)]
+    times = TimeLookup(_length_table(rows, (100, 200)))
+    # documents from both seq_groups, overhead paid once: a + b1 * sum + b2 * sum of squares
+    assert times.pack_time_s(1, 0, [150, 30, 80]) == pytest.approx(a + b1 * 260 + b2 * (150**2 + 30**2 + 80**2))
+    with pytest.raises(PlanningError, match=r"longest document has 201 tokens"):
+        times.pack_time_s(1, 0, [201, 3])
+
+
 def test_length_model_is_anchored_at_the_row_and_never_negative():
     import numpy as np
 
