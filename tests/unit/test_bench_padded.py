@@ -24,6 +24,7 @@ def _args(*argv: str) -> argparse.Namespace:
         (("--batch-sizes", "1"), "--batch-sizes ('1') must include a size >= 2"),
         (("--batch-sizes", "0,2"), "--batch-sizes ('0,2') must list positive integers"),
         (("--cells", "0"), "--cells (0) must be >= 1"),
+        (("--efficiency-lens", "8,x"), "--efficiency-lens ('8,x') must be integers"),
         (("--num-layers", "1"), "--num-layers (1) must be >= 2 with --rows profiler"),
     ],
 )
@@ -36,8 +37,10 @@ def test_bad_flags_name_the_flag(argv, words):
 def test_tiny_run_prints_table_and_summary(capsys, tmp_path):
     out = tmp_path / "cells.csv"
     assert bench_padded.run(_args("--edges", "16,32", "--batch-sizes", "1,2", "--cells", "3", "--reps", "1",
-                                  "--hidden-size", "16", "--num-layers", "2", "--json", "--csv", str(out))) == 0
+                                  "--hidden-size", "16", "--num-layers", "2", "--efficiency-lens", "24,9",
+                                  "--json", "--csv", str(out))) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     summary = json.loads(lines[-1])
     assert summary["cells"] == 3 and summary["err_median_pct"] >= 0 and summary["rows"] == "profiler"
+    assert summary["padded_efficiency"] > 0
     assert any("meas ms" in line for line in lines) and len(out.read_text().splitlines()) == 4
