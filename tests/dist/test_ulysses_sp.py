@@ -75,12 +75,13 @@ def _check_attention(ctx, impl: str = "dcp") -> None:
 
 
 def _model_batch(name: str, p: int):
-    """A micro-batch whose lengths are not multiples of p (1D: 2p+1 and 3p-1 tokens; 2D: S likewise)."""
+    """A micro-batch whose lengths are not multiples of p (1D: 2p+1 and 3p tokens, packed into one row of
+    5p+1 tokens, so the row is padded too; 2D: S of 2p+1 and 3p-1)."""
     from dcp.models import collate_tokens, collate_video
 
     gen = torch.Generator().manual_seed(7)
     if name.startswith("t1d"):
-        return collate_tokens([torch.randint(0, 256, (n,), generator=gen) for n in (2 * p + 1, 3 * p - 1)])
+        return collate_tokens([torch.randint(0, 256, (n,), generator=gen) for n in (2 * p + 1, 3 * p)])
     shapes = [(3, 2 * p + 1), (2, 3 * p - 1)]
     return collate_video([(torch.randn(t, s, 8, generator=gen), torch.randn(t, s, 8, generator=gen))
                           for t, s in shapes])
