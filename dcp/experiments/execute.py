@@ -16,9 +16,9 @@ time; inside the timed steps they would bias the very step times the simulator i
 CPU the peak is therefore measured after the timed steps, by replaying every measured micro-batch of
 this rank once more (forward and backward, same SP group and recompute setting, no optimizer update).
 
-A packed micro-batch (seq_group -1) runs sample by sample inside one micro-batch: the reference models
-have no document-masked (varlen) attention, and per-sample execution costs what varlen packing costs
-(no padding, no attention across samples), which is how the planner predicts a pack.
+A packed micro-batch (seq_group -1) of 1D samples runs as ONE sequence of documents: Transformer-1D packs
+unequal lengths into one row with per-document attention and positions (dcp.models.t1d). 2D packs of
+mixed shapes run sample by sample (a video's frames x positions grid does not flatten into one row).
 """
 
 from __future__ import annotations
@@ -86,8 +86,9 @@ def split_samples(batch: Any) -> list[Any]:
 
 
 def packed_forward(model: Any, batch: Any, ctx: Any) -> tuple[Any, Any]:
-    """forward_fn for packed micro-batches: the sum of per-sample (loss_sum, count)."""
-    if batch.size == 1:
+    """forward_fn for packed micro-batches: 1D, one forward of the pack (the model runs it as documents);
+    2D, the sum of per-sample (loss_sum, count)."""
+    if batch.size == 1 or batch.shapes is None:
         return model(batch, ctx)
     loss, count = 0, 0
     for one in split_samples(batch):

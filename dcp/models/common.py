@@ -101,9 +101,19 @@ def collate_video(
 
 
 def length_mask(lengths: Sequence[int], padded_len: int, device: torch.device | str) -> torch.Tensor:
-    """bool [b, padded_len]: True where position < the sample's length."""
-    lens = torch.as_tensor(list(lengths), device=device)
-    return torch.arange(padded_len, device=device)[None, :] < lens[:, None]
+    """bool [b, padded_len]: True where position < the sample's length.
+
+    Built on the device from host ints (one comparison per sample): copying a list of lengths to the GPU
+    would be a blocking host-to-device copy, i.e. a sync inside the micro-batch.
+    """
+    positions = torch.arange(padded_len, device=device)
+    return torch.stack([positions < int(n) for n in lengths])
+
+
+def pack_rows(t: torch.Tensor, seq_lens: Sequence[int]) -> torch.Tensor:
+    """[1, sum(seq_lens), ...]: the first ``seq_lens[i]`` entries of every row of ``t`` back to back (slices by
+    host ints; no host read of a device value)."""
+    return torch.cat([t[i, :n] for i, n in enumerate(seq_lens)])[None]
 
 
 class SwiGLU(nn.Module):

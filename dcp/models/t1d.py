@@ -4,6 +4,10 @@ Sequence parallelism: each rank of the SP group embeds its contiguous chunk of t
 RoPE uses GLOBAL positions (chunk offset + local index), so a token gets the same rotation whatever
 the SP size; attention is Ulysses (dcp.runtime.ulysses); the loss is summed over this rank's chunk.
 Summing loss_sum, count and parameter gradients over the SP group gives the one-process values.
+
+Unequal lengths (padding, or a pack of the packed baseline) run as ONE row of documents: no token
+attends across a document boundary or to padding, RoPE positions restart per document, and no layer
+computes on padding, so the result equals running the samples one at a time (see ``Transformer1D.packs``).
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from dcp.config import ModelShapeConfig, fail
-from dcp.models.common import IGNORE_INDEX, Batch, SwiGLU, collate_tokens, init_weights, length_mask
+from dcp.models.common import IGNORE_INDEX, Batch, SwiGLU, collate_tokens, init_weights, pack_rows
+from dcp.runtime.attention import DocLens
 from dcp.runtime.context import SPContext
 from dcp.runtime.recompute import checkpoint_layer
 from dcp.runtime.ulysses import IMPLS, ulysses_attention
@@ -110,8 +115,9 @@ class T1DAux:
     """[s_local, head_dim / 2] RoPE cosines of this chunk's global positions."""
     sin: torch.Tensor
     """[s_local, head_dim / 2] RoPE sines."""
-    key_padding_mask: torch.Tensor
-    """bool [b, s_padded] over the FULL padded sequence, True on real tokens."""
+    doc_lens: DocLens
+    """Per row of the FULL sequence: its documents (host ints, dcp.runtime.attention); attention never
+    crosses a document boundary nor reaches the padding after the last document."""
     start: int
     """First global position of this rank's chunk."""
 
@@ -143,8 +149,7 @@ class T1DBlock(nn.Module):
         q, k, v = self.qkv(self.attn_norm(hidden)).view(b, s, 3, heads, d).unbind(2)
         # RoPE before the all-to-all: this rank knows the global positions of its own chunk.
         q, k = apply_rope(q, aux.cos, aux.sin), apply_rope(k, aux.cos, aux.sin)
-        out = ulysses_attention(q, k, v, ctx, causal=True, key_padding_mask=aux.key_padding_mask,
-                                impl=self.config.ulysses_impl)
+        out = ulysses_attention(q, k, v, ctx, causal=True, doc_lens=aux.doc_lens, impl=self.config.ulysses_impl)
         hidden = hidden + self.proj(out.reshape(b, s, h))
         return hidden + self.mlp(self.mlp_norm(hidden))
 
@@ -162,22 +167,44 @@ class Transformer1D(nn.Module):
         init_weights(self, config.seed, config.init_std, config.num_layers)
 
     # ----- the protocol used by the manager and the profiler --------------------------------------
+    # Layout. Samples of equal length run as the collated [b, s] rows. A micro-batch of unequal lengths
+    # (a padded micro-batch, or a pack of the packed baseline) runs as ONE row of its real tokens, the
+    # samples back to back as documents: attention stays inside each document, RoPE positions restart at
+    # every document, and no linear layer ever sees a padding token. The layout is decided from
+    # batch.seq_lens (host ints), never from a tensor value.
+    @staticmethod
+    def packs(batch: Batch) -> bool:
+        """True when the micro-batch runs as one row of documents (its lengths differ, or it has padding)."""
+        return any(n != batch.inputs.shape[1] for n in batch.seq_lens)
+
+    def _rows(self, t: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """[rows, s] of the layout: ``t`` itself, or its real tokens packed into one row."""
+        return pack_rows(t, batch.seq_lens) if self.packs(batch) else t
+
     def embed(self, batch: Batch, ctx: SPContext) -> torch.Tensor:
-        """[b, s_local, hidden]: embeddings of this rank's chunk of the padded token ids."""
-        ids = batch.inputs.to(self.tok_embed.weight.device)
+        """[rows, s_local, hidden]: embeddings of this rank's chunk of the (padded) token rows."""
+        ids = self._rows(batch.inputs.to(self.tok_embed.weight.device), batch)
         padded = ctx.padded_len(ids.shape[1])
         start, end = ctx.shard(ids.shape[1])
         return self.tok_embed(F.pad(ids, (0, padded - ids.shape[1]))[:, start:end])
 
     def prepare_aux(self, batch: Batch, ctx: SPContext) -> T1DAux:
         device = self.tok_embed.weight.device
-        s_max = batch.inputs.shape[1]
-        start, end = ctx.shard(s_max)
         d = self.config.head_dim
         inv_freq = self.config.rope_theta ** (-torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)
-        angles = torch.arange(start, end, device=device, dtype=torch.float32)[:, None] * inv_freq[None, :]
-        mask = length_mask(batch.seq_lens, ctx.padded_len(s_max), device)
-        return T1DAux(cos=angles.cos(), sin=angles.sin(), key_padding_mask=mask, start=start)
+        if self.packs(batch):
+            s_len = batch.tokens
+            docs: DocLens = (batch.seq_lens,)
+            # every document starts at position 0, as it would alone
+            pos = torch.cat([torch.arange(n, device=device, dtype=torch.float32) for n in batch.seq_lens])
+        else:
+            s_len = batch.inputs.shape[1]
+            docs = ((s_len,),) * batch.size
+            pos = torch.arange(s_len, device=device, dtype=torch.float32)
+        start, end = ctx.shard(s_len)
+        pos = F.pad(pos, (0, ctx.padded_len(s_len) - s_len))[start:end]
+        angles = pos[:, None] * inv_freq[None, :]
+        return T1DAux(cos=angles.cos(), sin=angles.sin(), doc_lens=docs, start=start)
 
     def layer_inputs(self, batch: Batch, ctx: SPContext) -> tuple[torch.Tensor, T1DAux]:
         """(hidden, aux) as the first layer sees them; the profiler runs single layers on these."""
@@ -189,7 +216,7 @@ class Transformer1D(nn.Module):
     def head_loss(self, hidden: torch.Tensor, batch: Batch, ctx: SPContext, aux: T1DAux) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss_sum, count): cross-entropy summed over this chunk's labelled tokens, and their number."""
         logits = self.lm_head(self.norm(hidden))
-        targets = batch.targets.to(logits.device)
+        targets = self._rows(batch.targets.to(logits.device), batch)
         s_max = targets.shape[1]
         targets = F.pad(targets, (0, ctx.padded_len(s_max) - s_max), value=IGNORE_INDEX)
         start, end = ctx.shard(s_max)

@@ -7,8 +7,12 @@ SPATIAL dim S: each rank of the SP group holds all T frames of its contiguous ch
   frames folded into the batch, [b*T, S/p, H, d] -> all-to-all -> [b*T, S, H/p, d] -> back.
 - Temporal attention (over T at each spatial position) is local: every rank already has all T frames of
   its S positions, so it needs no communication at all.
-Padding: S is padded to a multiple of p and to the batch's largest S, T to the batch's largest T;
-padded keys are masked in both attentions and padded positions are left out of the loss.
+Padding: S is padded to a multiple of p and to the batch's largest S, T to the batch's largest T. No
+attention ever computes over padding and no mask is built: both attentions get per-row lengths from the
+batch's shapes (host ints, dcp.runtime.attention ``doc_lens``). A spatial row (sample i, frame t) holds one
+document of S_i tokens, or none when t >= T_i (a padded frame); a temporal row (sample i, spatial position
+j) holds one document of T_i frames, or none when j >= S_i. Padded positions come out of attention as
+zeros, never reach a real token, and are left out of the loss.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from torch import nn
 
 from dcp.config import ModelShapeConfig, fail
 from dcp.models.common import Batch, SwiGLU, collate_video, init_weights, length_mask, sinusoid
-from dcp.runtime.attention import local_attention
+from dcp.runtime.attention import DocLens, local_attention
 from dcp.runtime.context import SPContext
 from dcp.runtime.recompute import checkpoint_layer
 from dcp.runtime.ulysses import IMPLS, ulysses_attention
@@ -115,12 +119,12 @@ class T2DConfig:
 
 @dataclass(slots=True)
 class T2DAux:
-    """Per-micro-batch masks and offsets; built once by ``prepare_aux``."""
+    """Per-micro-batch lengths, loss mask and offsets; built once by ``prepare_aux``."""
 
-    spatial_mask: torch.Tensor
-    """bool [b * T_max, S_padded]: True where s < S of the sample (full padded S, as Ulysses wants)."""
-    temporal_mask: torch.Tensor
-    """bool [b * S_local, T_max]: True where t < T of the sample."""
+    spatial_docs: DocLens
+    """Per row of the [b * T_max, S_padded] spatial attention: (S_i,) for real frames, () for padded ones."""
+    temporal_docs: DocLens
+    """Per row of the [b * S_local, T_max] temporal attention: (T_i,) at real positions, () at padded ones."""
     valid: torch.Tensor
     """bool [b, T_max, S_local]: positions of this rank that count in the loss."""
     start: int
@@ -149,13 +153,12 @@ class T2DBlock(nn.Module):
         heads, d = self.config.num_heads, self.config.head_dim
         # spatial: frames folded into the batch; Ulysses over the sharded S dim
         q, k, v = self.spatial_qkv(self.spatial_norm(hidden)).view(b * t, s, 3, heads, d).unbind(2)
-        out = ulysses_attention(q, k, v, ctx, causal=False, key_padding_mask=aux.spatial_mask,
-                                impl=self.config.ulysses_impl)
+        out = ulysses_attention(q, k, v, ctx, causal=False, doc_lens=aux.spatial_docs, impl=self.config.ulysses_impl)
         hidden = hidden + self.spatial_proj(out.reshape(b, t, s, h))
         # temporal: spatial positions folded into the batch; all T frames are local, no communication
         x = self.temporal_norm(hidden).transpose(1, 2).reshape(b * s, t, h)
         q, k, v = self.temporal_qkv(x).view(b * s, t, 3, heads, d).unbind(2)
-        out = local_attention(q, k, v, causal=False, key_padding_mask=aux.temporal_mask, backend=ctx.attention)
+        out = local_attention(q, k, v, causal=False, doc_lens=aux.temporal_docs, backend=ctx.attention)
         hidden = hidden + self.temporal_proj(out.reshape(b, s, t, h).transpose(1, 2))
         return hidden + self.mlp(self.mlp_norm(hidden))
 
@@ -193,19 +196,15 @@ class Transformer2D(nn.Module):
         if batch.shapes is None:
             raise ValueError("Batch.shapes (None) is required by Transformer2D: build the batch with collate_video")
         device = self.patch_embed.weight.device
-        b, t_max, s_max = batch.inputs.shape[:3]
-        s_pad = ctx.padded_len(s_max)
+        t_max, s_max = batch.inputs.shape[1:3]
         start, end = ctx.shard(s_max)
         frames = [t for t, _ in batch.shapes]
-        spatial = length_mask([s for _, s in batch.shapes], s_pad, device)  # [b, S_pad]
+        local = length_mask([min(max(s - start, 0), end - start) for _, s in batch.shapes], end - start, device)
         temporal = length_mask(frames, t_max, device)  # [b, T]
-        local = spatial[:, start:end]
-        return T2DAux(
-            spatial_mask=spatial[:, None, :].expand(b, t_max, s_pad).reshape(b * t_max, s_pad),
-            temporal_mask=temporal[:, None, :].expand(b, end - start, t_max).reshape(b * (end - start), t_max),
-            valid=temporal[:, :, None] & local[:, None, :],
-            start=start,
-        )
+        spatial_docs = tuple((s,) if f < t else () for t, s in batch.shapes for f in range(t_max))
+        temporal_docs = tuple((t,) if start + j < s else () for t, s in batch.shapes for j in range(end - start))
+        return T2DAux(spatial_docs=spatial_docs, temporal_docs=temporal_docs,
+                      valid=temporal[:, :, None] & local[:, None, :], start=start)
 
     def layer_inputs(self, batch: Batch, ctx: SPContext) -> tuple[torch.Tensor, T2DAux]:
         """(hidden, aux) as the first layer sees them; the profiler runs single layers on these."""

@@ -209,11 +209,54 @@ class MicroBatchQueues:
         return MicroBatch(self.ids_list[g][a + lo : a + hi], self.lens_list[g][a + lo : a + hi], g, time_s)
 
 
+# Monomials of the length model: a micro-batch's time is  a + b1 * sum(n) + b2 * sum(n^2)  over its samples'
+# real lengths n (per-micro-batch overhead, linear work in real tokens, attention in squared lengths).
+_TERMS = ((0, 1, 2), (0, 1), (0, 2), (1, 2), (0,), (1,), (2,))
+"""Subsets of (a, b1, b2) tried when fitting, in order of preference on a tie (all three first)."""
+
+
+def _fit_length_model(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """(a, b1, b2) >= 0 minimising the relative squared error of ``x @ coef`` against ``y`` (x: [rows, 3]).
+
+    A tiny non-negative least squares: every subset of the three terms is fitted by ``lstsq`` on rows
+    scaled by 1/y (so short and long rows count alike); subsets with a negative coefficient or too few
+    independent rows are skipped, and the best remaining one wins (ties: the earlier, larger subset)."""
+    w = x / y[:, None]
+    best, best_err = None, math.inf
+    for terms in _TERMS:
+        sub = w[:, terms]
+        if np.linalg.matrix_rank(sub) < len(terms):
+            continue
+        coef, *_ = np.linalg.lstsq(sub, np.ones(len(y)), rcond=None)
+        if (coef < 0).any():
+            continue
+        err = float(np.square(sub @ coef - 1.0).sum())
+        if err < best_err - 1e-12:
+            best, best_err = np.zeros(3), err
+            best[list(terms)] = coef
+    if best is None:  # cannot happen for positive times (the constant alone always fits), kept for safety
+        best = np.array([float(y.mean()), 0.0, 0.0])
+    return best
+
+
 class TimeLookup:
     """Predicted micro-batch times for (seq_group, p, r, samples), memoised.
 
-    A micro-batch of c samples is timed with the row of the smallest profiled b >= c (a partial
-    micro-batch at the end of the epoch, or a chunk of a filler group).
+    ``time_s``: a micro-batch of c samples is timed with the row of the smallest profiled b >= c at the
+    seq_group's bound (a partial micro-batch at the end of the epoch, or a chunk of a filler group).
+
+    ``lengths_time_s`` / ``lengths_times_s``: the price of a micro-batch from its REAL lengths. The
+    runtime never computes on padding (dcp.runtime.attention; Transformer-1D packs unequal lengths into
+    one row of documents), so a micro-batch of lengths n_i costs
+
+        T = a + b1 * sum(n_i) + b2 * sum(n_i^2)
+
+    (per-micro-batch overhead, linear work in real tokens, attention in squared lengths), not b times
+    its longest sample. (a, b1, b2) >= 0 are fitted per (seq_group, p, r) to the profiled rows of the
+    seq_group and the one below it (the two bounds that bracket its lengths; the first seq_group uses the
+    one above), every profiled b, in relative error. The prediction is anchored at the seq_group's own
+    row: T = T_row * model(n) / model(b_row samples at the bound), so a full micro-batch at the bound
+    costs exactly what was measured and the fit only supplies the shape in between.
     """
 
     def __init__(self, table: ProfileTable) -> None:
@@ -224,61 +267,109 @@ class TimeLookup:
         for rows in self._rows.values():
             rows.sort(key=lambda r: r.micro_batch_size)
         self._memo: dict[tuple[int, int, int, int], float] = {}
+        self._fits: dict[tuple[int, int, int], np.ndarray] = {}
+
+    def _row(self, group: int, sp_size: int, samples: int):
+        rows = self._rows.get((group, sp_size), [])
+        row = next((r for r in rows if r.micro_batch_size >= samples), None)
+        if row is None:
+            raise PlanningError(
+                f"no profile row for seq_group {group}, sp_size {sp_size} with micro_batch_size >= {samples}: "
+                "re-profile with a larger profiling.max_micro_batch_size"
+            )
+        return row
 
     def time_s(self, group: int, sp_size: int, recompute_layers: int, samples: int) -> float:
         key = (group, sp_size, recompute_layers, samples)
         t = self._memo.get(key)
         if t is None:
-            rows = self._rows.get((group, sp_size), [])
-            row = next((r for r in rows if r.micro_batch_size >= samples), None)
-            if row is None:
-                raise PlanningError(
-                    f"no profile row for seq_group {group}, sp_size {sp_size} with micro_batch_size >= {samples}: "
-                    "re-profile with a larger profiling.max_micro_batch_size"
-                )
-            t = micro_batch_time_s(row, recompute_layers)
+            t = micro_batch_time_s(self._row(group, sp_size, samples), recompute_layers)
             self._memo[key] = t
         return t
+
+    def length_model(self, group: int, sp_size: int, recompute_layers: int) -> tuple[float, float, float]:
+        """(a, b1, b2) of ``a + b1 * sum(n) + b2 * sum(n^2)`` fitted for this seq_group (class docstring)."""
+        key = (group, sp_size, recompute_layers)
+        coef = self._fits.get(key)
+        if coef is None:
+            near = (group - 1, group) if group > 0 else (0, 1)
+            x, y = [], []
+            for g in near:
+                for row in self._rows.get((g, sp_size), []):
+                    t = micro_batch_time_s(row, recompute_layers)
+                    if row.feasible and math.isfinite(t) and t > 0:
+                        b, n = row.micro_batch_size, row.seq_len
+                        x.append((1.0, b * n, b * n * n))
+                        y.append(t)
+            if not y:
+                self._row(group, sp_size, 1)  # raises the PlanningError that names the missing row
+            coef = _fit_length_model(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64))
+            self._fits[key] = coef
+        return tuple(float(c) for c in coef)
+
+    def lengths_times_s(
+        self, group: int, sp_size: int, recompute_layers: int, samples: int,
+        tokens: np.ndarray, sq_tokens: np.ndarray,
+    ) -> np.ndarray:
+        """Times of micro-batches of ``samples`` samples of ``group`` whose real lengths sum to ``tokens``
+        and whose squares sum to ``sq_tokens`` (arrays, one entry per micro-batch)."""
+        row = self._row(group, sp_size, samples)
+        t_row = self.time_s(group, sp_size, recompute_layers, samples)
+        a, b1, b2 = self.length_model(group, sp_size, recompute_layers)
+        b, n = row.micro_batch_size, float(row.seq_len)
+        at_row = a + b * (b1 * n + b2 * n * n)
+        model = a + b1 * np.asarray(tokens, dtype=np.float64) + b2 * np.asarray(sq_tokens, dtype=np.float64)
+        if not math.isfinite(t_row) or at_row <= 0:
+            return np.full(np.shape(model), t_row, dtype=np.float64)
+        return t_row * model / at_row
+
+    def lengths_time_s(self, group: int, sp_size: int, recompute_layers: int, seq_lens: Sequence[int]) -> float:
+        """Time of one micro-batch of ``group`` from its samples' real lengths."""
+        lens = np.asarray(seq_lens, dtype=np.float64)
+        return float(self.lengths_times_s(group, sp_size, recompute_layers, len(lens), np.array([lens.sum()]),
+                                          np.array([np.square(lens).sum()]))[0])
+
+    def pack_time_s(self, sp_size: int, recompute_layers: int, seq_lens: Sequence[int]) -> float:
+        """Time of a packed micro-batch (one row of documents, any seq_groups), from its documents' real
+        lengths with the length model of its longest document's seq_group, anchored at that group's
+        smallest-b row (a pack runs as one sequence: the overhead ``a`` is paid once)."""
+        longest = max(seq_lens)
+        group = int(np.searchsorted(np.asarray(self._edges), longest, side="left"))
+        if group >= len(self._edges):
+            raise PlanningError(
+                f"a pack's longest document has {longest} tokens, more than the longest seq_group "
+                f"({self._edges[-1]}): add a longer seq_group edge and re-profile, or drop the sample"
+            )
+        lens = np.asarray(seq_lens, dtype=np.float64)
+        return float(self.lengths_times_s(group, sp_size, recompute_layers, 1, np.array([lens.sum()]),
+                                          np.array([np.square(lens).sum()]))[0])
 
     def padded_times_s(
         self, group: int, sp_size: int, recompute_layers: int, samples: int, padded_lens: np.ndarray
     ) -> np.ndarray:
-        """Times of micro-batches of ``samples`` samples whose longest sample has ``padded_lens`` tokens.
-
-        A seq_group's rows are profiled at its UPPER token bound, but the runtime pads a micro-batch only to
-        its longest sample, so the bound's time over-predicts shorter micro-batches (in the CPU sweep the
-        samples hold on average ~74 % of their bound's tokens). The time is interpolated linearly in length
-        between the row below (same b, p, r at the previous bound) and this seq_group's row. Without a
-        measured row below (the first seq_group, or a missing or infeasible row) the bound's time is kept:
-        short micro-batches are dominated by per-operator overhead, so a chord down to T_C at length 0
-        under-predicted them by up to 2x on CPU (Transformer-2D, 2 attentions per layer).
-        """
-        t_hi = self.time_s(group, sp_size, recompute_layers, samples)
-        e_hi = float(self._edges[group])
-        e_lo, t_lo = 0.0, None
-        if group > 0:
-            try:
-                t_lo = self.time_s(group - 1, sp_size, recompute_layers, samples)
-                e_lo = float(self._edges[group - 1])
-            except PlanningError:
-                t_lo = None
-        if t_lo is None or not math.isfinite(t_lo) or t_lo > t_hi:
-            return np.full(np.shape(padded_lens), t_hi, dtype=np.float64)
-        x = np.clip((np.asarray(padded_lens, dtype=np.float64) - e_lo) / (e_hi - e_lo), 0.0, 1.0)
-        return t_lo + (t_hi - t_lo) * x
+        """Times of micro-batches of ``samples`` samples that are all ``padded_lens`` tokens long (the length
+        model at c equal samples: a 2D micro-batch holds one shape; a 1D one priced at its longest sample)."""
+        n = np.asarray(padded_lens, dtype=np.float64)
+        return self.lengths_times_s(group, sp_size, recompute_layers, samples, samples * n, samples * n * n)
 
 
 def micro_batch_times(mbq: MicroBatchQueues, times: TimeLookup, setting_of: Mapping[int, tuple[int, int]]) -> np.ndarray:
     """Predicted time of every micro-batch of ``mbq`` (indexed like it), each seq_group g run at
-    ``setting_of[g] = (sp_size, recompute_layers)``, timed at the micro-batch's padded size per sample."""
+    ``setting_of[g] = (sp_size, recompute_layers)``, priced from its samples' real lengths
+    (``TimeLookup.lengths_times_s``)."""
     out = np.zeros(mbq.num)
     count = np.asarray(mbq.count, dtype=np.int64)
+    start = np.asarray(mbq.start, dtype=np.int64)
     for g, (p, r) in setting_of.items():
         ks = np.asarray(mbq.queue.get(g, ()), dtype=np.int64)
         if not ks.size:
             continue
-        padded = mbq.padded[ks]
+        lens = mbq.seq_lens[g].astype(np.float64)
+        cs = np.concatenate([[0.0], np.cumsum(lens)])
+        cs2 = np.concatenate([[0.0], np.cumsum(lens * lens)])
+        lo, hi = start[ks], start[ks] + count[ks]
+        tokens, sq = cs[hi] - cs[lo], cs2[hi] - cs2[lo]
         for c in np.unique(count[ks]).tolist():
             sel = count[ks] == c
-            out[ks[sel]] = times.padded_times_s(g, p, r, c, padded[sel])
+            out[ks[sel]] = times.lengths_times_s(g, p, r, c, tokens[sel], sq[sel])
     return out

@@ -12,12 +12,13 @@ implement; its backward is the inverse all-to-all. The process group is always p
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from dcp.runtime.attention import local_attention
+from dcp.runtime.attention import check_doc_lens, local_attention
 from dcp.runtime.context import SPContext, pad_to_multiple, shard_range
 
 __all__ = ["IMPLS", "all_to_all_sp", "check_heads", "pad_to_multiple", "shard_range", "ulysses_attention"]
@@ -82,13 +83,17 @@ def ulysses_attention(
     ctx: SPContext,
     *,
     causal: bool,
+    doc_lens: Sequence[Sequence[int]] | None = None,
     key_padding_mask: torch.Tensor | None = None,
     impl: str = "dcp",
 ) -> torch.Tensor:
     """Sequence-parallel attention. q, k, v: this rank's chunk [b, s_local, H, d]; returns [b, s_local, H, d].
 
-    ``key_padding_mask`` is bool [b, s_local * sp_size] over the FULL padded sequence (every rank of the
-    group builds the same one from the micro-batch), True on real tokens.
+    ``doc_lens`` (dcp.runtime.attention) describes the FULL padded sequence of s_local * sp_size tokens:
+    every rank of the group holds the same host ints from the micro-batch. After the first all-to-all a
+    rank holds whole sequences of its H/p heads, so it attends inside each document exactly as one
+    process would, with no mask and no host read. ``key_padding_mask`` (bool [b, s_local * sp_size]) is
+    the dense masked reference path instead.
     """
     if impl not in IMPLS:
         raise ValueError(f"ulysses impl ({impl!r}) is not one of {list(IMPLS)}: pick one of those")
@@ -109,9 +114,12 @@ def ulysses_attention(
             f"key_padding_mask length ({key_padding_mask.shape[1]}) != s_local ({q.shape[1]}) * sp_size "
             f"({ctx.sp_size}): pass the mask of the full padded sequence"
         )
+    if doc_lens is not None:  # checked here, on the host, before any communication
+        doc_lens = check_doc_lens(doc_lens, q.shape[0], q.shape[1] * ctx.sp_size, "doc_lens (full sequence)")
 
     def attend(qf: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor) -> torch.Tensor:
-        return local_attention(qf, kf, vf, causal=causal, key_padding_mask=key_padding_mask, backend=ctx.attention)
+        return local_attention(qf, kf, vf, causal=causal, doc_lens=doc_lens, key_padding_mask=key_padding_mask,
+                               backend=ctx.attention)
 
     if ctx.sp_size == 1:
         return attend(q, k, v)

@@ -162,16 +162,14 @@ def _mem_row(mb, sp_size: int, rows: dict, edges: Sequence[int]):
 def step_cost(plan: StepPlan, times: TimeLookup | None, rows: dict, *, sync_s: float, optimizer_s: float,
               edges: Sequence[int] = ()) -> StepResult:
     """Cost of one StepPlan; ``times`` re-times micro-batches from a truth table (None: planner's times),
-    each at its padded size per sample (its longest sample: 2D micro-batches planned with shapes hold one
-    shape, so that is their T x S)."""
+    each from its samples' real lengths (TimeLookup.lengths_time_s, as the planner prices them)."""
     group_times: list[float] = []
     peak = 0.0
     for g in plan.groups:
         t = 0.0
         for mb in g.micro_batches:
             if times is not None and mb.seq_group >= 0:
-                t += float(times.padded_times_s(mb.seq_group, g.sp_size, g.recompute_layers, mb.size,
-                                                [max(mb.seq_lens)])[0])
+                t += times.lengths_time_s(mb.seq_group, g.sp_size, g.recompute_layers, mb.seq_lens)
             else:
                 t += mb.time_s
             row = _mem_row(mb, g.sp_size, rows, edges)

@@ -58,15 +58,30 @@ def _check_attention(ctx, impl: str = "dcp") -> None:
         torch.testing.assert_close(out, ref[:, start:end].detach(), **TOL)
         for s, f in zip(shard, full, strict=True):
             torch.testing.assert_close(s.grad, f.grad[:, start:end], **TOL)
+        # no mask: lengths from the host (padded rows, then one packed row of documents and a padding row)
+        for docs in (tuple((n,) for n in lens), ((2, p + 1, 1), ())):
+            full = [t.clone().requires_grad_() for t in (q, k, v)]
+            if len(docs[0]) == 1:
+                ref = local_attention(*full, causal=causal, key_padding_mask=mask, backend="sdpa")
+            else:
+                ref = local_attention(*full, causal=causal, doc_lens=docs, backend="sdpa")
+            (ref * up).sum().backward()
+            shard = [t[:, start:end].clone().requires_grad_() for t in (q, k, v)]
+            out = ulysses_attention(*shard, ctx, causal=causal, doc_lens=docs, impl=impl)
+            (out * up[:, start:end]).sum().backward()
+            torch.testing.assert_close(out, ref[:, start:end].detach(), **TOL)
+            for s, f in zip(shard, full, strict=True):
+                torch.testing.assert_close(s.grad, f.grad[:, start:end], **TOL)
 
 
 def _model_batch(name: str, p: int):
-    """A micro-batch whose lengths are not multiples of p (1D: 2p+1 and 3p-1 tokens; 2D: S likewise)."""
+    """A micro-batch whose lengths are not multiples of p (1D: 2p+1 and 3p tokens, packed into one row of
+    5p+1 tokens, so the row is padded too; 2D: S of 2p+1 and 3p-1)."""
     from dcp.models import collate_tokens, collate_video
 
     gen = torch.Generator().manual_seed(7)
     if name.startswith("t1d"):
-        return collate_tokens([torch.randint(0, 256, (n,), generator=gen) for n in (2 * p + 1, 3 * p - 1)])
+        return collate_tokens([torch.randint(0, 256, (n,), generator=gen) for n in (2 * p + 1, 3 * p)])
     shapes = [(3, 2 * p + 1), (2, 3 * p - 1)]
     return collate_video([(torch.randn(t, s, 8, generator=gen), torch.randn(t, s, 8, generator=gen))
                           for t, s in shapes])
@@ -81,6 +96,12 @@ def _check_model(name: str, ctx, recompute_layers: int = 0, impl: str = "dcp") -
     ref_model = build_model(name)
     ref_loss, ref_count = ref_model(batch, SPContext.single(attention="sdpa"))
     ref_loss.backward()
+
+    # the one-process reference itself equals its samples run alone (no padding, no packing)
+    from dcp.experiments.execute import split_samples
+
+    alone = [build_model(name)(one, SPContext.single(attention="sdpa")) for one in split_samples(batch)]
+    torch.testing.assert_close(sum(a[0] for a in alone), ref_loss.detach(), **TOL)
 
     model = build_model(name, ulysses_impl=impl)
     loss, count = model(batch, ctx.replace(recompute_layers=recompute_layers))

@@ -43,7 +43,7 @@ def test_flash_kernel_matches_sdpa_with_padding(causal):
     q, k, v = (torch.randn(3, 64, 4, 32, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
     mask = torch.arange(64, device="cuda")[None, :] < torch.tensor([64, 17, 40], device="cuda")[:, None]
     assert resolve_backend("auto", q) == "flash"
-    flash = local_attention(q, k, v, causal=causal, key_padding_mask=mask, backend="flash")
+    flash = local_attention(q, k, v, causal=causal, doc_lens=((64,), (17,), (40,)), backend="flash")
     sdpa = local_attention(q, k, v, causal=causal, key_padding_mask=mask, backend="sdpa")
     assert _rel_err(flash.float(), sdpa.float()) < 1e-2
     assert (flash[~mask] == 0).all()  # padded queries are zero on both paths

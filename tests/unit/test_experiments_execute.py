@@ -33,9 +33,16 @@ class _Count(torch.nn.Module):
 
 
 def test_packed_forward_sums_unpadded_samples():
+    # 2D packs run sample by sample: padded positions never count
+    video = collate_video([(torch.full((1, 3, 1), 2.0), torch.zeros(1, 3, 1)),
+                           (torch.full((2, 1, 1), 1.0), torch.zeros(2, 1, 1))])
+    loss, count = packed_forward(_Count(), video, None)
+    assert float(loss) == 3 * 2 + 2 * 1 and count == 5  # padded would count 2 x 2 x 3 = 12 positions
+    # 1D packs go to the model whole: Transformer-1D runs them as one row of documents
     batch = collate_tokens([torch.full((3,), 2), torch.full((5,), 1)])
-    loss, count = packed_forward(_Count(), batch, None)
-    assert float(loss) == 3 * 2 + 5 * 1 and count == 8  # padded would count 10 positions
+    seen = []
+    packed_forward(type("M", (), {"__call__": lambda self, b, ctx: seen.append(b) or (0, 0)})(), batch, None)
+    assert seen == [batch]
 
 
 def _row(b: int, m_act: float) -> ProfileRow:

@@ -193,8 +193,12 @@ def test_flash_path_unpads_and_repads_like_sdpa(monkeypatch, causal):
     monkeypatch.setitem(__import__("sys").modules, "flash_attn", _fake_flash_module())
     g = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(3, 9, 2, 4, generator=g) for _ in range(3))
+    docs = ((9,), (2,), (6,))
     mask = torch.arange(9)[None, :] < torch.tensor([9, 2, 6])[:, None]
-    flash = attention._flash(q, k, v, causal=causal, key_padding_mask=mask)
-    torch.testing.assert_close(flash, attention._sdpa(q, k, v, causal=causal, key_padding_mask=mask))
-    torch.testing.assert_close(attention._flash(q, k, v, causal=causal, key_padding_mask=None),
-                               attention._sdpa(q, k, v, causal=causal, key_padding_mask=None))
+    flash = attention._flash_varlen(q, k, v, causal=causal, docs=docs)
+    torch.testing.assert_close(flash, attention._sdpa_masked(q, k, v, causal=causal, key_padding_mask=mask))
+    packed = ((4, 3, 2), (), (6,))  # several documents in a row, a row of padding only
+    torch.testing.assert_close(attention._flash_varlen(q, k, v, causal=causal, docs=packed),
+                               local_attention(q, k, v, causal=causal, doc_lens=packed, backend="sdpa"))
+    torch.testing.assert_close(attention._flash_dense(q, k, v, causal), attention._sdpa_dense(q, k, v, causal))
+    assert attention._flash_varlen(q, k, v, causal=causal, docs=((), (), ())).abs().max() == 0

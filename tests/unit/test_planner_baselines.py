@@ -118,15 +118,18 @@ def test_packed_time_counts_constant_once():
     (mb,) = [mb for g in plans[0].groups for mb in g.micro_batches]
     row = next(r for r in table.rows_for(0) if (r.sp_size, r.micro_batch_size) == (1, 1))
     t_edge = micro_batch_time_s(row, 4)
-    # below the first seq_group's bound there is no measured row to interpolate from: each sample keeps the
-    # bound's time, and the pack pays the constant part T_C once
-    assert mb.size == 2 and mb.time_s == pytest.approx(2 * t_edge - row.t_const_s)
-    # in the second seq_group a sample is interpolated between the two bounds' rows
+    # each sample is priced at its own length (TimeLookup's length model, exact at the bound), and the pack
+    # pays the constant part T_C once
+    from dcp.planner.stream import TimeLookup
+
+    times = TimeLookup(table)
+    t_100 = times.lengths_time_s(0, 1, 4, [100])
+    assert t_100 <= t_edge and mb.size == 2 and mb.time_s == pytest.approx(2 * t_100 - row.t_const_s)
     plans = plan_epoch([384, 384], table, cfg, 4)
     (mb,) = [mb for g in plans[0].groups for mb in g.micro_batches]
     row2 = next(r for r in table.rows_for(1) if (r.sp_size, r.micro_batch_size) == (1, 1))
-    e0, e1 = table.seq_group_edges[:2]
-    t_384 = t_edge + (micro_batch_time_s(row2, 4) - t_edge) * (384 - e0) / (e1 - e0)
+    t_384 = times.lengths_time_s(1, 1, 4, [384])
+    assert t_edge < t_384 < micro_batch_time_s(row2, 4)
     assert mb.time_s == pytest.approx(2 * t_384 - row2.t_const_s)
 
 

@@ -294,30 +294,78 @@ def test_hardware_spec_validation():
     assert isinstance(CPU_SMALL, HardwareSpec)
 
 
-def test_micro_batches_are_timed_at_their_padded_length():
+def _length_table(rows, edges):
+    from dcp.planner import ProfileTable, TableMeta
+
+    return ProfileTable(rows, TableMeta(model="m", hardware="h", dtype="float32", world_size=1, seq_group_edges=edges))
+
+
+def _timed_row(g, s, b, t, p=1):
+    """A row whose micro-batch time at any r is t (all of it in T_C)."""
+    from dcp.planner import ProfileRow
+
+    return ProfileRow(g, s, b, p, 0.0, 0.0, 1.0, 1.0, t, 1.0, 2)
+
+
+def test_micro_batches_are_timed_from_their_real_lengths():
     import numpy as np
 
-    from dcp.planner import ProfileRow, ProfileTable, TableMeta
     from dcp.planner.stream import MicroBatchQueues, TimeLookup, micro_batch_times
 
-    def row(g, s, b, t_f):
-        return ProfileRow(g, s, b, 1, t_f, 2 * t_f, 1.0, 1.0, 0.1, 1.0, 2)
+    # rows at bounds 100, 200 from T = 0.05 + 1e-3 * sum(n) + 2e-5 * sum(n^2), b in 1, 2, 4
+    a, b1, b2 = 0.05, 1e-3, 2e-5
 
-    # two seq_groups (bounds 100, 200); b = 2 time 1.3 at 100 tokens, 2.5 at 200 (L = 2: 2 * 3 t_f + 0.1)
-    table = ProfileTable([row(0, 100, 2, 0.2), row(1, 200, 2, 0.4)],
-                         TableMeta(model="m", hardware="h", dtype="float32", world_size=1, seq_group_edges=(100, 200)))
-    lengths = np.array([40, 150, 60, 120, 200])
-    groups = np.array([0, 1, 0, 1, 1])
-    mbq = MicroBatchQueues(lengths, groups, np.arange(5), {0: 2, 1: 2})
-    times = micro_batch_times(mbq, TimeLookup(table), {0: (1, 0), 1: (1, 0)})
-    t0, t1 = 6 * 0.2 + 0.1, 6 * 0.4 + 0.1
-    want = {
-        (0, 2): t0,  # samples 40, 60: the first seq_group has no measured row below: its bound's time
-        (1, 2): t0 + (t1 - t0) * (150 - 100) / 100,  # samples 150, 120: padded to 150
-        (1, 1): t1,  # the last sample alone is at the bound
-    }
-    got = {(mbq.group[k], mbq.count[k]): times[k] for k in range(mbq.num)}
-    assert got == pytest.approx(want)
+    def true(lens):
+        return a + b1 * sum(lens) + b2 * sum(n * n for n in lens)
+
+    rows = [_timed_row(g, e, b, true([e] * b)) for g, e in enumerate((100, 200)) for b in (1, 2, 4)]
+    times = TimeLookup(_length_table(rows, (100, 200)))
+    assert times.length_model(1, 1, 0) == pytest.approx((a, b1, b2))
+    lengths = np.array([40, 150, 60, 120, 200, 190, 101])
+    groups = np.array([0, 1, 0, 1, 1, 1, 1])
+    mbq = MicroBatchQueues(lengths, groups, np.arange(len(lengths)), {0: 2, 1: 4})
+    got = micro_batch_times(mbq, times, {0: (1, 0), 1: (1, 2)})
+    for k in range(mbq.num):
+        lens = mbq.micro_batch(k, 0.0).seq_lens
+        assert got[k] == pytest.approx(true(lens)), lens
+    # not b samples of the longest: [150, 120, 200, 190] costs less than 4 x 200
+    full = next(k for k in range(mbq.num) if mbq.count[k] == 4)
+    assert got[full] < times.time_s(1, 1, 0, 4) and got[full] < float(times.padded_times_s(1, 1, 0, 4, [200])[0])
+    assert times.lengths_time_s(1, 1, 0, [200, 200]) == pytest.approx(times.time_s(1, 1, 0, 2))
+
+
+def test_pack_is_priced_as_one_sequence_of_documents():
+    from dcp.planner.stream import PlanningError, TimeLookup
+
+    a, b1, b2 = 0.05, 1e-3, 2e-5
+    rows = [_timed_row(g, e, b, a + b * (b1 * e + b2 * e * e)) for g, e in enumerate((100, 200)) for b in (1, 2)]
+    times = TimeLookup(_length_table(rows, (100, 200)))
+    # documents from both seq_groups, overhead paid once: a + b1 * sum + b2 * sum of squares
+    assert times.pack_time_s(1, 0, [150, 30, 80]) == pytest.approx(a + b1 * 260 + b2 * (150**2 + 30**2 + 80**2))
+    with pytest.raises(PlanningError, match=r"longest document has 201 tokens"):
+        times.pack_time_s(1, 0, [201, 3])
+
+
+def test_length_model_is_anchored_at_the_row_and_never_negative():
+    import numpy as np
+
+    from dcp.planner.stream import TimeLookup
+
+    # noisy rows that a free least-squares fit would give a negative quadratic term
+    rows = [_timed_row(0, 100, 1, 1.0), _timed_row(0, 100, 2, 1.9), _timed_row(1, 200, 1, 1.8),
+            _timed_row(1, 200, 2, 3.3)]
+    times = TimeLookup(_length_table(rows, (100, 200)))
+    coef = times.length_model(1, 1, 0)
+    assert min(coef) >= 0
+    # a micro-batch at the bound costs exactly its row; shorter ones less, monotone in length
+    assert times.lengths_time_s(1, 1, 0, [200, 200]) == pytest.approx(3.3)
+    t = [times.lengths_time_s(1, 1, 0, [n, n]) for n in (110, 150, 190)]
+    assert t == sorted(t) and t[-1] < 3.3
+    # one row only: nothing to fit a shape to but a constant, so the bound's time is kept
+    single = TimeLookup(_length_table([_timed_row(0, 100, 2, 1.3)], (100,)))
+    assert single.lengths_times_s(0, 1, 0, 2, np.array([60.0]), np.array([1800.0]))[0] == pytest.approx(1.3)
+    with pytest.raises(ValueError, match=r"no profile row for seq_group 0, sp_size 2"):
+        single.length_model(0, 2, 0)
 
 
 def test_step_plan_rejects_groups_that_overlap_leave_the_world_or_miss_a_rank():

@@ -102,10 +102,11 @@ def test_padded_size_drives_the_predicted_time():
     tall = MicroBatchQueues(lengths, groups, order, {0: 2}, shapes=shapes)
     flat = MicroBatchQueues(lengths, groups, order, {0: 2})
     # 1D pairs mix the two shapes; 2D pairs two samples of one shape: the same number of full micro-batches,
-    # each timed at its own T x S (the first seq_group keeps its bound's time: no measured row below it)
+    # each timed at its own T x S (the length model of TimeLookup, from the real lengths)
     assert tall.num == flat.num == 8 and sorted(set(tall.padded.tolist())) == [108, 144]
     t_tall = micro_batch_times(tall, times, setting)
-    assert np.allclose(t_tall, times.time_s(0, 1, 0, 2))
+    assert np.allclose(t_tall, times.padded_times_s(0, 1, 0, 2, tall.padded))
+    assert t_tall[tall.padded == 108].max() < t_tall[tall.padded == 144].min() <= times.time_s(0, 1, 0, 2)
 
 
 @pytest.mark.parametrize("method", ["dcp-inter", "dcp-intra", "bucket"])
