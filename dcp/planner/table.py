@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dcp.config import MAX_TOKENS, read_text_file
+
 TABLE_FORMAT_VERSION = 1
 
 
@@ -161,7 +163,7 @@ class ProfileTable:
     def from_csv(cls, path_or_text: str | Path, *, text: bool = False) -> ProfileTable:
         """Parse a CSV table strictly; every error names the file (and line) and says how to fix it."""
         where = "table text" if text else str(path_or_text)
-        src = str(path_or_text) if text else read_text_file(path_or_text, what="profile table")
+        src = str(path_or_text) if text else read_text_file(path_or_text, what="profile table", error=TableError)
         meta_raw: dict[str, Any] = {}
         body: list[tuple[int, str]] = []
         for n, line in enumerate(src.splitlines(), start=1):
@@ -259,27 +261,6 @@ def _check_readable(path: str | Path, what: str) -> None:
         raise TableError(f"{what} ({str(p)!r}) is a directory: pass the path of a .csv or .parquet table file")
 
 
-def read_text_file(path: str | Path, *, what: str, error: type[ValueError] = TableError) -> str:
-    """A UTF-8 text file (a leading BOM is dropped); a missing file, a directory, unreadable or non-UTF-8
-    content raises ``error`` naming the file."""
-    p = Path(path)
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
-        raise error(f"{what} ({str(p)!r}) does not exist: check the path") from None
-    except IsADirectoryError:
-        raise error(f"{what} ({str(p)!r}) is a directory: pass the path of a file") from None
-    except OSError as exc:
-        raise error(f"{what} ({str(p)!r}) cannot be read ({exc.strerror or exc}): check its permissions") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise error(f"{what} ({str(p)!r}) line {line} is not UTF-8 text ({exc.reason} at byte {exc.start}): "
-                    "save the file as UTF-8") from None
-    return text.removeprefix("\ufeff")
-
-
 _META_TYPES: dict[str, type | tuple[type, ...]] = {
     "model": str, "hardware": str, "dtype": str, "world_size": int, "seq_group_edges": list, "version": str,
     "source": str, "extra": dict,
@@ -314,10 +295,6 @@ def _meta_from_dict(raw: dict[str, Any]) -> TableMeta:
                          f"[1, {MAX_TOKENS}]: regenerate the table")
     return TableMeta(**raw)
 
-
-MAX_TOKENS = 2**40
-"""Largest token count (a sample length or a seq_group bound) dcp accepts anywhere: far above any real
-sequence, and small enough that sums and products of counts stay exact in int64 and float64."""
 
 _INT_TEXT = re.compile(r"[0-9]+")
 _FLOAT_TEXT = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?|[+]?inf")
