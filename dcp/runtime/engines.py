@@ -116,7 +116,8 @@ class Engine:
             return False
         t0 = time.perf_counter()
         self._fill_missing_grads()
-        self._sync_and_update()
+        with mgr._collective("gradient sync"):  # a failure or timeout names the rank that is elsewhere
+            self._sync_and_update()
         self.optimizer_steps += 1
         mgr._step_done(time.perf_counter() - t0)
         return True
