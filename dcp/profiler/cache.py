@@ -34,8 +34,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import math
+import os
 import re
 import tempfile
 import warnings

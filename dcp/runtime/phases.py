@@ -88,7 +88,7 @@ class PhaseBoard:
         if not others:
             return head + ": the other ranks' phases are unavailable (the rendezvous store is gone): check their logs"
         if not elsewhere:
-            return (head + f": every rank reported this phase, so the collective itself failed (network, a rank "
+            return (head + ": every rank reported this phase, so the collective itself failed (network, a rank "
                     "killed inside it): check the ranks' logs")
         lines = []
         for r, v in sorted(elsewhere.items()):

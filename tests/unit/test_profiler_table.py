@@ -12,7 +12,7 @@ import torch
 from dcp.config import DCPConfig, PlanningConfig, ProfilingConfig
 from dcp.models import build_model
 from dcp.planner import ProfileTable, micro_batch_mem_bytes, plan_epoch
-from dcp.profiler import cache, cli, load_or_profile, need_profile, profile_table
+from dcp.profiler import cli, load_or_profile, need_profile, profile_table
 from dcp.profiler.adapters import AdapterError, HFLlamaAdapter, ProtocolAdapter, get_adapter
 from dcp.profiler.measure import MeasureSettings, measure_candidate, solve_recompute_cost
 from dcp.runtime.context import SPContext
