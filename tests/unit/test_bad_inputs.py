@@ -330,3 +330,23 @@ def test_set_manager_arguments(case, error, needle):
         set_manager(args["model"], args["dataset"], args["config"], table=args["table"],
                     optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
     assert needle in str(info.value)
+
+
+def test_profile_with_an_unwritable_cache_folder_keeps_the_table(capsys, tmp_path, monkeypatch):
+    from dcp.planner.table import ProfileTable
+    from dcp.profiler import cache
+
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("x")  # cache_dir below a file: no folder can be made there, even as root
+    toml = tmp_path / "run.toml"
+    toml.write_text(f'[profiling]\ncache_dir = "{blocker / "cache"}"\nwarmup_iters = 0\nmeasure_iters = 1\n'
+                    "max_micro_batch_size = 1\n")
+    monkeypatch.setattr(cache.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    out = tmp_path / "table.csv"
+    with pytest.warns(cache.CacheWriteWarning, match="is not writable"):
+        code, stdout, err = cli(capsys, "profile", "--config", str(toml), "--edges", "32", "--out", str(out),
+                                "--quiet")
+    assert code == 0, err
+    assert len(ProfileTable.load(out)) >= 1  # --out was written
+    spare = next((tmp_path / "tmp").rglob("*.csv"))
+    assert f"cache: {spare}" in stdout and ProfileTable.load(spare).rows == ProfileTable.load(out).rows
