@@ -350,3 +350,14 @@ def test_profile_with_an_unwritable_cache_folder_keeps_the_table(capsys, tmp_pat
     assert len(ProfileTable.load(out)) >= 1  # --out was written
     spare = next((tmp_path / "tmp").rglob("*.csv"))
     assert f"cache: {spare}" in stdout and ProfileTable.load(spare).rows == ProfileTable.load(out).rows
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["bench", "runtime", "--steps", "0"], ["--steps (0) must be >= 1"]),
+    (["bench", "runtime", "--rounds", "-1"], ["--rounds (-1) must be >= 1"]),
+    (["bench", "planner", "--steps", "0"], ["--steps (0) must be >= 1"]),
+    (["bench", "profiler", "--nproc", "0"], ["--nproc (0)"]),
+])
+def test_bench_count_flags(capsys, argv, needles):
+    code, out, err = cli(capsys, *argv)
+    assert_clear(code, err + out, *needles)  # dcp bench planner prints its error on stdout
