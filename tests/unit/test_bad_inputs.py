@@ -361,3 +361,26 @@ def test_profile_with_an_unwritable_cache_folder_keeps_the_table(capsys, tmp_pat
 def test_bench_count_flags(capsys, argv, needles):
     code, out, err = cli(capsys, *argv)
     assert_clear(code, err + out, *needles)  # dcp bench planner prints its error on stdout
+
+
+@pytest.mark.parametrize("body, needle", [
+    ("tier_edges_tokens = [64, true]\nattention_crossover_tokens = 512\n", "tier_edges_tokens"),
+    ("tier_edges_tokens = [64, 99999999999999999999]\nattention_crossover_tokens = 512\n", "tier_edges_tokens"),
+    ("tier_edges_tokens = [64, 128]\nattention_crossover_tokens = 512\nround_tokens = 2.5\n", "round_tokens (2.5)"),
+    ("tier_edges_tokens = [64, 128]\nattention_crossover_tokens = 5e2\n", "attention_crossover_tokens (500.0)"),
+])
+def test_distribution_grids_are_strict(tmp_path, body, needle):
+    from dcp.data_dists import DistributionError, load_grid_scale
+
+    (tmp_path / "grids.toml").write_text(f'[t1d]\ndims = "1d"\n[t1d.cpu]\n{body}')
+    with pytest.raises(DistributionError) as info:
+        load_grid_scale("t1d", "cpu", tmp_path)
+    assert needle in str(info.value) and "grids.toml" in str(info.value)
+
+
+def test_distribution_spec_file_not_utf8_names_the_file(tmp_path):
+    from dcp.data_dists import DistributionError, get_spec
+
+    (tmp_path / "mine.toml").write_bytes(b'name = "mine"\ndescription = "\xe9"\n')
+    with pytest.raises(DistributionError, match=r"mine.toml'\) line 2 is not UTF-8"):
+        get_spec("mine", tmp_path)
