@@ -58,7 +58,8 @@ class PhaseBoard:
             pass
 
     def others(self) -> dict[int, tuple[str, float] | None]:
-        """Every other rank's last (phase, seconds ago); None for a rank that never reported."""
+        """Every other rank's last (phase, seconds ago); None for a rank that never reported; ("", -1.0) when
+        the store did not answer."""
         out: dict[int, tuple[str, float] | None] = {}
         now = time.time()
         for r in range(self.world_size):
@@ -72,7 +73,7 @@ class PhaseBoard:
                 raw = json.loads(self.store.get(key))
                 out[r] = (str(raw["phase"]), max(0.0, now - float(raw["t"])))
             except Exception:  # noqa: BLE001 - a dead store host: report what is known
-                out[r] = None
+                out[r] = ("", -1.0)
         return out
 
     def diagnose(self, phase: str, exc: BaseException, elapsed_s: float, timeout_s: float | None) -> str:
@@ -92,8 +93,12 @@ class PhaseBoard:
                     "killed inside it): check the ranks' logs")
         lines = []
         for r, v in sorted(elsewhere.items()):
-            lines.append(f"rank {r} never reported a phase" if v is None
-                         else f"rank {r} is in '{v[0]}' (since {v[1]:.1f} s)")
+            if v is None:
+                lines.append(f"rank {r} never reported a phase")
+            elif v[1] < 0:
+                lines.append(f"rank {r}'s phase is unknown (the rendezvous store did not answer)")
+            else:
+                lines.append(f"rank {r} is in '{v[0]}' (since {v[1]:.1f} s)")
         culprits = sorted(elsewhere)
         return (head + f": {'; '.join(lines)}: rank{'s' if len(culprits) > 1 else ''} "
                 f"{', '.join(map(str, culprits))} stalled or died there (check its log; a rank that exited also "
