@@ -384,3 +384,26 @@ def test_distribution_spec_file_not_utf8_names_the_file(tmp_path):
     (tmp_path / "mine.toml").write_bytes(b'name = "mine"\ndescription = "\xe9"\n')
     with pytest.raises(DistributionError, match=r"mine.toml'\) line 2 is not UTF-8"):
         get_spec("mine", tmp_path)
+
+
+def test_sweep_results_files_are_named(capsys, tmp_path):
+    from dcp.experiments.results import RUN_COLUMNS, ResultsError, read_runs
+
+    for name, runs in (("latin1", b"a,b\n\xe9\n"), ("dir", None)):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_text("{}")
+        if runs is None:
+            (folder / "runs.csv").mkdir()
+        else:
+            (folder / "runs.csv").write_bytes(runs)
+        code, out, err = cli(capsys, "sweep", "--plot", str(folder))
+        assert code == 2 and str(folder / "runs.csv") in out + err
+        assert ("not UTF-8" if runs else "is a directory") in out + err
+    edited = tmp_path / "edited"
+    edited.mkdir()
+    (edited / "config.json").write_text("{}")
+    row = ["x" if c in ("world_size", "tokens") else "1" for c in RUN_COLUMNS]
+    (edited / "runs.csv").write_text(",".join(RUN_COLUMNS) + "\n" + ",".join(row) + "\n")
+    with pytest.raises(ResultsError, match=r"runs.csv:2: column \w+ \('x'\) is not a number"):
+        read_runs(edited)
