@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # (command words, owning module, one-line help)
@@ -81,7 +82,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args._run(args) or 0)
+    try:
+        return int(args._run(args) or 0)
+    except (ValueError, OSError) as exc:
+        # dcp's user errors are ValueErrors (ConfigError, TableError, ...) whose message names the field or
+        # file, the rule and the fix: one line and exit 2, like argparse's own errors. DCP_TRACEBACK=1 keeps
+        # the traceback (for a bug report).
+        if os.environ.get("DCP_TRACEBACK"):
+            raise
+        words = " ".join(w for w in (args.command, getattr(args, "sub", None)) if w)
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"dcp {words}: error: {message} (set DCP_TRACEBACK=1 for the traceback)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

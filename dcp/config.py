@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import numbers
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +17,11 @@ from typing import Any
 
 METHODS = ("bucket", "packed", "dcp-inter", "dcp-intra")
 GIB = 1024**3
+MAX_TOKENS = 2**40
+"""Largest token count (a sample length or a seq_group bound) dcp accepts anywhere, and the bound of every
+integer setting: far above any real value, small enough that sums and products stay exact in int64."""
+MAX_GA = 2**16
+"""Bound of planning.gmin / gmax: beyond it ga_steps * micro-batch time overflows the planner's integers."""
 
 
 class ConfigError(ValueError):
@@ -27,6 +34,30 @@ def fail(path: str, value: Any, rule: str, fix: str, *, error: type[ValueError] 
     raise error(f"{path} ({value!r}) {rule}: {fix}")
 
 
+def read_text_file(
+    path: str | Path, *, what: str, missing_fix: str = "check the path", error: type[ValueError] = ConfigError
+) -> str:
+    """A UTF-8 text file (a leading BOM is dropped); a missing file, a directory, an unreadable file or
+    non-UTF-8 content raises ``error`` naming the file (and the line of the first bad byte)."""
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise error(f"{what} ({str(p)!r}) does not exist: {missing_fix}") from None
+    except IsADirectoryError:
+        raise error(f"{what} ({str(p)!r}) is a directory: pass the path of a file") from None
+    except OSError as exc:
+        raise error(f"{what} ({str(p)!r}) cannot be read ({exc.strerror or exc}): check the path and its "
+                    "permissions") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise error(f"{what} ({str(p)!r}) line {line} is not UTF-8 text ({exc.reason} at byte {exc.start}): "
+                    "save the file as UTF-8") from None
+    return text.removeprefix("\ufeff")
+
+
 def read_toml(
     path: str | Path,
     *,
@@ -34,14 +65,42 @@ def read_toml(
     missing_fix: str = "pass the path of a TOML file",
     error: type[ValueError] = ConfigError,
 ) -> dict[str, Any]:
-    """Parse a TOML file; a missing file or bad syntax raises ``error`` naming the file and the fix."""
+    """Parse a TOML file; a missing or unreadable file or bad syntax raises ``error`` naming the file."""
     path = Path(path)
+    text = read_text_file(path, what=what, missing_fix=missing_fix, error=error)
     try:
-        return tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise error(f"{what} ({str(path)!r}) does not exist: {missing_fix}") from None
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise error(f"{what} ({str(path)!r}) is not valid TOML ({exc}): fix the syntax") from None
+
+
+def check_fields(obj: Any, section: str, *, int_max: dict[str, int] | None = None) -> None:
+    """Type and range of every field of a config dataclass, from its annotations: integers (not bools) in
+    [-MAX_TOKENS, MAX_TOKENS] (or ``int_max[name]``), finite floats, strings, bools, tuples of integers
+    (stored back as plain ints). Called first by every section's __post_init__, for TOML and Python alike."""
+    for f in dataclasses.fields(obj):
+        value, kind, path = getattr(obj, f.name), str(f.type), f"{section}.{f.name}"
+        top = (int_max or {}).get(f.name, MAX_TOKENS)
+        if kind.startswith("tuple"):
+            items = tuple(value) if isinstance(value, list | tuple) else None
+            if items is None or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in items):
+                fail(path, value, "must be a list of integers", "e.g. [1, 2, 4]")
+            if any(abs(int(v)) > top for v in items):
+                fail(path, list(items), f"holds a value beyond {top}", "use realistic sizes")
+            object.__setattr__(obj, f.name, tuple(int(v) for v in items))
+        elif kind == "int":
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+                fail(path, value, "must be an integer", f"write {f.name} = <whole number>")
+            if abs(int(value)) > top:
+                fail(path, value, f"is beyond {top}", "use a realistic value")
+            object.__setattr__(obj, f.name, int(value))
+        elif kind == "float":
+            if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value):
+                fail(path, value, "must be a finite number", f"write {f.name} = <number>, not inf or nan")
+        elif kind == "str" and not isinstance(value, str):
+            fail(path, value, "must be a string", f'write {f.name} = "..."')
+        elif kind == "bool" and not isinstance(value, bool):
+            fail(path, value, "must be true or false", f"write {f.name} = true or false")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -68,6 +127,7 @@ class ModelShapeConfig:
     """Optimizer-state bytes per parameter before ZeRO sharding (Adam fp32: 8)."""
 
     def __post_init__(self) -> None:
+        check_fields(self, "model")
         for name in ("num_layers", "hidden_size", "num_heads", "attentions_per_layer", "vocab_size", "param_bytes"):
             if getattr(self, name) < 1:
                 fail(f"model.{name}", getattr(self, name), "must be >= 1", f"set model.{name} to a positive integer")
@@ -118,8 +178,8 @@ class ProfilingConfig:
     """Folder of cached profile tables (one file per model/world/hardware/dtype/version key)."""
 
     def __post_init__(self) -> None:
-        edges = tuple(self.seq_group_edges)
-        object.__setattr__(self, "seq_group_edges", edges)
+        check_fields(self, "profiling")
+        edges = self.seq_group_edges
         if not edges:
             fail("profiling.seq_group_edges", edges, "is empty", "give at least one upper token bound, e.g. [1024]")
         if any(e < 1 for e in edges) or any(b <= a for a, b in zip(edges, edges[1:], strict=False)):
@@ -166,12 +226,14 @@ class PlanningConfig:
     """Bucket/packed only: fixed SP size; 0 picks the smallest that fits the longest seq_group."""
 
     def __post_init__(self) -> None:
-        sizes = tuple(self.sp_sizes)
-        object.__setattr__(self, "sp_sizes", sizes)
+        check_fields(self, "planning", int_max={"seed": 2**63 - 1, "gmin": MAX_GA, "gmax": MAX_GA})
+        sizes = self.sp_sizes
         if self.method not in METHODS:
             fail("planning.method", self.method, f"is not one of {list(METHODS)}", "pick one of those names")
         if not self.mem_capacity_gib > 0:
             fail("planning.mem_capacity_gib", self.mem_capacity_gib, "must be > 0", "set the per-rank memory in GiB")
+        if self.seed < 0:
+            fail("planning.seed", self.seed, "must be >= 0", "use a non-negative seed, e.g. 0")
         if self.gmin < 1:
             fail("planning.gmin", self.gmin, "must be >= 1", "set gmin to 1 or more")
         if self.gmax < 1:
@@ -216,6 +278,11 @@ class RuntimeConfig:
     step, or the number of steps), before the epoch's first collective."""
     plan_check_timeout_s: float = 60.0
     """Collective timeout used for the plan-hash check, so a divergent rank fails instead of hanging."""
+    collective_timeout_s: float = 300.0
+    """Timeout of every other collective dcp creates or uses (the SP groups, the world group's gradient sync):
+    a rank that stalls or dies makes the others fail after this long, naming it and the phase it was in
+    (see dcp.runtime.phases), instead of torch's default of 30 minutes. Raise it when one micro-batch or a
+    checkpoint save between steps can take longer."""
     log_every: int = 1
     """Rank 0 logs one line every this many steps; each logged step all-gathers the step's loss, token
     count and per-rank busy time (one small collective, and a synchronisation point, per logged step)."""
@@ -225,6 +292,7 @@ class RuntimeConfig:
     without logging them, e.g. 1 for experiment runs that record every step; 0: only on logged steps."""
 
     def __post_init__(self) -> None:
+        check_fields(self, "runtime")
         if self.engine not in ("ddp", "deepspeed"):
             fail("runtime.engine", self.engine, "is not one of ['ddp', 'deepspeed']", "pick one of those")
         if self.attention not in ("auto", "sdpa", "flash"):
@@ -236,6 +304,8 @@ class RuntimeConfig:
             fail("runtime.loss_weighting", self.loss_weighting, "is not one of ['tokens', 'samples']", "pick one")
         if not self.plan_check_timeout_s > 0:
             fail("runtime.plan_check_timeout_s", self.plan_check_timeout_s, "must be > 0", "e.g. 60")
+        if not self.collective_timeout_s > 0:
+            fail("runtime.collective_timeout_s", self.collective_timeout_s, "must be > 0", "e.g. 300")
         if self.log_every < 1:
             fail("runtime.log_every", self.log_every, "must be >= 1", "set it to 1 or more")
         if self.stats_every < 0:
@@ -256,6 +326,10 @@ class DCPConfig:
     """Manager settings."""
 
     def __post_init__(self) -> None:
+        for name, cls in _SECTIONS.items():
+            if not isinstance(getattr(self, name), cls):
+                raise TypeError(f"DCPConfig.{name} ({getattr(self, name)!r}) must be a {cls.__name__}: build it as "
+                                f"{cls.__name__}(...), or load a TOML file with dcp.config.load_config")
         heads = self.model.num_heads
         bad = [p for p in self.planning.sp_sizes if heads % p]
         if bad:

@@ -135,6 +135,8 @@ def run_distributed(
     finally:
         for p in procs:
             p.join(timeout=0.5 if errors else 5.0)
+        # ranks that died on their own (os._exit, a signal) before the survivors were killed below
+        died = {i: p.exitcode for i, p in enumerate(procs) if p.exitcode not in (None, 0) and i not in out}
         for p in procs:
             if p.is_alive():
                 p.kill()
@@ -142,7 +144,9 @@ def run_distributed(
         results.close()
     if errors:
         rank = min(errors)
-        raise DistributedFailure(f"rank {rank} of {world_size} failed:\n{errors[rank]}")
+        dead = "".join(f"rank {i} exited with code {code} without reporting\n"
+                       for i, code in sorted(died.items()) if i != rank)
+        raise DistributedFailure(f"{dead}rank {rank} of {world_size} failed:\n{errors[rank]}")
     missing = [r for r in range(world_size) if r not in out]
     if missing:
         raise DistributedFailure(f"ranks {missing} of {world_size} did not finish within {timeout_s} s")

@@ -8,10 +8,16 @@ lines and lines starting with ``#`` are skipped. Errors name the file, the line,
 from __future__ import annotations
 
 import csv
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from dcp.config import MAX_TOKENS, read_text_file
 from dcp.data_dists.spec import DistributionError
+
+_ASCII_INT = re.compile(r"\+?[0-9]+")
+# a first line that is a number of any spelling (1_000, 5.7, nan, non-ASCII digits) means "no header"
+_NUMBER_LIKE = re.compile(r"[+-]?[\d_.]+([eE][+-]?\d+)?|[+-]?(nan|inf|infinity)", re.IGNORECASE)
 
 
 class LengthsFileError(DistributionError):
@@ -33,31 +39,33 @@ class Lengths:
 
 
 def _parse_int(path: Path, line: int, column: str, value: str) -> int:
-    try:
-        v = int(value.strip())
-    except ValueError:
+    text = value.strip()
+    if text.startswith("-") and _ASCII_INT.fullmatch(text[1:]):
+        raise LengthsFileError(f"{path}:{line}: column {column} value {text} must be >= 1: drop empty samples")
+    if not _ASCII_INT.fullmatch(text):
         raise LengthsFileError(
-            f"{path}:{line}: column {column} value {value!r} is not an integer: write a whole number of tokens"
-        ) from None
+            f"{path}:{line}: column {column} value {value!r} is not an integer (ASCII digits only, no '_', '.', "
+            "exponent or NaN): write a whole number of tokens"
+        )
+    v = int(text)
     if v < 1:
         raise LengthsFileError(f"{path}:{line}: column {column} value {v} must be >= 1: drop empty samples")
+    if v > MAX_TOKENS:
+        raise LengthsFileError(f"{path}:{line}: column {column} value {text} is beyond {MAX_TOKENS} tokens: "
+                               "check the units of the column")
     return v
 
 
 def load_lengths_csv(path: str | Path) -> Lengths:
     """Read sample lengths; raises LengthsFileError (a ValueError) on any malformed content."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise LengthsFileError(f"{path}: file does not exist: pass the path of a CSV with a 'tokens' column") from None
-    except IsADirectoryError:
-        raise LengthsFileError(f"{path}: is a directory: pass the path of a CSV file") from None
+    text = read_text_file(path, what="lengths file", error=LengthsFileError,
+                          missing_fix="pass the path of a CSV with a 'tokens' column")
     numbered = [(i + 1, ln) for i, ln in enumerate(text.splitlines()) if ln.strip() and not ln.startswith("#")]
     if not numbered:
         raise LengthsFileError(f"{path}: file is empty: write a header line 'tokens' and one length per line")
     header_line, header = numbered[0]
-    if header.strip().lstrip("+-").isdigit():  # headerless: one token count per line (as `dcp plan` accepts)
+    if _NUMBER_LIKE.fullmatch(header.strip()):  # headerless: one token count per line (as `dcp plan` accepts)
         return Lengths(tokens=tuple(_parse_int(path, n, "tokens", ln) for n, ln in numbered))
     columns = [c.strip() for c in next(csv.reader([header]))]
     has_tokens = "tokens" in columns

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dcp.config import fail, read_toml
+from dcp.config import MAX_TOKENS, fail, read_toml
 
 SCALES = ("paper", "cpu")
 SAMPLERS = ("tiers", "zipf", "lognormal")
@@ -144,8 +144,8 @@ def _check_keys(where: str, raw: dict[str, Any], valid: set[str]) -> None:
 
 def _int_tuple(where: str, key: str, raw: dict[str, Any]) -> tuple[int, ...]:
     value = raw.get(key, [])
-    if not isinstance(value, list) or not all(isinstance(v, int) and v >= 0 for v in value):
-        _fail(f"{where}.{key}", value, "must be a list of non-negative integers", "e.g. [64, 256, 1024]")
+    if not isinstance(value, list) or not all(type(v) is int and 0 <= v <= MAX_TOKENS for v in value):
+        _fail(f"{where}.{key}", value, f"must be a list of integers in [0, {MAX_TOKENS}]", "e.g. [64, 256, 1024]")
     return tuple(value)
 
 
@@ -172,13 +172,16 @@ def load_grid_scale(grid: str, scale: str, spec_dir: Path | None = None) -> Grid
     _check_keys(where, sc, valid)
     edges = _int_tuple(where, "tier_edges_tokens", sc)
     crossover = sc.get("attention_crossover_tokens", 0)
-    if not isinstance(crossover, int) or crossover < 1:
+    round_tokens = sc.get("round_tokens", 1)
+    if type(round_tokens) is not int or not 1 <= round_tokens <= MAX_TOKENS:
+        _fail(f"{where}.round_tokens", round_tokens, "must be a positive integer", "use 1 for no rounding")
+    if type(crossover) is not int or not 1 <= crossover <= MAX_TOKENS:
         _fail(f"{where}.attention_crossover_tokens", crossover, "must be a positive integer", "use 8 x hidden size")
     out = GridScale(
         dims=dims,
         tier_edges_tokens=edges,
         attention_crossover_tokens=crossover,
-        round_tokens=int(sc.get("round_tokens", 1)),
+        round_tokens=round_tokens,
         spatial_tokens=_int_tuple(where, "spatial_tokens", sc),
         spatial_names=tuple(str(n) for n in sc.get("spatial_names", [])),
         frames=_int_tuple(where, "frames", sc),

@@ -11,7 +11,10 @@ imported here: the CLI imports this module at start-up.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+
+from dcp.argtypes import nonneg_int, positive_int, positive_int_list
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,15 +22,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="output folder (default: sweep.out_dir or experiments/results/NAME)")
     parser.add_argument("--launcher", choices=("local", "torchrun"), default=None,
                         help="local: spawn CPU processes here; torchrun: run inside (or start) torchrun")
-    parser.add_argument("--steps", type=int, default=None, help="override sweep.steps (measured steps per run)")
-    parser.add_argument("--warmup-steps", type=int, default=None, help="override sweep.warmup_steps")
-    parser.add_argument("--world-sizes", default=None, help="comma list overriding sweep.world_sizes, e.g. 2")
+    parser.add_argument("--steps", type=positive_int, default=None, help="override sweep.steps (measured steps per run)")
+    parser.add_argument("--warmup-steps", type=nonneg_int, default=None, help="override sweep.warmup_steps")
+    parser.add_argument("--world-sizes", type=positive_int_list, default=None, help="comma list overriding sweep.world_sizes, e.g. 2")
     parser.add_argument("--models", default=None, help="comma list overriding sweep.models")
     parser.add_argument("--datasets", default=None, help="comma list overriding sweep.datasets")
     parser.add_argument("--methods", default=None, help="comma list overriding sweep.methods")
     parser.add_argument("--refresh-profile", action="store_true",
                         help="profile every (model, W) again instead of using the cache (same conditions as the runs)")
-    parser.add_argument("--nproc-per-node", type=int, default=0,
+    parser.add_argument("--nproc-per-node", type=nonneg_int, default=0,
                         help="torchrun launcher outside torchrun: ranks per node (default: visible GPUs)")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and their config hashes, run nothing")
     parser.add_argument("--print-config", action="store_true", help="print the resolved sweep as JSON and exit")
@@ -49,7 +52,8 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
     if args.warmup_steps is not None:
         out["warmup_steps"] = args.warmup_steps
     if args.world_sizes:
-        out["world_sizes"] = [int(x) for x in args.world_sizes.split(",") if x]
+        sizes = args.world_sizes
+        out["world_sizes"] = list(positive_int_list(sizes) if isinstance(sizes, str) else sizes)
     for key in ("models", "datasets", "methods"):
         value = getattr(args, key)
         if value:
@@ -85,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(json.dumps(spec.to_dict(), indent=2, sort_keys=True))
         return 0
+    for warning in spec.environment_warnings():
+        print(f"dcp sweep: warning: {warning}", file=sys.stderr)
     if args.dry_run:
         runs = spec.expand()
         for i, r in enumerate(runs):

@@ -68,7 +68,8 @@ def launch_local(spec: SweepSpec, *, timeout_s: float = 3600.0, quiet: bool = Fa
             print(f"== {group[0].model}, W={w}: {len(group)} runs (profiling first if not cached)", flush=True)
         info = GroupInfo(first_index=done, **info_base)
         results = run_distributed(
-            run_group, w, group, info, timeout_s=timeout_s, pg_timeout_s=900.0, backend=spec.backend,
+            run_group, w, group, info, timeout_s=timeout_s, pg_timeout_s=spec.config.runtime.collective_timeout_s,
+            backend=spec.backend,
             env={"DCP_TEST_THREADS": str(spec.threads_per_rank), "OMP_NUM_THREADS": str(spec.threads_per_rank)},
         )
         outcomes = results[0]
@@ -90,7 +91,9 @@ def torchrun_worker(spec: SweepSpec) -> int:
         # bind this rank's GPU before NCCL initialises, so its communicator lives on the right device
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if not dist.is_initialized():
-        dist.init_process_group(spec.backend)
+        from datetime import timedelta
+
+        dist.init_process_group(spec.backend, timeout=timedelta(seconds=spec.config.runtime.collective_timeout_s))
     world, rank = dist.get_world_size(), dist.get_rank()
     mine = [r for r in spec.expand() if r.world_size == world]
     if not mine:

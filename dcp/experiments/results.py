@@ -202,17 +202,25 @@ def read_runs(results_dir: str | Path) -> list[dict[str, Any]]:
     if not (Path(results_dir) / CONFIG_JSON).exists():
         raise ResultsError(f"{Path(results_dir) / CONFIG_JSON} is missing beside {path.name}: results without "
                            "their resolved config cannot be trusted; re-run the sweep")
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        if tuple(reader.fieldnames or ()) != RUN_COLUMNS:
-            raise ResultsError(f"{path} has columns {reader.fieldnames}, not {list(RUN_COLUMNS)}: re-run the sweep")
-        rows = [dict(r) for r in reader]
-    for r in rows:
+    import io
+
+    from dcp.config import read_text_file
+
+    text = read_text_file(path, what="results file", error=ResultsError)
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    if tuple(reader.fieldnames or ()) != RUN_COLUMNS:
+        raise ResultsError(f"{path} has columns {reader.fieldnames}, not {list(RUN_COLUMNS)}: re-run the sweep")
+    rows = [dict(r) for r in reader]
+    for line, r in enumerate(rows, start=2):
         for k, v in r.items():
-            if k in _INT_COLUMNS:
-                r[k] = int(v)
-            elif k not in _TEXT_COLUMNS:
-                r[k] = float(v) if v not in ("", "nan") else float("nan")
+            try:
+                if k in _INT_COLUMNS:
+                    r[k] = int(v)
+                elif k not in _TEXT_COLUMNS:
+                    r[k] = float(v) if v not in ("", "nan") else float("nan")
+            except (TypeError, ValueError):
+                raise ResultsError(f"{path}:{line}: column {k} ({v!r}) is not a number: the file was edited or cut; "
+                                   "re-run the sweep") from None
     return rows
 
 

@@ -65,7 +65,8 @@ def run_group(rank: int, world_size: int, runs: list[RunSpec], info: GroupInfo) 
         key = (cfg.planning.ranks_per_node, sizes)
         if key not in registries:
             # new_group is a collective over the world: every rank builds registries in the same order
-            registries[key] = SPGroupRegistry(world_size, cfg.planning.ranks_per_node, sizes)
+            registries[key] = SPGroupRegistry(world_size, cfg.planning.ranks_per_node, sizes,
+                                              timeout_s=cfg.runtime.collective_timeout_s)
         model = build_model(run.model, device)
         table = _table(model, cfg, rank, world_size, registries[key], tables, run.sweep.refresh_profile)
         t0 = time.perf_counter()

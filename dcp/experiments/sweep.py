@@ -147,6 +147,10 @@ class SweepSpec:
                   "remove it for GPU runs (bind GPU jobs with your launcher)")
         if self.backend == "nccl" and self.device != "cuda":
             _fail("sweep.backend", self.backend, "needs sweep.device = 'cuda'", "use gloo on CPU or set device")
+        out = self.output_dir
+        if out.exists() and not out.is_dir():
+            _fail("sweep.out_dir", str(out), "is an existing file, not a folder",
+                  "pass a folder path (--out DIR); results are several files")
         if self.steps + self.warmup_steps > self.num_samples:
             _fail(
                 "sweep.num_samples",
@@ -154,6 +158,29 @@ class SweepSpec:
                 f"is below steps + warmup_steps ({self.steps + self.warmup_steps})",
                 "draw more samples: every step needs at least one",
             )
+
+    def environment_warnings(self) -> list[str]:
+        """What this host cannot run as asked (not errors: a sweep may be checked on one machine and run on
+        another): CPU world sizes beyond the host's cores, CUDA runs without CUDA or with too few GPUs."""
+        import os
+
+        out = []
+        cores = os.cpu_count() or 1
+        if self.device == "cpu" and self.launcher == "local":
+            over = [w for w in self.world_sizes if w * self.threads_per_rank > cores]
+            if over:
+                out.append(f"sweep.world_sizes {over} x threads_per_rank {self.threads_per_rank} exceed this host's "
+                           f"{cores} cores: ranks will time-share cores and timings will not be honest")
+        if self.device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                out.append("sweep.device is 'cuda' but CUDA is not available here (torch "
+                           f"{torch.__version__}, cuda {torch.version.cuda}): the runs would fail on this host")
+            elif self.launcher == "local" and max(self.world_sizes) > torch.cuda.device_count():
+                out.append(f"sweep.world_sizes {list(self.world_sizes)} exceed this host's "
+                           f"{torch.cuda.device_count()} GPUs: use the torchrun launcher across nodes")
+        return out
 
     def _check_names(self, key: str, valid: Any) -> None:
         bad = [v for v in getattr(self, key) if v not in valid]
@@ -254,6 +281,8 @@ def sweep_from_dict(raw: dict[str, Any], *, overrides: dict[str, Any] | None = N
         raise SweepError("[sweep] (missing) is required: add a [sweep] table with at least name = \"...\"")
     body = dict(raw["sweep"])
     body.update(overrides or {})
+    if "name" not in body:
+        raise SweepError('sweep.name (missing) is required: add name = "my_sweep" to the [sweep] table')
     bad = sorted(set(body) - set(_SWEEP_KEYS))
     if bad:
         raise SweepError(f"sweep.{bad[0]} ({body[bad[0]]!r}) is not a known key: valid keys of [sweep] are {_SWEEP_KEYS}")

@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from dcp.argtypes import nonneg_int, positive_int
 from dcp.config import METHODS, DCPConfig, load_config
 
 
@@ -18,13 +19,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument(
         "--lengths", help="CSV with a 'tokens' column, or one integer per line (sample id = row)"
     )
-    src.add_argument("--synthetic", type=int, metavar="N", help="N seeded synthetic lengths (default 2000)")
-    parser.add_argument("--world-size", type=int, default=0, help="ranks W (default: the table's, else 8)")
+    src.add_argument("--synthetic", type=positive_int, metavar="N", help="N seeded synthetic lengths (default 2000)")
+    parser.add_argument("--world-size", type=positive_int, default=None,
+                        help="ranks W (default: the table's, else 8)")
     parser.add_argument(
         "--table", help="profile table (.csv or .parquet); default: analytic table for the model"
     )
     parser.add_argument("--method", choices=METHODS, help="override planning.method")
-    parser.add_argument("--epoch", type=int, default=0, help="epoch index (changes the shuffle)")
+    parser.add_argument("--epoch", type=nonneg_int, default=0, help="epoch index (changes the shuffle)")
     parser.add_argument("--steps", type=int, default=10, help="print the first K steps (0: none, -1: all)")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object last")
 
@@ -95,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
         if args.lengths:
             lengths = list(load_lengths_csv(args.lengths).tokens)
         else:
-            lengths = synthetic_lengths(args.synthetic or 2000, table.max_len, config.planning.seed).tolist()
+            n = 2000 if args.synthetic is None else args.synthetic
+            lengths = synthetic_lengths(n, table.max_len, config.planning.seed).tolist()
         plans = list(EpochPlanner(lengths, table, config, world, args.epoch))
     except (ValueError, OSError) as exc:
         print(f"dcp plan: error: {exc}", file=sys.stderr)

@@ -40,7 +40,11 @@ def shuffled_order(n: int, seed: int, epoch: int) -> np.ndarray:
 
 def seq_groups_of(lengths: Sequence[int] | np.ndarray, table: ProfileTable) -> tuple[np.ndarray, np.ndarray]:
     """(lengths as int64, seq_group of every sample); PlanningError for bad or too-long samples."""
-    arr = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    from dcp.config import MAX_TOKENS
+    from dcp.planner.lengths import check_lengths
+
+    arr = np.asarray(check_lengths(lengths, what="sample lengths", error=PlanningError, low=-MAX_TOKENS,
+                                   allow_empty=True), dtype=np.int64)
     bad = np.flatnonzero(arr < 1)
     if bad.size:
         i = int(bad[0])

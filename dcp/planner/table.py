@@ -12,10 +12,14 @@ import csv
 import dataclasses
 import io
 import json
+import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from dcp.config import MAX_TOKENS, read_text_file
 
 TABLE_FORMAT_VERSION = 1
 
@@ -157,21 +161,45 @@ class ProfileTable:
 
     @classmethod
     def from_csv(cls, path_or_text: str | Path, *, text: bool = False) -> ProfileTable:
-        src = str(path_or_text) if text else Path(path_or_text).read_text()
+        """Parse a CSV table strictly; every error names the file (and line) and says how to fix it."""
+        where = "table text" if text else str(path_or_text)
+        src = str(path_or_text) if text else read_text_file(path_or_text, what="profile table", error=TableError)
         meta_raw: dict[str, Any] = {}
-        body: list[str] = []
-        for line in src.splitlines():
+        body: list[tuple[int, str]] = []
+        for n, line in enumerate(src.splitlines(), start=1):
             if line.startswith("# "):
                 key, sep, val = line[2:].partition(": ")
                 if not sep:
-                    raise TableError(f"metadata line ({line!r}) lacks ': ': expected '# key: json-value'")
+                    raise TableError(f"{where}:{n}: metadata line ({line!r}) lacks ': ': expected '# key: json-value'")
                 try:
                     meta_raw[key] = json.loads(val)
                 except json.JSONDecodeError:
-                    raise TableError(f"metadata {key} ({val!r}) is not JSON: regenerate the table") from None
+                    raise TableError(f"{where}:{n}: metadata {key} ({val!r}) is not JSON: regenerate the table") from None
             elif line.strip():
-                body.append(line)
-        return cls(_rows_from_records(csv.DictReader(body)), _meta_from_dict(meta_raw))
+                body.append((n, line))
+        if not body:
+            raise TableError(f"{where}: has no column header line: regenerate the table")
+        header = next(csv.reader([body[0][1]]))
+        missing = [c for c in COLUMNS if c not in header]
+        if missing:
+            raise TableError(f"{where}:{body[0][0]}: header lacks columns {missing}: expected columns {list(COLUMNS)}")
+        if header != list(COLUMNS):
+            raise TableError(f"{where}:{body[0][0]}: columns {header} are not {list(COLUMNS)}: regenerate the table")
+        records = []
+        for (n, _), rec in zip(body[1:], csv.reader(ln for _, ln in body[1:]), strict=True):
+            if len(rec) != len(COLUMNS):
+                raise TableError(f"{where}:{n}: row has {len(rec)} fields, the header {len(COLUMNS)}: "
+                                 "fix or regenerate the table")
+            records.append((f"{where}:{n}", dict(zip(COLUMNS, rec, strict=True))))
+        try:
+            meta = _meta_from_dict(meta_raw)
+        except TableError as exc:
+            raise TableError(f"{where}: {exc}") from None
+        rows = _rows_from_records(records)
+        try:
+            return cls(rows, meta)
+        except TableError as exc:
+            raise TableError(f"{where}: {exc}") from None
 
     # ----- parquet -----------------------------------------------------------------------------
     def to_parquet(self, path: str | Path) -> None:
@@ -192,11 +220,20 @@ class ProfileTable:
     def from_parquet(cls, path: str | Path) -> ProfileTable:
         import pyarrow.parquet as pq
 
-        tbl = pq.read_table(str(path))
+        _check_readable(path, "profile table")
+        try:
+            tbl = pq.read_table(str(path))
+        except (OSError, ValueError) as exc:
+            raise TableError(f"profile table ({str(path)!r}) is not a readable parquet file ({exc}): "
+                             "regenerate it") from None
         raw = (tbl.schema.metadata or {}).get(b"dcp_meta")
         if raw is None:
             raise TableError(f"parquet file ({str(path)!r}) has no dcp metadata: it was not written by ProfileTable")
-        return cls(_rows_from_records(tbl.to_pylist()), _meta_from_dict(json.loads(raw)))
+        try:
+            meta = _meta_from_dict(json.loads(raw))
+        except (TableError, json.JSONDecodeError) as exc:
+            raise TableError(f"{path}: {exc}") from None
+        return cls(_rows_from_records((f"{path} row {i}", r) for i, r in enumerate(tbl.to_pylist())), meta)
 
     # ----- generic -----------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
@@ -207,10 +244,27 @@ class ProfileTable:
 
     @classmethod
     def load(cls, path: str | Path) -> ProfileTable:
+        """Read a .csv or .parquet table; errors (TableError) name the file, the line and the fix."""
+        _check_readable(path, "profile table")
         return cls.from_parquet(path) if str(path).endswith(".parquet") else cls.from_csv(path)
 
     def with_rows(self, rows: Iterable[ProfileRow]) -> ProfileTable:
         return ProfileTable(rows, self.meta)
+
+
+def _check_readable(path: str | Path, what: str) -> None:
+    p = Path(path)
+    if not p.exists():
+        raise TableError(f"{what} ({str(p)!r}) does not exist: pass the path of a table written by `dcp profile "
+                         "--out` or ProfileTable.save")
+    if p.is_dir():
+        raise TableError(f"{what} ({str(p)!r}) is a directory: pass the path of a .csv or .parquet table file")
+
+
+_META_TYPES: dict[str, type | tuple[type, ...]] = {
+    "model": str, "hardware": str, "dtype": str, "world_size": int, "seq_group_edges": list, "version": str,
+    "source": str, "extra": dict,
+}
 
 
 def _meta_from_dict(raw: dict[str, Any]) -> TableMeta:
@@ -227,26 +281,59 @@ def _meta_from_dict(raw: dict[str, Any]) -> TableMeta:
     unknown = sorted(set(raw) - names)
     if unknown:
         raise TableError(f"table metadata has unknown keys {unknown}: valid keys are {sorted(names)}")
+    for key, value in raw.items():
+        expected = _META_TYPES[key]
+        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+            raise TableError(f"table metadata {key} ({value!r}) must be a {getattr(expected, '__name__', expected)}: "
+                             "regenerate the table")
+    if raw["world_size"] < 1:
+        raise TableError(f"table metadata world_size ({raw['world_size']}) must be >= 1: regenerate the table")
+    edges = raw["seq_group_edges"]
+    if (not edges or not all(type(e) is int and 1 <= e <= MAX_TOKENS for e in edges)
+            or any(b <= a for a, b in zip(edges, edges[1:], strict=False))):
+        raise TableError(f"table metadata seq_group_edges ({edges!r}) must be strictly increasing integers in "
+                         f"[1, {MAX_TOKENS}]: regenerate the table")
     return TableMeta(**raw)
 
 
-def _rows_from_records(records: Iterable[dict[str, Any]]) -> list[ProfileRow]:
+_INT_TEXT = re.compile(r"[0-9]+")
+_FLOAT_TEXT = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?|[+]?inf")
+
+
+def _cell(where: str, column: str, value: Any, feasible: bool) -> Any:
+    """One strictly parsed cell: ints are ASCII digits, floats are finite (inf only in an infeasible row)."""
+    if column == "feasible":
+        if isinstance(value, bool):
+            return value
+        if value in ("True", "False"):
+            return value == "True"
+        raise TableError(f"{where}: feasible ({value!r}) is not True or False: fix or regenerate the table")
+    if column in _INT_COLUMNS:
+        if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, str)
+                                                                       and _INT_TEXT.fullmatch(value))):
+            raise TableError(f"{where}: {column} ({value!r}) is not a non-negative integer: fix or regenerate "
+                             "the table")
+        v = int(value)
+        low = 0 if column == "seq_group" else 1
+        if not low <= v <= MAX_TOKENS:
+            raise TableError(f"{where}: {column} ({v}) must be in [{low}, {MAX_TOKENS}]: fix or regenerate the table")
+        return v
+    if isinstance(value, bool) or not (isinstance(value, int | float) or (isinstance(value, str)
+                                                                          and _FLOAT_TEXT.fullmatch(value))):
+        raise TableError(f"{where}: {column} ({value!r}) is not a number: fix or regenerate the table")
+    v = float(value)
+    if math.isnan(v) or (feasible and not math.isfinite(v)) or v == -math.inf:
+        raise TableError(f"{where}: {column} ({v!r}) must be finite (inf only in a row with feasible=False): fix "
+                         "or regenerate the table")
+    return v
+
+
+def _rows_from_records(records: Iterable[tuple[str, dict[str, Any]]]) -> list[ProfileRow]:
     rows = []
-    for i, rec in enumerate(records):
+    for where, rec in records:
         missing = [c for c in COLUMNS if c not in rec]
         if missing:
-            raise TableError(f"table row {i} lacks columns {missing}: expected columns {list(COLUMNS)}")
-        try:
-            kw = {}
-            for c in COLUMNS:
-                v = rec[c]
-                if c == "feasible":
-                    kw[c] = v if isinstance(v, bool) else str(v).strip().lower() == "true"
-                elif c in _INT_COLUMNS:
-                    kw[c] = int(v)
-                else:
-                    kw[c] = float(v)
-        except (TypeError, ValueError) as exc:
-            raise TableError(f"table row {i} has a non-numeric value ({exc}): fix or regenerate the table") from None
-        rows.append(ProfileRow(**kw))
+            raise TableError(f"{where}: row lacks columns {missing}: expected columns {list(COLUMNS)}")
+        feasible = _cell(where, "feasible", rec["feasible"], True)
+        rows.append(ProfileRow(**{c: _cell(where, c, rec[c], feasible) for c in COLUMNS}))
     return rows

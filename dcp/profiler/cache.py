@@ -1,13 +1,22 @@
-"""The profile-table cache: one CSV per (model, model config, world size) in ``profiling.cache_dir``.
+"""The profile-table cache: one CSV per full key in ``profiling.cache_dir``, so several tables coexist.
 
-A cached table is reused only when its stored key equals the run's key: model name and config hash,
-world size, hardware, dtype, dcp version, and the profiling inputs that shape the table (seq_group
-edges, SP sizes, largest b, memory capacity). Outcomes of :func:`lookup`:
+A table is cached under ``<model>-<model_hash[:8]>-w<world_size>-<key digest[:12]>.csv``: the digest covers
+the whole key (model name and config hash, world size, hardware, dtype, dcp version, and the profiling
+inputs that shape the table: seq_group edges, SP sizes, largest b, memory capacity), so profiling with
+other edges, another dtype or a new dcp version writes a new file beside the old ones instead of
+replacing them. Outcomes of :func:`lookup`:
 
-- ``hit``: the file exists, parses, and its key matches; the table is returned;
-- ``miss``: no file; profile (inside the run) and :func:`store` the result;
-- ``stale``: the file parses but was made for another key (new dcp version, other GPU, ...);
-- ``corrupt``: the file does not parse, has the wrong ``format_version`` or no key.
+- ``hit``: the file exists and proves its content (below); the table is returned;
+- ``miss``: no file for this key; profile (inside the run) and :func:`store` the result;
+- ``stale``: the file at this key's path holds a table made for another key (copied or renamed by hand);
+- ``corrupt``: the file does not prove its content.
+
+A cached table proves its content: its metadata carries the key (``cache_key``), the row count and a
+SHA-256 of the rows (``rows_sha256``, over their canonical text), and the table's own top-level metadata
+(model, hardware, dtype, world size, seq_group edges, version; memory capacity and SP sizes in ``extra``)
+must equal the key. Every field is parsed strictly (``feasible`` is ``True`` or ``False``; integers are
+ASCII digits; times and bytes are finite except in infeasible rows), so a truncated, edited or widened file
+is ``corrupt``, never a hit.
 
 Stale and corrupt caches are refused: :func:`load_or_refuse` raises :class:`StaleCacheError` /
 :class:`CorruptCacheError` whose message names the file and says how to refresh it (delete it or run
@@ -15,7 +24,9 @@ Stale and corrupt caches are refused: :func:`load_or_refuse` raises :class:`Stal
 so nothing is lost silently.
 
 Only rank 0 writes, through a temporary file in the same folder and ``os.replace`` (atomic on POSIX):
-a reader never sees half a table.
+a reader never sees half a table. A cache folder that cannot be written never costs the profiled table:
+:func:`store` then writes it to :func:`fallback_dir` (in the system's temporary folder), warns with both
+paths, and returns where the table went.
 """
 
 from __future__ import annotations
@@ -23,9 +34,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import re
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +57,19 @@ class StaleCacheError(CacheError):
 
 
 class CorruptCacheError(CacheError):
-    """The cached table does not parse, has the wrong format_version, or lacks its cache key."""
+    """The cached table does not parse strictly, or its rows, row count or metadata do not match its key."""
+
+
+class CacheWriteWarning(UserWarning):
+    """The cache folder could not be written; the table went to the fallback folder (the message says where)."""
+
+
+class CacheWriteError(CacheError, OSError):
+    """Neither the cache folder nor the fallback folder could be written."""
+
+
+CHECKSUM_FIELD = "rows_sha256"
+COUNT_FIELD = "row_count"
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -82,13 +107,34 @@ class CacheKey:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> CacheKey:
+        """The key stored in a table's metadata, every field type-checked (CorruptCacheError otherwise)."""
+        if not isinstance(raw, dict):
+            raise CorruptCacheError(f"cache key ({raw!r}) is not a JSON object: delete the file or run "
+                                    "`dcp profile --refresh`")
         names = {f.name for f in dataclasses.fields(cls)}
         if set(raw) != names:
             raise CorruptCacheError(
                 f"cache key fields ({sorted(raw)}) differ from {sorted(names)}: delete the file or run "
                 "`dcp profile --refresh`"
             )
-        return cls(**{**raw, "seq_group_edges": tuple(raw["seq_group_edges"]), "sp_sizes": tuple(raw["sp_sizes"])})
+        kw: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            value, kind = raw[f.name], str(f.type)
+            if kind.startswith("tuple"):
+                ok = isinstance(value, list) and all(type(v) is int for v in value)
+                value = tuple(value) if ok else value
+            elif kind == "int":
+                ok = type(value) is int
+            elif kind == "float":
+                ok = type(value) in (int, float) and math.isfinite(value)
+                value = float(value) if ok else value
+            else:
+                ok = isinstance(value, str)
+            if not ok:
+                raise CorruptCacheError(f"cache key field {f.name} ({value!r}) is not a valid {kind}: delete the "
+                                        "file or run `dcp profile --refresh`")
+            kw[f.name] = value
+        return cls(**kw)
 
     def diff(self, other: CacheKey) -> dict[str, tuple[Any, Any]]:
         """Fields whose values differ: name -> (self's, other's)."""
@@ -100,9 +146,57 @@ class CacheKey:
 
 
 def cache_path(cache_dir: str | Path, key: CacheKey) -> Path:
-    """``<cache_dir>/<model>-<model_hash[:8]>-w<world_size>.csv``: one file per model config and world."""
+    """``<cache_dir>/<model>-<model_hash[:8]>-w<world_size>-<digest[:12]>.csv``: one file per full key."""
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", key.model)
-    return Path(cache_dir) / f"{safe}-{key.model_hash[:8]}-w{key.world_size}.csv"
+    return Path(cache_dir) / f"{safe}-{key.model_hash[:8]}-w{key.world_size}-{key.digest()[:12]}.csv"
+
+
+def fallback_dir(cache_dir: str | Path) -> Path:
+    """Where :func:`store` writes when ``cache_dir`` cannot be written: a per-user folder in the system's
+    temporary folder, one sub-folder per cache folder (named by a hash of its absolute path)."""
+    tag = hashlib.sha256(str(Path(cache_dir).absolute()).encode()).hexdigest()[:8]
+    user = os.getuid() if hasattr(os, "getuid") else "user"
+    return Path(tempfile.gettempdir()) / f"dcp-cache-{user}" / tag
+
+
+def rows_checksum(table: ProfileTable) -> str:
+    """SHA-256 of the rows' canonical text (the CSV cells ``ProfileTable.to_csv`` writes)."""
+    h = hashlib.sha256()
+    for r in table.rows:
+        cells = [repr(v) if isinstance(v, float) else str(v) for v in dataclasses.astuple(r)]
+        h.update((",".join(cells) + "\n").encode())
+    return h.hexdigest()
+
+
+def verify(table: ProfileTable, key: CacheKey) -> None:
+    """Raise CorruptCacheError unless ``table`` proves it is the table of ``key``: its stored key equals
+    ``key``'s fields where the table's own metadata has them, and its row count and checksum match."""
+    meta, extra = table.meta, table.meta.extra
+    stored = CacheKey.from_dict(extra.get(KEY_FIELD))
+    own = stored.to_dict()
+    for name, value in own.items():
+        if hasattr(meta, name):
+            actual = getattr(meta, name)
+            actual = list(actual) if isinstance(actual, tuple) else actual
+        elif name in extra:
+            actual = extra[name]
+        else:
+            continue
+        if actual != value:
+            raise CorruptCacheError(f"the table's metadata {name} ({actual!r}) differs from its cache key's "
+                                    f"({value!r})")
+    count, digest = extra.get(COUNT_FIELD), extra.get(CHECKSUM_FIELD)
+    if type(count) is not int or not isinstance(digest, str):
+        raise CorruptCacheError(f"metadata has no valid {COUNT_FIELD} / {CHECKSUM_FIELD} ({count!r}, {digest!r})")
+    if count != len(table):
+        raise CorruptCacheError(f"the file holds {len(table)} rows, its metadata says {count}")
+    if rows_checksum(table) != digest:
+        raise CorruptCacheError(f"the rows do not match their {CHECKSUM_FIELD} (edited or damaged)")
+    for r in table.rows:
+        if r.sp_size not in stored.sp_sizes or r.micro_batch_size > stored.max_micro_batch_size:
+            raise CorruptCacheError(f"a row's (b={r.micro_batch_size}, p={r.sp_size}) lies outside the key's "
+                                    f"sp_sizes {list(stored.sp_sizes)} / max_micro_batch_size "
+                                    f"{stored.max_micro_batch_size}")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -138,6 +232,7 @@ def lookup(cache_dir: str | Path, key: CacheKey) -> CacheLookup:
         if not isinstance(raw, dict):
             raise CorruptCacheError(f"table metadata has no {KEY_FIELD!r}")
         stored = CacheKey.from_dict(raw)
+        verify(table, stored)
     except (TableError, CacheError, OSError, UnicodeDecodeError, TypeError, ValueError, KeyError) as exc:
         return CacheLookup(
             status="corrupt", path=path,
@@ -179,21 +274,21 @@ def need_profile(cache_dir: str | Path, key: CacheKey, *, refresh: bool = False)
 
 
 def with_key(table: ProfileTable, key: CacheKey) -> ProfileTable:
-    """A copy of ``table`` whose metadata carries ``key`` (what :func:`lookup` checks)."""
-    meta = dataclasses.replace(table.meta, extra={**table.meta.extra, KEY_FIELD: key.to_dict()})
-    return ProfileTable(table.rows, meta)
+    """A copy of ``table`` whose metadata carries ``key``, the row count and the rows' checksum (what
+    :func:`lookup` verifies). Raises CacheError when the table's own metadata contradicts ``key``."""
+    extra = {**table.meta.extra, KEY_FIELD: key.to_dict(), COUNT_FIELD: len(table),
+             CHECKSUM_FIELD: rows_checksum(table)}
+    out = ProfileTable(table.rows, dataclasses.replace(table.meta, extra=extra))
+    try:
+        verify(out, key)
+    except CorruptCacheError as exc:
+        raise CacheError(f"cannot cache this table under its key: {exc}: profile with the config the key was "
+                         "made from") from None
+    return out
 
 
-def store(table: ProfileTable, cache_dir: str | Path, key: CacheKey, *, rank: int = 0) -> Path:
-    """Write ``table`` (with ``key`` in its metadata) atomically; only rank 0 writes. Returns the path."""
-    path = cache_path(cache_dir, key)
-    if rank != 0:
-        return path
+def _write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists() and lookup(cache_dir, key).status == "corrupt":
-        # never overwrite a corrupt cache silently: keep it beside the new one for inspection
-        path.replace(path.with_name(path.name + ".corrupt"))
-    text = with_key(table, key).to_csv()
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
@@ -205,4 +300,39 @@ def store(table: ProfileTable, cache_dir: str | Path, key: CacheKey, *, rank: in
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
+
+
+def store(table: ProfileTable, cache_dir: str | Path, key: CacheKey, *, rank: int = 0) -> Path:
+    """Write ``table`` (with ``key``, row count and checksum in its metadata) atomically; only rank 0 writes.
+
+    Returns the path the table was written to: the cache path, or, when ``cache_dir`` cannot be written,
+    the same file name in :func:`fallback_dir` (with a :class:`CacheWriteWarning` naming both). Raises
+    :class:`CacheWriteError` only when neither folder can be written.
+    """
+    path = cache_path(cache_dir, key)
+    if rank != 0:
+        return path
+    text = with_key(table, key).to_csv()
+    try:
+        if path.exists() and lookup(cache_dir, key).status == "corrupt":
+            # never overwrite a corrupt cache silently: keep it beside the new one for inspection
+            path.replace(path.with_name(path.name + ".corrupt"))
+        _write_atomic(path, text)
+        return path
+    except OSError as exc:
+        first = exc
+    spare = fallback_dir(cache_dir) / path.name
+    try:
+        _write_atomic(spare, text)
+    except OSError as exc:
+        raise CacheWriteError(
+            f"profile table could not be written to {path} ({first.strerror or first}) nor to {spare} "
+            f"({exc.strerror or exc}): make profiling.cache_dir writable, or pass `dcp profile --out FILE`"
+        ) from None
+    warnings.warn(
+        f"cache folder {path.parent} is not writable ({first.strerror or first}): the profiled table was "
+        f"written to {spare} instead; copy it to {path} or set profiling.cache_dir to a writable folder so "
+        "later runs reuse it",
+        CacheWriteWarning, stacklevel=2,
+    )
+    return spare

@@ -15,7 +15,10 @@ and memory.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
+
+from dcp.argtypes import check_output_file, positive_float, positive_int, positive_int_list
 
 MODELS = ("t1d-tiny", "t2d-tiny")
 
@@ -27,9 +30,11 @@ class ProfileCLIError(ValueError):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="t1d-tiny", choices=MODELS, help="reference model to profile")
     parser.add_argument("--config", default=None, help="TOML run config ([model] fields override the model)")
-    parser.add_argument("--nproc", type=int, default=1, help="local gloo processes (the world size W)")
-    parser.add_argument("--mem-capacity-gib", type=float, default=None, help="override planning.mem_capacity_gib")
-    parser.add_argument("--edges", default=None, help="override profiling.seq_group_edges, e.g. 256,512,1024")
+    parser.add_argument("--nproc", type=positive_int, default=1, help="local gloo processes (the world size W)")
+    parser.add_argument("--mem-capacity-gib", type=positive_float, default=None,
+                        help="override planning.mem_capacity_gib")
+    parser.add_argument("--edges", type=positive_int_list, default=None,
+                        help="override profiling.seq_group_edges, e.g. 256,512,1024")
     parser.add_argument("--refresh", action="store_true", help="profile again even if a cached table exists")
     parser.add_argument("--out", default=None, help="also write the table here (.csv or .parquet)")
     parser.add_argument("--grow-only", action="store_true", help="profile each seq_group only at its smallest p")
@@ -64,19 +69,22 @@ def resolve(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     if args.mem_capacity_gib is not None:
         planning = dataclasses.replace(planning, mem_capacity_gib=args.mem_capacity_gib)
     if args.edges:
-        try:
-            edges = tuple(int(x) for x in args.edges.split(","))
-        except ValueError:
-            raise ProfileCLIError(f"--edges ({args.edges!r}) must be integers separated by commas: e.g. 256,512") from None
-        profiling = dataclasses.replace(profiling, seq_group_edges=edges)
+        edges = args.edges
+        if isinstance(edges, str):  # a Namespace built by hand
+            try:
+                edges = tuple(int(x) for x in edges.split(","))
+            except ValueError:
+                raise ProfileCLIError(f"--edges ({edges!r}) must be integers separated by commas: e.g. 256,512") from None
+        profiling = dataclasses.replace(profiling, seq_group_edges=tuple(edges))
     config = DCPConfig(model=model_cfg.shape(), profiling=profiling, planning=planning, runtime=config.runtime)
     return config, overrides
 
 
 def _worker(rank: int, world_size: int, model_name: str, overrides: dict, config: Any, refresh: bool,
-            progress: bool, grow_only: bool) -> tuple[str, str] | None:
+            progress: bool, grow_only: bool, out: str | None = None) -> tuple[str, str, str] | None:
     from dcp.models import build_model
-    from dcp.profiler.dual_layer import load_or_profile, profile_table
+    from dcp.profiler import cache
+    from dcp.profiler.dual_layer import _rank0_lookup, cache_key_for, profile_table
 
     model = build_model(model_name, **overrides)
     registry = None
@@ -85,15 +93,28 @@ def _worker(rank: int, world_size: int, model_name: str, overrides: dict, config
         from dcp.runtime.registry import SPGroupRegistry
 
         sizes = sp_sizes_to_try(config.planning.sp_sizes, num_heads=model.config.num_heads, world_size=world_size)
-        registry = SPGroupRegistry(world_size, config.planning.ranks_per_node, sizes)
+        registry = SPGroupRegistry(world_size, config.planning.ranks_per_node, sizes,
+                                   timeout_s=config.runtime.collective_timeout_s)
     if grow_only:  # not the cached default search: profile without touching the cache
         table = profile_table(model, config, world_size=world_size, rank=rank, registry=registry,
                               progress=progress, grow_only=True)
         status = "profiled (grow-only, not cached)"
     else:
-        table, status = load_or_profile(model, config, world_size=world_size, rank=rank, registry=registry,
-                                        refresh=refresh, progress=progress)
-    return (table.to_csv(), status) if rank == 0 else None
+        # load_or_profile's steps, with --out written before the cache: a cache folder that cannot be
+        # written never costs the profiled table (store() also falls back to a temporary folder and says so)
+        key = cache_key_for(model, config, world_size)
+        found, text = _rank0_lookup(config.profiling.cache_dir, key, refresh, world_size, rank)
+        if found == "hit":
+            return (text, "hit", str(cache.cache_path(config.profiling.cache_dir, key))) if rank == 0 else None
+        table = cache.with_key(profile_table(model, config, world_size=world_size, rank=rank, registry=registry,
+                                             progress=progress), key)
+        if rank == 0 and out:
+            table.save(out)
+        where = str(cache.store(table, config.profiling.cache_dir, key, rank=rank))
+        return (table.to_csv(), "profiled", where) if rank == 0 else None
+    if rank == 0 and out:
+        table.save(out)
+    return (table.to_csv(), status, "not cached") if rank == 0 else None
 
 
 def summary_lines(table: Any, config: Any, world_size: int) -> list[str]:
@@ -122,37 +143,48 @@ def summary_lines(table: Any, config: Any, world_size: int) -> list[str]:
     return lines
 
 
+def _fail(exc: BaseException) -> int:
+    print(f"dcp profile: error: {str(exc).strip()}", file=sys.stderr)
+    return 2
+
+
 def run(args: argparse.Namespace) -> int:
     from dcp.planner.table import ProfileTable
     from dcp.profiler.cache import CacheError
 
-    config, overrides = resolve(args)
+    try:
+        config, overrides = resolve(args)
+        if args.out:
+            check_output_file(args.out, "--out")
+    except (ValueError, OSError) as exc:
+        return _fail(exc)
     if args.print_config:
         print(config.to_json())
         return 0
-    work = (args.model, overrides, config, args.refresh, not args.quiet, args.grow_only)
+    work = (args.model, overrides, config, args.refresh, not args.quiet, args.grow_only, args.out)
     try:
         if args.nproc == 1:
             out = _worker(0, 1, *work)
         else:
             from dcp.testing import run_distributed
 
-            out = run_distributed(_worker, args.nproc, *work, timeout_s=3600.0, pg_timeout_s=600.0)[0]
+            timeout_s = config.runtime.collective_timeout_s
+            out = run_distributed(_worker, args.nproc, *work, timeout_s=3600.0, pg_timeout_s=timeout_s)[0]
     except CacheError as exc:
-        print(f"dcp profile: {exc}")
-        return 2
+        return _fail(exc)
     except Exception as exc:  # a child's CacheError arrives wrapped in DistributedFailure
         if "CacheError" in str(exc):
-            print(f"dcp profile: {str(exc).strip().splitlines()[-1]}")
-            return 2
+            return _fail(str(exc).strip().splitlines()[-1].partition(": ")[2])
         raise
     assert out is not None
-    csv_text, status = out
+    csv_text, status, where = out
     table = ProfileTable.from_csv(csv_text, text=True)
     print(f"profile table: {len(table)} rows, {status}; wall {table.meta.extra.get('profile_wall_s', 0.0)} s "
           f"(when profiled), model {table.meta.model}, world {table.meta.world_size}, {table.meta.hardware}")
+    print(f"cache: {where}")
     if args.out:
-        table.save(args.out)
+        if status == "hit":
+            table.save(args.out)
         print(f"wrote {args.out}")
     print("\n".join(summary_lines(table, config, args.nproc)))
     return 0

@@ -111,6 +111,10 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     from dcp.testing import run_distributed
 
+    for flag in ("steps", "rounds", "seq_len", "ga_steps"):  # before starting processes
+        if getattr(args, flag) < 1:
+            name = "--" + flag.replace("_", "-")
+            raise ValueError(f"{name} ({getattr(args, flag)}) must be >= 1: zero or negative counts are not defaults")
     spec = {"steps": args.steps, "rounds": args.rounds, "seq_len": args.seq_len, "ga_steps": args.ga_steps,
             "collate": True, "pattern": None}
     t0 = time.perf_counter()

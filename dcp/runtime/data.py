@@ -67,7 +67,9 @@ def check_dataset(dataset: Any) -> list[int]:
             f"dataset ({type(dataset).__name__}) lacks {missing}: a DCP dataset needs __len__, __getitem__, "
             "lengths() (tokens per sample) and collate(samples) -> Batch (see dcp.runtime.data.DCPDataset)"
         )
-    lengths = [int(n) for n in dataset.lengths()]
+    from dcp.planner.lengths import check_lengths
+
+    lengths = check_lengths(dataset.lengths(), what="dataset.lengths()", error=DatasetError, low=-(2**62))
     if len(lengths) != len(dataset):
         raise DatasetError(
             f"dataset.lengths() has {len(lengths)} entries but len(dataset) is {len(dataset)}: "

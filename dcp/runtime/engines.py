@@ -110,7 +110,8 @@ class Engine:
             return False
         token = mgr._watch.start()
         self._fill_missing_grads()
-        self._sync_and_update()
+        with mgr._collective("gradient sync"):  # a failure or timeout names the rank that is elsewhere
+            self._sync_and_update()
         self.optimizer_steps += 1
         mgr._step_done(mgr._watch.stop(token))
         return True

@@ -23,7 +23,7 @@ import hashlib
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 from typing import Any
 
@@ -37,6 +37,7 @@ from dcp.runtime.context import SPContext
 from dcp.runtime.data import check_dataset, target_counts
 from dcp.runtime.engines import Engine, build_engine
 from dcp.runtime.log import StepStats, get_logger
+from dcp.runtime.phases import PhaseBoard
 from dcp.runtime.recompute import checkpoint_layer
 from dcp.runtime.registry import SPGroupRegistry
 from dcp.runtime.weighting import check_step_count, micro_batch_weight, step_normaliser
@@ -46,6 +47,10 @@ PlanSource = Callable[[int], Any]  # epoch -> iterable of StepPlans
 
 class PlanMismatchError(ValueError):
     """Ranks computed different step plans (or different numbers of steps); raised on every rank."""
+
+
+class DataMismatchError(PlanMismatchError):
+    """Ranks hold different datasets (lengths, target counts or shapes); raised on every rank before a step."""
 
 
 class ManagerError(ValueError):
@@ -58,6 +63,21 @@ def _default_forward(model: Any, batch: Any, ctx: SPContext) -> Any:
 
 def _digest_words(text: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(hashlib.sha256(text.encode()).digest()), dtype=torch.int64).clone()
+
+
+# What an exchange row says about where its rank is in the loop (row[7]); all ranks must agree.
+_KINDS = ("the plan check of epoch {e}", "the start of epoch {e} step {s}", "the end of epoch {e}",
+          "a pause before epoch {e} step {s}")
+
+
+def _set_world_timeout(timeout_s: float) -> None:
+    """The default (world) process group's collective timeout: the gradient sync runs on it."""
+    try:
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout_s))
+    except (AttributeError, RuntimeError, ValueError, AssertionError) as exc:  # private API: warn, never fail
+        get_logger(dist.get_rank()).warning(
+            "could not set the world group's timeout to runtime.collective_timeout_s (%s); it keeps the one "
+            "init_process_group set", exc)
 
 
 class DCPManager:
@@ -76,15 +96,24 @@ class DCPManager:
         self.shapes = dataset.sample_shapes() if hasattr(dataset, "sample_shapes") else None
         """(T, S) per sample for 2D data (the dataset's optional sample_shapes()), else None."""
         self.target_counts = target_counts(dataset, self.lengths)
+        self._data_words = _digest_words(
+            f"{self.lengths!r}|{self.target_counts!r}|{[tuple(x) for x in self.shapes] if self.shapes else None!r}")
+        """Digest of what every rank must agree on besides the plans: lengths, target counts, shapes."""
         self.log = get_logger(self.rank)
         self.device = getattr(engine, "device", None) or module_device(model)
         """The run's device (where the engine's module computes): batches, loss and count accumulators live
         there; only the gloo plan-check collective copies its small row to the host."""
         self.precision = getattr(engine, "precision", None) or resolve_precision(config.runtime.precision, self.device)
         """runtime.precision resolved on ``device``: 'bf16' or 'fp32'."""
+        timeout_s = config.runtime.collective_timeout_s
+        if self.distributed and self.world_size > 1:
+            _set_world_timeout(timeout_s)
+        self._board = PhaseBoard.for_default_group()
+        """Every rank's phase in the rendezvous store: a failed collective names the rank that stalled or died."""
         # Every rank creates the same groups in the same order (new_group is a world collective).
         self.registry = registry or SPGroupRegistry(
-            self.world_size, config.planning.ranks_per_node, [p for p in config.planning.sp_sizes if p <= self.world_size]
+            self.world_size, config.planning.ranks_per_node, [p for p in config.planning.sp_sizes if p <= self.world_size],
+            timeout_s=timeout_s,
         )
         self._check_group = None
         if self.distributed and self.world_size > 1:
@@ -175,11 +204,37 @@ class DCPManager:
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
         if self.config.runtime.check_plan_hash:
-            # One all-gather per epoch of a digest over ALL the epoch's step plans: a rank that planned
-            # differently (any step, or a different number of steps) fails here, before the epoch's first
-            # collective, and steps carry no extra synchronisation point (the planner is deterministic and
-            # fast, so the plans are simply computed twice).
-            self._exchange(self._epoch_digest(epoch), None, None, where=f"epoch {epoch} (its step plans)")
+            # One all-gather per epoch of a digest over ALL the epoch's step plans and of the dataset (lengths,
+            # target counts, shapes): a rank that planned differently (any step, or a different number of
+            # steps) or holds other data fails here, before the epoch's first collective, and steps carry no
+            # extra synchronisation point (the planner is deterministic and fast, so the plans are simply
+            # computed twice).
+            self._exchange(self._epoch_digest(epoch), None, None, where=f"epoch {epoch} (its step plans)",
+                           kind=0, step=-1)
+            if self._board is not None:
+                self._board.note = ""  # every rank is back in step
+        finished = False
+        try:
+            yield from self._epoch_batches(epoch, skip, max_steps)
+            finished = True
+        finally:
+            if not finished and self._board is not None:
+                # a break (or an exception) in the user's loop: the other ranks will wait for this one
+                at = f"epoch {epoch} step {self._plan.step}" if self._plan is not None else f"epoch {epoch}"
+                self._board.note = f"after leaving get_data_iter() early at {at}"
+                self._board.enter("outside get_data_iter()")
+
+    def _phase(self, what: str) -> str:
+        plan = self._plan
+        return f"{what} of epoch {self.epoch} step {plan.step}" if plan is not None else f"{what} of epoch {self.epoch}"
+
+    def _collective(self, what: str, timeout_s: float | None = None) -> Any:
+        """Context of a collective in phase ``what`` (this step): a failure names the rank that is elsewhere."""
+        if self._board is None:
+            return nullcontext()
+        return self._board.collective(self._phase(what), timeout_s=timeout_s or self.config.runtime.collective_timeout_s)
+
+    def _epoch_batches(self, epoch: int, skip: int, max_steps: int | None) -> Iterator[Any]:
         done = 0
         for plan in self.epoch_plans(epoch):
             if plan.step < skip:
@@ -196,11 +251,15 @@ class DCPManager:
             self._begin_step(plan)
             group = self._group
             if not group.micro_batches:
-                self.engine.idle_step()
+                with self._collective("gradient sync (idle rank)"):
+                    self.engine.idle_step()
                 self._step_done(0.0)
                 continue
+            n = len(group.micro_batches)
             for i, mb in enumerate(group.micro_batches):
                 self._mb_index, self._pending, self._applied = i, mb, False
+                if self._board is not None:
+                    self._board.enter(self._phase(f"micro-batch {i + 1}/{n}"))
                 yield move_batch(self.dataset.collate([self.dataset[j] for j in mb.sample_ids]), self.device)
             if self._step_open:
                 raise ManagerError(
@@ -392,7 +451,9 @@ class DCPManager:
         if prev is not None and (prev["global_step"] % rt.log_every == 0
                                  or (rt.stats_every and prev["global_step"] % rt.stats_every == 0)):
             where = f"epoch {self.epoch} step {plan.step}" if plan is not None else f"end of epoch {self.epoch}"
-            self._exchange(marker, prev, plan, where=where)
+            kind = 1 if plan is not None else (3 if marker.startswith("pause") else 2)
+            step = plan.step if plan is not None else (int(marker.rsplit(":", 1)[1]) if kind == 3 else -1)
+            self._exchange(marker, prev, plan, where=where, kind=kind, step=step)
         self._prev = None
         self._reset_step_accumulators()
         self._plan, self._pending, self._mb_index, self._applied = plan, None, -1, False
@@ -412,27 +473,58 @@ class DCPManager:
             n += 1
         return f"epoch {epoch}: {n} plans {h.hexdigest()}"
 
-    def _exchange(self, marker: str, prev: dict[str, Any] | None, plan: StepPlan | None, *, where: str) -> None:
-        """All-gather [plan digest, previous step's loss_sum, count, busy ns] from every rank.
+    def _exchange(self, marker: str, prev: dict[str, Any] | None, plan: StepPlan | None, *, where: str,
+                  kind: int, step: int) -> None:
+        """All-gather [plan digest, previous step's loss_sum, count, busy ns, position (kind, epoch, step),
+        data digest] from every rank; check position, data and plans (in that order, the same on every rank).
 
         The check group is gloo (CPU tensors) on purpose: the step's device accumulators are copied to the
         host here, once per logged step, which is also the only host-device synchronisation they cost.
         """
-        row = torch.zeros(7, dtype=torch.int64)
+        row = torch.zeros(14, dtype=torch.int64)
         row[:4] = _digest_words(marker)
         if prev is not None:
             row[4] = prev["loss"].cpu().reshape(1).view(torch.int64)[0]
             row[5] = prev["count"].cpu() if prev["has_count"] else -1
             row[6] = int(sum(sign * span.seconds() for sign, span in prev["busy"]) * 1e9)
             self._resolve_measurements()
+        row[7], row[8], row[9] = kind, self.epoch, step
+        row[10:14] = self._data_words
         if self._check_group is not None:
             rows = [torch.zeros_like(row) for _ in range(self.world_size)]
-            dist.all_gather(rows, row, group=self._check_group)
+            phase = _KINDS[kind].format(e=self.epoch, s=step)
+            ctx = (self._board.collective(phase, timeout_s=self.config.runtime.plan_check_timeout_s)
+                   if self._board is not None else nullcontext())
+            with ctx:
+                dist.all_gather(rows, row, group=self._check_group)
             table = torch.stack(rows)
         else:
             table = row[None]
+        self._check_agreement(table, where)
         if prev is not None:
             self._record_stats(prev, table)
+    def _check_agreement(self, table: torch.Tensor, where: str) -> None:
+        """Raise on every rank, with the same message, when the gathered rows disagree on where the ranks are
+        in the loop, on their data, or on their step plans."""
+        positions = [tuple(int(v) for v in r[7:10]) for r in table]
+        if any(p != positions[0] for p in positions):
+            listing = ", ".join(f"rank {r} at {_KINDS[k].format(e=e, s=st)}" for r, (k, e, st) in enumerate(positions))
+            raise PlanMismatchError(
+                f"the ranks are at different points of the training loop ({listing}): a rank left "
+                "get_data_iter() early (a break, an exception caught inside the loop, or a different max_steps) "
+                "or skipped an epoch; every rank must run the same steps: stop all ranks together with "
+                "get_data_iter(max_steps=...) and resume with state_dict()/load_state_dict()"
+            )
+        data = [bytes(r[10:14].numpy().tobytes()).hex() for r in table]
+        bad = [r for r, d in enumerate(data) if d != data[0]]
+        if bad:
+            listing = ", ".join(f"rank {r}: {d[:16]}" for r, d in enumerate(data))
+            raise DataMismatchError(
+                f"{where}: the ranks' datasets differ (ranks {bad} disagree with rank 0 on the digest of "
+                f"dataset.lengths(), target_counts() and sample_shapes(); digests {listing}): every rank must "
+                "hold the same samples in the same order (same files, filters and seed; dcp plans over the whole "
+                "dataset on every rank, do not shard it yourself)"
+            )
         digests = [bytes(r[:4].numpy().tobytes()).hex() for r in table]
         bad = [r for r, d in enumerate(digests) if d != digests[0]]
         if bad:
@@ -463,6 +555,20 @@ class DCPManager:
             self.log.info(stats.line())
 
 
+def _check_arguments(model: Any, config: Any, table: Any) -> None:
+    """set_manager's argument types, each refused with the fix (instead of an AttributeError later)."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model ({type(model).__name__}) must be a torch.nn.Module: pass the model to train")
+    if config is not None and not isinstance(config, DCPConfig):
+        hint = ("build it with dcp.config.config_from_dict(...)" if isinstance(config, dict)
+                else "load a TOML file with dcp.config.load_config(path)")
+        raise TypeError(f"config ({type(config).__name__}) must be a dcp.DCPConfig: {hint}")
+    if table is not None and not hasattr(table, "seq_group_edges"):
+        hint = ("load it with dcp.planner.table.ProfileTable.load(path)" if isinstance(table, str | bytes)
+                or hasattr(table, "__fspath__") else "pass a ProfileTable, or None to profile in this run")
+        raise TypeError(f"table ({type(table).__name__}) must be a ProfileTable: {hint}")
+
+
 def set_manager(model: torch.nn.Module, dataset: Any, config: DCPConfig | None = None, *, optimizer: Any = None,
                 lr_scheduler: Any = None, engine: str | Engine | None = None, table: Any = None,
                 plans: PlanSource | None = None, forward_fn: Callable[..., Any] | None = None,
@@ -475,6 +581,7 @@ def set_manager(model: torch.nn.Module, dataset: Any, config: DCPConfig | None =
     replacing the planner (tests, replays). forward_fn: ``(model, batch, ctx) -> (loss_sum, count)``
     (default ``model(batch, ctx)``).
     """
+    _check_arguments(model, config, table)
     if config is None:
         shape = getattr(getattr(model, "config", None), "shape", None)
         if shape is None:

@@ -55,10 +55,20 @@ class SPGroupRegistry:
     """Pre-built SP process groups; construct it on all ranks after ``init_process_group``."""
 
     def __init__(
-        self, world_size: int, ranks_per_node: int, sp_sizes: Iterable[int], *, backend: str | None = None
+        self, world_size: int, ranks_per_node: int, sp_sizes: Iterable[int], *, backend: str | None = None,
+        timeout_s: float | None = None,
     ) -> None:
+        """``timeout_s``: collective timeout of every SP group (runtime.collective_timeout_s; None: torch's
+        default, 30 minutes for gloo)."""
+        import math
+        from datetime import timedelta
+
         import torch.distributed as dist
 
+        if timeout_s is not None and not (math.isfinite(timeout_s) and timeout_s > 0):
+            raise ValueError(f"timeout_s ({timeout_s!r}) must be a finite number of seconds > 0: e.g. 300")
+        timeout = timedelta(seconds=timeout_s) if timeout_s is not None else None
+        self.timeout_s = timeout_s
         if dist.is_initialized() and dist.get_world_size() != world_size:
             raise ValueError(
                 f"world_size ({world_size}) differs from torch.distributed's ({dist.get_world_size()}): "
@@ -79,7 +89,7 @@ class SPGroupRegistry:
                     "call torch.distributed.init_process_group first"
                 )
             # Collective on the whole world; same order on every rank because blocks is a pure function.
-            group = dist.new_group(list(range(first, first + p)), backend=backend)
+            group = dist.new_group(list(range(first, first + p)), backend=backend, timeout=timeout)
             self._groups[(first, p)] = group
 
     def get(self, first_rank: int, sp_size: int) -> Any:

@@ -63,4 +63,4 @@ def test_two_step_sweep_end_to_end(tmp_path):
     with (out / "runs.csv").open() as f:
         assert tuple(next(csv.reader(f))) == RUN_COLUMNS
     # the profile was cached: a second sweep reuses it (its rows carry the same table source)
-    assert list((tmp_path / "cache").glob("t1d-tiny-*-w2.csv"))
+    assert list((tmp_path / "cache").glob("t1d-tiny-*-w2-*.csv"))

@@ -13,7 +13,11 @@ from dcp.sim import bench, cli
 def _run(module, argv):
     p = argparse.ArgumentParser()
     module.add_arguments(p)
-    return module.run(p.parse_args(argv))
+    try:
+        args = p.parse_args(argv)
+    except SystemExit as exc:  # a bad flag value: argparse's one-line error, exit 2
+        return exc.code
+    return module.run(args)
 
 
 def test_simulate_dataset_json(capsys):

@@ -1,0 +1,50 @@
+"""A W = 2 job in which rank 1 stalls (or dies) inside a micro-batch; used by test_rank_failures.py, under
+``run_distributed`` (``stall_job``) and under torchrun (``python -m torch.distributed.run --nproc_per_node 2
+tests/dist/_stall_job.py sleep``)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import torch
+
+TIMEOUT_S = 3.0
+STALL_S = 300.0
+
+
+def stall_job(rank: int, world: int, mode: str) -> None:
+    import dataclasses
+
+    from dcp.runtime.manager import set_manager
+    from tests.dist._runtime_cases import build, config_for, group, step
+
+    model, data = build("t1d")
+    config = config_for(model)
+    config = config.replace(runtime=dataclasses.replace(config.runtime, collective_timeout_s=TIMEOUT_S,
+                                                        plan_check_timeout_s=TIMEOUT_S))
+    plans = [step(0, 2, group(data, 0, 1, 0, [2 * k]), group(data, 1, 1, 0, [2 * k + 1]), number=k) for k in range(2)]
+
+    def forward(m, batch, ctx):
+        if rank == 1 and batch.sample_ids == (3,):  # rank 1's micro-batch of step 1
+            if mode == "exit":
+                os._exit(3)
+            time.sleep(STALL_S)
+        return m(batch, ctx)
+
+    mgr = set_manager(model, data, config, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                      plans=lambda e: plans, forward_fn=forward)
+    for batch in mgr.get_data_iter():
+        mgr.train_micro_batch(batch)
+
+
+if __name__ == "__main__":  # under torchrun: the environment names rank and world
+    import torch.distributed as dist
+
+    sys.path.insert(0, os.getcwd())
+    dist.init_process_group("gloo")
+    try:
+        stall_job(dist.get_rank(), dist.get_world_size(), sys.argv[1])
+    finally:
+        dist.destroy_process_group()

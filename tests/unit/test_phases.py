@@ -1,0 +1,70 @@
+"""PhaseBoard: a failed collective names the ranks that are elsewhere (unit level, on a HashStore)."""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+
+from dcp.runtime.phases import CollectiveError, PhaseBoard
+
+
+def boards(world: int) -> list[PhaseBoard]:
+    store = dist.HashStore()
+    return [PhaseBoard(store, r, world) for r in range(world)]
+
+
+def fail_in(board: PhaseBoard, phase: str) -> str:
+    with pytest.raises(CollectiveError) as info, board.collective(phase, timeout_s=3.0):
+        raise RuntimeError("Timed out waiting 3000ms for recv operation to complete")
+    assert isinstance(info.value.__cause__, RuntimeError)
+    return str(info.value)
+
+
+def test_the_rank_in_another_phase_is_named():
+    b0, b1, b2 = boards(3)
+    b1.enter("micro-batch 2/3 of epoch 0 step 4")
+    b2.enter("gradient sync of epoch 0 step 4")
+    msg = fail_in(b0, "gradient sync of epoch 0 step 4")
+    assert msg.startswith("rank 0: gradient sync of epoch 0 step 4 failed after")
+    assert "(timeout 3 s)" in msg and "Timed out waiting" in msg
+    assert "rank 1 is in 'micro-batch 2/3 of epoch 0 step 4'" in msg and "rank 1 stalled or died there" in msg
+    assert "rank 2" not in msg  # it is in the same phase
+
+
+def test_a_rank_that_never_reported_and_a_note():
+    b0, b1 = boards(2)
+    msg = fail_in(b0, "the plan check of epoch 0")
+    assert "rank 1 never reported a phase" in msg
+    b1.note = "after leaving get_data_iter() early at epoch 0 step 2"
+    b1.enter("outside get_data_iter()")
+    msg = fail_in(b0, "gradient sync of epoch 0 step 3")
+    assert "rank 1 is in 'outside get_data_iter() (after leaving get_data_iter() early at epoch 0 step 2)'" in msg
+
+
+def test_every_rank_in_the_same_phase_blames_the_collective():
+    b0, b1 = boards(2)
+    b1.enter("gradient sync of epoch 0 step 0")
+    assert "every rank reported this phase" in fail_in(b0, "gradient sync of epoch 0 step 0")
+
+
+def test_a_store_that_is_gone_is_reported_and_never_fails_a_step():
+    class Gone:
+        def set(self, *_):
+            raise RuntimeError("connection refused")
+
+        def check(self, *_):
+            raise RuntimeError("connection refused")
+
+    board = PhaseBoard(Gone(), 0, 2)
+    board.enter("micro-batch 1/1 of epoch 0 step 0")  # does not raise
+    assert "rank 1's phase is unknown (the rendezvous store did not answer)" in fail_in(board, "gradient sync")
+    with board.collective("gradient sync"):
+        pass  # no failure: nothing raised
+
+
+def test_registry_timeout_must_be_finite():
+    from dcp.runtime.registry import SPGroupRegistry
+
+    with pytest.raises(ValueError, match=r"timeout_s \(nan\) must be a finite number"):
+        SPGroupRegistry(1, 8, [1], timeout_s=float("nan"))
+    assert SPGroupRegistry(1, 8, [1], timeout_s=5.0).timeout_s == 5.0
