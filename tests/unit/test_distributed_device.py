@@ -157,7 +157,9 @@ def test_deepspeed_accelerator_must_be_the_model_device():
         check_accelerator("cuda", torch.device("cpu"))
 
 
-def test_cache_key_includes_precision_and_a_mismatch_is_stale(tmp_path):
+def test_cache_key_includes_precision_each_precision_has_its_own_table_and_a_swap_is_stale(tmp_path):
+    import dataclasses
+
     from dcp.planner.table import ProfileRow, ProfileTable, TableMeta
     from dcp.profiler import cache
     from dcp.profiler.dual_layer import cache_key_for
@@ -168,14 +170,20 @@ def test_cache_key_includes_precision_and_a_mismatch_is_stale(tmp_path):
     key32, key16 = cache_key_for(model, fp32, 1), cache_key_for(model, bf16, 1)
     assert (key32.precision, key16.precision) == ("fp32", "bf16")
     assert cache_key_for(model, fp32.replace(runtime=RuntimeConfig()), 1).precision == "fp32"  # auto on CPU
-    row = ProfileRow(seq_group=0, seq_len=128, micro_batch_size=1, sp_size=1, t_f_s=1e-3, t_b_s=2e-3,
-                     m_act_bytes=1e3, m_inp_bytes=1e2, t_const_s=1e-3, m_const_bytes=1e6, num_layers=2)
-    table = ProfileTable([row], TableMeta(model="t", hardware="cpu", dtype="float32", world_size=1,
-                                          seq_group_edges=(128,)))
-    cache.store(table, tmp_path, key32)
+    row = ProfileRow(seq_group=0, seq_len=key32.seq_group_edges[0], micro_batch_size=1, sp_size=1, t_f_s=1e-3,
+                     t_b_s=2e-3, m_act_bytes=1e3, m_inp_bytes=1e2, t_const_s=1e-3, m_const_bytes=1e6, num_layers=2)
+    meta = TableMeta(model=key32.model, hardware=key32.hardware, dtype=key32.dtype, world_size=key32.world_size,
+                     seq_group_edges=tuple(key32.seq_group_edges), version=key32.version)
+    path32 = cache.store(ProfileTable([row], meta), tmp_path, key32)
     assert cache.lookup(tmp_path, key32).hit
-    with pytest.raises(cache.StaleCacheError, match=r"stale \(precision: cached 'fp32' vs now 'bf16'\)"):
+    # one file per full key: a bf16 run misses (and profiles beside the fp32 table) ...
+    assert cache.cache_path(tmp_path, key16) != path32
+    assert cache.lookup(tmp_path, key16).status == "miss"
+    # ... and an fp32 table put at the bf16 key's path is refused as stale, naming the precision
+    path32.replace(cache.cache_path(tmp_path, key16))
+    with pytest.raises(cache.StaleCacheError, match=r"precision: cached 'fp32' vs now 'bf16'"):
         cache.load_or_refuse(tmp_path, key16)
+    assert dataclasses.replace(key32, precision="bf16").digest() == key16.digest()
 
 
 def _imports(path: Path, modules: set[str]) -> set[str]:
