@@ -17,6 +17,14 @@ from dcp.experiments.results import ResultsError, read_runs
 
 METHOD_COLORS = {"bucket": "#8c8c8c", "packed": "#c9a227", "dcp-inter": "#3b75af", "dcp-intra": "#2e8b57"}
 PLOT_NAME = "summary.png"
+TABLE_LEGEND = (
+    "tok/s: tokens of the measured steps / their total wall time | step-med: median over steps of one step's "
+    "tokens / its time (differs from tok/s when steps differ in size) | step_s: mean measured step time, pred_s: "
+    "the planner's (compute only) | idle, p_idle: GPU-weighted idle fraction, measured and planned | speedup: tok/s "
+    "over bucket's on the same model, dataset and W (runs may hold different samples: see dcp demo for a paired, "
+    "repeated comparison)"
+)
+"""One line under the table that explains every column."""
 
 
 def latest_runs(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -101,10 +109,10 @@ def plot_results(results_dir: str | Path, out_path: str | Path | None = None) ->
 
 def format_table(rows: Sequence[dict[str, Any]], baseline: str = "bucket") -> str:
     """A plain-text table of the latest rows: method, tokens/s (total and median step), step time (measured,
-predicted), idle ratio (measured, predicted), speedup in tokens/s vs the baseline."""
+    predicted), idle ratio (measured, predicted), speedup in tokens/s vs the baseline (TABLE_LEGEND explains)."""
     rows = latest_runs(rows)
     spd = speedups(rows, baseline)
-    head = (f"{'model':<10} {'dataset':<9} {'W':>2} {'method':<10} {'tokens/s':>9} {'med tok/s':>9} {'step_s':>7} "
+    head = (f"{'model':<10} {'dataset':<9} {'W':>2} {'method':<10} {'tok/s':>9} {'step-med':>9} {'step_s':>7} "
             f"{'pred_s':>8} {'idle':>6} {'p_idle':>6} {'speedup':>8}")
     lines = [head, "-" * len(head)]
     order = {m: i for i, m in enumerate(METHODS)}
