@@ -74,7 +74,7 @@ def resolve(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
 
 
 def _worker(rank: int, world_size: int, model_name: str, overrides: dict, config: Any, refresh: bool,
-            progress: bool, grow_only: bool) -> tuple[str, str] | None:
+            progress: bool, grow_only: bool) -> tuple[str, str, str] | None:
     from dcp.models import build_model
     from dcp.profiler.dual_layer import load_or_profile, profile_table
 
@@ -93,7 +93,13 @@ def _worker(rank: int, world_size: int, model_name: str, overrides: dict, config
     else:
         table, status = load_or_profile(model, config, world_size=world_size, rank=rank, registry=registry,
                                         refresh=refresh, progress=progress)
-    return (table.to_csv(), status) if rank == 0 else None
+    path = ""
+    if not grow_only and rank == 0:
+        from dcp.profiler.cache import cache_path
+        from dcp.profiler.dual_layer import cache_key_for
+
+        path = str(cache_path(config.profiling.cache_dir, cache_key_for(model, config, world_size)))
+    return (table.to_csv(), status, path) if rank == 0 else None
 
 
 def summary_lines(table: Any, config: Any, world_size: int) -> list[str]:
@@ -147,10 +153,12 @@ def run(args: argparse.Namespace) -> int:
             return 2
         raise
     assert out is not None
-    csv_text, status = out
+    csv_text, status, path = out
     table = ProfileTable.from_csv(csv_text, text=True)
     print(f"profile table: {len(table)} rows, {status}; wall {table.meta.extra.get('profile_wall_s', 0.0)} s "
           f"(when profiled), model {table.meta.model}, world {table.meta.world_size}, {table.meta.hardware}")
+    if path:
+        print(f"table: {path}")
     if args.out:
         table.save(args.out)
         print(f"wrote {args.out}")
