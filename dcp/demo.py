@@ -1,10 +1,10 @@
 """``dcp demo``: the main job. DCP against bucket parallel on real CPU processes, repeated and interleaved.
 
-Two gloo processes (W = 2) train the tiny Transformer-1D on a long-tailed length mix (the balanced
-distribution: most samples are a few hundred tokens, a few are near 2048) under an emulated per-rank
-memory limit that forces the longest samples onto SP = 2. Bucket parallel therefore runs *every* sample
-with SP = 2 and full recompute; DCP-inter runs short samples at SP = 1 on each rank (keeping full
-recompute) and DCP-intra also drops the recompute that memory does not need. That advantage is
+Two gloo processes (W = 2) train the tiny Transformer-1D on a long-tailed length mix (64 samples of the
+short distribution: median 176 tokens, the longest 1200) under an emulated per-rank memory limit that
+forces the longest sample onto SP = 2. Bucket parallel therefore runs *every* sample with SP = 2 and full
+recompute; DCP-inter runs short samples at SP = 1 on each rank (keeping full recompute) and DCP-intra
+also drops the recompute that memory does not need. That advantage is
 structural, not a matter of timing luck, and the demo measures it so that the result holds on a busy
 machine:
 
@@ -21,7 +21,7 @@ cache: it never touches the ``.dcp_cache`` that ``dcp profile`` uses). Output fi
 runs/demo/): reps.csv (one row per method and repetition), steps.csv (one row per measured step),
 summary.csv (the printed table), config.json (the resolved run) and demo.png.
 
-    dcp demo                      # about a minute on 2 cores (plus ~15 s profiling on the first run)
+    dcp demo                      # about a minute on 2 cores, profiling included
     dcp demo --plot               # rebuild the table and the plot from runs/demo/reps.csv only
 """
 
@@ -60,18 +60,19 @@ LEGEND = (
 # The demo's configuration, in the same sections as a sweep file (kept here so an installed dcp runs it).
 DEMO_SETTINGS: dict[str, Any] = {
     "model": "t1d-tiny",
-    # long-tailed (datasets/t1d-short.toml): with seed 0 the 128 samples have a median of 160 tokens, and the
-    # longest (1376) is the one sample that needs SP = 2
+    # long-tailed (datasets/t1d-short.toml): with seed 0 the 64 samples have a median of 176 tokens, and the
+    # longest (1200) is the one sample that needs SP = 2
     "distribution": "t1d-short",
-    "num_samples": 128,
+    "num_samples": 64,
     "world_size": 2,
     "reps": 5,
     "seed": 0,
     "config": {
         "profiling": {"seq_group_edges": [128, 256, 512, 1024, 2048], "max_micro_batch_size": 8,
                       "warmup_iters": 1, "measure_iters": 3},
-        # emulated per-rank memory: 2048-token samples need SP = 2 even with full recompute
-        "planning": {"mem_capacity_gib": 0.016, "gmin": 1, "gmax": 4, "ranks_per_node": 8, "sp_sizes": [1, 2, 4]},
+        # emulated per-rank memory: the last seq_group (1025-2048 tokens) needs SP = 2 even with full recompute,
+        # while samples up to 512 tokens run on one rank without recompute
+        "planning": {"mem_capacity_gib": 0.018, "gmin": 1, "gmax": 4, "ranks_per_node": 8, "sp_sizes": [1, 2, 4]},
         "runtime": {"engine": "ddp", "attention": "sdpa", "log_every": 1_000_000, "stats_every": 1},
     },
 }
