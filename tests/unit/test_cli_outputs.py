@@ -131,3 +131,13 @@ def test_env_prints_no_third_party_warning(capsys):
     assert main(["env"]) == 0
     captured = capsys.readouterr()
     assert captured.out.startswith("dcp ") and "WARNING" not in captured.out + captured.err
+
+
+def test_profile_prints_where_the_table_went(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # the default cache_dir (.dcp_cache) is relative to the working folder
+    (tmp_path / "quick.toml").write_text(
+        "[profiling]\nseq_group_edges = [32]\nmax_micro_batch_size = 1\nwarmup_iters = 0\nmeasure_iters = 1\n")
+    assert main(["profile", "--model", "t1d-tiny", "--config", "quick.toml", "--quiet"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    path = [line.split("table: ", 1)[1] for line in lines if line.startswith("table: ")]
+    assert len(path) == 1 and (tmp_path / path[0]).is_file()
