@@ -325,22 +325,24 @@ def plot(rows: Sequence[dict[str, Any]], summary: Sequence[dict[str, Any]], path
     names = [r["method"] for r in summary]
     xs = range(len(names))
     colors = [METHOD_COLORS.get(m, "#555555") for m in names]
-    ax_t.bar(xs, [r["epoch_s_median"] for r in summary], 0.6, color=colors, label="measured (median)")
+    ax_t.bar(xs, [r["epoch_s_median"] for r in summary], 0.6, color=colors, label="median")
     for x, m in zip(xs, names, strict=True):
         pts = [float(r["epoch_time_s"]) for r in rows if r["method"] == m]
         ax_t.scatter([x] * len(pts), pts, s=14, color="black", zorder=3,
-                     label="measured (each repetition)" if x == 0 else None)
+                     label="each repetition" if x == 0 else None)
     ax_t.scatter(xs, [r["predicted_epoch_s"] for r in summary], marker="D", s=40, facecolor="white",
                  edgecolor="black", zorder=4, label="predicted")
     ax_t.set_xticks(list(xs), names)
     ax_t.set_xlabel("method")
     ax_t.set_ylabel("epoch time (s), lower is better")
     ax_t.set_title("time to train the same epoch")
-    ax_t.legend(fontsize=8, loc="upper right")
+    top_t = max([float(r["epoch_time_s"]) for r in rows] + [r["predicted_epoch_s"] for r in summary])
+    ax_t.set_ylim(0, 1.4 * top_t)  # the legend sits in the top band, above every point
+    ax_t.legend(fontsize=8, loc="upper center", ncol=3)
     med = [r["speedup_median"] for r in summary]
     lo = [r["speedup_median"] - r["speedup_min"] for r in summary]
     hi = [r["speedup_max"] - r["speedup_median"] for r in summary]
-    ax_s.bar(xs, med, 0.6, color=colors, yerr=[lo, hi], capsize=6, label="measured (median, min-max)")
+    ax_s.bar(xs, med, 0.6, color=colors, yerr=[lo, hi], capsize=6, label="median, min-max")
     ax_s.scatter(xs, [r["predicted_speedup"] for r in summary], marker="D", s=40, facecolor="white",
                  edgecolor="black", zorder=4, label="predicted")
     ax_s.axhline(1.0, color="black", lw=0.8, ls=":")
@@ -348,12 +350,12 @@ def plot(rows: Sequence[dict[str, Any]], summary: Sequence[dict[str, Any]], path
         ax_s.annotate(f"{r['speedup_median']:.2f}x", (x, max(r["speedup_max"], r["predicted_speedup"])), xytext=(0, 6), textcoords="offset points",
                       ha="center", va="bottom", fontsize=11, fontweight="bold")
     top = max([r["speedup_max"] for r in summary] + [r["predicted_speedup"] for r in summary])
-    ax_s.set_ylim(0, 1.25 * top)
+    ax_s.set_ylim(0, 1.4 * top)
     ax_s.set_xticks(list(xs), names)
     ax_s.set_xlabel("method")
     ax_s.set_ylabel("speedup over bucket parallel (x), higher is better")
     ax_s.set_title("speedup (bucket epoch time / method's)")
-    ax_s.legend(fontsize=8, loc="upper left")
+    ax_s.legend(fontsize=8, loc="upper center", ncol=2)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
