@@ -52,6 +52,8 @@ def test_fig9_csv_is_deterministic_and_has_no_wall_clock_column(tmp_path):
     header = next(csv.reader(csv_a.open()))
     assert not [c for c in header if "time" in c or "wall" in c]
     assert csv_a.read_bytes() == next(p for p in b if p.suffix == ".csv").read_bytes()
+    png_a, png_b = (next(p for p in x if p.suffix == ".png") for x in (a, b))
+    assert png_a.read_bytes() == png_b.read_bytes()  # a refresh of unchanged code leaves git status clean
 
 
 def test_sweep_update_committed_targets_experiments_results(capsys):
