@@ -91,14 +91,15 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from dcp.experiments.sweep import COMMITTED_RESULTS_ROOT, load_sweep
 
+    overrides = overrides_from_args(args)
     try:
-        spec = load_sweep(args.spec, overrides=overrides_from_args(args))
+        spec = load_sweep(args.spec, overrides=overrides)
         if getattr(args, "update_committed", False):
             if args.out:
                 raise ValueError(f"--out ({args.out!r}) and --update-committed disagree: --update-committed writes "
                                  f"{COMMITTED_RESULTS_ROOT}/{spec.name}; drop one of them")
-            spec = load_sweep(args.spec, overrides={**overrides_from_args(args),
-                                                    "out_dir": f"{COMMITTED_RESULTS_ROOT}/{spec.name}"})
+            overrides["out_dir"] = f"{COMMITTED_RESULTS_ROOT}/{spec.name}"  # torchrun children get it as --out
+            spec = load_sweep(args.spec, overrides=overrides)
     except ValueError as exc:
         print(f"dcp sweep: {exc}")
         return 2
@@ -119,8 +120,7 @@ def run(args: argparse.Namespace) -> int:
     if not inside_torchrun or os.environ.get("RANK") == "0":
         (spec.output_dir / PLOT_NAME).unlink(missing_ok=True)  # never leave a plot of older results beside new CSVs
     try:
-        rc = launch(spec, spec_path=args.spec, nproc_per_node=args.nproc_per_node,
-                    cli_overrides=overrides_from_args(args))
+        rc = launch(spec, spec_path=args.spec, nproc_per_node=args.nproc_per_node, cli_overrides=overrides)
     except DistributedFailure as exc:
         # the groups that finished before are already written; the failing rank's traceback follows
         print(f"dcp sweep: a run group failed (results of earlier groups are in {spec.output_dir}):\n{exc}")
