@@ -12,7 +12,7 @@ import sys
 
 # (command words, owning module, one-line help)
 COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
-    (("demo",), "dcp.demo", "main job: a small DCP-vs-baseline run on CPU processes, table + plot"),
+    (("demo",), "dcp.demo", "main job: DCP vs bucket parallel on 2 CPU processes, interleaved repetitions; table + plot"),
     (("plan",), "dcp.planner.cli", "plan an epoch for a length file and print the steps"),
     (("profile",), "dcp.profiler.cli", "run the dual-layer profiler and cache the table"),
     (("simulate",), "dcp.sim.cli", "simulate a cluster on your own sequence lengths"),

@@ -76,8 +76,10 @@ def output_dir(out: str | None, update_committed: bool) -> str:
 
 def main_for(name: str, argv: list[str] | None = None) -> int:
     """Entry point of one ``paper_figures/<figure>.py`` script: ``--out DIR`` and ``--quick`` as for all figures."""
+    from dcp.cli import HelpFormatter
+
     parser = argparse.ArgumentParser(description=f"regenerate paper figure {name} (PNG + CSV)",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=HelpFormatter)
     parser.add_argument("--out", default=None, help=f"output folder (default {DEFAULT_OUT})")
     parser.add_argument("--update-committed", action="store_true", help=f"write the committed {COMMITTED_OUT}")
     parser.add_argument("--quick", action="store_true", help="small sample counts")
