@@ -316,9 +316,8 @@ def read_reps(out: Path) -> list[dict[str, Any]]:
 def plot(rows: Sequence[dict[str, Any]], summary: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
     """Left: epoch time per method (bar: median measured; dots: every repetition; diamond: predicted).
     Right: speedup over bucket (bar: median; whisker: min-max over repetitions; diamond: predicted)."""
-    from dcp.figures.common import pyplot
-
     from dcp.experiments.plot import METHOD_COLORS
+    from dcp.figures.common import pyplot
 
     plt = pyplot()
     fig, (ax_t, ax_s) = plt.subplots(1, 2, figsize=(10, 4.2))

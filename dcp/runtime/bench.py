@@ -39,6 +39,8 @@ def _plan(epoch: int, step: int, sp_sizes: tuple[int, ...], ga: int, seq_len: in
 
 
 def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
+    import logging
+
     import torch
     import torch.distributed as dist
 
@@ -47,8 +49,6 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     from dcp.runtime.data import SyntheticTokenDataset
     from dcp.runtime.engines import all_reduce_grads_flat, copy_flat_into_grads
     from dcp.runtime.manager import set_manager
-
-    import logging
 
     if not spec.get("log"):  # the manager still builds its records; nothing is written per step
         logging.getLogger("dcp").setLevel(logging.WARNING)
