@@ -412,10 +412,13 @@ def run(args: argparse.Namespace) -> int:
     cache_dir = str(out / "cache")
     w = settings["world_size"]
     srt = sorted(lengths)
+    edges = settings["config"]["profiling"]["seq_group_edges"]
+    tail = ("the longest sample needs SP=2" if srt[-1] > edges[-2] else
+            f"no sample is over {edges[-2]} tokens: nothing needs SP=2, raise --samples for the long tail")
     print(f"dcp demo: bucket vs DCP-inter vs DCP-intra, {settings['model']} on W={w} CPU processes (gloo)\n"
           f"  workload: {len(lengths)} samples of {settings['distribution']} ({srt[0]}-{srt[-1]} tokens, median "
           f"{srt[len(srt) // 2]}, {sum(lengths)} tokens), memory limit {settings['config']['planning']['mem_capacity_gib']}"
-          f" GiB per rank (the longest sample needs SP=2)\n"
+          f" GiB per rank ({tail})\n"
           f"  {args.reps} repetitions of each method's epoch, interleaved; profile cache: {cache_dir}", flush=True)
     t0 = time.perf_counter()
     try:
