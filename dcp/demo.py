@@ -150,6 +150,9 @@ def _epoch(method: str, cfg: Any, lengths: list[int], table: Any, rank: int, dev
     stats = mgr.step_stats
     if max_steps is None and len(stats) != len(plans):
         raise RuntimeError(f"{method}: the manager ran {len(stats)} steps, the epoch has {len(plans)}: report this as a bug")
+    for st, plan in zip(stats, plans, strict=False):
+        if st.step != plan.step:
+            raise RuntimeError(f"{method}: manager step {st.step} is not planned step {plan.step}: plans diverged")
     return list(zip(stats, plans[:len(stats)], strict=True))
 
 
