@@ -13,7 +13,7 @@ import sys
 
 # (command words, owning module, one-line help)
 COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
-    (("demo",), "dcp.demo", "main job: a small DCP-vs-baseline run on CPU processes, table + plot"),
+    (("demo",), "dcp.demo", "main job: DCP vs bucket parallel on 2 CPU processes, interleaved repetitions; table + plot"),
     (("plan",), "dcp.planner.cli", "plan an epoch for a length file and print the steps"),
     (("profile",), "dcp.profiler.cli", "run the dual-layer profiler and cache the table"),
     (("simulate",), "dcp.sim.cli", "simulate a cluster on your own sequence lengths"),
@@ -27,6 +27,20 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("bench", "gpu"), "dcp.experiments.gpu_bench", "one-GPU checks: GPU tests, profile vs steps, padding, syncs, sweeps"),
     (("bench", "padded"), "dcp.runtime.bench_padded", "predicted vs measured time of unequal-length micro-batches"),
 )
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` shows every option's default: appended as "(default: X)" unless the help text already names
+    its default (e.g. "default: the sweep's value") or there is nothing to show (flags, options without one)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text.lower() or action.nargs == 0 or action.default is argparse.SUPPRESS:
+            return text
+        if action.default is None:
+            # "override sweep.steps" and the like: unset means the config's or the sweep file's value
+            return text + " (default: the configured value)" if "overrid" in text else text
+        return text + " (default: %(default)s)"
 
 
 def _env(args: argparse.Namespace) -> int:
@@ -50,9 +64,17 @@ def _env(args: argparse.Namespace) -> int:
         lines.append(f"gloo {torch.distributed.is_gloo_available()}")
     except ImportError:
         lines.append("torch not installed")
+    import logging
+
     for mod in ("deepspeed", "flash_attn", "transformers", "numpy", "pandas", "matplotlib"):
         try:
-            m = importlib.import_module(mod)
+            # DeepSpeed logs "Setting accelerator to CPU ..." at import on a machine without CUDA: the cuda line
+            # above already says so, so warnings raised while importing are silenced here
+            logging.disable(logging.WARNING)
+            try:
+                m = importlib.import_module(mod)
+            finally:
+                logging.disable(logging.NOTSET)
             lines.append(f"{mod} {getattr(m, '__version__', '?')}")
         except Exception as exc:  # noqa: BLE001 - report any import failure, do not crash `dcp env`
             lines.append(f"{mod} not available ({type(exc).__name__})")
@@ -61,19 +83,21 @@ def _env(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dcp", description="Data-Centric Parallel training tools")
+    parser = argparse.ArgumentParser(prog="dcp", description="Data-Centric Parallel training tools",
+                                     formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    env = sub.add_parser("env", help="versions of torch, CUDA, NCCL, DeepSpeed, flash-attn")
+    env = sub.add_parser("env", help="versions of torch, CUDA, NCCL, DeepSpeed, flash-attn", formatter_class=HelpFormatter)
     env.set_defaults(_run=_env)
     groups: dict[str, argparse._SubParsersAction] = {}
     for words, module_name, help_text in COMMANDS:
         if len(words) == 1:
-            p = sub.add_parser(words[0], help=help_text)
+            p = sub.add_parser(words[0], help=help_text, description=help_text, formatter_class=HelpFormatter)
         else:
             if words[0] not in groups:
-                g = sub.add_parser(words[0], help=f"{words[0]} subcommands")
+                g = sub.add_parser(words[0], help=f"{words[0]} subcommands", formatter_class=HelpFormatter)
                 groups[words[0]] = g.add_subparsers(dest="sub", required=True)
-            p = groups[words[0]].add_parser(words[1], help=help_text)
+            p = groups[words[0]].add_parser(words[1], help=help_text, description=help_text,
+                                            formatter_class=HelpFormatter)
         module = importlib.import_module(module_name)
         module.add_arguments(p)
         p.set_defaults(_run=module.run)

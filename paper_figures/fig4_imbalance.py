@@ -1,8 +1,8 @@
 """Paper Figure 4: imbalance ratio of bucket parallel across 140 datasets.
 
-    python paper_figures/fig4_imbalance.py [--out DIR] [--quick]
+    python paper_figures/fig4_imbalance.py [--out DIR | --update-committed] [--quick]
 
-Writes fig4_imbalance.png and fig4_imbalance.csv (default folder paper_figures/out); the work is in dcp.figures.fig4_imbalance.
+Writes fig4_imbalance.png and fig4_imbalance.csv (default folder runs/figures; paper_figures/out with --update-committed); the work is in dcp.figures.fig4_imbalance.
 """
 
 import sys

@@ -1,8 +1,8 @@
 """Paper Figure 9: weak scaling, 8 to 1024 GPUs.
 
-    python paper_figures/fig9_scaling.py [--out DIR] [--quick]
+    python paper_figures/fig9_scaling.py [--out DIR | --update-committed] [--quick]
 
-Writes fig9_scaling.png and fig9_scaling.csv (default folder paper_figures/out); the work is in dcp.figures.fig9_scaling.
+Writes fig9_scaling.png and fig9_scaling.csv (default folder runs/figures; paper_figures/out with --update-committed); the work is in dcp.figures.fig9_scaling.
 """
 
 import sys

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Create .venv (Python 3.11+) with the CPU build of torch and dcp installed editable with its dev extras.
+# A ready venv is left alone: the install runs only when pyproject.toml changed since the last one
+# (its sha256 is stored in .venv/.dcp-setup-stamp) or when `import dcp` fails. FORCE_SETUP=1 reinstalls.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+STAMP=.venv/.dcp-setup-stamp
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
@@ -10,4 +13,9 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   # the CPU wheel; a looser requirement would pull several GB of CUDA packages
   .venv/bin/pip install -q "torch==2.13.0"
 fi
-.venv/bin/pip install -q -e ".[dev]"
+WANT=$(bash scripts/setup_stamp.sh)
+if [ "${FORCE_SETUP:-0}" = "1" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ] \
+    || ! .venv/bin/python -c "import dcp" 2>/dev/null; then
+  .venv/bin/pip install -q -e ".[dev]"
+  echo "$WANT" > "$STAMP"
+fi

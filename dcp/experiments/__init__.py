@@ -1,16 +1,21 @@
 """``dcp sweep``: real-run experiment sweeps (bucket, packed, DCP-inter, DCP-intra) and their plots.
 
     dcp sweep experiments/cpu_small.toml [--out DIR]          # W CPU processes per run group, gloo
+    dcp sweep experiments/cpu_small.toml --update-committed   # refresh experiments/results/cpu_small
     dcp sweep experiments/gpu_paper.toml --launcher torchrun  # torchrun per node, NCCL
     dcp sweep --plot DIR                                      # rebuild plots from DIR/runs.csv only
 
-Results: DIR/runs.csv, DIR/steps.csv, DIR/config.json (see dcp.experiments.results). Nothing heavy is
-imported here: the CLI imports this module at start-up.
+Results: DIR/runs.csv, DIR/steps.csv, DIR/config.json (see dcp.experiments.results) and DIR/summary.png,
+with the table printed at the end; DIR defaults to runs/sweeps/NAME (git-ignored). A sweep always leaves a
+consistent set: the old summary.png is removed before the runs and rebuilt from runs.csv afterwards (also
+after a failed group, from the groups that finished). Nothing heavy is imported here: the CLI imports this
+module at start-up.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -19,9 +24,11 @@ from dcp.argtypes import nonneg_int, positive_int, positive_int_list
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", nargs="?", help="sweep definition (TOML), e.g. experiments/cpu_small.toml")
-    parser.add_argument("--out", default=None, help="output folder (default: sweep.out_dir or experiments/results/NAME)")
+    parser.add_argument("--out", default=None, help="output folder (default: sweep.out_dir, else runs/sweeps/NAME)")
+    parser.add_argument("--update-committed", action="store_true",
+                        help="write the committed results folder experiments/results/NAME instead")
     parser.add_argument("--launcher", choices=("local", "torchrun"), default=None,
-                        help="local: spawn CPU processes here; torchrun: run inside (or start) torchrun")
+                        help="local: spawn CPU processes here; torchrun: run inside (or start) torchrun (default: sweep.launcher)")
     parser.add_argument("--steps", type=positive_int, default=None, help="override sweep.steps (measured steps per run)")
     parser.add_argument("--warmup-steps", type=nonneg_int, default=None, help="override sweep.warmup_steps")
     parser.add_argument("--world-sizes", type=positive_int_list, default=None, help="comma list overriding sweep.world_sizes, e.g. 2")
@@ -61,28 +68,42 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
     return out
 
 
+def report(results_dir: str | Path) -> Path:
+    """Rebuild summary.png from results_dir/runs.csv and print the table with its legend; returns the PNG."""
+    from dcp.experiments.plot import TABLE_LEGEND, format_table, plot_results
+    from dcp.experiments.results import read_runs
+
+    png = plot_results(results_dir)
+    print(format_table(read_runs(results_dir)))
+    print(TABLE_LEGEND)
+    print(f"plot: {png}")
+    return png
+
+
 def run(args: argparse.Namespace) -> int:
     import json
 
     if args.plot:
-        from dcp.experiments.plot import format_table, plot_results
-        from dcp.experiments.results import read_runs
-
         try:
-            png = plot_results(args.plot)
-            print(format_table(read_runs(args.plot)))
+            report(args.plot)
         except ValueError as exc:  # ResultsError names the file and the fix
             print(f"dcp sweep --plot: {exc}")
             return 2
-        print(f"plot: {png}")
         return 0
     if not args.spec:
         print("dcp sweep: pass a sweep file (e.g. experiments/cpu_small.toml) or --plot RESULTS_DIR")
         return 2
-    from dcp.experiments.sweep import load_sweep
+    from dcp.experiments.sweep import COMMITTED_RESULTS_ROOT, load_sweep
 
+    overrides = overrides_from_args(args)
     try:
-        spec = load_sweep(args.spec, overrides=overrides_from_args(args))
+        spec = load_sweep(args.spec, overrides=overrides)
+        if getattr(args, "update_committed", False):
+            if args.out:
+                raise ValueError(f"--out ({args.out!r}) and --update-committed disagree: --update-committed writes "
+                                 f"{COMMITTED_RESULTS_ROOT}/{spec.name}; drop one of them")
+            overrides["out_dir"] = f"{COMMITTED_RESULTS_ROOT}/{spec.name}"  # torchrun children get it as --out
+            spec = load_sweep(args.spec, overrides=overrides)
     except ValueError as exc:
         print(f"dcp sweep: {exc}")
         return 2
@@ -98,12 +119,25 @@ def run(args: argparse.Namespace) -> int:
         print(f"{len(runs)} runs; results would go to {Path(spec.output_dir)}")
         return 0
     from dcp.experiments.launch import launch
+    from dcp.experiments.plot import PLOT_NAME
     from dcp.testing import DistributedFailure
 
+    inside_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    if not inside_torchrun or os.environ.get("RANK") == "0":
+        (spec.output_dir / PLOT_NAME).unlink(missing_ok=True)  # never leave a plot of older results beside new CSVs
     try:
-        return launch(spec, spec_path=args.spec, nproc_per_node=args.nproc_per_node,
-                      cli_overrides=overrides_from_args(args))
+        rc = launch(spec, spec_path=args.spec, nproc_per_node=args.nproc_per_node, cli_overrides=overrides)
     except DistributedFailure as exc:
         # the groups that finished before are already written; the failing rank's traceback follows
         print(f"dcp sweep: a run group failed (results of earlier groups are in {spec.output_dir}):\n{exc}")
-        return 1
+        rc = 1
+    if (inside_torchrun and os.environ.get("RANK") != "0") or (not inside_torchrun and spec.launcher == "torchrun"):
+        return rc  # other ranks write nothing; torchrun's rank 0 has already printed the report
+    if (spec.output_dir / "runs.csv").exists():
+        print()
+        try:
+            report(spec.output_dir)
+        except ValueError as exc:
+            print(f"dcp sweep: no plot: {exc}")
+            rc = rc or 1
+    return rc

@@ -17,6 +17,14 @@ from dcp.experiments.results import ResultsError, read_runs
 
 METHOD_COLORS = {"bucket": "#8c8c8c", "packed": "#c9a227", "dcp-inter": "#3b75af", "dcp-intra": "#2e8b57"}
 PLOT_NAME = "summary.png"
+TABLE_LEGEND = (
+    "tok/s: tokens of the measured steps / their total wall time | step-med: median over steps of one step's "
+    "tokens / its time (differs from tok/s when steps differ in size) | step_s: mean measured step time, pred_s: "
+    "the planner's (compute only) | idle, p_idle: GPU-weighted idle fraction, measured and planned | speedup: tok/s "
+    "over bucket's on the same model, dataset and W (runs may hold different samples: see dcp demo for a paired, "
+    "repeated comparison)"
+)
+"""One line under the table that explains every column."""
 
 
 def latest_runs(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -56,7 +64,7 @@ def plot_results(results_dir: str | Path, out_path: str | Path | None = None) ->
     spd = speedups(rows)
     by_key = {(r["model"], r["dataset"], r["method"], r["world_size"]): r for r in rows}
 
-    fig, axes = plt.subplots(2, len(panels), figsize=(max(6.0, 4.2 * len(panels)), 6.6), squeeze=False)
+    fig, axes = plt.subplots(2, len(panels), figsize=(max(6.5, 4.4 * len(panels)), 7.0), squeeze=False)
     width = 0.8 / max(1, len(methods))
     for col, (model, w) in enumerate(panels):
         ax_t, ax_i = axes[0][col], axes[1][col]
@@ -76,15 +84,18 @@ def plot_results(results_dir: str | Path, out_path: str | Path | None = None) ->
             for bar, s in zip(bars, labels, strict=True):
                 if not math.isnan(s):
                     ax_t.annotate(f"{s:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                                  ha="center", va="bottom", fontsize=6)
+                                  xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
+                                  fontsize=8, rotation=90)
             ax_i.bar(xs, idle, width, color=color)
             ax_i.scatter(xs, pidle, marker="_", s=120, color="black", zorder=3,
                          label="predicted" if mi == 0 else None)
         for ax in (ax_t, ax_i):
             ax.set_xticks(range(len(datasets)), datasets)
+        ax_i.set_xlabel("dataset")
+        ax_t.set_ylim(0, 1.25 * ax_t.get_ylim()[1])  # room for the speedup labels
         ax_t.set_title(f"{model}, W={w}")
-        ax_t.set_ylabel("tokens/s" if col == 0 else "")
-        ax_i.set_ylabel("idle ratio (measured bar, predicted tick)" if col == 0 else "")
+        ax_t.set_ylabel("throughput (tokens/s); label: speedup vs bucket" if col == 0 else "")
+        ax_i.set_ylabel("idle fraction of GPU time\n(bar measured, tick predicted)" if col == 0 else "")
         top = max([r["idle_ratio"] for r in rows] + [r["predicted_idle_ratio"] for r in rows] + [0.1])
         ax_i.set_ylim(0, min(1.0, 1.15 * top))
     axes[0][0].legend(fontsize=7)
@@ -101,10 +112,10 @@ def plot_results(results_dir: str | Path, out_path: str | Path | None = None) ->
 
 def format_table(rows: Sequence[dict[str, Any]], baseline: str = "bucket") -> str:
     """A plain-text table of the latest rows: method, tokens/s (total and median step), step time (measured,
-predicted), idle ratio (measured, predicted), speedup in tokens/s vs the baseline."""
+    predicted), idle ratio (measured, predicted), speedup in tokens/s vs the baseline (TABLE_LEGEND explains)."""
     rows = latest_runs(rows)
     spd = speedups(rows, baseline)
-    head = (f"{'model':<10} {'dataset':<9} {'W':>2} {'method':<10} {'tokens/s':>9} {'med tok/s':>9} {'step_s':>7} "
+    head = (f"{'model':<10} {'dataset':<9} {'W':>2} {'method':<10} {'tok/s':>9} {'step-med':>9} {'step_s':>7} "
             f"{'pred_s':>8} {'idle':>6} {'p_idle':>6} {'speedup':>8}")
     lines = [head, "-" * len(head)]
     order = {m: i for i, m in enumerate(METHODS)}

@@ -59,6 +59,7 @@ def run_group(rank: int, world_size: int, runs: list[RunSpec], info: GroupInfo) 
     registries: dict[tuple, Any] = {}
     tables: dict[Any, Any] = {}
     outcomes = []
+    bar = None
     for i, run in enumerate(runs):
         cfg = run.config
         sizes = tuple(p for p in cfg.planning.sp_sizes if p <= world_size)
@@ -69,12 +70,17 @@ def run_group(rank: int, world_size: int, runs: list[RunSpec], info: GroupInfo) 
                                               timeout_s=cfg.runtime.collective_timeout_s)
         model = build_model(run.model, device)
         table = _table(model, cfg, rank, world_size, registries[key], tables, run.sweep.refresh_profile)
+        if rank == 0 and bar is None:  # after the first profile, whose own bar has closed
+            from tqdm.auto import tqdm
+
+            # runs of the whole sweep (this group continues where the previous one stopped); a line per run above it
+            bar = tqdm(total=info.total, initial=info.first_index, desc="sweep runs", unit="run", dynamic_ncols=True)
         t0 = time.perf_counter()
         execute = execute_manager if run.sweep.executor == "manager" else execute_direct
         steps, extra = execute(run, rank, world_size, device, registries[key], table, model)
         wall = time.perf_counter() - t0
         dist.barrier()
-        if rank != 0:
+        if bar is None:
             continue
         index = info.first_index + i
         run_id = f"{info.stamp}-{index:03d}"
@@ -84,12 +90,14 @@ def run_group(rank: int, world_size: int, runs: list[RunSpec], info: GroupInfo) 
             s["profiled_update_time_s"] = "" if update is None else update
         outcome = _run_row(run, run_id, info, steps, extra, wall)
         outcomes.append({"run": outcome, "steps": _step_rows(run, run_id, steps), "config": _config_doc(run)})
-        print(
+        bar.write(
             f"[{index + 1}/{info.total}] {run.label}: {outcome['tokens_per_s']:.0f} tok/s, "
             f"step {outcome['step_time_s']:.3f}s (pred {outcome['predicted_step_time_s']:.3f}s), "
-            f"idle {outcome['idle_ratio']:.2f} (pred {outcome['predicted_idle_ratio']:.2f}), {wall:.1f}s",
-            flush=True,
+            f"idle {outcome['idle_ratio']:.2f} (pred {outcome['predicted_idle_ratio']:.2f}), {wall:.1f}s"
         )
+        bar.update()
+    if bar is not None:
+        bar.close()
     return outcomes if rank == 0 else None
 
 

@@ -42,6 +42,10 @@ LAUNCHERS = ("local", "torchrun")
 DEVICES = ("cpu", "cuda")
 BACKENDS = ("gloo", "nccl")
 EXECUTORS = ("manager", "direct")
+DEFAULT_RESULTS_ROOT = "runs/sweeps"
+"""Parent of a sweep's default output folder (git-ignored: a sweep never dirties the checkout by default)."""
+COMMITTED_RESULTS_ROOT = "experiments/results"
+"""Parent of the committed sweep results, refreshed only with ``dcp sweep --update-committed``."""
 
 
 def model_config(name: str) -> Any:
@@ -68,7 +72,7 @@ class SweepSpec:
     """One sweep: the cross product of world sizes, models, datasets and methods, plus shared settings."""
 
     name: str
-    """Sweep name; also the default output folder name under experiments/results/."""
+    """Sweep name; also the default output folder name under runs/sweeps/ (git-ignored)."""
     world_sizes: tuple[int, ...] = (2,)
     """W of every run (ranks per run). The local launcher starts W CPU processes per run group."""
     models: tuple[str, ...] = ("t1d-tiny",)
@@ -107,7 +111,8 @@ class SweepSpec:
     """Profile every (model, W) again at the start of the sweep instead of using the cache, so the table
     and the runs are measured under the same conditions (the cache is replaced)."""
     out_dir: str = ""
-    """Output folder; empty means experiments/results/<name>."""
+    """Output folder; empty means runs/sweeps/<name> (git-ignored). The committed results under
+    experiments/results/<name> are written only on request (``dcp sweep --update-committed`` or --out)."""
     config: DCPConfig = field(default_factory=DCPConfig)
     """Base configuration of every run; each run replaces model and planning.method."""
 
@@ -189,7 +194,7 @@ class SweepSpec:
 
     @property
     def output_dir(self) -> Path:
-        return Path(self.out_dir) if self.out_dir else Path("experiments/results") / self.name
+        return Path(self.out_dir) if self.out_dir else Path(DEFAULT_RESULTS_ROOT) / self.name
 
     def expand(self) -> list[RunSpec]:
         """Every run of the sweep, grouped by (world size, model) so one process group serves a group."""

@@ -1,9 +1,14 @@
-"""``dcp figures --out DIR``: regenerate every paper figure (PNG + CSV) from the simulator and stored results.
+"""``dcp figures``: regenerate every paper figure (PNG + CSV) from the simulator and stored results.
 
 Figures: fig4 (imbalance of bucket parallel over 140 datasets), fig5 (all-to-all overhead), fig8 (throughput
 and imbalance, 2 models x 3 datasets x 4 methods, 32 GPUs), fig9 (weak scaling 8..1024 GPUs), fig10
 (DCP-intra over DCP-inter by length). ``--quick`` uses small sample counts (seconds; for tests). Library
 code: ``from dcp.figures import make_figures``.
+
+Output: ``runs/figures`` by default (git-ignored), so trying the command never changes the checkout. The
+committed figures in ``paper_figures/out`` are refreshed only on purpose, with ``--update-committed`` (or
+``bash paper_figures/make_all.sh``); they are deterministic (seeded simulations, no wall-clock columns), so
+a refresh of unchanged code changes nothing.
 """
 
 from __future__ import annotations
@@ -14,6 +19,11 @@ import json
 import sys
 import time
 from pathlib import Path
+
+DEFAULT_OUT = "runs/figures"
+"""Where ``dcp figures`` writes unless told otherwise (git-ignored)."""
+COMMITTED_OUT = "paper_figures/out"
+"""The committed figures, written only with ``--update-committed``."""
 
 FIGURES = {
     "fig4": "dcp.figures.fig4_imbalance",
@@ -28,9 +38,14 @@ class FiguresError(ValueError):
     """An unknown figure name or unusable output folder."""
 
 
-def make_figures(out_dir: str | Path, *, names: list[str] | None = None, quick: bool = False) -> list[Path]:
-    """Build the named figures (default: all) into ``out_dir``; returns the written PNG and CSV paths."""
-    from dcp.figures.common import FULL, QUICK, progress
+def make_figures(out_dir: str | Path, *, names: list[str] | None = None, quick: bool = False,
+                 progress: bool = True) -> list[Path]:
+    """Build the named figures (default: all) into ``out_dir``; returns the written PNG and CSV paths.
+
+    A progress bar (one step per figure, with an ETA) goes to stderr; ``progress=False`` silences it."""
+    from tqdm.auto import tqdm
+
+    from dcp.figures.common import FULL, QUICK
 
     names = names or list(FIGURES)
     unknown = [n for n in names if n not in FIGURES]
@@ -41,25 +56,44 @@ def make_figures(out_dir: str | Path, *, names: list[str] | None = None, quick: 
         raise FiguresError(f"--out ({str(out)!r}) is a file: pass a folder")
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    for n in names:
-        t0 = time.perf_counter()
-        written += importlib.import_module(FIGURES[n]).make(out, QUICK if quick else FULL)
-        progress(f"{n} done in {time.perf_counter() - t0:.1f}s")
+    with tqdm(total=len(names), desc="figures", unit="figure", disable=not progress, file=sys.stderr) as bar:
+        for n in names:
+            bar.set_postfix_str(n)
+            written += importlib.import_module(FIGURES[n]).make(out, QUICK if quick else FULL)
+            bar.update()
     return written
+
+
+def output_dir(out: str | None, update_committed: bool) -> str:
+    """The folder to write: --out if given, the committed folder with --update-committed, else runs/figures."""
+    if out and update_committed and Path(out) != Path(COMMITTED_OUT):
+        raise FiguresError(f"--out ({out!r}) and --update-committed disagree: --update-committed writes "
+                           f"{COMMITTED_OUT}; drop one of them")
+    if update_committed:
+        return COMMITTED_OUT
+    return out or DEFAULT_OUT
 
 
 def main_for(name: str, argv: list[str] | None = None) -> int:
     """Entry point of one ``paper_figures/<figure>.py`` script: ``--out DIR`` and ``--quick`` as for all figures."""
-    parser = argparse.ArgumentParser(description=f"regenerate paper figure {name} (PNG + CSV)")
-    parser.add_argument("--out", default="paper_figures/out", help="output folder")
+    from dcp.cli import HelpFormatter
+
+    parser = argparse.ArgumentParser(description=f"regenerate paper figure {name} (PNG + CSV)",
+                                     formatter_class=HelpFormatter)
+    parser.add_argument("--out", default=None, help=f"output folder (default {DEFAULT_OUT})")
+    parser.add_argument("--update-committed", action="store_true", help=f"write the committed {COMMITTED_OUT}")
     parser.add_argument("--quick", action="store_true", help="small sample counts")
     args = parser.parse_args(argv)
-    return run(argparse.Namespace(out=args.out, only=[name], quick=args.quick, json=False))
+    return run(argparse.Namespace(out=args.out, update_committed=args.update_committed, only=[name],
+                                  quick=args.quick, json=False))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default="paper_figures/out", help="output folder for the PNG and CSV files")
-    parser.add_argument("--only", nargs="*", choices=list(FIGURES), help="build only these figures")
+    parser.add_argument("--out", default=None,
+                        help=f"output folder for the PNG and CSV files (default {DEFAULT_OUT}, git-ignored)")
+    parser.add_argument("--update-committed", action="store_true",
+                        help=f"refresh the committed figures in {COMMITTED_OUT} (full sizes only)")
+    parser.add_argument("--only", nargs="*", choices=list(FIGURES), help="build only these figures (default: all)")
     parser.add_argument("--quick", action="store_true", help="small sample counts (seconds, for smoke tests)")
     parser.add_argument("--json", action="store_true", help="print a JSON object as the last line")
 
@@ -67,14 +101,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
-        written = make_figures(args.out, names=args.only, quick=args.quick)
+        out = output_dir(args.out, args.update_committed)
+        if args.update_committed and args.quick:
+            raise FiguresError("--update-committed with --quick would commit quick-size figures: drop --quick")
+        written = make_figures(out, names=args.only, quick=args.quick)
     except (ValueError, OSError) as exc:
         print(f"dcp figures: {exc}", file=sys.stderr)
         return 2
     for p in written:
         print(p)
     wall = time.perf_counter() - t0
-    print(f"{len(written)} files in {args.out} ({wall:.1f}s)")
+    print(f"{len(written)} files in {out} ({wall:.1f}s)")
     if args.json:
         print(json.dumps({"files": [str(p) for p in written], "wall_s": wall}))
     return 0

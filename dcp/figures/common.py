@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +44,10 @@ QUICK = Sizes(fig4_samples=600, fig4_datasets=8, fig8_samples=1500, fig9_samples
 
 
 def progress(msg: str) -> None:
-    print(f"[figures {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+    """One line of detail above the figures' progress bar (stderr; the bar stays at the bottom)."""
+    from tqdm.auto import tqdm
+
+    tqdm.write(f"  {msg}", file=sys.stderr)
 
 
 def simulate_methods(lengths: Sequence[int], model_name: str, hardware_name: str, world_size: int,

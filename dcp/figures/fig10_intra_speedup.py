@@ -52,7 +52,7 @@ def make(out_dir: Path, sizes: Sizes) -> list[Path]:
     csv_path = write_csv(out_dir / "fig10_intra_speedup.csv", rows)
 
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 3.6))
+    fig, ax = plt.subplots(figsize=(6.5, 4.0))
     xs = range(len(rows))
     ax.bar([x - 0.27 for x in xs], [r["setting_speedup"] for r in rows], 0.27, color="#1f77b4",
            label="best setting (Eq. 1)")
@@ -65,5 +65,7 @@ def make(out_dir: Path, sizes: Sizes) -> list[Path]:
     ax.set_xlabel("sequence length (tokens)")
     ax.set_ylabel("DCP-intra / DCP-inter throughput")
     ax.set_title(f"{MODEL}: DCP-intra speedup over DCP-inter ({HARDWARE.upper()}, 80 GB)")
-    ax.legend(fontsize=8)
+    ax.set_ylim(0, 1.35 * max(max(r["setting_speedup"], r["simulated_speedup_gmin1"], r["simulated_speedup_gmin16"])
+                              for r in rows))
+    ax.legend(fontsize=7, loc="upper center", ncol=3)  # above the bars, not over them
     return [csv_path, save(fig, out_dir / "fig10_intra_speedup.png")]

@@ -40,7 +40,7 @@ def make(out_dir: Path, sizes: Sizes) -> list[Path]:
     csv_path = write_csv(out_dir / "fig8_throughput.csv", rows)
 
     plt = pyplot()
-    fig, axes = plt.subplots(2, 2, figsize=(10, 6))
+    fig, axes = plt.subplots(2, 2, figsize=(11, 6.6))
     width = 0.2
     for col, model in enumerate(MODEL_DATASET_PREFIX):
         for k, m in enumerate(METHODS):
@@ -50,10 +50,12 @@ def make(out_dir: Path, sizes: Sizes) -> list[Path]:
             axes[0][col].bar(xs, [r["speedup_vs_bucket"] for r in pts], width, color=COLORS[m], label=m)
             axes[1][col].bar(xs, [100 * r["idle_ratio"] for r in pts], width, color=COLORS[m], label=m)
             for x, r in zip(xs, pts, strict=True):
-                axes[0][col].text(x, r["speedup_vs_bucket"], f"{r['speedup_vs_bucket']:.2f}", ha="center",
-                                  va="bottom", fontsize=6)
+                axes[0][col].annotate(f"{r['speedup_vs_bucket']:.2f}x", (x, r["speedup_vs_bucket"]), xytext=(0, 2),
+                                      textcoords="offset points", ha="center", va="bottom", fontsize=8, rotation=90)
         for row in (0, 1):
             axes[row][col].set_xticks(range(len(DATASETS)), DATASETS)
+        axes[1][col].set_xlabel("dataset (length distribution)")
+        axes[0][col].set_ylim(0, 1.3 * axes[0][col].get_ylim()[1])  # room for the speedup labels
         axes[0][col].set_title(f"{model}, {WORLD_SIZE} x {HARDWARE.upper()} (simulated)")
         axes[0][col].set_ylabel("throughput vs bucket (x)")
         axes[1][col].set_ylabel("imbalance ratio (% GPU time idle)")

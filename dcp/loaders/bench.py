@@ -152,16 +152,22 @@ def run(args: argparse.Namespace) -> int:
     print(f"# world_size={args.world_size} max_tokens={args.max_tokens} num_samples={args.num_samples} "
           f"pool={args.pool_size} max_shapes={args.max_shapes} seed={args.seed}")
     print(" ".join(f"{c:>20}" if i < 2 else f"{c:>16}" for i, c in enumerate(COLUMNS)))
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(args.distributions) * len(args.loaders), desc="bench loaders", unit="row", dynamic_ncols=True)
     for dist_name in args.distributions:
         lengths, source = load_lengths(dist_name, args.num_samples, args.seed)
         sources[dist_name] = source
         for loader in args.loaders:
+            bar.set_postfix_str(f"{dist_name} {loader}")
             t0 = time.perf_counter()
             per_step = BUILDERS[loader](lengths, args)
             row = {"distribution": dist_name, "loader": loader, **_summarise(per_step, args.max_tokens),
                    "plan_ms": round(1e3 * (time.perf_counter() - t0), 1)}
             rows.append(row)
-            print(" ".join(f"{row[c]!s:>20}" if i < 2 else f"{row[c]!s:>16}" for i, c in enumerate(COLUMNS)), flush=True)
+            bar.write(" ".join(f"{row[c]!s:>20}" if i < 2 else f"{row[c]!s:>16}" for i, c in enumerate(COLUMNS)))
+            bar.update()
+    bar.close()
     if args.json:
         print(json.dumps({"bench": "loaders", "world_size": args.world_size, "max_tokens": args.max_tokens,
                           "num_samples": args.num_samples, "sources": sources, "rows": rows}))

@@ -98,10 +98,13 @@ def run(args: argparse.Namespace) -> int:
         "us_per_micro_batch",
     )
     print(" ".join(f"{c:>{max(9, len(c))}}" for c in cols))
-    for w in sizes:
+    from tqdm.auto import tqdm
+
+    for w in (bar := tqdm(sizes, desc="bench planner", unit="W", dynamic_ncols=True)):
+        bar.set_postfix_str(f"W={w}")
         r = bench_world_size(w, args.steps, args.method)
         rows.append(r)
-        print(" ".join(f"{r[c]!s:>{max(9, len(c))}}" for c in cols), flush=True)
+        bar.write(" ".join(f"{r[c]!s:>{max(9, len(c))}}" for c in cols))
     if args.json:
         print(json.dumps({"rows": rows}))
     return 0

@@ -31,6 +31,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object last")
 
 
+LEGEND = ("sp, ga, recompute: one value per SP group in rank order (SP size, micro-batches = ga_steps, layers "
+          "recomputed), run-length encoded: '27,26x2' = 27, 26, 26; '0x29' = 0 for 29 groups")
+"""The one-line key printed under the step table."""
+
+
 def _build_table(config: DCPConfig, world_size: int):
     from dcp.planner.analytic import analytic_table_for
 
@@ -112,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
         print("  ".join(f"{c:>12}" for c in cols))
         for r in rows:
             print("  ".join(f"{r[c]!s:>12}" for c in cols))
+        print(LEGEND)
     print("epoch: " + "  ".join(f"{k}={v}" for k, v in summary.items()))
     if args.json:
         print(json.dumps({"steps": rows, "summary": summary}))

@@ -124,6 +124,12 @@ def _worker(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any] 
     sp_sizes = sorted(set(spec["sp_sizes"]) | {1})
     registry = SPGroupRegistry(world_size, world_size, sp_sizes)
     cells, profiles = [], []
+    from tqdm.auto import tqdm
+
+    # one step per measured cell (model, p, seq_len, b) plus one per model's whole-table profile
+    per_model = len(spec["sp_sizes"]) * len(spec["lengths"]) * len(spec["batch_sizes"]) + 1
+    bar = tqdm(total=len(spec["models"]) * per_model, desc="bench profiler", unit="cell", disable=rank != 0,
+               dynamic_ncols=True)
     for name in spec["models"]:
         model = build_model(name, hidden_size=spec["hidden_size"], num_layers=spec["num_layers"])
         state_b = float(state_bytes(model).total_bytes)
@@ -134,8 +140,10 @@ def _worker(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any] 
                 continue
             for s in spec["lengths"]:
                 for b in spec["batch_sizes"]:
+                    bar.set_postfix_str(f"{name} s={s} b={b} p={p}")
                     res = _cell(model, ctx, s, b, spec["reps"], state_b, spec["clock"], spec["timing"])
                     cells.append({"model": name, "seq_len": s, "b": b, "p": p, **res})
+                    bar.update()
         torch.distributed.barrier()
         # Whole-table profiling wall time vs one demo epoch planned from that table.
         config = DCPConfig(
@@ -144,6 +152,7 @@ def _worker(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any] 
             planning=PlanningConfig(mem_capacity_gib=spec["mem_capacity_gib"], sp_sizes=tuple(sp_sizes),
                                     ranks_per_node=world_size),
         )
+        bar.set_postfix_str(f"{name} whole-table profile")
         t0, c0 = time.perf_counter(), time.process_time()
         table = profile_table(model, config, world_size, registry, rank=rank, progress=False)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -154,6 +163,8 @@ def _worker(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any] 
         profiles.append({"model": name, "profile_wall_s": wall, "profile_cpu_s": cpu, "epoch_pred_s": epoch_s,
                          "steps": len(plans),
                          "rows": len(table)})
+        bar.update()
+    bar.close()
     return {"cells": cells, "profiles": profiles} if rank == 0 else None
 
 

@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
     table = ProfileTable.from_csv(csv_text, text=True)
     print(f"profile table: {len(table)} rows, {status}; wall {table.meta.extra.get('profile_wall_s', 0.0)} s "
           f"(when profiled), model {table.meta.model}, world {table.meta.world_size}, {table.meta.hardware}")
-    print(f"cache: {where}")
+    print(f"table: {where}")
     if args.out:
         if status == "hit":
             table.save(args.out)

@@ -128,7 +128,8 @@ def _profile_block(
             rows.append(row)
             if bar is not None:
                 bar.set_postfix_str(f"s={s} b={b} p={p}{'' if row_fits(row, capacity) else ' (does not fit)'}")
-                bar.update(1)
+        if bar is not None:
+            bar.update(1)  # one (seq_group, p) search done; the phase's end adds the other blocks' searches
         if not search.fits_at_b1:
             # Memory grows with length: the longer seq_groups of this block cannot fit at this p either.
             break
@@ -210,7 +211,11 @@ def profile_table(
     if progress and rank == 0:
         from tqdm.auto import tqdm
 
-        bar = tqdm(desc="dual-layer profiling", unit="candidate")
+        # one step per (seq_group, SP size) search, each measuring b = 1, 2, 4, ... while they fit; every
+        # block's searches count (rank 0 sees the others' at the end of each SP-size phase)
+        bar = tqdm(desc="dual-layer profiling", unit="search", total=len(sizes) * len(prof.seq_group_edges),
+                   dynamic_ncols=True)
+    searched = 0
     t0 = time.perf_counter()
     rows: list[ProfileRow] = []
     edges = prof.seq_group_edges
@@ -238,6 +243,10 @@ def profile_table(
                     # one copy per block: its first rank reports, the others hold the same rows
                     mine = found if rank == first else []
             rows.extend(_gather(mine, world_size))
+            searched += len(edges)  # pending ones were searched (or skipped: longer than what fits), the rest fit at a smaller p
+            if bar is not None:
+                bar.update(searched - bar.n)
+                bar.set_postfix_str(f"{len(rows)} rows")
     finally:
         amp.close()
         rng.__exit__(None, None, None)

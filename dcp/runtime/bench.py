@@ -23,6 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=9, help="alternating rounds (the fastest round is used)")
     parser.add_argument("--seq-len", type=int, default=256, help="tokens per sample")
     parser.add_argument("--ga-steps", type=int, default=2, help="micro-batches per step")
+    parser.add_argument("--log", action="store_true", help="show the manager's per-step log lines (off: no output per step)")
     parser.add_argument("--json", action="store_true", help="print a JSON object as the last line")
 
 
@@ -38,6 +39,8 @@ def _plan(epoch: int, step: int, sp_sizes: tuple[int, ...], ga: int, seq_len: in
 
 
 def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
+    import logging
+
     import torch
     import torch.distributed as dist
 
@@ -47,6 +50,8 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     from dcp.runtime.engines import all_reduce_grads_flat, copy_flat_into_grads
     from dcp.runtime.manager import set_manager
 
+    if not spec.get("log"):  # the manager still builds its records; nothing is written per step
+        logging.getLogger("dcp").setLevel(logging.WARNING)
     steps, ga, seq_len = spec["steps"], spec["ga_steps"], spec["seq_len"]
     model = Transformer1D(T1DConfig.tiny())
     data = SyntheticTokenDataset([seq_len] * 200, vocab_size=model.config.vocab_size)
@@ -99,7 +104,9 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     exchange_s.clear()
     kinds = ["plain", "sp2", "sp1", "switch"]
     times: dict[str, list[tuple[float, float]]] = {k: [] for k in kinds}
-    for r in range(spec["rounds"]):
+    from tqdm.auto import tqdm
+
+    for r in tqdm(range(spec["rounds"]), desc="bench runtime", unit="round", disable=rank != 0, dynamic_ncols=True):
         for name in kinds[r % 4:] + kinds[: r % 4]:  # rotate the order: no kind always runs first
             times[name].append(plain_round() if name == "plain" else manager_round(name))
     out: dict[str, list[float]] = {k: [w / steps for w, _ in v] for k, v in times.items()}
@@ -116,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
             name = "--" + flag.replace("_", "-")
             raise ValueError(f"{name} ({getattr(args, flag)}) must be >= 1: zero or negative counts are not defaults")
     spec = {"steps": args.steps, "rounds": args.rounds, "seq_len": args.seq_len, "ga_steps": args.ga_steps,
-            "collate": True, "pattern": None}
+            "collate": True, "pattern": None, "log": args.log}
     t0 = time.perf_counter()
     per_step = run_distributed(_worker, 2, spec, timeout_s=900)[0]
     exchange = per_step.pop("exchange")

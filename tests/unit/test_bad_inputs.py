@@ -349,7 +349,7 @@ def test_profile_with_an_unwritable_cache_folder_keeps_the_table(capsys, tmp_pat
     assert code == 0, err
     assert len(ProfileTable.load(out)) >= 1  # --out was written
     spare = next((tmp_path / "tmp").rglob("*.csv"))
-    assert f"cache: {spare}" in stdout and ProfileTable.load(spare).rows == ProfileTable.load(out).rows
+    assert f"table: {spare}" in stdout and ProfileTable.load(spare).rows == ProfileTable.load(out).rows
 
 
 @pytest.mark.parametrize("argv, needles", [

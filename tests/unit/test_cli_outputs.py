@@ -1,0 +1,145 @@
+"""The CLI as a newcomer meets it: outputs land in the git-ignored runs/ unless a committed folder is asked for
+by name, --help shows every default, `dcp plan` explains its notation, a sweep leaves a consistent folder."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+from pathlib import Path
+
+import pytest
+
+import dcp.figures as figures
+from dcp.cli import build_parser, main
+from dcp.experiments import run as sweep_run
+from dcp.experiments.sweep import load_sweep
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _subparsers(parser, name="dcp"):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub_name, sub in action.choices.items():
+                yield f"{name} {sub_name}", sub
+                yield from _subparsers(sub, f"{name} {sub_name}")
+
+
+def test_default_outputs_are_git_ignored():
+    ignored = (REPO / ".gitignore").read_text().splitlines()
+    assert "runs/" in ignored
+    assert figures.DEFAULT_OUT.startswith("runs/") and figures.output_dir(None, False) == "runs/figures"
+    spec = load_sweep(REPO / "experiments" / "cpu_small.toml")
+    assert spec.output_dir == Path("runs/sweeps/cpu_small")
+
+
+def test_committed_figures_only_on_request():
+    assert figures.output_dir(None, True) == "paper_figures/out"
+    assert figures.output_dir("elsewhere", False) == "elsewhere"
+    with pytest.raises(figures.FiguresError, match="--update-committed disagree"):
+        figures.output_dir("elsewhere", True)
+
+
+def test_update_committed_refuses_quick_sizes(capsys):
+    assert main(["figures", "--update-committed", "--quick", "--only", "fig5"]) == 2
+    assert "would commit quick-size figures" in capsys.readouterr().err
+
+
+def test_fig9_csv_is_deterministic_and_has_no_wall_clock_column(tmp_path):
+    a = figures.make_figures(tmp_path / "a", names=["fig9"], quick=True, progress=False)
+    b = figures.make_figures(tmp_path / "b", names=["fig9"], quick=True, progress=False)
+    csv_a = next(p for p in a if p.suffix == ".csv")
+    header = next(csv.reader(csv_a.open()))
+    assert not [c for c in header if "time" in c or "wall" in c]
+    assert csv_a.read_bytes() == next(p for p in b if p.suffix == ".csv").read_bytes()
+    png_a, png_b = (next(p for p in x if p.suffix == ".png") for x in (a, b))
+    assert png_a.read_bytes() == png_b.read_bytes()  # a refresh of unchanged code leaves git status clean
+
+
+def test_sweep_update_committed_targets_experiments_results(capsys):
+    spec = str(REPO / "experiments" / "cpu_small.toml")
+    assert main(["sweep", spec, "--update-committed", "--dry-run"]) == 0
+    assert "results would go to experiments/results/cpu_small" in capsys.readouterr().out
+    assert main(["sweep", spec, "--dry-run"]) == 0
+    assert "results would go to runs/sweeps/cpu_small" in capsys.readouterr().out
+    assert main(["sweep", spec, "--update-committed", "--out", "x"]) == 2
+    assert "--update-committed disagree" in capsys.readouterr().out
+
+
+def test_sweep_rebuilds_its_plot_and_prints_the_table(tmp_path, monkeypatch, capsys):
+    """A sweep never leaves an old summary.png beside new CSVs: it is removed first and rebuilt from runs.csv."""
+    import dcp.experiments.launch as launch_mod
+    from dcp.experiments.results import RUN_COLUMNS, write_results
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "summary.png").write_bytes(b"stale")
+
+    def fake_launch(spec, **kw):
+        assert not (out / "summary.png").exists()
+        rows = []
+        for i, (m, t) in enumerate((("bucket", 100.0), ("dcp-intra", 150.0))):
+            row = {c: 0 for c in RUN_COLUMNS}
+            row.update(run_id=str(i), git_sha="abc", config_hash="h", sweep="t", method=m, model="t1d-tiny",
+                       dataset="balanced", world_size=2, device="cpu", tokens_per_s=t, mem_meter="saved",
+                       profile_source="profiled", executor="manager", timestamp="now")
+            rows.append(row)
+        write_results(spec.output_dir, rows, [], sweep={"name": "t"}, run_configs={})
+        return 0
+
+    monkeypatch.setattr(launch_mod, "launch", fake_launch)
+    parser = argparse.ArgumentParser()
+    from dcp.experiments import add_arguments
+
+    add_arguments(parser)
+    args = parser.parse_args([str(REPO / "experiments" / "cpu_small.toml"), "--out", str(out)])
+    assert sweep_run(args) == 0
+    text = capsys.readouterr().out
+    assert (out / "summary.png").read_bytes()[:4] == b"\x89PNG"
+    assert "dcp-intra" in text and "1.50x" in text and "step-med:" in text and f"plot: {out / 'summary.png'}" in text
+
+
+def test_every_option_with_a_default_shows_it_in_help():
+    missing = []
+    for name, sub in _subparsers(build_parser()):
+        formatter = sub._get_formatter()
+        for action in sub._actions:
+            if not action.option_strings or action.nargs == 0 or action.default in (None, argparse.SUPPRESS):
+                continue
+            if "default" not in formatter._get_help_string(action).lower():
+                missing.append(f"{name} {action.option_strings[0]}")
+    assert not missing, missing
+
+
+def test_help_shows_defaults_of_a_command(capsys):
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--out OUT" in text and "(default: runs/demo)" in text and "(default: 5)" in text
+    with pytest.raises(SystemExit):
+        main(["sweep", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "override sweep.steps (measured steps per run) (default: the configured value)" in text
+
+
+def test_plan_prints_a_legend_for_its_notation(capsys):
+    assert main(["plan", "--synthetic", "200", "--world-size", "4", "--steps", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    legend = [line for line in lines if line.startswith("sp, ga, recompute:")]
+    assert len(legend) == 1 and "'27,26x2' = 27, 26, 26" in legend[0] and "'0x29' = 0 for 29 groups" in legend[0]
+
+
+def test_env_prints_no_third_party_warning(capsys):
+    assert main(["env"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("dcp ") and "WARNING" not in captured.out + captured.err
+
+
+def test_profile_prints_where_the_table_went(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # the default cache_dir (.dcp_cache) is relative to the working folder
+    (tmp_path / "quick.toml").write_text(
+        "[profiling]\nseq_group_edges = [32]\nmax_micro_batch_size = 1\nwarmup_iters = 0\nmeasure_iters = 1\n")
+    assert main(["profile", "--model", "t1d-tiny", "--config", "quick.toml", "--quiet"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    path = [line.split("table: ", 1)[1] for line in lines if line.startswith("table: ")]
+    assert len(path) == 1 and (tmp_path / path[0]).is_file()

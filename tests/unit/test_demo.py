@@ -1,0 +1,123 @@
+"""``dcp demo``'s pure parts: the interleaved schedule, paired speedups, medians and spread, the table with its
+legend, the result files and their errors, and ``--plot`` rebuilding everything from reps.csv alone."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import pytest
+
+from dcp import demo
+
+
+def _rows():
+    # three repetitions; rep 2 is slowed for every method (a busy host): paired speedups stay put
+    times = {"bucket": [10.0, 20.0, 11.0], "dcp-inter": [8.0, 16.0, 9.0], "dcp-intra": [5.0, 10.0, 6.0]}
+    rows = []
+    for m, ts in times.items():
+        for rep, t in enumerate(ts):
+            rows.append({"method": m, "rep": rep, "order": 0, "steps": 4, "samples": 16, "tokens": 1000,
+                         "epoch_time_s": t, "predicted_epoch_time_s": {"bucket": 9.0, "dcp-inter": 8.0,
+                                                                        "dcp-intra": 6.0}[m],
+                         "idle_ratio": 0.1, "predicted_idle_ratio": 0.05})
+    return demo.add_speedups(rows)
+
+
+def _args(tmp_path, *argv):
+    p = argparse.ArgumentParser()
+    demo.add_arguments(p)
+    return p.parse_args(["--out", str(tmp_path), *argv])
+
+
+def test_schedule_interleaves_methods_and_alternates_their_order():
+    order = demo.schedule(3)
+    assert [m for _, m in order] == ["bucket", "dcp-inter", "dcp-intra", "dcp-intra", "dcp-inter", "bucket",
+                                     "bucket", "dcp-inter", "dcp-intra"]
+    assert [r for r, _ in order] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+
+
+def test_speedups_are_paired_per_repetition_and_summarised_by_median_and_range():
+    rows = _rows()
+    intra = [r["speedup_vs_bucket"] for r in rows if r["method"] == "dcp-intra"]
+    assert intra == pytest.approx([2.0, 2.0, 11 / 6])
+    s = {r["method"]: r for r in demo.summarize(rows)}
+    assert s["dcp-intra"]["speedup_median"] == pytest.approx(2.0)
+    assert s["dcp-intra"]["speedup_min"] == pytest.approx(11 / 6) and s["dcp-intra"]["speedup_max"] == pytest.approx(2.0)
+    assert s["dcp-intra"]["epoch_s_median"] == 6.0 and s["dcp-intra"]["epoch_s_max"] == 10.0
+    assert s["dcp-intra"]["predicted_speedup"] == pytest.approx(1.5)
+    assert s["bucket"]["speedup_median"] == 1.0
+    assert [r["method"] for r in demo.summarize(rows)] == list(demo.METHODS)
+
+
+def test_speedup_without_a_baseline_is_nan():
+    rows = demo.add_speedups([{"method": "dcp-intra", "rep": 0, "epoch_time_s": 1.0}])
+    assert math.isnan(rows[0]["speedup_vs_bucket"])
+
+
+def test_table_has_one_row_per_method_and_the_legend_names_every_column():
+    rows = _rows()
+    text = demo.format_table(demo.summarize(rows), 3)
+    lines = text.splitlines()
+    assert lines[0].split()[:2] == ["method", "steps"] and "speedup vs bucket" in lines[0] and "pred s" in lines[0]
+    assert lines[4].startswith("dcp-intra") and "2.00x [1.83-2.00]" in lines[4] and "6.00 [5.00-10.00]" in lines[4]
+    for column in ("epoch s", "pred s", "speedup", "pred x", "idle"):
+        assert column in demo.LEGEND
+    assert "med tok/s" not in text
+    reps = demo.format_reps(rows).splitlines()
+    assert len(reps) == 3 and reps[0].startswith("rep 1: bucket 10.00s (1.00x)")
+
+
+def test_plot_rebuilds_table_and_png_from_reps_csv(tmp_path, capsys):
+    demo._write_csv(tmp_path / demo.REPS_CSV, demo.REP_COLUMNS, _rows())
+    assert demo.run(_args(tmp_path, "--plot")) == 0
+    out = capsys.readouterr().out
+    assert "dcp-intra" in out and demo.LEGEND in out and "rep 3:" in out
+    png = tmp_path / demo.PLOT_PNG
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / demo.SUMMARY_CSV).read_text().splitlines()[0] == ",".join(demo.SUMMARY_COLUMNS)
+
+
+def test_plot_without_results_names_the_file_and_the_fix(tmp_path, capsys):
+    assert demo.run(_args(tmp_path, "--plot")) == 2
+    assert f"{tmp_path / demo.REPS_CSV} does not exist: run `dcp demo --out" in capsys.readouterr().out
+
+
+def test_plot_with_foreign_columns_is_refused(tmp_path, capsys):
+    (tmp_path / demo.REPS_CSV).write_text("a,b\n1,2\n")
+    assert demo.run(_args(tmp_path, "--plot")) == 2
+    assert "has columns ['a', 'b']" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--reps", "0"], "--reps (0) must be >= 1"),
+    (["--samples", "4"], "--samples (4) must be >= 8"),
+])
+def test_bad_options_get_one_line(tmp_path, capsys, argv, message):
+    assert demo.run(_args(tmp_path, *argv)) == 2
+    assert message in capsys.readouterr().out
+
+
+def test_out_that_is_a_file_is_refused(tmp_path, capsys):
+    f = tmp_path / "file"
+    f.write_text("x")
+    p = argparse.ArgumentParser()
+    demo.add_arguments(p)
+    assert demo.run(p.parse_args(["--out", str(f)])) == 2
+    assert "is a file: pass a folder" in capsys.readouterr().out
+
+
+def test_defaults_write_under_runs_with_their_own_profile_cache():
+    p = argparse.ArgumentParser()
+    demo.add_arguments(p)
+    args = p.parse_args([])
+    assert args.out == "runs/demo" and args.reps >= 3
+    cfg = demo._config(demo.DEMO_SETTINGS, "runs/demo/cache")
+    assert cfg.profiling.cache_dir == "runs/demo/cache"  # never the .dcp_cache `dcp profile` uses
+
+
+def test_workload_has_a_long_tail_that_needs_sp2():
+    lengths = demo._lengths(demo.DEMO_SETTINGS)
+    assert len(lengths) == demo.DEMO_SETTINGS["num_samples"]
+    srt = sorted(lengths)
+    assert srt[-1] > 1024 >= srt[len(srt) // 2] * 4  # the longest is in the last seq_group, the median far below
