@@ -106,7 +106,7 @@ H100 = HardwareSpec(
 
 H200 = HardwareSpec(
     name="NVIDIA H200 SXM (analytic)",
-    matmul_flops_per_s=BF16_MATMUL_FLOPS_PER_S,
+    matmul_flops_per_s=H100_MATMUL_FLOPS_PER_S,  # [assumed] same GH100 compute as the calibrated H100
     attention_efficiency=FLASH_ATTENTION_EFFICIENCY,
     mem_bandwidth_bytes_per_s=4.8e12 * HBM_EFFICIENCY,  # [vendor] HBM3e 4.8 TB/s
     intra_node_bw_bytes_per_s=NVLINK_BYTES_PER_S,
