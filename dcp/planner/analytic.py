@@ -135,6 +135,10 @@ class HardwareSpec:
     final norm, head input and their gradients)."""
     micro_batch_overhead_s: float = 0.0
     """Fixed host time of one micro-batch outside the layers (input preparation, masks, loss, launches)."""
+    step_overhead_s: float = 0.0
+    """Fixed framework time per optimizer step beyond compute, gradient sync and the optimizer: the
+    runtime manager's step start (plan broadcast, stats gather), collation in the main loop and the
+    engine's update bookkeeping. Added by the simulator to every step's optimizer time."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -153,7 +157,7 @@ class HardwareSpec:
                     f"HardwareSpec.{name} ({getattr(self, name)!r}) must be > 0: give a measured figure"
                 )
         for name in ("collective_latency_s", "kernel_overhead_s", "head_extra_bytes_per_logit", "const_h_tensors",
-                     "micro_batch_overhead_s"):
+                     "micro_batch_overhead_s", "step_overhead_s"):
             if getattr(self, name) < 0:
                 raise ValueError(
                     f"HardwareSpec.{name} ({getattr(self, name)!r}) must be >= 0: use 0 to ignore it"
@@ -209,6 +213,10 @@ CPU_SMALL = HardwareSpec(
     # PyTorch eager dispatch of one small CPU op: ~10 us.
     kernel_overhead_s=10e-6,
     mem_capacity_bytes=4 * 1024**3,
+    # Measured in an instrumented W = 2 cpu_small run (docs/benchmarks.md, "Simulator"): the manager's step
+    # start 1.0-3.6 ms (stats all-gather with stats_every = 1), collation in the main loop 0.2-2.0 ms, the
+    # engine's update 2-3 ms beyond the profiler's stand-in update: midpoints 2.3 + 1.1 + 2.5 ms.
+    step_overhead_s=5.9e-3,
 )
 """A laptop-class 2-core CPU running one gloo rank per core (the project's test machine)."""
 
