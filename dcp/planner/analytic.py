@@ -27,7 +27,7 @@ Formulas (h = hidden, f = ffn hidden, V = vocab, d = dtype bytes, n = b*s/p loca
   ``b*s*h*d/p * (p-1)/p`` bytes per rank, at intra-node bandwidth when p <= ranks_per_node, else at
   inter-node bandwidth, plus collective_latency_s each. Zero for p = 1.
 - m_act: the tensors a non-recomputed layer keeps for backward, counted from the reference models
-  (``activation_bytes_per_token``: ``(ACT_H[layout] * h + ACT_F * f) * d`` + fp32 softmax statistics per
+  (``activation_bytes_per_token``, unless ``hardware.counted_activations`` is False: ``(ACT_H[layout] * h + ACT_F * f) * d`` + fp32 softmax statistics per
   head and attention + fp32 norm statistics, per local token); m_inp = ``n * h * d`` (the layer input, kept
   even when recomputed).
 - T_C: embedding + LM head + loss: ``6 * n * V * h`` FLOPs (forward 2, backward 4) at the layer GEMMs'
@@ -87,6 +87,11 @@ allocator meter): t1d-5b 60,516 two-byte units per token counted and measured; t
 against 53,190 measured (0.24% under)."""
 ACT_F = 4
 """f-wide tensors the gated MLP keeps: gate output, silu(gate), up output and their product."""
+LEGACY_ACT_H = 6
+"""The earlier round count of h-wide activations per attention (norm output, q, k, v, attention output,
+projection result), kept by hardware with ``counted_activations=False``."""
+LEGACY_ACT_F = 3
+"""The earlier round count of f-wide MLP activations (gate, up, product)."""
 NORMS = {"1d": 2, "2d": 3}
 """RMSNorms per layer; each keeps one fp32 statistic per token (CUDA's fused RMSNorm saves input and rstd)."""
 STAT_BYTES = 4
@@ -135,6 +140,11 @@ class HardwareSpec:
     final norm, head input and their gradients)."""
     micro_batch_overhead_s: float = 0.0
     """Fixed host time of one micro-batch outside the layers (input preparation, masks, loss, launches)."""
+    counted_activations: bool = True
+    """m_act from the reference models' saved tensors under CUDA kernels (``activation_bytes_per_token``);
+    False keeps the earlier round count ``(LEGACY_ACT_H * A * h + LEGACY_ACT_F * f) * d`` (the CPU model:
+    CPU runs plan from measured tables, its composite RMSNorm keeps other tensors, and the planner's tests
+    are sized on it)."""
     step_overhead_s: float = 0.0
     """Fixed framework time per optimizer step beyond compute, gradient sync and the optimizer: the
     runtime manager's step start (plan broadcast, stats gather), collation in the main loop and the
@@ -213,6 +223,7 @@ CPU_SMALL = HardwareSpec(
     # PyTorch eager dispatch of one small CPU op: ~10 us.
     kernel_overhead_s=10e-6,
     mem_capacity_bytes=4 * 1024**3,
+    counted_activations=False,
     # Measured in an instrumented W = 2 cpu_small run (docs/benchmarks.md, "Simulator"): the manager's step
     # start 1.0-3.6 ms (stats all-gather with stats_every = 1), collation in the main loop 0.2-2.0 ms, the
     # engine's update 2-3 ms beyond the profiler's stand-in update: midpoints 2.3 + 1.1 + 2.5 ms.
@@ -330,7 +341,10 @@ def analytic_row(
         + CONST_KERNELS * hardware.kernel_overhead_s
         + hardware.micro_batch_overhead_s
     )
-    m_act = activation_bytes_per_token(model, attention, d) * n
+    if hardware.counted_activations:
+        m_act = activation_bytes_per_token(model, attention, d) * n
+    else:
+        m_act = (LEGACY_ACT_H * a * h + LEGACY_ACT_F * f) * n * d
     # M_C holds the larger of the head's (logits + gradient) and one recomputed layer's working set, as the
     # profiler measures it: Eq. 6 at r = L otherwise has no room for the layer being recomputed.
     m_const = model.constant_mem_bytes(dp_size=world_size) + 2.0 * n * h * d + max(2.0 * n * v * d, m_act)
