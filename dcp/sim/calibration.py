@@ -39,14 +39,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dcp.planner.analytic import (
-    CONST_KERNELS,
+    ELEMENTWISE_F,
+    ELEMENTWISE_H,
     KERNELS_PER_LAYER,
     HardwareSpec,
     analytic_row,
     attention_time_s,
     layer_linear_params,
-    ELEMENTWISE_F,
-    ELEMENTWISE_H,
 )
 from dcp.sim.bench import percentile
 from dcp.sim.hardware import HARDWARE, MODELS

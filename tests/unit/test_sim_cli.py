@@ -8,7 +8,6 @@ import json
 import pytest
 
 from dcp.planner.analytic import CPU_SMALL
-
 from dcp.sim import bench, cli
 
 
