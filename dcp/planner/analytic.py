@@ -22,14 +22,14 @@ Formulas (h = hidden, f = ffn hidden, V = vocab, d = dtype bytes, n = b*s/p loca
   length (1d: s; 2d spatial: s / T; 2d temporal: T).
 - memory-bound elementwise traffic per layer forward: ``(ELEMENTWISE_H * h + ELEMENTWISE_F * f) * n * d``
   bytes over mem_bandwidth.
-- per-layer launch overhead: KERNELS_PER_LAYER x kernel_overhead_s forward, twice that backward.
+- per-layer launch overhead: KERNELS_PER_LAYER x kernel_overhead_s forward, backward_factor x that backward.
 - Ulysses all-to-all: ``A2A_PER_ATTENTION * A`` per layer forward and the same backward, each moving
   ``b*s*h*d/p * (p-1)/p`` bytes per rank, at intra-node bandwidth when p <= ranks_per_node, else at
   inter-node bandwidth, plus collective_latency_s each. Zero for p = 1.
 - m_act: the tensors a non-recomputed layer keeps for backward, counted from the reference models
-  (``activation_bytes_per_token``, unless ``hardware.counted_activations`` is False: ``(ACT_H[layout] * h + ACT_F * f) * d`` + fp32 softmax statistics per
-  head and attention + fp32 norm statistics, per local token); m_inp = ``n * h * d`` (the layer input, kept
-  even when recomputed).
+  (``activation_bytes_per_token``: ``(ACT_H[layout] * h + ACT_F * f) * d`` + fp32 softmax statistics per
+  head and attention + fp32 norm statistics, per local token; hardware with ``counted_activations=False``
+  keeps the earlier round count); m_inp = ``n * h * d`` (the layer input, kept even when recomputed).
 - T_C: embedding + LM head + loss: ``6 * n * V * h`` FLOPs (forward 2, backward 4) at the layer GEMMs'
   efficiency, logits traffic (``4 d`` bytes per logit plus ``hardware.head_extra_bytes_per_logit``),
   ``hardware.const_h_tensors`` h-wide tensors per token outside the layers, CONST_KERNELS launches and a

@@ -142,3 +142,28 @@ def test_h100_file_meets_the_targets():
     assert stats["micro_batch_time"].median_pct <= 10
     assert stats["m_act"].median_pct <= 10
     assert stats["t_const"].median_pct <= 10
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("linear_efficiency", 0.0, r"HardwareSpec.linear_efficiency \(0.0\) must be > 0"),
+    ("backward_factor", -1.0, r"HardwareSpec.backward_factor \(-1.0\) must be > 0"),
+    ("step_overhead_s", -1e-3, r"HardwareSpec.step_overhead_s \(-0.001\) must be >= 0"),
+    ("micro_batch_overhead_s", -1.0, r"HardwareSpec.micro_batch_overhead_s \(-1.0\) must be >= 0"),
+    ("attention_flops_per_s_by_seq", ((4096, 1e14), (1024, 1e14)), r"attention_flops_per_s_by_seq .* increasing"),
+    ("attention_flops_per_s_by_seq", ((4096, 0.0),), r"attention_flops_per_s_by_seq .* pairs > 0"),
+])
+def test_hardware_spec_rejects_bad_calibration_fields(field, value, match):
+    import dataclasses
+
+    with pytest.raises(ValueError, match=match):
+        dataclasses.replace(H100, **{field: value})
+
+
+def test_measured_attention_curve_interpolates_and_clamps():
+    # 3.5 x forward FLOPs at the measured rate: at a measured point exactly, between points in log2(s).
+    (s0, r0), (s1, r1) = H100.attention_flops_per_s_by_seq[:2]
+    f, b = H100.attention_time_s(1e12, s0)
+    assert f + b == pytest.approx(3.5e12 / r0) and b / f == pytest.approx(2.5)
+    mid = int((s0 * s1) ** 0.5)
+    assert sum(H100.attention_time_s(1e12, mid)) == pytest.approx(3.5e12 / ((r0 + r1) / 2), rel=1e-3)
+    assert sum(H100.attention_time_s(1e12, 16)) == pytest.approx(3.5e12 / r0)  # clamped below 4k

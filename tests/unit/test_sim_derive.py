@@ -57,3 +57,15 @@ def test_simulate_table_extends_a_single_gpu_table(tmp_path, capsys):
     bad[bad.index("t1d-5b")] = "t2d-1.2b"
     assert main(bad) == 2
     assert "--table model ('t1d-5b') is not the simulated model ('t2d-1.2b')" in capsys.readouterr().err
+
+
+def test_derive_row_rules():
+    from dcp.sim.derive import derive_row
+
+    one = _table(T1D_5B, "1d", (1,), 1)
+    two = _table(T1D_5B, "1d", (1, 2), 2)
+    kw = dict(model=T1D_5B, attention="1d", hardware=H100, dtype_bytes=2, world_size=2, state_bytes_measured=0.0)
+    with pytest.raises(DeriveError, match=r"row sp_size \(2\) is not 1"):
+        derive_row(next(r for r in two.rows if r.sp_size == 2), 2, **kw)
+    with pytest.raises(DeriveError, match=r"sp_size \(5\) must divide num_heads \(48\)"):
+        derive_row(one.rows[0], 5, **kw)
