@@ -23,6 +23,7 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("bench", "runtime"), "dcp.runtime.bench", "manager overhead per step and SP switch cost"),
     (("bench", "profiler"), "dcp.profiler.bench", "dual-layer prediction error vs measured steps"),
     (("bench", "simulator"), "dcp.sim.bench", "simulator step time vs measured CPU runs"),
+    (("bench", "calibration"), "dcp.sim.calibration", "analytic GPU model vs a measured calibration file"),
     (("bench", "loaders"), "dcp.loaders.bench", "padding waste and token balance of the data loaders"),
     (("bench", "gpu"), "dcp.experiments.gpu_bench", "one-GPU checks: GPU tests, profile vs steps, padding, syncs, sweeps"),
     (("bench", "padded"), "dcp.runtime.bench_padded", "predicted vs measured time of unequal-length micro-batches"),

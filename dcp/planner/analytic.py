@@ -13,17 +13,27 @@ Formulas (h = hidden, f = ffn hidden, V = vocab, d = dtype bytes, n = b*s/p loca
 - attention FLOPs per layer forward (QK^T and AV, 2 FLOPs per MAC, heads split over p):
   "1d" causal ``2 * b * s^2 * h / p`` (half of the full 4 b s^2 h);
   "2d" spatial + temporal over S tokens x T frames ``4 * b * (T S^2 + S T^2) * h / p``.
-- backward = BACKWARD_FLOPS_FACTOR x forward compute (input and weight gradients).
+- backward = ``hardware.backward_factor`` x the forward's linear and elementwise time (input and weight
+  gradients; 2.0 by the FLOP count, calibrated per hardware) and ``hardware.attention_backward_factor`` x
+  the forward attention (2.0 by the FLOP count; flash attention recomputes QK^T: 2.5).
+- layer GEMMs run at ``linear_efficiency x matmul_flops_per_s``; attention at ``attention_efficiency x
+  matmul_flops_per_s``, or, where the hardware lists a measured attention throughput by sequence length
+  (``attention_flops_per_s_by_seq``), at that figure interpolated in log2 of the attention's own sequence
+  length (1d: s; 2d spatial: s / T; 2d temporal: T).
 - memory-bound elementwise traffic per layer forward: ``(ELEMENTWISE_H * h + ELEMENTWISE_F * f) * n * d``
-  bytes over mem_bandwidth; doubled in backward.
-- per-layer launch overhead: KERNELS_PER_LAYER x kernel_overhead_s forward, twice that backward.
+  bytes over mem_bandwidth.
+- per-layer launch overhead: KERNELS_PER_LAYER x kernel_overhead_s forward, backward_factor x that backward.
 - Ulysses all-to-all: ``A2A_PER_ATTENTION * A`` per layer forward and the same backward, each moving
   ``b*s*h*d/p * (p-1)/p`` bytes per rank, at intra-node bandwidth when p <= ranks_per_node, else at
   inter-node bandwidth, plus collective_latency_s each. Zero for p = 1.
-- m_act = ``(ACT_H * A * h + ACT_F * f) * n * d`` (tensors a non-recomputed layer keeps for backward),
-  m_inp = ``n * h * d`` (the layer input, kept even when recomputed).
-- T_C: embedding + LM head + loss: ``6 * n * V * h`` FLOPs (forward 2, backward 4), logits traffic, plus
-  CONST_KERNELS launches.
+- m_act: the tensors a non-recomputed layer keeps for backward, counted from the reference models
+  (``activation_bytes_per_token``: ``(ACT_H[layout] * h + ACT_F * f) * d`` + fp32 softmax statistics per
+  head and attention + fp32 norm statistics, per local token; hardware with ``counted_activations=False``
+  keeps the earlier round count); m_inp = ``n * h * d`` (the layer input, kept even when recomputed).
+- T_C: embedding + LM head + loss: ``6 * n * V * h`` FLOPs (forward 2, backward 4) at the layer GEMMs'
+  efficiency, logits traffic (``4 d`` bytes per logit plus ``hardware.head_extra_bytes_per_logit``),
+  ``hardware.const_h_tensors`` h-wide tensors per token outside the layers, CONST_KERNELS launches and a
+  fixed ``hardware.micro_batch_overhead_s``.
 - M_C: parameters + gradients + ZeRO-1-sharded optimizer state (ModelShapeConfig.constant_mem_bytes
   over world_size) + all-to-all buffers (``2 * n * h * d``) + the larger of the head's working set (logits
   and their gradient, ``2 * n * V * d``) and one layer's working set (the row's own m_act). The last term
@@ -49,7 +59,8 @@ from dcp.planner.cost import micro_batch_mem_bytes
 from dcp.planner.table import ProfileRow, ProfileTable, TableMeta
 
 BACKWARD_FLOPS_FACTOR = 2.0
-"""Backward computes input and weight gradients: about twice the forward FLOPs (standard 1:2 ratio)."""
+"""Backward computes input and weight gradients: about twice the forward FLOPs (standard 1:2 ratio); the
+default of ``HardwareSpec.backward_factor`` and ``attention_backward_factor``."""
 ELEMENTWISE_H = 12
 """h-wide tensors read or written by memory-bound ops per layer forward (2 norms, 2 residual adds,
 rotary on q and k, dropout-free bias/scale): a round count, not measured."""
@@ -61,11 +72,30 @@ CONST_KERNELS = 16
 """Kernel launches outside the layers per micro-batch (embedding, head, loss, their backward)."""
 A2A_PER_ATTENTION = 4
 """Ulysses all-to-alls per attention forward (q, k, v in; output back); backward runs the same number."""
-ACT_H = 6
-"""h-wide activations a layer keeps per attention for backward: norm output, q, k, v, attention output
-and the output-projection result (flash-style attention keeps no s x s matrix)."""
-ACT_F = 3
-"""f-wide activations the gated MLP keeps: gate output, up output and their product."""
+ACT_H = {"1d": 9, "2d": 14}
+"""h-wide tensors (at the model's dtype) one layer keeps for backward, counted from the reference models
+(dcp/models/t1d.py, t2d.py) the way the profiler counts them (saved-tensor storages, the layer input
+excluded; tests/unit/test_sim_calibration.py re-counts them with ``torch.autograd.graph.saved_tensors_hooks``):
+
+- 1d: attention norm output 1, the fused qkv output 3 (v is a view of it and keeps the whole storage),
+  q and k after RoPE 2, attention output 1, MLP-norm input (the residual sum) 1, MLP-norm output 1 = 9;
+- 2d: spatial norm output 1 + qkv 3 + output 1; temporal norm input 1 + its transposed output 1 + qkv 3 +
+  output 1 + the transposed output copy the projection saves 1; MLP-norm input 1 + output 1 = 14.
+
+Checked against the H100 measurement (../shared/calibration/h100-bf16-2026-11-22.json, profile_rows,
+allocator meter): t1d-5b 60,516 two-byte units per token counted and measured; t2d-1.2b 53,062 counted
+against 53,190 measured (0.24% under)."""
+ACT_F = 4
+"""f-wide tensors the gated MLP keeps: gate output, silu(gate), up output and their product."""
+LEGACY_ACT_H = 6
+"""The earlier round count of h-wide activations per attention (norm output, q, k, v, attention output,
+projection result), kept by hardware with ``counted_activations=False``."""
+LEGACY_ACT_F = 3
+"""The earlier round count of f-wide MLP activations (gate, up, product)."""
+NORMS = {"1d": 2, "2d": 3}
+"""RMSNorms per layer; each keeps one fp32 statistic per token (CUDA's fused RMSNorm saves input and rstd)."""
+STAT_BYTES = 4
+"""Bytes of one fp32 statistic: the attention's log-sum-exp per head and token, a norm's rstd per token."""
 DTYPE_NAMES = {4: "float32", 2: "bfloat16", 1: "float8"}
 """Names written into TableMeta.dtype."""
 
@@ -94,6 +124,31 @@ class HardwareSpec:
     """Fixed launch/dispatch cost of one kernel (s); dominates tiny shapes on CPU."""
     mem_capacity_bytes: float
     """Memory of one rank (bytes); the default capacity for tables built for this hardware."""
+    linear_efficiency: float = 1.0
+    """Fraction of matmul_flops_per_s the layer GEMMs (and the head's) reach at the table's shapes."""
+    backward_factor: float = BACKWARD_FLOPS_FACTOR
+    """Backward / forward time of a layer's linear and elementwise work."""
+    attention_backward_factor: float = BACKWARD_FLOPS_FACTOR
+    """Backward / forward time of attention (2 by FLOPs; flash attention recomputes QK^T: 2.5)."""
+    attention_flops_per_s_by_seq: tuple[tuple[int, float], ...] = ()
+    """Measured attention throughput (forward + backward, FLOP/s counted as (1 + attention_backward_factor)
+    x the forward) by sequence length, increasing lengths; empty: attention_efficiency x matmul."""
+    head_extra_bytes_per_logit: float = 0.0
+    """Logit bytes the loss moves beyond the 4 d the model always counts (e.g. an fp32 cross-entropy)."""
+    const_h_tensors: float = 0.0
+    """h-wide tensors (model dtype) read or written per token outside the layers (embedding, positions,
+    final norm, head input and their gradients)."""
+    micro_batch_overhead_s: float = 0.0
+    """Fixed host time of one micro-batch outside the layers (input preparation, masks, loss, launches)."""
+    counted_activations: bool = True
+    """m_act from the reference models' saved tensors under CUDA kernels (``activation_bytes_per_token``);
+    False keeps the earlier round count ``(LEGACY_ACT_H * A * h + LEGACY_ACT_F * f) * d`` (the CPU model:
+    CPU runs plan from measured tables, its composite RMSNorm keeps other tensors, and the planner's tests
+    are sized on it)."""
+    step_overhead_s: float = 0.0
+    """Fixed framework time per optimizer step beyond compute, gradient sync and the optimizer: the
+    runtime manager's step start (plan broadcast, stats gather), collation in the main loop and the
+    engine's update bookkeeping. Added by the simulator to every step's optimizer time."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -103,18 +158,53 @@ class HardwareSpec:
             "intra_node_bw_bytes_per_s",
             "inter_node_bw_bytes_per_s",
             "mem_capacity_bytes",
+            "linear_efficiency",
+            "backward_factor",
+            "attention_backward_factor",
         ):
             if not getattr(self, name) > 0:
                 raise ValueError(
                     f"HardwareSpec.{name} ({getattr(self, name)!r}) must be > 0: give a measured figure"
                 )
-        for name in ("collective_latency_s", "kernel_overhead_s"):
+        for name in ("collective_latency_s", "kernel_overhead_s", "head_extra_bytes_per_logit", "const_h_tensors",
+                     "micro_batch_overhead_s", "step_overhead_s"):
             if getattr(self, name) < 0:
                 raise ValueError(
                     f"HardwareSpec.{name} ({getattr(self, name)!r}) must be >= 0: use 0 to ignore it"
                 )
         if self.ranks_per_node < 1:
             raise ValueError(f"HardwareSpec.ranks_per_node ({self.ranks_per_node}) must be >= 1: e.g. 8")
+        seqs = [s for s, _ in self.attention_flops_per_s_by_seq]
+        if any(b <= a for a, b in zip(seqs, seqs[1:], strict=False)) or any(
+            not (s > 0 and f > 0) for s, f in self.attention_flops_per_s_by_seq
+        ):
+            raise ValueError(
+                f"HardwareSpec.attention_flops_per_s_by_seq ({self.attention_flops_per_s_by_seq!r}) must hold "
+                "(sequence length, FLOP/s) pairs > 0 with increasing lengths: list measured points in order"
+            )
+
+    def attention_time_s(self, flops_fwd: float, seq: int) -> tuple[float, float]:
+        """(forward, backward) seconds of attention doing ``flops_fwd`` forward FLOPs over sequences of ``seq``."""
+        if flops_fwd <= 0:
+            return 0.0, 0.0
+        if not self.attention_flops_per_s_by_seq:
+            t_f = flops_fwd / (self.matmul_flops_per_s * self.attention_efficiency)
+            return t_f, self.attention_backward_factor * t_f
+        pts = self.attention_flops_per_s_by_seq
+        x = math.log2(max(seq, 1))
+        xs = [math.log2(s) for s, _ in pts]
+        if x <= xs[0]:
+            rate = pts[0][1]
+        elif x >= xs[-1]:
+            rate = pts[-1][1]
+        else:
+            i = next(k for k in range(1, len(xs)) if x <= xs[k])
+            w = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+            rate = pts[i - 1][1] + w * (pts[i][1] - pts[i - 1][1])
+        total = flops_fwd * (1 + self.attention_backward_factor) / rate
+        return total / (1 + self.attention_backward_factor), total * self.attention_backward_factor / (
+            1 + self.attention_backward_factor
+        )
 
 
 CPU_SMALL = HardwareSpec(
@@ -133,6 +223,11 @@ CPU_SMALL = HardwareSpec(
     # PyTorch eager dispatch of one small CPU op: ~10 us.
     kernel_overhead_s=10e-6,
     mem_capacity_bytes=4 * 1024**3,
+    counted_activations=False,
+    # Measured in an instrumented W = 2 cpu_small run (docs/benchmarks.md, "Simulator"): the manager's step
+    # start 1.0-3.6 ms (stats all-gather with stats_every = 1), collation in the main loop 0.2-2.0 ms, the
+    # engine's update 2-3 ms beyond the profiler's stand-in update: midpoints 2.3 + 1.1 + 2.5 ms.
+    step_overhead_s=5.9e-3,
 )
 """A laptop-class 2-core CPU running one gloo rank per core (the project's test machine)."""
 
@@ -167,6 +262,37 @@ def attention_flops_fwd(
     return 4.0 * b * (t * spatial * spatial + spatial * t * t) * h / sp_size
 
 
+def attention_time_s(
+    model: ModelShapeConfig,
+    seq_len: int,
+    micro_batch_size: int,
+    sp_size: int,
+    hardware: HardwareSpec,
+    *,
+    attention: str = "1d",
+    frames: int | None = None,
+) -> tuple[float, float]:
+    """(forward, backward) attention seconds per rank of one layer; 2d splits spatial (over s / T) and
+    temporal (over T) attention so each is priced at its own sequence length."""
+    h, b, s = model.hidden_size, micro_batch_size, seq_len
+    if _attentions(attention) == 1:
+        return hardware.attention_time_s(2.0 * b * s * s * h / sp_size, s)
+    t = frames if frames else max(1, round(math.sqrt(s)))
+    spatial = s / t
+    sf, sb = hardware.attention_time_s(4.0 * b * t * spatial * spatial * h / sp_size, max(1, round(spatial)))
+    tf, tb = hardware.attention_time_s(4.0 * b * spatial * t * t * h / sp_size, t)
+    return sf + tf, sb + tb
+
+
+def activation_bytes_per_token(model: ModelShapeConfig, attention: str = "1d", dtype_bytes: int = 4) -> float:
+    """Bytes one layer keeps for backward per local token (see ACT_H): h- and f-wide tensors at the model's
+    dtype, the attention's fp32 log-sum-exp per head (heads / p per rank, over s tokens: per local token
+    that is all heads) and each norm's fp32 rstd."""
+    a = _attentions(attention)
+    h, f = model.hidden_size, model.ffn_size
+    return (ACT_H[attention] * h + ACT_F * f) * dtype_bytes + STAT_BYTES * (a * model.num_heads + NORMS[attention])
+
+
 def all_to_all_time_s(bytes_per_rank: float, sp_size: int, hardware: HardwareSpec) -> float:
     """One Ulysses all-to-all over p ranks: latency + bytes * (p-1)/p over intra- or inter-node bandwidth."""
     if sp_size <= 1:
@@ -196,23 +322,29 @@ def analytic_row(
     a = _attentions(attention)
     h, f, v, d = model.hidden_size, model.ffn_size, model.vocab_size, dtype_bytes
     n = micro_batch_size * seq_len / sp_size  # local tokens per rank
-    mm = hardware.matmul_flops_per_s
+    mm = hardware.matmul_flops_per_s * hardware.linear_efficiency
+    bw = hardware.mem_bandwidth_bytes_per_s
     lin = 2.0 * n * layer_linear_params(model, attention) / mm
-    att = attention_flops_fwd(
-        model, seq_len, micro_batch_size, sp_size, attention=attention, frames=frames
-    ) / (mm * hardware.attention_efficiency)
-    elem = (ELEMENTWISE_H * h + ELEMENTWISE_F * f) * n * d / hardware.mem_bandwidth_bytes_per_s
+    att_f, att_b = attention_time_s(
+        model, seq_len, micro_batch_size, sp_size, hardware, attention=attention, frames=frames
+    )
+    elem = (ELEMENTWISE_H * h + ELEMENTWISE_F * f) * n * d / bw
     launch = KERNELS_PER_LAYER * hardware.kernel_overhead_s
     # Each all-to-all moves this rank's n tokens x h (q, k, v or output) split over the p ranks.
     a2a = A2A_PER_ATTENTION * a * all_to_all_time_s(n * h * d, sp_size, hardware)
-    t_f = lin + att + elem + launch + a2a
-    t_b = BACKWARD_FLOPS_FACTOR * (lin + att) + 2 * elem + 2 * launch + a2a
+    t_f = lin + att_f + elem + launch + a2a
+    t_b = hardware.backward_factor * (lin + elem + launch) + att_b + a2a
     t_const = (
         (6.0 * n * v * h) / mm
-        + 4.0 * n * v * d / hardware.mem_bandwidth_bytes_per_s
-        + (CONST_KERNELS * hardware.kernel_overhead_s)
+        + (4.0 * d + hardware.head_extra_bytes_per_logit) * n * v / bw
+        + hardware.const_h_tensors * n * h * d / bw
+        + CONST_KERNELS * hardware.kernel_overhead_s
+        + hardware.micro_batch_overhead_s
     )
-    m_act = (ACT_H * a * h + ACT_F * f) * n * d
+    if hardware.counted_activations:
+        m_act = activation_bytes_per_token(model, attention, d) * n
+    else:
+        m_act = (LEGACY_ACT_H * a * h + LEGACY_ACT_F * f) * n * d
     # M_C holds the larger of the head's (logits + gradient) and one recomputed layer's working set, as the
     # profiler measures it: Eq. 6 at r = L otherwise has no room for the layer being recomputed.
     m_const = model.constant_mem_bytes(dp_size=world_size) + 2.0 * n * h * d + max(2.0 * n * v * d, m_act)

@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from dcp.planner.analytic import CPU_SMALL
+
 DEFAULT_GLOB = "experiments/results/**/steps.csv"
 
 
@@ -120,10 +122,13 @@ def read_step_pairs(steps_csv: Path, *, skip_first: int = 0) -> dict[str, list[t
         first_step[row["run_id"]] = min(first_step.get(row["run_id"], step), step)
         if step < first_step[row["run_id"]] + skip_first:
             continue
+        device = str((configs.get(row["run_id"]) or {}).get("device") or row.get("device") or "cpu")
         if update is not None:
             pred += update  # measured with the run's profile, on the same ranks
         else:  # results written before the profiler measured it: the analytic CPU model
-            pred += _sync_s(configs.get(row["run_id"]), world, str(row.get("device") or "cpu"))
+            pred += _sync_s(configs.get(row["run_id"]), world, device)
+        if device.startswith("cpu"):
+            pred += CPU_SMALL.step_overhead_s  # the framework's per-step time (docs/simulator.md)
         out.setdefault(row["run_id"], []).append((pred, meas))
     return out
 

@@ -40,7 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "the paper model's (method and look-ahead still come from the flags)")
     parser.add_argument("--gpus", type=positive_int, default=32, help="simulated GPUs (world size)")
     parser.add_argument("--method", default="dcp-intra", choices=(*METHODS, "all"), help="planning method")
-    parser.add_argument("--table", metavar="FILE", help="a measured profile table (CSV/parquet) instead of the analytic one")
+    parser.add_argument("--table", metavar="FILE", help="a measured profile table (CSV/parquet) instead of the analytic "
+                        "one; a table measured on one GPU (p = 1 rows only) is extended to the SP sizes with the "
+                        "network model (dcp.sim.derive)")
     parser.add_argument("--gmin", type=positive_int, default=1, help="planning.gmin")
     parser.add_argument("--gmax", type=positive_int, default=4, help="planning.gmax")
     parser.add_argument("--lookahead-per-rank", type=nonneg_int, default=DEFAULT_LOOKAHEAD_PER_RANK,
@@ -64,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
     from dcp.planner.analytic import analytic_table
     from dcp.planner.table import ProfileTable
     from dcp.sim.cluster import simulate
-    from dcp.sim.scenario import paper_config, paper_table, scenario
+    from dcp.sim.derive import derive_sp_table, is_single_gpu
+    from dcp.sim.scenario import frames_per_group, paper_config, paper_table, scenario
 
     try:
         if args.gpus < 1:
@@ -85,6 +88,27 @@ def run(args: argparse.Namespace) -> int:
         lengths = _lengths(args)
         if args.table:
             table = ProfileTable.load(args.table)
+            first = configs[methods[0]]
+            if is_single_gpu(table) and any(1 < p <= args.gpus for p in first.planning.sp_sizes):
+                if table.meta.model != first.model.name:
+                    raise ValueError(
+                        f"--table model ({table.meta.model!r}) is not the simulated model ({first.model.name!r}): "
+                        "pass --model with the table's model, or --config with its shape, to extend it to p > 1")
+                if first.model.num_layers != table.num_layers:
+                    # The measured model (e.g. the paper's shape at 8 layers): sync and state follow its size.
+                    print(f"note: {args.table} has {table.num_layers} layers; simulating that model "
+                          f"({first.model.name} with {table.num_layers} layers)", file=sys.stderr)
+                    configs = {m: c.replace(model=dataclasses.replace(c.model, num_layers=table.num_layers))
+                               for m, c in configs.items()}
+                    first = configs[methods[0]]
+                frames = None
+                if sc.attention == "2d" and lengths.shapes is not None:
+                    frames = frames_per_group(table.seq_group_edges, lengths.shapes)
+                table = derive_sp_table(table, model=first.model, attention=sc.attention, hardware=sc.hardware,
+                                        sp_sizes=first.planning.sp_sizes, world_size=args.gpus,
+                                        frames_per_group=frames)
+                print(f"note: {args.table} holds p = 1 rows only; p > 1 derived from them with the "
+                      f"{sc.hardware.name} network model", file=sys.stderr)
         elif custom is not None:
             first = configs[methods[0]]
             table = analytic_table(first.model, first.profiling.seq_group_edges, sp_sizes=first.planning.sp_sizes,

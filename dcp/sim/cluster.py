@@ -206,7 +206,8 @@ def simulate(lengths: Sequence[int], table: ProfileTable, config: DCPConfig, wor
     plan_s = time.perf_counter() - t0
     model = config.model
     sync = grad_sync_time_s(model, hardware, world_size) if hardware else 0.0
-    opt = optimizer_step_time_s(model, hardware, world_size) if hardware else 0.0
+    # The framework's own per-step time (manager step start, collation, engine bookkeeping) rides with the update.
+    opt = optimizer_step_time_s(model, hardware, world_size) + hardware.step_overhead_s if hardware else 0.0
     times = TimeLookup(truth) if truth_table is not None else None
     rows = _row_lookup(truth)
     steps = [step_cost(p, times, rows, sync_s=sync, optimizer_s=opt, edges=truth.seq_group_edges) for p in plans]

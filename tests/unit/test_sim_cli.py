@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from dcp.planner.analytic import CPU_SMALL
 from dcp.sim import bench, cli
 
 
@@ -90,7 +91,8 @@ def test_bench_reads_steps_once_per_step(tmp_path, capsys):
     f = _steps_csv(tmp_path, [("a", "dcp-inter", 2, 0, 5.0, 1.0, 0), ("a", "dcp-inter", 2, 1, 1.0, 1.05, 0),
                               ("a", "dcp-inter", 2, 1, 1.0, 1.05, 1), ("a", "dcp-inter", 2, 2, 1.0, 0.95, 0)])
     pairs = bench.read_step_pairs(f, skip_first=1)
-    assert pairs == {"a": [(1.0, 1.05), (1.0, 0.95)]}
+    o = CPU_SMALL.step_overhead_s  # the framework's per-step time the bench adds to CPU runs
+    assert pairs == {"a": [(1.0 + o, 1.05), (1.0 + o, 0.95)]}
     rc = _run(bench, ["--results", str(f), "--skip-first", "1", "--json"])
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 0 and last["steps"] == 2 and last["step_time_err_median_pct"] == pytest.approx(5.0, rel=0.05)
@@ -151,7 +153,7 @@ def test_bench_prefers_the_profiled_update_time(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"runs": {"a": {"config": {"model": {"name": "m", "num_layers": 2,
                                                                    "hidden_size": 64, "num_heads": 4}}}}}))
     # the measured 0.25 s replaces the analytic cpu-small sync + optimizer figure
-    assert bench.read_step_pairs(f) == {"a": [(1.25, 1.1)]}
+    assert bench.read_step_pairs(f) == {"a": [(1.25 + CPU_SMALL.step_overhead_s, 1.1)]}
     f.write_text(f.read_text().replace(",0.25", ",slow"))
     with pytest.raises(bench.BenchError, match="steps.csv:2"):
         bench.read_step_pairs(f)
@@ -162,8 +164,9 @@ def test_bench_reports_each_world_size(tmp_path, capsys):
     rc = _run(bench, ["--results", str(f), "--json"])
     out = capsys.readouterr().out
     last = json.loads(out.strip().splitlines()[-1])
-    assert rc == 0 and "W=4: 1 steps, median error 50.0%" in out
-    assert last["by_world_size"]["2"]["step_time_err_median_pct"] == 0.0
+    o = CPU_SMALL.step_overhead_s
+    assert rc == 0 and f"W=4: 1 steps, median error {100 * (1 - (1 + o) / 2):.1f}%" in out
+    assert last["by_world_size"]["2"]["step_time_err_median_pct"] == pytest.approx(100 * o)
     assert last["by_world_size"]["4"]["steps"] == 1
     assert "time-shared" not in out and last["by_world_size"]["4"]["oversubscribed"] is False  # host unknown
     # with the host's cores recorded (config.json), W x threads > cores is named

@@ -120,7 +120,7 @@ def test_paper_shapes_and_hardware():
     assert abs(T2D_1B2.num_layers * layer_linear_params(T2D_1B2, "2d") / 1.2e9 - 1) < 0.05
     assert (T1D_5B.num_layers, T1D_5B.hidden_size, T1D_5B.num_heads) == (42, 3072, 48)
     assert (T2D_1B2.num_layers, T2D_1B2.hidden_size, T2D_1B2.num_heads) == (28, 1152, 16)
-    assert H100.matmul_flops_per_s == H200.matmul_flops_per_s == 790e12
+    assert H100.matmul_flops_per_s == H200.matmul_flops_per_s == 766.6e12  # the calibration file's GEMM ceiling
     assert H100.mem_capacity_bytes == H200.mem_capacity_bytes == 80 * 1024**3
     assert H200.mem_bandwidth_bytes_per_s > H100.mem_bandwidth_bytes_per_s
     assert H200.intra_node_bw_bytes_per_s > H200.inter_node_bw_bytes_per_s and H200.ranks_per_node == 8
