@@ -72,3 +72,14 @@ def check_output_file(path: str, flag: str) -> Path:
     if not p.parent.is_dir():
         raise ValueError(f"{flag} ({path!r}): folder {str(p.parent)!r} does not exist: create it first")
     return p
+
+
+def int_list(text: str, flag: str) -> list[int]:
+    """Positive integers separated by commas (a flag read inside run()); ValueError names the flag."""
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} ({text!r}) must be integers separated by commas: e.g. 1,2") from None
+    if not vals or min(vals) < 1:
+        raise ValueError(f"{flag} ({text!r}) must list positive integers: e.g. 1,2")
+    return vals

@@ -26,6 +26,8 @@ import argparse
 import json
 from typing import Any
 
+from dcp.argtypes import int_list
+
 MODELS = ("t1d-tiny", "t2d-tiny")
 
 
@@ -46,14 +48,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="wall: perf_counter; cpu: process CPU time (robust on a shared machine)")
 
 
-def _ints(text: str, flag: str) -> list[int]:
-    try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"{flag} ({text!r}) must be integers separated by commas: e.g. 1,2") from None
-    if not vals or min(vals) < 1:
-        raise ValueError(f"{flag} ({text!r}) must list positive integers: e.g. 1,2")
-    return vals
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -177,9 +171,9 @@ def run(args: argparse.Namespace) -> int:
 
     spec = {
         "models": [m for m in args.models.split(",") if m],
-        "lengths": _ints(args.lengths, "--lengths"),
-        "batch_sizes": _ints(args.batch_sizes, "--batch-sizes"),
-        "sp_sizes": _ints(args.sp_sizes, "--sp-sizes"),
+        "lengths": int_list(args.lengths, "--lengths"),
+        "batch_sizes": int_list(args.batch_sizes, "--batch-sizes"),
+        "sp_sizes": int_list(args.sp_sizes, "--sp-sizes"),
         "hidden_size": args.hidden_size,
         "num_layers": args.num_layers,
         "reps": args.reps,

@@ -34,6 +34,8 @@ import statistics
 import time
 from typing import Any
 
+from dcp.argtypes import int_list
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
@@ -54,20 +56,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--csv", default="", help="write one row per cell to this CSV (e.g. runs/bench_padded.csv)")
 
 
-def _ints(text: str, flag: str) -> list[int]:
-    try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"{flag} ({text!r}) must be integers separated by commas: e.g. 1,2") from None
-    if not vals or min(vals) < 1:
-        raise ValueError(f"{flag} ({text!r}) must list positive integers: e.g. 1,2")
-    return vals
 
 
 def _check(args: argparse.Namespace) -> tuple[list[int], list[int], list[int]]:
-    edges = _ints(args.edges, "--edges")
-    eff_lens = _ints(args.efficiency_lens, "--efficiency-lens")
-    sizes = sorted(set(_ints(args.batch_sizes, "--batch-sizes")))
+    edges = int_list(args.edges, "--edges")
+    eff_lens = int_list(args.efficiency_lens, "--efficiency-lens")
+    sizes = sorted(set(int_list(args.batch_sizes, "--batch-sizes")))
     if edges != sorted(set(edges)):
         raise ValueError(f"--edges ({args.edges!r}) must be strictly increasing: e.g. 128,256,512")
     if max(sizes) < 2:
