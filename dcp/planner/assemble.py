@@ -38,7 +38,6 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from dcp.config import DCPConfig
-from dcp.planner.inter import solve_ga_kinds
 from dcp.planner.intra import Setting, best_settings, settings_by_sp
 from dcp.planner.placement import place_largest_first
 from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
@@ -67,8 +66,17 @@ def lookahead_samples(config: DCPConfig, world_size: int) -> int:
     return config.planning.lookahead_samples or DEFAULT_LOOKAHEAD_PER_RANK * world_size
 
 
-LOOKAHEAD_WORK_FACTOR = 2.0
-"""Default window: this many times the samples whose GPU-time fills one longest micro-batch on every rank."""
+LOOKAHEAD_WORK_FACTOR = 4.0
+"""Default hard window bound: this many times the samples whose GPU-time fills the longest step Gmax allows
+(Gmax x the longest micro-batch) on every rank; the work-sized window normally ends well before it."""
+WINDOW_WORK_FACTOR = 1.5
+"""A step's window holds this many times the GPU-work of the step (W x T*), so packing has choice."""
+OPEN_FILL = 0.8
+"""A micro-batch opens a new SP group only if its p's unassigned window work, less what the open groups of
+that p still lack, is at least this fraction of the target time (else the group would idle)."""
+LONG_FILL = 0.9
+"""T* = k x T_long (k <= Gmax) only if the window holds work of the longest micro-batch's kind for this
+fraction of k x T_long: its group can be filled."""
 
 
 def default_lookahead(world_size: int, longest_s: float, gpu_s_per_sample: float, n: int) -> int:
@@ -180,16 +188,32 @@ class EpochPlanner:
             s = self.settings[g]
             self._p_of[g] = s.sp_size
             self._unit_primary[g] = self._unit_time(s)
-        mb_time = micro_batch_times(
-            mbq, self._times, {g: (self.settings[g].sp_size, self.settings[g].recompute_layers) for g in present}
-        )
-        self._mb_time = tuple(mb_time.tolist())
-        """Predicted time of every micro-batch with its seq_group's primary setting, at its padded length
-        (balancing still uses the conservative per-seq_group unit times)."""
+        primary = {g: (self.settings[g].sp_size, self.settings[g].recompute_layers) for g in present}
+        mb_time = micro_batch_times(mbq, self._times, primary)
+        self._mb_t = mb_time
+        """Predicted time of every micro-batch with its seq_group's primary setting, from its real lengths
+        (``TimeLookup`` / ``micro_batch_times``: the padded length today), as a numpy array."""
+        self._mb_t_list = tuple(mb_time.tolist())
+        grp = np.asarray(mbq.group, dtype=np.int64)
+        p_by_g = np.zeros(n_groups, dtype=np.int64)
+        r_by_g = np.zeros(n_groups, dtype=np.int64)
+        for g, (p, r) in primary.items():
+            p_by_g[g], r_by_g[g] = p, r
+        self._mb_p_np, self._mb_r_np = p_by_g[grp], r_by_g[grp]
+        self._mb_p, self._mb_r = tuple(self._mb_p_np.tolist()), tuple(self._mb_r_np.tolist())
+        self._mb_work = mb_time * self._mb_p_np
+        """GPU-seconds of every micro-batch (time x p)."""
+        # A micro-batch may join a group of its p with more recompute (same memory or less): its time at
+        # every larger r some primary setting of that p uses.
+        self._time_at: dict[int, tuple[float, ...]] = {}
+        for r in sorted({r for _, r in primary.values()}):
+            up = {g: (p, r) for g, (p, rg) in primary.items() if rg < r and any(
+                p2 == p and r2 == r for p2, r2 in primary.values())}
+            if up:
+                self._time_at[r] = tuple(micro_batch_times(mbq, self._times, up).tolist())
         self._mb_end = tuple((np.asarray(mbq.start, dtype=np.int64) + count).tolist())
         self._ready = tuple(mbq.ready.tolist())
-        self._queue = [mbq.queue.get(g, ()) for g in range(n_groups)]
-        """Per seq_group (index): its FIFO queue of global micro-batch indices."""
+        self._scan_hint = 256
         if cfg.lookahead_samples:
             self.lookahead_samples = cfg.lookahead_samples
         else:
@@ -199,7 +223,7 @@ class EpochPlanner:
                 for g in present
             ) / max(1, self.num_samples)
             self.lookahead_samples = default_lookahead(
-                self.world_size, max(self._unit_primary), per_sample, self.num_samples
+                self.world_size, cfg.gmax * max(self._unit_primary), per_sample, self.num_samples
             )
 
     def unit_time_s(self, seq_group: int, sp_size: int) -> float:
@@ -225,215 +249,235 @@ class EpochPlanner:
         return t
 
     def _dcp_steps(self) -> Iterator[StepPlan]:
-        cfg = self.config.planning
-        W, rpn = self.world_size, cfg.ranks_per_node
-        look = self.lookahead_samples
-        present, p_of, ready = self._present, self._p_of, self._ready
-        n_groups = len(p_of)
-        front = [0] * n_groups  # per seq_group: queue index of its first unconsumed micro-batch
-        queue = self._queue
-        step = 0
+        n = self._mbq.num
+        consumed = self._consumed = bytearray(n)
+        head, step = 0, 0
         while True:
-            # The first unconsumed micro-batch: each seq_group is consumed in FIFO order, so it is the
-            # earliest of the queue fronts (O(seq_groups), not a scan over what was consumed).
-            fronts = [queue[g][front[g]] for g in present if front[g] < len(queue[g])]
-            if not fronts:
+            while head < n and consumed[head]:
+                head += 1
+            if head >= n:
                 return
-            head = min(fronts)
-            # 1. window: micro-batches released before ready[head] + look; end[g] = window end in queue g.
-            wend = bisect.bisect_left(ready, ready[head] + look, lo=head)
-            end = [0] * n_groups
-            for g in present:
-                end[g] = bisect.bisect_left(queue[g], wend, lo=front[g])
-
-            # 2. selection: the seq_group of every SP group of the step.
-            chosen, taken = self._select(head, W, front, end)
-
-            # 3. placement, largest p first (stable among equal p).
-            chosen.sort(key=p_of.__getitem__, reverse=True)  # stable: equal p keep window order
-            starts, free = place_largest_first([p_of[g] for g in chosen], W, rpn)
-            # (first rank, seq_group, setting); setting None: an idle rank
-            records: list[tuple[int, int, Setting | None]] = []
-            settings = self.settings
-            for g, st in zip(chosen, starts, strict=True):
-                if st is None:
-                    taken[g] -= 1  # the last selected of its seq_group (same p, stable order): it waits
-                else:
-                    records.append((st, g, settings[g]))
-
-            # 4. fill free segments from their left end.
-            for a, e in free:
-                while a < e:
-                    pick = self._filler(a % rpn, e - a, front, taken, end, queue)
-                    if pick is None:
-                        records.append((a, -1, None))
-                        a += 1
-                    else:
-                        records.append((a, pick.seq_group, pick))
-                        taken[pick.seq_group] += 1
-                        a += pick.sp_size
-            records.sort(key=_FIRST)
-            yield self._balance_and_build(step, records, front, end, queue)
+            yield self._plan_step(step, head)
             step += 1
 
-    def _select(self, head: int, world: int, front: list, end: list) -> tuple[list[int], list[int]]:
-        """Open SP groups for window micro-batches, in window order, until the ranks are used.
+    # ----- 1. window -------------------------------------------------------------------------------
+    def _scan(self, head: int, need) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Unconsumed micro-batches from ``head`` in release order, within the hard window bound, until their
+        GPU-work (time x p) reaches ``need(cummax of times)`` or the bound ends: (indices, cumulative
+        GPU-work, running longest time)."""
+        end = bisect.bisect_left(self._ready, self._ready[head] + self.lookahead_samples, lo=head)
+        cons = np.frombuffer(self._consumed, dtype=np.uint8)
+        parts: list[np.ndarray] = []
+        lo, chunk, done_w, done_t = head, max(256, self._scan_hint), 0.0, 0.0
+        while lo < end:
+            hi = min(end, lo + chunk)
+            part = lo + np.flatnonzero(cons[lo:hi] == 0)
+            parts.append(part)
+            lo, chunk = hi, chunk * 2
+            if part.size:
+                done_w += float(self._mb_work[part].sum())
+                done_t = max(done_t, float(self._mb_t[part].max()))
+                if done_w >= need(done_t):
+                    break
+        idx = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        return idx, np.cumsum(self._mb_work[idx]), np.maximum.accumulate(self._mb_t[idx])
 
-        Pass 1 opens a group for a micro-batch only if its seq_group has enough work in the window to keep
-        one more group busy for the longest micro-batch time chosen so far (``avail * T_g >= (n_g + 1) * T_ref``);
-        otherwise the micro-batch is left to the seq_group's existing groups as extra ga_steps. Without this,
-        many short micro-batches released early each open a group that then idles beside a long one.
-        Pass 2 uses ranks still free for any remaining window micro-batch. The head micro-batch always
-        opens a group, so every step makes progress. Within a seq_group only counts are chosen here; the
-        groups take their micro-batches in FIFO order when the step is built.
+    def _target(self, idx: np.ndarray, cumw: np.ndarray, cummax: np.ndarray) -> tuple[float, int]:
+        """Step target time T* = k x T_long and the window length for it (see the module docstring)."""
+        W, gmax = self.world_size, self.config.planning.gmax
+        f = WINDOW_WORK_FACTOR * W
+        j1 = int(np.searchsorted(cumw >= f * cummax, True))  # first prefix holding F x W x its longest time
+        j1 = min(j1, len(idx) - 1)
+        t_long = float(cummax[j1])
+        kl = int(idx[int(np.argmax(self._mb_t[idx[: j1 + 1]]))])
+        p_l, r_l = self._mb_p_np[kl], self._mb_r_np[kl]
+        compat = (self._mb_p_np[idx] == p_l) & (self._mb_r_np[idx] <= r_l)
+        pool = np.cumsum(np.where(compat, self._mb_t[idx], 0.0))
+        for k in range(gmax, 1, -1):
+            t_star = k * t_long
+            if cumw[-1] < W * t_star:
+                continue  # not enough work left in the window to fill a step this long
+            j = min(int(np.searchsorted(cumw, f * t_star)), len(idx) - 1)
+            if pool[j] >= LONG_FILL * t_star:
+                return t_star, j + 1
+        return t_long, j1 + 1
+
+    # ----- 2. packing --------------------------------------------------------------------------------
+    def _plan_step(self, step: int, head: int) -> StepPlan:
+        cfg = self.config.planning
+        W, gmax = self.world_size, cfg.gmax
+        f = WINDOW_WORK_FACTOR * W
+        idx, cumw, cummax = self._scan(head, lambda t: f * gmax * t)
+        t_star, m = self._target(idx, cumw, cummax)
+        win = idx[:m]
+        groups = self._pack(win, t_star, head)
+        most = max(len(gr[3]) for gr in groups)
+        if most < cfg.gmin:
+            # The paper's Gmin: every group runs fewer than gmin micro-batches; scale the step (Gmin wins over Gmax).
+            t_star *= math.ceil(cfg.gmin / most)
+            idx, cumw, _ = self._scan(head, lambda t: f * t_star)
+            win = idx[: min(int(np.searchsorted(cumw, f * t_star)), len(idx) - 1) + 1]
+            groups = self._pack(win, t_star, head)
+        self._scan_hint = 2 * len(idx)
+        return self._place_and_build(step, head, win, groups, t_star)
+
+    def _pack(self, win: np.ndarray, t_star: float, head: int) -> list[list]:
+        """Longest-first best-fit of the window's micro-batches into SP groups of at most t_star each.
+
+        A group is [p, r, load, items]; a micro-batch joins a group of its primary p whose r is at least its
+        own (more recompute fits the same memory), timed at the group's r. It opens a new group when none has
+        room, ranks are free and its p's unassigned window work can fill one more group (the head, and the
+        window's longest micro-batch, always open one). A second pass opens groups for what is left while
+        ranks are free. Returns the groups in opening order.
         """
-        p_of, unit, queue = self._p_of, self._unit_primary, self._queue
-        taken = [0] * len(p_of)
-        g = self._mbq.group[head]
-        chosen = [g]
-        taken[g] = 1
-        remaining = world - p_of[g]
-        t_ref = unit[g]
-        # Walk the window in release order as a merge of the per-seq_group FIFO queues: the heap holds the
-        # next unselected micro-batch of every seq_group still in play (O(log G) per step of the walk).
-        heap = [(queue[h][front[h] + taken[h]], h) for h in self._present if front[h] + taken[h] < end[h]]
-        heapq.heapify(heap)
-        while remaining > 0 and heap:
-            _, g = heap[0]
-            p, t_g = p_of[g], unit[g]
-            t_new = t_g if t_g > t_ref else t_ref
-            if p <= remaining and (end[g] - front[g]) * t_g >= (taken[g] + 1) * t_new * (1 - 1e-9):
-                chosen.append(g)
-                taken[g] += 1
-                remaining -= p
-                t_ref = t_new
-                i = front[g] + taken[g]
-                if i < end[g]:
-                    heapq.heapreplace(heap, (queue[g][i], g))
+        W = self.world_size
+        t_of, p_of, r_of, at = self._mb_t_list, self._mb_p, self._mb_r, self._time_at
+        order = win[np.argsort(-self._mb_t[win], kind="stable")].tolist()
+        if order[0] != head:  # the head opens a group second, before ranks run out
+            order.remove(head)
+            order.insert(1, head)
+        eps = t_star * 1e-9
+        limit = t_star + eps
+        pool: dict[int, float] = {}
+        for k in order:
+            pool[p_of[k]] = pool.get(p_of[k], 0.0) + t_of[k]
+        deficit = dict.fromkeys(pool, 0.0)
+        open_need = OPEN_FILL * t_star
+        groups: list[list] = []
+        buckets: dict[tuple[int, int], tuple[list[float], list[int]]] = {}
+        rs_of: dict[int, list[int]] = {}
+        free = W
+        forced = {head, order[0]}
+        left: list[int] = []
+        for second in (False, True):
+            todo, left = (left, []) if second else (order, [])
+            for k in todo:
+                p, r, t = p_of[k], r_of[k], t_of[k]
+                best_load, best = -1.0, None
+                for r2 in rs_of.get(p, ()):
+                    if r2 < r:
+                        continue
+                    t2 = t if r2 == r else at[r2][k]
+                    loads = buckets[(p, r2)][0]
+                    i = bisect.bisect_right(loads, limit - t2) - 1
+                    if i >= 0 and loads[i] > best_load:
+                        best_load, best = loads[i], (r2, i, t2)
+                if best is not None:
+                    r2, i, t2 = best
+                    loads, gids = buckets[(p, r2)]
+                    gid = gids.pop(i)
+                    loads.pop(i)
+                    gr = groups[gid]
+                    gr[2] += t2
+                    gr[3].append(k)
+                    j = bisect.bisect_right(loads, gr[2])
+                    loads.insert(j, gr[2])
+                    gids.insert(j, gid)
+                    deficit[p] -= t2
+                    pool[p] -= t
+                elif p <= free and t <= limit and (second or k in forced or pool[p] - deficit[p] >= open_need):
+                    gid = len(groups)
+                    groups.append([p, r, t, [k]])
+                    key = (p, r)
+                    if key not in buckets:
+                        buckets[key] = ([], [])
+                        rs = rs_of.setdefault(p, [])
+                        bisect.insort(rs, r)
+                    loads, gids = buckets[key]
+                    j = bisect.bisect_right(loads, t)
+                    loads.insert(j, t)
+                    gids.insert(j, gid)
+                    free -= p
+                    deficit[p] += t_star - t
+                    pool[p] -= t
                 else:
-                    heapq.heappop(heap)
-            else:
-                # Fails now and for ever: remaining only shrinks, t_ref only grows, taken[g] stays.
-                heapq.heappop(heap)
-        heap = [(queue[h][front[h] + taken[h]], h) for h in self._present if front[h] + taken[h] < end[h]]
-        heapq.heapify(heap)
-        while remaining > 0 and heap:
-            _, g = heap[0]
-            if p_of[g] > remaining:
-                heapq.heappop(heap)  # remaining only shrinks: this seq_group cannot open a group any more
-                continue
-            chosen.append(g)
-            taken[g] += 1
-            remaining -= p_of[g]
-            i = front[g] + taken[g]
-            if i < end[g]:
-                heapq.heapreplace(heap, (queue[g][i], g))
-            else:
-                heapq.heappop(heap)
-        return chosen, taken
+                    left.append(k)
+            if not free or not left:
+                break
+        return groups
 
-    def _filler(
-        self, local: int, room: int, front: list, taken: list, end: list, queue: list
-    ) -> Setting | None:
-        """Setting for the next window micro-batch (earliest released) that has a p fitting the slot."""
+    # ----- 3. placement, 4. filling, build ----------------------------------------------------------
+    def _place_and_build(self, step: int, head: int, win: np.ndarray, groups: list[list], t_star: float) -> StepPlan:
+        W, rpn = self.world_size, self.config.planning.ranks_per_node
+        has_head = [head in gr[3] for gr in groups]
+        order = sorted(range(len(groups)), key=lambda i: (-groups[i][0], not has_head[i], i))
+        starts, free = place_largest_first([groups[i][0] for i in order], W, rpn)
+        hi = order.index(has_head.index(True))
+        if starts[hi] is None:  # alignment left no slot for the head's group: drop the larger groups
+            p_h = groups[order[hi]][0]
+            order = [i for i in order if groups[i][0] <= p_h]
+            order.sort(key=lambda i: (-groups[i][0], not has_head[i], i))
+            starts, free = place_largest_first([groups[i][0] for i in order], W, rpn)
+        placed = [(st, groups[i]) for i, st in zip(order, starts, strict=True) if st is not None]
+        taken = {k for _, gr in placed for k in gr[3]}
+        # 4. fill free segments with window micro-batches not yet taken, at a smaller p if needed
+        rest: dict[int, list[int]] = {}
+        grp = self._mbq.group
+        for k in win.tolist():
+            if k not in taken:
+                rest.setdefault(grp[k], []).append(k)
+        for lst in rest.values():
+            lst.reverse()  # pop() from the end yields release order
+        fillers: list[tuple[int, Setting, list[int]]] = []
+        idle: list[int] = []
+        for a, e in free:
+            while a < e:
+                pick = self._filler(a % rpn, e - a, rest, t_star)
+                if pick is None:
+                    idle.append(a)
+                    a += 1
+                    continue
+                s, ks = pick
+                fillers.append((a, s, ks))
+                a += s.sp_size
+        return self._build(step, placed, fillers, idle)
+
+    def _filler(self, local: int, room: int, rest: dict[int, list[int]], t_star: float):
+        """A smaller-p group for a free aligned slot: the earliest left-over window micro-batch with a setting
+        whose p fits, then more of its seq_group while the group stays within t_star. None: nothing fits."""
         best_k, best = None, None
-        for g in self._present:
-            i = front[g] + taken[g]
-            if i >= end[g]:
-                continue
-            k = queue[g][i]
-            if best_k is not None and k >= best_k:
+        for g, lst in rest.items():
+            if not lst or (best_k is not None and lst[-1] >= best_k):
                 continue
             fits = [s for s in self._options[g] if s.sp_size <= room and local % s.sp_size == 0]
             if fits:
-                best_k = k
-                best = max(fits, key=lambda s: (s.tokens_per_gpu_s, s.sp_size))
-        return best
+                best_k, best = lst[-1], max(fits, key=lambda s: (s.tokens_per_gpu_s, s.sp_size))
+        if best is None:
+            return None
+        lst = rest[best.seq_group]
+        unit = self._unit_time(best)
+        ks = [lst.pop()]
+        load = unit
+        while lst and load + unit <= t_star * (1 + 1e-9):
+            ks.append(lst.pop())
+            load += unit
+        return best, ks
 
-    def _balance_and_build(self, step: int, records: list, front: list, end: list, queue: list) -> StepPlan:
-        """5. ga_steps per group (exact, over merged kinds), then each group takes its micro-batches."""
-        cfg = self.config.planning
-        members: dict[int, list[int]] = {}  # seq_group -> record indices, in rank order
-        for j, (_, g, s) in enumerate(records):
-            if s is not None:
-                members.setdefault(g, []).append(j)
-        # Caps: the window's micro-batches of a seq_group, split in rank order between its groups.
-        # Groups of one (seq_group, p, cap) are interchangeable, so they form one weighted kind.
-        kind_of = [0] * len(records)
-        kinds: dict[tuple[int, int, int], int] = {}
-        k_time: list[float] = []
-        k_weight: list[int] = []
-        k_cap: list[int] = []
-
-        def kind(g: int, s: Setting, cap: int, weight: int) -> int:
-            key = (g, s.sp_size, cap)
-            kid = kinds.get(key)
-            if kid is None:
-                kid = kinds[key] = len(k_time)
-                k_time.append(self._unit_time(s))
-                k_weight.append(0)
-                k_cap.append(cap)
-            k_weight[kid] += weight
-            return kid
-
-        for g, js in members.items():
-            q, r = divmod(end[g] - front[g], len(js))
-            s0 = records[js[0]][2]
-            if all(records[j][2] is s0 for j in js):  # common case: one setting, at most two caps
-                if r:
-                    kid = kind(g, s0, q + 1, r * s0.sp_size)
-                    for j in js[:r]:
-                        kind_of[j] = kid
-                if len(js) > r:
-                    kid = kind(g, s0, q, (len(js) - r) * s0.sp_size)
-                    for j in js[r:]:
-                        kind_of[j] = kid
-                continue
-            for n, j in enumerate(js):
-                s = records[j][2]
-                kind_of[j] = kind(g, s, q + 1 if n < r else q, s.sp_size)
-        ga = solve_ga_kinds(k_time, k_weight, k_cap, gmin=cfg.gmin, gmax=cfg.gmax)
-
+    def _build(self, step: int, placed: list, fillers: list, idle: list[int]) -> StepPlan:
         mbq = self._mbq
-        start, stop, mb_time = mbq.start, self._mb_end, self._mb_time
-        new_group, tuple_new = GroupPlan, tuple.__new__
-        plans: list[GroupPlan | None] = [None] * len(records)
-        for g, js in members.items():
-            q, ids, lens = queue[g], mbq.ids_list[g], mbq.lens_list[g]
-            f = front[g]
-            primary_p = self._p_of[g]
-            counts = [ga[kind_of[j]] for j in js]
-            total = sum(counts)
-            # Micro-batches run at the primary setting are built for the whole seq_group in one pass
-            # (one comprehension, not one per group), then dealt out in FIFO order.
-            # tuple.__new__ skips the NamedTuple's Python-level __new__ frame (~20% of this loop at W = 4096).
-            built = tuple(
-                [
-                    tuple_new(MicroBatch, (ids[(a := start[k]) : (e := stop[k])], lens[a:e], g, mb_time[k]))
-                    for k in q[f : f + total]
-                ]
-            )
-            o = 0
-            s0 = records[js[0]][2]
-            if s0.sp_size == primary_p and all(records[j][2] is s0 for j in js):
-                p0, r0 = s0.sp_size, s0.recompute_layers  # common case: every group at the primary setting
-                for j, n in zip(js, counts, strict=True):
-                    plans[j] = new_group(records[j][0], p0, r0, built[o : o + n])
-                    o += n
-            else:
-                for j, n in zip(js, counts, strict=True):
-                    s = records[j][2]
-                    if s.sp_size == primary_p:
-                        mbs = built[o : o + n]
-                    else:
-                        mbs = tuple(self._chunked(g, s, q[f + o : f + o + n]))
-                    o += n
-                    plans[j] = new_group(records[j][0], s.sp_size, s.recompute_layers, mbs)
-            front[g] = f + total
-        for j, rec in enumerate(records):
-            if rec[2] is None:
-                plans[j] = new_group(rec[0], 1, 0, ())  # an idle rank
-        return StepPlan(self.epoch, step, self.world_size, self.method, tuple(plans))
+        start, stop, grp, ids_of, lens_of = mbq.start, self._mb_end, mbq.group, mbq.ids_list, mbq.lens_list
+        t_of, r_of, at = self._mb_t_list, self._mb_r, self._time_at
+        consumed = self._consumed
+        tuple_new, new_group = tuple.__new__, GroupPlan
+        out: list[GroupPlan] = []
+        for st, (p, r, _, ks) in placed:
+            ks.sort()
+            mbs = []
+            for k in ks:
+                g = grp[k]
+                a, e = start[k], stop[k]
+                t = t_of[k] if r_of[k] == r else at[r][k]
+                mbs.append(tuple_new(MicroBatch, (ids_of[g][a:e], lens_of[g][a:e], g, t)))
+                consumed[k] = 1
+            out.append(new_group(st, p, r, tuple(mbs)))
+        for st, s, ks in fillers:
+            ks.sort()
+            for k in ks:
+                consumed[k] = 1
+            out.append(new_group(st, s.sp_size, s.recompute_layers, tuple(self._chunked(s.seq_group, s, ks))))
+        out.extend(new_group(a, 1, 0, ()) for a in idle)
+        out.sort(key=_FIRST)
+        return StepPlan(self.epoch, step, self.world_size, self.method, tuple(out))
 
     def _chunked(self, g: int, s: Setting, ks: list[int]) -> list[MicroBatch]:
         """Micro-batches of a smaller-p filler group: each primary micro-batch split into chunks of its b."""
