@@ -74,9 +74,9 @@ WINDOW_WORK_FACTOR = 1.5
 OPEN_FILL = 0.8
 """A micro-batch opens a new SP group only if its p's unassigned window work, less what the open groups of
 that p still lack, is at least this fraction of the target time (else the group would idle)."""
-LONG_FILL = 0.9
-"""T* = k x T_long (k <= Gmax) only if the window holds work of the longest micro-batch's kind for this
-fraction of k x T_long: its group can be filled."""
+LONG_IDLE = 0.04
+"""T* = k x T_long (k <= Gmax) only if the group of the longest micro-batch, filled with the window's work of
+its kind, would leave at most this share of the step's GPU-time (W x T*) idle."""
 
 
 def default_lookahead(world_size: int, longest_s: float, gpu_s_per_sample: float, n: int) -> int:
@@ -265,7 +265,10 @@ class EpochPlanner:
         """Unconsumed micro-batches from ``head`` in release order, within the hard window bound, until their
         GPU-work (time x p) reaches ``need(cummax of times)`` or the bound ends: (indices, cumulative
         GPU-work, running longest time)."""
-        end = bisect.bisect_left(self._ready, self._ready[head] + self.lookahead_samples, lo=head)
+        if self._ready[head] + self.lookahead_samples >= self.num_samples:
+            end = self._mbq.num  # the stream is exhausted: every remaining micro-batch (partial ones too)
+        else:
+            end = bisect.bisect_left(self._ready, self._ready[head] + self.lookahead_samples, lo=head)
         cons = np.frombuffer(self._consumed, dtype=np.uint8)
         parts: list[np.ndarray] = []
         lo, chunk, done_w, done_t = head, max(256, self._scan_hint), 0.0, 0.0
@@ -280,27 +283,48 @@ class EpochPlanner:
                 if done_w >= need(done_t):
                     break
         idx = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        self._scan_all = lo >= self._mbq.num
         return idx, np.cumsum(self._mb_work[idx]), np.maximum.accumulate(self._mb_t[idx])
 
     def _target(self, idx: np.ndarray, cumw: np.ndarray, cummax: np.ndarray) -> tuple[float, int]:
-        """Step target time T* = k x T_long and the window length for it (see the module docstring)."""
+        """Step target time T* and the window length (micro-batches of ``idx``) to pack from.
+
+        T* = k x T_long with T_long the longest micro-batch of the scanned window (failing that, of its first
+        part holding F x W x its own longest time) and the largest k <= Gmax for which the window has the work
+        (F x W x T*) and the longest micro-batch's group can be filled with work of its kind (``LONG_IDLE``).
+        The window always reaches the longest micro-batch, which the packing must take: the step then holds
+        a micro-batch of at least T* / Gmax (the paper's Gmax bound). At the end of the epoch what is left is
+        spread evenly over the last steps.
+        """
         W, gmax = self.world_size, self.config.planning.gmax
         f = WINDOW_WORK_FACTOR * W
-        j1 = int(np.searchsorted(cumw >= f * cummax, True))  # first prefix holding F x W x its longest time
-        j1 = min(j1, len(idx) - 1)
-        t_long = float(cummax[j1])
-        kl = int(idx[int(np.argmax(self._mb_t[idx[: j1 + 1]]))])
-        p_l, r_l = self._mb_p_np[kl], self._mb_r_np[kl]
-        compat = (self._mb_p_np[idx] == p_l) & (self._mb_r_np[idx] <= r_l)
-        pool = np.cumsum(np.where(compat, self._mb_t[idx], 0.0))
-        for k in range(gmax, 1, -1):
-            t_star = k * t_long
-            if cumw[-1] < W * t_star:
-                continue  # not enough work left in the window to fill a step this long
-            j = min(int(np.searchsorted(cumw, f * t_star)), len(idx) - 1)
-            if pool[j] >= LONG_FILL * t_star:
-                return t_star, j + 1
-        return t_long, j1 + 1
+        n = len(idx)
+        j1 = min(int(np.searchsorted(cumw >= f * cummax, True)), n - 1)
+        t_all = self._mb_t[idx]
+        best = None
+        for j_long in dict.fromkeys((int(np.argmax(t_all)), int(np.argmax(t_all[: j1 + 1])))):
+            t_long = float(t_all[j_long])
+            kl = int(idx[j_long])
+            p_l, r_l = self._mb_p[kl], self._mb_r[kl]
+            compat = (self._mb_p_np[idx] == p_l) & (self._mb_r_np[idx] <= r_l)
+            pool = np.cumsum(np.where(compat, t_all, 0.0))
+            for k in range(gmax, 0, -1):
+                tk = k * t_long
+                if k > 1 and cumw[-1] < W * tk:
+                    continue  # not enough work left in the window to fill a step this long
+                j = max(j_long, min(int(np.searchsorted(cumw, f * tk)), n - 1))
+                # GPU-time the longest micro-batch's group would lack, as a share of the step's capacity
+                if k == 1 or p_l * max(0.0, tk - pool[j]) <= LONG_IDLE * W * tk:
+                    best = (tk, j + 1, t_long)
+                    break
+            if best is not None and (cumw[-1] >= W * best[0] or self._scan_all):
+                break
+        t_star, m, t_long = best
+        if self._scan_all and cumw[-1] <= 2 * W * t_star:
+            # End of the epoch: spread what is left evenly over the last steps rather than leave a stub.
+            steps = math.ceil(cumw[-1] / (W * t_star))
+            t_star, m = max(t_long, min(t_star, 1.02 * cumw[-1] / (W * steps))), n
+        return t_star, m
 
     # ----- 2. packing --------------------------------------------------------------------------------
     def _plan_step(self, step: int, head: int) -> StepPlan:
@@ -318,7 +342,7 @@ class EpochPlanner:
             idx, cumw, _ = self._scan(head, lambda t: f * t_star)
             win = idx[: min(int(np.searchsorted(cumw, f * t_star)), len(idx) - 1) + 1]
             groups = self._pack(win, t_star, head)
-        self._scan_hint = 2 * len(idx)
+        self._scan_hint = len(win)
         return self._place_and_build(step, head, win, groups, t_star)
 
     def _pack(self, win: np.ndarray, t_star: float, head: int) -> list[list]:
@@ -436,10 +460,12 @@ class EpochPlanner:
         """A smaller-p group for a free aligned slot: the earliest left-over window micro-batch with a setting
         whose p fits, then more of its seq_group while the group stays within t_star. None: nothing fits."""
         best_k, best = None, None
+        limit = t_star * (1 + 1e-9)
         for g, lst in rest.items():
             if not lst or (best_k is not None and lst[-1] >= best_k):
                 continue
-            fits = [s for s in self._options[g] if s.sp_size <= room and local % s.sp_size == 0]
+            fits = [s for s in self._options[g] if s.sp_size <= room and local % s.sp_size == 0
+                    and self._unit_time(s) <= limit]
             if fits:
                 best_k, best = lst[-1], max(fits, key=lambda s: (s.tokens_per_gpu_s, s.sp_size))
         if best is None:
@@ -448,7 +474,7 @@ class EpochPlanner:
         unit = self._unit_time(best)
         ks = [lst.pop()]
         load = unit
-        while lst and load + unit <= t_star * (1 + 1e-9):
+        while lst and load + unit <= limit:
             ks.append(lst.pop())
             load += unit
         return best, ks
