@@ -335,6 +335,11 @@ class EpochPlanner:
         t_star, m = self._target(idx, cumw, cummax)
         win = idx[:m]
         groups = self._pack(win, t_star, head)
+        if not any(head in gr[3] for gr in groups):
+            # The longest micro-batch left no ranks for the head (a tiny world): the head goes first, and the
+            # step is capped by Gmax x the head's time.
+            t_star = min(t_star, gmax * self._mb_t_list[head])
+            groups = self._pack(win, t_star, head, head_first=True)
         most = max(len(gr[3]) for gr in groups)
         if most < cfg.gmin:
             # The paper's Gmin: every group runs fewer than gmin micro-batches; scale the step (Gmin wins over Gmax).
@@ -345,7 +350,7 @@ class EpochPlanner:
         self._scan_hint = len(win)
         return self._place_and_build(step, head, win, groups, t_star)
 
-    def _pack(self, win: np.ndarray, t_star: float, head: int) -> list[list]:
+    def _pack(self, win: np.ndarray, t_star: float, head: int, head_first: bool = False) -> list[list]:
         """Longest-first best-fit of the window's micro-batches into SP groups of at most t_star each.
 
         A group is [p, r, load, items]; a micro-batch joins a group of its primary p whose r is at least its
@@ -357,9 +362,9 @@ class EpochPlanner:
         W = self.world_size
         t_of, p_of, r_of, at = self._mb_t_list, self._mb_p, self._mb_r, self._time_at
         order = win[np.argsort(-self._mb_t[win], kind="stable")].tolist()
-        if order[0] != head:  # the head opens a group second, before ranks run out
+        if order[0] != head:  # the head opens a group right after the longest (or first), before ranks run out
             order.remove(head)
-            order.insert(1, head)
+            order.insert(0 if head_first else 1, head)
         eps = t_star * 1e-9
         limit = t_star + eps
         pool: dict[int, float] = {}
@@ -371,7 +376,7 @@ class EpochPlanner:
         buckets: dict[tuple[int, int], tuple[list[float], list[int]]] = {}
         rs_of: dict[int, list[int]] = {}
         free = W
-        forced = {head, order[0]}
+        forced = {head} if head_first else {head, order[0]}
         left: list[int] = []
         for second in (False, True):
             todo, left = (left, []) if second else (order, [])
