@@ -116,7 +116,7 @@ class EpochPlanner:
         """Bucket and packed baselines: the fixed SP size (0 for DCP)."""
         self.lookahead_samples = lookahead_samples(config, world_size)
         """Look-ahead window in stream positions (DCP methods; see default_lookahead for the 0 default)."""
-        if self.method in ("bucket", "packed"):
+        if self.method in ("bucket", "packed", "bucket-search"):
             from dcp.planner import baselines
 
             self._steps = baselines.baseline_steps(self)
