@@ -71,6 +71,10 @@ LOOKAHEAD_WORK_FACTOR = 4.0
 (Gmax x the longest micro-batch) on every rank; the work-sized window normally ends well before it."""
 WINDOW_WORK_FACTOR = 1.5
 """A step's window holds this many times the GPU-work of the step (W x T*), so packing has choice."""
+OPEN_FIRST = False
+"""A micro-batch opens a new group (least loaded, as LPT) before joining an open one when it may open one."""
+BULK_AFTER = 64
+"""Micro-batches packed one by one before the rest, once every rank has a group, goes in vectorised rounds."""
 OPEN_FILL = 0.8
 """A micro-batch opens a new SP group only if its p's unassigned window work, less what the open groups of
 that p still lack, is at least this fraction of the target time (else the group would idle)."""
@@ -206,11 +210,13 @@ class EpochPlanner:
         # A micro-batch may join a group of its p with more recompute (same memory or less): its time at
         # every larger r some primary setting of that p uses.
         self._time_at: dict[int, tuple[float, ...]] = {}
+        self._time_at_np: dict[int, np.ndarray] = {}
         for r in sorted({r for _, r in primary.values()}):
             up = {g: (p, r) for g, (p, rg) in primary.items() if rg < r and any(
                 p2 == p and r2 == r for p2, r2 in primary.values())}
             if up:
-                self._time_at[r] = tuple(micro_batch_times(mbq, self._times, up).tolist())
+                self._time_at_np[r] = micro_batch_times(mbq, self._times, up)
+                self._time_at[r] = tuple(self._time_at_np[r].tolist())
         self._mb_end = tuple((np.asarray(mbq.start, dtype=np.int64) + count).tolist())
         self._ready = tuple(mbq.ready.tolist())
         self._scan_hint = 256
@@ -365,57 +371,62 @@ class EpochPlanner:
         if order[0] != head:  # the head opens a group right after the longest (or first), before ranks run out
             order.remove(head)
             order.insert(0 if head_first else 1, head)
-        eps = t_star * 1e-9
-        limit = t_star + eps
-        pool: dict[int, float] = {}
-        for k in order:
-            pool[p_of[k]] = pool.get(p_of[k], 0.0) + t_of[k]
+        limit = t_star * (1 + 1e-9)
+        pw = np.bincount(self._mb_p_np[win], weights=self._mb_t[win])
+        pool: dict[int, float] = {int(q): float(pw[q]) for q in np.flatnonzero(pw)}
+        """Per p: window time (at the primary setting) not yet in a group."""
         deficit = dict.fromkeys(pool, 0.0)
+        """Per p: time the open groups of that p still lack to reach t_star."""
         open_need = OPEN_FILL * t_star
         groups: list[list] = []
-        buckets: dict[tuple[int, int], tuple[list[float], list[int]]] = {}
-        rs_of: dict[int, list[int]] = {}
+        kinds: dict[int, list[tuple[int, list[float], list[int]]]] = {}
+        """Per p: (r, group loads ascending, group ids in the same order), by ascending r."""
         free = W
         forced = {head} if head_first else {head, order[0]}
         left: list[int] = []
+        bisect_right, insert_at = bisect.bisect_right, list.insert
+        bulk: list[int] = []
         for second in (False, True):
             todo, left = (left, []) if second else (order, [])
-            for k in todo:
+            for n_done, k in enumerate(todo):
+                if not free and not second and n_done >= BULK_AFTER:
+                    bulk = todo[n_done:]  # every rank has a group: the rest is packed in vectorised rounds
+                    break
                 p, r, t = p_of[k], r_of[k], t_of[k]
                 best_load, best = -1.0, None
-                for r2 in rs_of.get(p, ()):
+                can_open = p <= free and t <= limit and (
+                    second or k in forced or pool[p] - deficit[p] >= open_need)
+                for r2, loads, gids in () if can_open and OPEN_FIRST else kinds.get(p, ()):
                     if r2 < r:
                         continue
                     t2 = t if r2 == r else at[r2][k]
-                    loads = buckets[(p, r2)][0]
-                    i = bisect.bisect_right(loads, limit - t2) - 1
+                    i = bisect_right(loads, limit - t2) - 1
                     if i >= 0 and loads[i] > best_load:
-                        best_load, best = loads[i], (r2, i, t2)
+                        best_load, best = loads[i], (loads, gids, i, t2)
                 if best is not None:
-                    r2, i, t2 = best
-                    loads, gids = buckets[(p, r2)]
+                    loads, gids, i, t2 = best
                     gid = gids.pop(i)
-                    loads.pop(i)
+                    load = loads.pop(i) + t2
                     gr = groups[gid]
-                    gr[2] += t2
+                    gr[2] = load
                     gr[3].append(k)
-                    j = bisect.bisect_right(loads, gr[2])
-                    loads.insert(j, gr[2])
-                    gids.insert(j, gid)
+                    j = bisect_right(loads, load)
+                    insert_at(loads, j, load)
+                    insert_at(gids, j, gid)
                     deficit[p] -= t2
                     pool[p] -= t
-                elif p <= free and t <= limit and (second or k in forced or pool[p] - deficit[p] >= open_need):
+                elif can_open:
                     gid = len(groups)
                     groups.append([p, r, t, [k]])
-                    key = (p, r)
-                    if key not in buckets:
-                        buckets[key] = ([], [])
-                        rs = rs_of.setdefault(p, [])
-                        bisect.insort(rs, r)
-                    loads, gids = buckets[key]
-                    j = bisect.bisect_right(loads, t)
-                    loads.insert(j, t)
-                    gids.insert(j, gid)
+                    ks = kinds.setdefault(p, [])
+                    entry = next((e for e in ks if e[0] == r), None)
+                    if entry is None:
+                        entry = (r, [], [])
+                        ks.append(entry)
+                        ks.sort(key=_FIRST)
+                    j = bisect_right(entry[1], t)
+                    insert_at(entry[1], j, t)
+                    insert_at(entry[2], j, gid)
                     free -= p
                     deficit[p] += t_star - t
                     pool[p] -= t
@@ -423,7 +434,55 @@ class EpochPlanner:
                     left.append(k)
             if not free or not left:
                 break
+        if bulk:
+            self._fill_rounds(groups, kinds, bulk, limit)
         return groups
+
+    def _fill_rounds(self, groups: list[list], kinds: dict, items: list[int], limit: float) -> None:
+        """Longest-first filling of open groups in vectorised rounds, once every rank has a group.
+
+        Per (p, r) kind: the window's remaining micro-batches of exactly that kind, longest first, in rounds
+        of one per group: the i-th longest of the round goes to the group with the i-th most room if it fits
+        (LPT's choice, made for a whole round at once). What does not fit stays for later steps.
+        """
+        arr = np.asarray(items, dtype=np.int64)
+        p_arr, r_arr = self._mb_p_np[arr], self._mb_r_np[arr]
+        free_item = np.ones(len(arr), dtype=bool)
+        for p, entries in kinds.items():
+            for r, _, gids in sorted(entries, key=_FIRST, reverse=True):  # most recompute first: it takes all r <= its own
+                sel = np.flatnonzero(free_item & (p_arr == p) & (r_arr <= r))
+                if not sel.size or not gids:
+                    continue
+                ks = arr[sel]
+                tt = self._mb_t[ks] if r not in self._time_at_np else np.where(
+                    r_arr[sel] == r, self._mb_t[ks], self._time_at_np[r][ks])
+                srt = np.argsort(-tt, kind="stable")
+                sel, ks, tt = sel[srt], ks[srt], tt[srt]
+                g_arr = np.asarray(gids, dtype=np.int64)
+                loads = np.asarray([groups[g][2] for g in gids])
+                n, G, pos = len(ks), len(gids), 0
+                dest = np.full(n, -1, dtype=np.int64)
+                while pos < n:
+                    m = min(G, n - pos)
+                    tgt = np.argsort(loads, kind="stable")[:m]
+                    t_round = tt[pos : pos + m]
+                    ok = loads[tgt] + t_round <= limit
+                    if ok.any():
+                        loads[tgt[ok]] += t_round[ok]
+                        dest[pos : pos + m][ok] = tgt[ok]
+                    pos += m
+                    if limit - loads.min() < tt[-1]:
+                        break  # no group has room for even the shortest left
+                got = np.flatnonzero(dest >= 0)
+                if not got.size:
+                    continue
+                free_item[sel[got]] = False
+                by = got[np.argsort(dest[got], kind="stable")]
+                cuts = np.flatnonzero(np.diff(dest[by])) + 1
+                for part in np.split(by, cuts):
+                    groups[int(g_arr[dest[part[0]]])][3].extend(ks[part].tolist())
+                for i, g in enumerate(gids):
+                    groups[g][2] = float(loads[i])
 
     # ----- 3. placement, 4. filling, build ----------------------------------------------------------
     def _place_and_build(self, step: int, head: int, win: np.ndarray, groups: list[list], t_star: float) -> StepPlan:
@@ -438,8 +497,12 @@ class EpochPlanner:
             order.sort(key=lambda i: (-groups[i][0], not has_head[i], i))
             starts, free = place_largest_first([groups[i][0] for i in order], W, rpn)
         placed = [(st, groups[i]) for i, st in zip(order, starts, strict=True) if st is not None]
-        taken = {k for _, gr in placed for k in gr[3]}
+        fillers: list[tuple[int, Setting, list[int]]] = []
+        idle: list[int] = []
+        if not free:
+            return self._build(step, placed, fillers, idle)
         # 4. fill free segments with window micro-batches not yet taken, at a smaller p if needed
+        taken = {k for _, gr in placed for k in gr[3]}
         rest: dict[int, list[int]] = {}
         grp = self._mbq.group
         for k in win.tolist():
@@ -447,8 +510,6 @@ class EpochPlanner:
                 rest.setdefault(grp[k], []).append(k)
         for lst in rest.values():
             lst.reverse()  # pop() from the end yields release order
-        fillers: list[tuple[int, Setting, list[int]]] = []
-        idle: list[int] = []
         for a, e in free:
             while a < e:
                 pick = self._filler(a % rpn, e - a, rest, t_star)
