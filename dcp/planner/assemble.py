@@ -60,6 +60,14 @@ DEFAULT_LOOKAHEAD_PER_RANK = 32
 _FIRST = operator.itemgetter(0)
 
 
+def _idle(groups: list[list], world_size: int) -> float:
+    """GPU-weighted idle of packed groups ([p, r, load, items]) over the world, at their longest load."""
+    t = max((gr[2] for gr in groups), default=0.0)
+    if t <= 0:
+        return 1.0
+    return 1.0 - sum(gr[0] * gr[2] for gr in groups) / (world_size * t)
+
+
 def lookahead_samples(config: DCPConfig, world_size: int) -> int:
     """The configured look-ahead, or its lower bound 32 per rank when it is 0 (EpochPlanner.lookahead_samples
     holds the value in use, which for 0 is also large enough to hold the work of a balanced step)."""
@@ -71,6 +79,14 @@ LOOKAHEAD_WORK_FACTOR = 4.0
 (Gmax x the longest micro-batch) on every rank; the work-sized window normally ends well before it."""
 WINDOW_WORK_FACTOR = 1.5
 """A step's window holds this many times the GPU-work of the step (W x T*), so packing has choice."""
+RETRY_IDLE = 0.03
+"""A packed step idling more than this share (GPU-weighted) is re-packed with the longer targets below."""
+RETRY_STRETCH = (0.05, 0.1, 0.15, 0.2, 0.3)
+"""Relative stretches of T* tried (within Gmax x the step's longest micro-batch)."""
+IMPROVE_GROUPS = 256
+"""Local search visits at most this many of the emptiest groups per step."""
+IMPROVE_MIN = 0.005
+"""Groups idle for less than this share of the step are left as they are."""
 OPEN_FIRST = False
 """A micro-batch opens a new group (least loaded, as LPT) before joining an open one when it may open one."""
 BULK_AFTER = 64
@@ -353,8 +369,84 @@ class EpochPlanner:
             idx, cumw, _ = self._scan(head, lambda t: f * t_star)
             win = idx[: min(int(np.searchsorted(cumw, f * t_star)), len(idx) - 1) + 1]
             groups = self._pack(win, t_star, head)
+        self._improve(win, groups, head)
+        idle = _idle(groups, W)
+        if idle > RETRY_IDLE and not self._gmin_scaled(groups):
+            # Discrete micro-batch times can leave every group of a common kind short of T* (five 6.7 s
+            # micro-batches in a 38.7 s step): try slightly longer targets within Gmax, keep the best.
+            cap = gmax * max(self._mb_t_list[k] for gr in groups for k in gr[3])
+            for x in RETRY_STRETCH:
+                t_try = t_star * (1 + x)
+                if t_try > cap * (1 + 1e-9):
+                    break
+                alt = self._pack(win, t_try, head)
+                if not any(head in gr[3] for gr in alt):
+                    continue
+                self._improve(win, alt, head)
+                alt_idle = _idle(alt, W)
+                if alt_idle < idle - 1e-9:
+                    groups, idle = alt, alt_idle
         self._scan_hint = len(win)
         return self._place_and_build(step, head, win, groups, t_star)
+
+    def _gmin_scaled(self, groups: list[list]) -> bool:
+        return self.config.planning.gmin > 1
+
+    def _improve(self, win: np.ndarray, groups: list[list], head: int) -> None:
+        """Local search: in the emptiest groups (at most IMPROVE_GROUPS), swap a micro-batch for a longer one
+        left in the window (same p, recompute at most the group's) while the group stays within the step's
+        time (its longest group, not T*), and add left-over micro-batches that fit. The head stays."""
+        if len(groups) < 2:
+            return
+        step_t = max(gr[2] for gr in groups) * (1 + 1e-9)
+        slack = [(step_t - gr[2], i) for i, gr in enumerate(groups) if step_t - gr[2] > IMPROVE_MIN * step_t]
+        if not slack:
+            return
+        slack.sort(reverse=True)
+        in_group = np.zeros(len(win), dtype=bool)
+        pos = {k: j for j, k in enumerate(win.tolist())}
+        for gr in groups:
+            for k in gr[3]:
+                in_group[pos[k]] = True
+        rest = win[~in_group]
+        if not rest.size:
+            return
+        t_of, r_of, at = self._mb_t_list, self._mb_r, self._time_at
+        spare: dict[tuple[int, int], tuple[list[float], list[int]]] = {}
+        """Per (p, group r): left-over micro-batches that may join, (times at that r ascending, ids)."""
+        p_rest, r_rest = self._mb_p_np[rest], self._mb_r_np[rest]
+        for _, i in slack[:IMPROVE_GROUPS]:
+            p, r, _, ks = groups[i]
+            key = (p, r)
+            if key not in spare:
+                sel = rest[(p_rest == p) & (r_rest <= r)].tolist()
+                ts = [t_of[k] if r_of[k] == r else at[r][k] for k in sel]
+                o = sorted(range(len(sel)), key=ts.__getitem__)
+                spare[key] = ([ts[j] for j in o], [sel[j] for j in o])
+            ts, ids = spare[key]
+            if not ts:
+                continue
+            gr = groups[i]
+            for n in range(len(ks) + 1):
+                room = step_t - gr[2]
+                if n == len(ks):  # add what still fits
+                    j = bisect.bisect_right(ts, room) - 1
+                    if j >= 0:
+                        gr[2] += ts.pop(j)
+                        ks.append(ids.pop(j))
+                    break
+                k = ks[n]
+                if k == head:
+                    continue
+                t_k = t_of[k] if r_of[k] == r else at[r][k]
+                j = bisect.bisect_right(ts, t_k + room) - 1
+                if j >= 0 and ts[j] > t_k:
+                    t_new, k_new = ts.pop(j), ids.pop(j)
+                    at_j = bisect.bisect_right(ts, t_k)
+                    ts.insert(at_j, t_k)
+                    ids.insert(at_j, k)
+                    ks[n] = k_new
+                    gr[2] += t_new - t_k
 
     def _pack(self, win: np.ndarray, t_star: float, head: int, head_first: bool = False) -> list[list]:
         """Longest-first best-fit of the window's micro-batches into SP groups of at most t_star each.
