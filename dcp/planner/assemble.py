@@ -83,6 +83,8 @@ RETRY_IDLE = 0.03
 """A packed step idling more than this share (GPU-weighted) is re-packed with the longer targets below."""
 RETRY_STRETCH = (0.05, 0.1, 0.15, 0.2, 0.3)
 """Relative stretches of T* tried (within Gmax x the step's longest micro-batch)."""
+SHORTER_GAIN = 0.05
+"""A shorter target replaces T* only if it idles this much less (GPU-weighted share)."""
 IMPROVE_GROUPS = 256
 """Local search visits at most this many of the emptiest groups per step."""
 IMPROVE_MIN = 0.005
@@ -371,26 +373,30 @@ class EpochPlanner:
             groups = self._pack(win, t_star, head)
         self._improve(win, groups, head)
         idle = _idle(groups, W)
-        if idle > RETRY_IDLE and not self._gmin_scaled(groups):
+        if idle > RETRY_IDLE and cfg.gmin == 1:
             # Discrete micro-batch times can leave every group of a common kind short of T* (five 6.7 s
-            # micro-batches in a 38.7 s step): try slightly longer targets within Gmax, keep the best.
-            cap = gmax * max(self._mb_t_list[k] for gr in groups for k in gr[3])
-            for x in RETRY_STRETCH:
-                t_try = t_star * (1 + x)
-                if t_try > cap * (1 + 1e-9):
-                    break
-                alt = self._pack(win, t_try, head)
+            # micro-batches in a 38.7 s step), or the longest one's kind too rare for k > 1: pack the other
+            # multiples k x T_long and slightly longer targets too, keep the least idle (ties: the first).
+            t_long = float(self._mb_t[win].max())
+            tries = [k * t_long for k in range(1, gmax + 1)] + [t_star * (1 + x) for x in RETRY_STRETCH]
+            for t_try in tries:
+                if abs(t_try - t_star) <= 1e-9 * t_star:
+                    continue
+                m_try = max(len(win), min(int(np.searchsorted(cumw, f * t_try)), len(idx) - 1) + 1)
+                w_try = idx[:m_try]
+                longest = float(self._mb_t[w_try].max())
+                if not longest <= t_try * (1 + 1e-9) <= gmax * longest * (1 + 1e-9):
+                    continue
+                alt = self._pack(w_try, t_try, head)
                 if not any(head in gr[3] for gr in alt):
                     continue
-                self._improve(win, alt, head)
+                self._improve(w_try, alt, head)
                 alt_idle = _idle(alt, W)
-                if alt_idle < idle - 1e-9:
-                    groups, idle = alt, alt_idle
+                # a shorter step must idle clearly less: it also pays the optimizer step more often
+                if alt_idle < idle - (SHORTER_GAIN if t_try < t_star else 1e-9):
+                    groups, idle, win = alt, alt_idle, w_try
         self._scan_hint = len(win)
         return self._place_and_build(step, head, win, groups, t_star)
-
-    def _gmin_scaled(self, groups: list[list]) -> bool:
-        return self.config.planning.gmin > 1
 
     def _improve(self, win: np.ndarray, groups: list[list], head: int) -> None:
         """Local search: in the emptiest groups (at most IMPROVE_GROUPS), swap a micro-batch for a longer one
