@@ -402,19 +402,15 @@ class EpochPlanner:
         """Local search: in the emptiest groups (at most IMPROVE_GROUPS), swap a micro-batch for a longer one
         left in the window (same p, recompute at most the group's) while the group stays within the step's
         time (its longest group, not T*), and add left-over micro-batches that fit. The head stays."""
-        if len(groups) < 2:
+        if len(groups) < 2 or _idle(groups, self.world_size) < IMPROVE_MIN:
             return
         step_t = max(gr[2] for gr in groups) * (1 + 1e-9)
         slack = [(step_t - gr[2], i) for i, gr in enumerate(groups) if step_t - gr[2] > IMPROVE_MIN * step_t]
         if not slack:
             return
         slack.sort(reverse=True)
-        in_group = np.zeros(len(win), dtype=bool)
-        pos = {k: j for j, k in enumerate(win.tolist())}
-        for gr in groups:
-            for k in gr[3]:
-                in_group[pos[k]] = True
-        rest = win[~in_group]
+        taken = np.fromiter((k for gr in groups for k in gr[3]), dtype=np.int64)
+        rest = win[~np.isin(win, taken)]
         if not rest.size:
             return
         t_of, r_of, at = self._mb_t_list, self._mb_r, self._time_at
@@ -425,10 +421,12 @@ class EpochPlanner:
             p, r, _, ks = groups[i]
             key = (p, r)
             if key not in spare:
-                sel = rest[(p_rest == p) & (r_rest <= r)].tolist()
-                ts = [t_of[k] if r_of[k] == r else at[r][k] for k in sel]
-                o = sorted(range(len(sel)), key=ts.__getitem__)
-                spare[key] = ([ts[j] for j in o], [sel[j] for j in o])
+                ok = (p_rest == p) & (r_rest <= r)
+                sel = rest[ok]
+                ts_np = self._mb_t[sel] if r not in self._time_at_np else np.where(
+                    r_rest[ok] == r, self._mb_t[sel], self._time_at_np[r][sel])
+                o = np.argsort(ts_np, kind="stable")
+                spare[key] = (ts_np[o].tolist(), sel[o].tolist())
             ts, ids = spare[key]
             if not ts:
                 continue
@@ -652,14 +650,15 @@ class EpochPlanner:
         out: list[GroupPlan] = []
         for st, (p, r, _, ks) in placed:
             ks.sort()
-            mbs = []
-            for k in ks:
-                g = grp[k]
-                a, e = start[k], stop[k]
-                t = t_of[k] if r_of[k] == r else at[r][k]
-                mbs.append(tuple_new(MicroBatch, (ids_of[g][a:e], lens_of[g][a:e], g, t)))
-                consumed[k] = 1
-            out.append(new_group(st, p, r, tuple(mbs)))
+            at_r = at.get(r)
+            mbs = tuple([
+                tuple_new(MicroBatch, (ids_of[(g := grp[k])][(a := start[k]) : (e := stop[k])], lens_of[g][a:e], g,
+                                       t_of[k] if r_of[k] == r else at_r[k]))
+                for k in ks
+            ])
+            out.append(new_group(st, p, r, mbs))
+        cons = np.frombuffer(consumed, dtype=np.uint8)
+        cons[np.fromiter((k for _, gr in placed for k in gr[3]), dtype=np.int64)] = 1
         for st, s, ks in fillers:
             ks.sort()
             for k in ks:
