@@ -68,6 +68,23 @@ def _idle(groups: list[list], world_size: int) -> float:
     return 1.0 - sum(gr[0] * gr[2] for gr in groups) / (world_size * t)
 
 
+def _window(idx: np.ndarray, m: int, j_long: int) -> np.ndarray:
+    """The first m scanned micro-batches, plus the scan's longest (position j_long) when it lies further:
+    the step takes it, which bounds T* by Gmax x its time."""
+    return idx[:m] if j_long < m else np.append(idx[:m], idx[j_long])
+
+
+def _unclaimed(ts: list[float], ids: list[int], claimed: set[int], bound: float) -> int:
+    """Index of the longest entry of ``ts`` (ascending) at most ``bound`` whose id is not claimed (-1: none);
+    claimed entries met on the way are dropped."""
+    j = bisect.bisect_right(ts, bound) - 1
+    while j >= 0 and ids[j] in claimed:
+        ts.pop(j)
+        ids.pop(j)
+        j -= 1
+    return j
+
+
 def lookahead_samples(config: DCPConfig, world_size: int) -> int:
     """The configured look-ahead, or its lower bound 32 per rank when it is 0 (EpochPlanner.lookahead_samples
     holds the value in use, which for 0 is also large enough to hold the work of a balanced step)."""
@@ -92,6 +109,8 @@ IMPROVE_MIN = 0.005
 OPEN_FIRST = False
 """A micro-batch opens a new group (least loaded, as LPT) before joining an open one when it may open one."""
 BULK_AFTER = 64
+BULK_MIN_RANKS = 512
+"""Vectorised rounds only from this world size (below it numpy's per-call cost exceeds the Python loop's)."""
 """Micro-batches packed one by one before the rest, once every rank has a group, goes in vectorised rounds."""
 OPEN_FILL = 0.8
 """A micro-batch opens a new SP group only if its p's unassigned window work, less what the open groups of
@@ -336,19 +355,19 @@ class EpochPlanner:
                 tk = k * t_long
                 if k > 1 and cumw[-1] < W * tk:
                     continue  # not enough work left in the window to fill a step this long
-                j = max(j_long, min(int(np.searchsorted(cumw, f * tk)), n - 1))
+                j = max(j_long, min(int(np.searchsorted(cumw, f * tk)), n - 1))  # the window reaches the longest
                 # GPU-time the longest micro-batch's group would lack, as a share of the step's capacity
                 if k == 1 or p_l * max(0.0, tk - pool[j]) <= LONG_IDLE * W * tk:
-                    best = (tk, j + 1, t_long)
+                    best = (tk, j + 1, t_long, j_long)
                     break
             if best is not None and (cumw[-1] >= W * best[0] or self._scan_all):
                 break
-        t_star, m, t_long = best
+        t_star, m, t_long, j_long = best
         if self._scan_all and cumw[-1] <= 2 * W * t_star:
             # End of the epoch: spread what is left evenly over the last steps rather than leave a stub.
             steps = math.ceil(cumw[-1] / (W * t_star))
             t_star, m = max(t_long, min(t_star, 1.02 * cumw[-1] / (W * steps))), n
-        return t_star, m
+        return t_star, m, j_long
 
     # ----- 2. packing --------------------------------------------------------------------------------
     def _plan_step(self, step: int, head: int) -> StepPlan:
@@ -356,8 +375,8 @@ class EpochPlanner:
         W, gmax = self.world_size, cfg.gmax
         f = WINDOW_WORK_FACTOR * W
         idx, cumw, cummax = self._scan(head, lambda t: f * gmax * t)
-        t_star, m = self._target(idx, cumw, cummax)
-        win = idx[:m]
+        t_star, m, j_long = self._target(idx, cumw, cummax)
+        win = _window(idx, m, j_long)
         groups = self._pack(win, t_star, head)
         if not any(head in gr[3] for gr in groups):
             # The longest micro-batch left no ranks for the head (a tiny world): the head goes first, and the
@@ -382,8 +401,8 @@ class EpochPlanner:
             for t_try in tries:
                 if abs(t_try - t_star) <= 1e-9 * t_star:
                     continue
-                m_try = max(len(win), min(int(np.searchsorted(cumw, f * t_try)), len(idx) - 1) + 1)
-                w_try = idx[:m_try]
+                m_try = max(m, min(int(np.searchsorted(cumw, f * t_try)), len(idx) - 1) + 1)
+                w_try = _window(idx, m_try, j_long)
                 longest = float(self._mb_t[w_try].max())
                 if not longest <= t_try * (1 + 1e-9) <= gmax * longest * (1 + 1e-9):
                     continue
@@ -417,6 +436,8 @@ class EpochPlanner:
         spare: dict[tuple[int, int], tuple[list[float], list[int]]] = {}
         """Per (p, group r): left-over micro-batches that may join, (times at that r ascending, ids)."""
         p_rest, r_rest = self._mb_p_np[rest], self._mb_r_np[rest]
+        claimed: set[int] = set()
+        """Left-over micro-batches given to a group here: kinds of one p with different r share left-overs."""
         for _, i in slack[:IMPROVE_GROUPS]:
             p, r, _, ks = groups[i]
             key = (p, r)
@@ -434,18 +455,22 @@ class EpochPlanner:
             for n in range(len(ks) + 1):
                 room = step_t - gr[2]
                 if n == len(ks):  # add what still fits
-                    j = bisect.bisect_right(ts, room) - 1
+                    j = _unclaimed(ts, ids, claimed, room)
                     if j >= 0:
                         gr[2] += ts.pop(j)
-                        ks.append(ids.pop(j))
+                        k_new = ids.pop(j)
+                        claimed.add(k_new)
+                        ks.append(k_new)
                     break
                 k = ks[n]
                 if k == head:
                     continue
                 t_k = t_of[k] if r_of[k] == r else at[r][k]
-                j = bisect.bisect_right(ts, t_k + room) - 1
+                j = _unclaimed(ts, ids, claimed, t_k + room)
                 if j >= 0 and ts[j] > t_k:
                     t_new, k_new = ts.pop(j), ids.pop(j)
+                    claimed.add(k_new)
+                    claimed.discard(k)
                     at_j = bisect.bisect_right(ts, t_k)
                     ts.insert(at_j, t_k)
                     ids.insert(at_j, k)
@@ -482,10 +507,11 @@ class EpochPlanner:
         left: list[int] = []
         bisect_right, insert_at = bisect.bisect_right, list.insert
         bulk: list[int] = []
+        bulk_after = BULK_AFTER if W >= BULK_MIN_RANKS else len(order)
         for second in (False, True):
             todo, left = (left, []) if second else (order, [])
             for n_done, k in enumerate(todo):
-                if not free and not second and n_done >= BULK_AFTER:
+                if not free and not second and n_done >= bulk_after:
                     bulk = todo[n_done:]  # every rank has a group: the rest is packed in vectorised rounds
                     break
                 p, r, t = p_of[k], r_of[k], t_of[k]

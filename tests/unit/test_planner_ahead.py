@@ -104,3 +104,27 @@ def test_packed_assembly_properties(world, rpn, n, seed, method, gmax, lookahead
     check_window(plans, lengths, cfg, pl)
     again = [p.digest() for p in plan_epoch(lengths, table, cfg, world, epoch=seed)]
     assert again == [p.digest() for p in plans]
+
+
+@pytest.mark.parametrize(("model", "dataset", "index"),
+                         [("t1d-5b", "sweep", 6), ("t1d-5b", "t1d-long", 0), ("t2d-1.2b", "t2d-short", 0)])
+def test_paper_scale_tables_plan_every_sample_once(model, dataset, index):
+    """Paper models on 32 x H200: DCP-intra groups of one p with several recompute depths share left-over
+    micro-batches in the local search (a sample once planned twice there)."""
+    from dcp.data_dists import load_lengths
+    from dcp.sim.scenario import paper_config, paper_table, scenario
+
+    sc = scenario(model, "h200")
+    if dataset == "sweep":  # Figure 4's sweep member that exposed the bug
+        from dcp.data_dists.sweep import sweep_specs
+
+        dataset = sweep_specs()[index].name
+    data = load_lengths(dataset, num_samples=8000, seed=index)
+    table = paper_table(sc, 32, shapes=data.shapes)
+    for method in ("dcp-intra", "dcp-inter"):
+        plans = plan_epoch(data.tokens, table, paper_config(sc, method), 32, shapes=data.shapes)
+        ids = sorted(i for p in plans for i in p.sample_ids)
+        assert ids == list(range(len(data.tokens)))
+        for p in plans:
+            longest = max(mb.time_s for g in p.groups for mb in g.micro_batches)
+            assert p.step_time_s <= 4 * longest * (1 + 1e-9)
