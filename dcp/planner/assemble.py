@@ -1,36 +1,33 @@
 """Step assembly: an epoch's shuffled stream becomes a sequence of StepPlans (DCP-inter and DCP-intra).
 
-Per step:
+Every micro-batch is timed once per epoch from its real lengths (``TimeLookup`` / ``micro_batch_times``, the
+one cost source), and a group's work is the sum of its micro-batches' times. Per step:
 
-1. Window. The first unconsumed micro-batch (in readiness order) anchors a look-ahead window of
-   ``lookahead_samples`` stream positions (0 in the config: sized from the table, ``default_lookahead``);
-   only micro-batches released inside it may join the step.
-2. Selection (``EpochPlanner._select``). Walk the window in order; a micro-batch opens an SP group with its
-   seq_group's setting (b, p, r) if p fits the ranks still free and its seq_group has window work to keep
-   one more group busy for the longest micro-batch chosen so far; a second pass hands still-free ranks to
-   any window micro-batch. Skipped micro-batches wait (bounded by the window) or become extra ga_steps.
-3. Placement. Groups go on rank blocks largest p first (``placement.place_largest_first``): aligned
-   inside one node unless p exceeds a node. A group that cannot be placed waits for the next step.
-4. Filling. Every free segment left is filled from its left end with the next window micro-batch of any
-   seq_group that has a setting whose p fits the aligned slot (its primary setting or a smaller-p one from
-   ``settings_by_sp``; a smaller p may need a smaller b, so such a group runs the micro-batch as several
-   chunks). Ranks nothing can fill become idle one-rank groups with no micro-batches.
-5. Balance. The exact DCP-inter solver (``inter.solve_ga_kinds``, groups of one (seq_group, p, cap)
-   merged) picks every group's ga_steps, capped by the micro-batches of its seq_group inside the window
-   (split in rank order between groups of the same seq_group); each group then takes that many
-   micro-batches from its seq_group's FIFO queue.
+1. Window (``_scan``). From the first unconsumed micro-batch (the head), unconsumed micro-batches in release
+   order, up to a GPU-work bound, never past ``lookahead_samples`` stream positions after the head.
+2. Target (``_target``). T* = k x T_long (T_long: the window's longest micro-batch, which the step takes; the
+   largest k <= Gmax whose window work and fill allow it), so the step stays within Gmax x its longest
+   micro-batch; the window is cut to WINDOW_WORK_FACTOR x W x T* of work. At the epoch's end what is left is
+   spread over the last steps.
+3. Packing (``_pack``). Longest first, best fit: a micro-batch joins the open group of its p (and at least
+   its recompute) with the most load that still fits T*, or opens a group on free ranks when its p's window
+   work can fill one (the head and the longest always do); a second pass uses ranks still free. From 512
+   ranks, once all ranks have a group, the rest goes in vectorised rounds (``_fill_rounds``). Gmin scales
+   T* as the paper does. Then a small local search (``_improve``) and, for steps of coarse micro-batches
+   that still idle, re-packing at other targets.
+4. Placement (``placement.place_largest_first``, aligned inside a node unless p exceeds one) and filling of
+   free ranks with smaller-p settings of left-over window micro-batches (``_filler``); idle one-rank groups
+   for what nothing fills. Micro-batches not taken stay for later steps.
 
-Every sample is in exactly one micro-batch and every micro-batch is consumed once; each step consumes at
-least the largest selected group's micro-batch, so the epoch ends. The plan depends only on (lengths,
-table, config, world_size, epoch): numpy's seeded Generator and ordered containers, never hash() or set
-iteration order.
+Every sample is in exactly one micro-batch and every micro-batch is consumed once; each step takes the head,
+so the epoch ends. The plan depends only on (lengths, table, config, world_size, epoch): numpy's seeded
+Generator, stable sorts and ordered containers, never hash() or set iteration order.
 """
 
 from __future__ import annotations
 
 import bisect
 import gc
-import heapq
 import math
 import operator
 from collections.abc import Iterator, Sequence
@@ -110,8 +107,6 @@ IMPROVE_GROUPS = 256
 """Local search visits at most this many of the emptiest groups per step."""
 IMPROVE_MIN = 0.005
 """Groups idle for less than this share of the step are left as they are."""
-OPEN_FIRST = False
-"""A micro-batch opens a new group (least loaded, as LPT) before joining an open one when it may open one."""
 BULK_AFTER = 64
 BULK_MIN_RANKS = 512
 """Vectorised rounds only from this world size (below it numpy's per-call cost exceeds the Python loop's)."""
@@ -125,11 +120,10 @@ its kind, would leave at most this share of the step's GPU-time (W x T*) idle.""
 
 
 def default_lookahead(world_size: int, longest_s: float, gpu_s_per_sample: float, n: int) -> int:
-    """Look-ahead for planning.lookahead_samples = 0: ``LOOKAHEAD_WORK_FACTOR * W * T_max / g`` samples,
-    with T_max the longest primary micro-batch time and g the epoch's mean GPU-seconds per sample, so the
-    window holds about twice the work of a step whose groups all last one longest micro-batch; at least 32
-    per rank, at most the epoch. With a fixed 32 samples per rank, short micro-batches run out beside a
-    long one when micro-batch times differ ~40x, and their ranks idle."""
+    """Hard window bound for planning.lookahead_samples = 0: ``LOOKAHEAD_WORK_FACTOR * W * longest_s / g``
+    samples, with longest_s the longest step Gmax allows (Gmax x the longest primary micro-batch time) and g
+    the epoch's mean GPU-seconds per sample; at least 32 per rank, at most the epoch. The work-sized window
+    (``EpochPlanner._scan``) normally stops well inside it."""
     need = LOOKAHEAD_WORK_FACTOR * world_size * longest_s / gpu_s_per_sample if gpu_s_per_sample > 0 else n
     return int(min(max(DEFAULT_LOOKAHEAD_PER_RANK * world_size, math.ceil(need)), max(n, 1)))
 
@@ -522,7 +516,7 @@ class EpochPlanner:
                 best_load, best = -1.0, None
                 can_open = p <= free and t <= limit and (
                     second or k in forced or pool[p] - deficit[p] >= open_need)
-                for r2, loads, gids in () if can_open and OPEN_FIRST else kinds.get(p, ()):
+                for r2, loads, gids in kinds.get(p, ()):
                     if r2 < r:
                         continue
                     t2 = t if r2 == r else at[r2][k]
