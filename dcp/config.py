@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-METHODS = ("bucket", "packed", "dcp-inter", "dcp-intra")
+METHODS = ("bucket", "packed", "dcp-inter", "dcp-intra", "bucket-search")
 GIB = 1024**3
 MAX_TOKENS = 2**40
 """Largest token count (a sample length or a seq_group bound) dcp accepts anywhere, and the bound of every
@@ -202,7 +202,7 @@ class PlanningConfig:
     """How the planner turns a stream of samples into step plans."""
 
     method: str = "dcp-intra"
-    """One of bucket, packed, dcp-inter, dcp-intra."""
+    """One of bucket, packed, dcp-inter, dcp-intra, bucket-search (bucket with its reference time searched)."""
     mem_capacity_gib: float = 80.0
     """Memory capacity per rank (M in Algorithm 1). On CPU it emulates a GPU's limit."""
     gmin: int = 1

@@ -1,36 +1,33 @@
 """Step assembly: an epoch's shuffled stream becomes a sequence of StepPlans (DCP-inter and DCP-intra).
 
-Per step:
+Every micro-batch is timed once per epoch from its real lengths (``TimeLookup`` / ``micro_batch_times``, the
+one cost source), and a group's work is the sum of its micro-batches' times. Per step:
 
-1. Window. The first unconsumed micro-batch (in readiness order) anchors a look-ahead window of
-   ``lookahead_samples`` stream positions (0 in the config: sized from the table, ``default_lookahead``);
-   only micro-batches released inside it may join the step.
-2. Selection (``EpochPlanner._select``). Walk the window in order; a micro-batch opens an SP group with its
-   seq_group's setting (b, p, r) if p fits the ranks still free and its seq_group has window work to keep
-   one more group busy for the longest micro-batch chosen so far; a second pass hands still-free ranks to
-   any window micro-batch. Skipped micro-batches wait (bounded by the window) or become extra ga_steps.
-3. Placement. Groups go on rank blocks largest p first (``placement.place_largest_first``): aligned
-   inside one node unless p exceeds a node. A group that cannot be placed waits for the next step.
-4. Filling. Every free segment left is filled from its left end with the next window micro-batch of any
-   seq_group that has a setting whose p fits the aligned slot (its primary setting or a smaller-p one from
-   ``settings_by_sp``; a smaller p may need a smaller b, so such a group runs the micro-batch as several
-   chunks). Ranks nothing can fill become idle one-rank groups with no micro-batches.
-5. Balance. The exact DCP-inter solver (``inter.solve_ga_kinds``, groups of one (seq_group, p, cap)
-   merged) picks every group's ga_steps, capped by the micro-batches of its seq_group inside the window
-   (split in rank order between groups of the same seq_group); each group then takes that many
-   micro-batches from its seq_group's FIFO queue.
+1. Window (``_scan``). From the first unconsumed micro-batch (the head), unconsumed micro-batches in release
+   order, up to a GPU-work bound, never past ``lookahead_samples`` stream positions after the head.
+2. Target (``_target``). T* = k x T_long (T_long: the window's longest micro-batch, which the step takes; the
+   largest k <= Gmax whose window work and fill allow it), so the step stays within Gmax x its longest
+   micro-batch; the window is cut to WINDOW_WORK_FACTOR x W x T* of work. At the epoch's end what is left is
+   spread over the last steps.
+3. Packing (``_pack``). Longest first, best fit: a micro-batch joins the open group of its p (and at least
+   its recompute) with the most load that still fits T*, or opens a group on free ranks when its p's window
+   work can fill one (the head and the longest always do); a second pass uses ranks still free. From 512
+   ranks, once all ranks have a group, the rest goes in vectorised rounds (``_fill_rounds``). Gmin scales
+   T* as the paper does. Then a small local search (``_improve``) and, for steps of coarse micro-batches
+   that still idle, re-packing at other targets.
+4. Placement (``placement.place_largest_first``, aligned inside a node unless p exceeds one) and filling of
+   free ranks with smaller-p settings of left-over window micro-batches (``_filler``); idle one-rank groups
+   for what nothing fills. Micro-batches not taken stay for later steps.
 
-Every sample is in exactly one micro-batch and every micro-batch is consumed once; each step consumes at
-least the largest selected group's micro-batch, so the epoch ends. The plan depends only on (lengths,
-table, config, world_size, epoch): numpy's seeded Generator and ordered containers, never hash() or set
-iteration order.
+Every sample is in exactly one micro-batch and every micro-batch is consumed once; each step takes the head,
+so the epoch ends. The plan depends only on (lengths, table, config, world_size, epoch): numpy's seeded
+Generator, stable sorts and ordered containers, never hash() or set iteration order.
 """
 
 from __future__ import annotations
 
 import bisect
 import gc
-import heapq
 import math
 import operator
 from collections.abc import Iterator, Sequence
@@ -38,7 +35,6 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from dcp.config import DCPConfig
-from dcp.planner.inter import solve_ga_kinds
 from dcp.planner.intra import Setting, best_settings, settings_by_sp
 from dcp.planner.placement import place_largest_first
 from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
@@ -61,22 +57,73 @@ DEFAULT_LOOKAHEAD_PER_RANK = 32
 _FIRST = operator.itemgetter(0)
 
 
+def _idle(groups: list[list], world_size: int) -> float:
+    """GPU-weighted idle of packed groups ([p, r, load, items]) over the world, at their longest load."""
+    t = max((gr[2] for gr in groups), default=0.0)
+    if t <= 0:
+        return 1.0
+    return 1.0 - sum(gr[0] * gr[2] for gr in groups) / (world_size * t)
+
+
+def _window(idx: np.ndarray, m: int, j_long: int) -> np.ndarray:
+    """The first m scanned micro-batches, plus the scan's longest (position j_long) when it lies further:
+    the step takes it, which bounds T* by Gmax x its time."""
+    return idx[:m] if j_long < m else np.append(idx[:m], idx[j_long])
+
+
+def _unclaimed(ts: list[float], ids: list[int], claimed: set[int], bound: float) -> int:
+    """Index of the longest entry of ``ts`` (ascending) at most ``bound`` whose id is not claimed (-1: none);
+    claimed entries met on the way are dropped."""
+    j = bisect.bisect_right(ts, bound) - 1
+    while j >= 0 and ids[j] in claimed:
+        ts.pop(j)
+        ids.pop(j)
+        j -= 1
+    return j
+
+
 def lookahead_samples(config: DCPConfig, world_size: int) -> int:
     """The configured look-ahead, or its lower bound 32 per rank when it is 0 (EpochPlanner.lookahead_samples
     holds the value in use, which for 0 is also large enough to hold the work of a balanced step)."""
     return config.planning.lookahead_samples or DEFAULT_LOOKAHEAD_PER_RANK * world_size
 
 
-LOOKAHEAD_WORK_FACTOR = 2.0
-"""Default window: this many times the samples whose GPU-time fills one longest micro-batch on every rank."""
+LOOKAHEAD_WORK_FACTOR = 4.0
+"""Default hard window bound: this many times the samples whose GPU-time fills the longest step Gmax allows
+(Gmax x the longest micro-batch) on every rank; the work-sized window normally ends well before it."""
+WINDOW_WORK_FACTOR = 1.5
+"""A step's window holds this many times the GPU-work of the step (W x T*), so packing has choice."""
+RETRY_IDLE = 0.03
+"""A packed step idling more than this share (GPU-weighted) is re-packed with the longer targets below."""
+RETRY_STRETCH = (0.05, 0.1, 0.15, 0.2, 0.3)
+"""Relative stretches of T* tried (within Gmax x the step's longest micro-batch)."""
+RETRY_COARSE = 0.1
+"""Re-packing only when the window's median micro-batch lasts more than this share of T* (coarse pieces, as
+DCP-inter's full-recompute batches): with fine pieces a greedy per-step re-pack took work later steps needed
+(t1d-long DCP-intra idle 8.1% with it, 4.6% without)."""
+SHORTER_GAIN = 0.05
+"""A shorter target replaces T* only if it idles this much less (GPU-weighted share)."""
+IMPROVE_GROUPS = 256
+"""Local search visits at most this many of the emptiest groups per step."""
+IMPROVE_MIN = 0.005
+"""Groups idle for less than this share of the step are left as they are."""
+BULK_AFTER = 64
+BULK_MIN_RANKS = 512
+"""Vectorised rounds only from this world size (below it numpy's per-call cost exceeds the Python loop's)."""
+"""Micro-batches packed one by one before the rest, once every rank has a group, goes in vectorised rounds."""
+OPEN_FILL = 0.8
+"""A micro-batch opens a new SP group only if its p's unassigned window work, less what the open groups of
+that p still lack, is at least this fraction of the target time (else the group would idle)."""
+LONG_IDLE = 0.04
+"""T* = k x T_long (k <= Gmax) only if the group of the longest micro-batch, filled with the window's work of
+its kind, would leave at most this share of the step's GPU-time (W x T*) idle."""
 
 
 def default_lookahead(world_size: int, longest_s: float, gpu_s_per_sample: float, n: int) -> int:
-    """Look-ahead for planning.lookahead_samples = 0: ``LOOKAHEAD_WORK_FACTOR * W * T_max / g`` samples,
-    with T_max the longest primary micro-batch time and g the epoch's mean GPU-seconds per sample, so the
-    window holds about twice the work of a step whose groups all last one longest micro-batch; at least 32
-    per rank, at most the epoch. With a fixed 32 samples per rank, short micro-batches run out beside a
-    long one when micro-batch times differ ~40x, and their ranks idle."""
+    """Hard window bound for planning.lookahead_samples = 0: ``LOOKAHEAD_WORK_FACTOR * W * longest_s / g``
+    samples, with longest_s the longest step Gmax allows (Gmax x the longest primary micro-batch time) and g
+    the epoch's mean GPU-seconds per sample; at least 32 per rank, at most the epoch. The work-sized window
+    (``EpochPlanner._scan``) normally stops well inside it."""
     need = LOOKAHEAD_WORK_FACTOR * world_size * longest_s / gpu_s_per_sample if gpu_s_per_sample > 0 else n
     return int(min(max(DEFAULT_LOOKAHEAD_PER_RANK * world_size, math.ceil(need)), max(n, 1)))
 
@@ -108,7 +155,7 @@ class EpochPlanner:
         """Bucket and packed baselines: the fixed SP size (0 for DCP)."""
         self.lookahead_samples = lookahead_samples(config, world_size)
         """Look-ahead window in stream positions (DCP methods; see default_lookahead for the 0 default)."""
-        if self.method in ("bucket", "packed"):
+        if self.method in ("bucket", "packed", "bucket-search"):
             from dcp.planner import baselines
 
             self._steps = baselines.baseline_steps(self)
@@ -180,16 +227,34 @@ class EpochPlanner:
             s = self.settings[g]
             self._p_of[g] = s.sp_size
             self._unit_primary[g] = self._unit_time(s)
-        mb_time = micro_batch_times(
-            mbq, self._times, {g: (self.settings[g].sp_size, self.settings[g].recompute_layers) for g in present}
-        )
-        self._mb_time = tuple(mb_time.tolist())
-        """Predicted time of every micro-batch with its seq_group's primary setting, at its padded length
-        (balancing still uses the conservative per-seq_group unit times)."""
+        primary = {g: (self.settings[g].sp_size, self.settings[g].recompute_layers) for g in present}
+        mb_time = micro_batch_times(mbq, self._times, primary)
+        self._mb_t = mb_time
+        """Predicted time of every micro-batch with its seq_group's primary setting, from its real lengths
+        (``TimeLookup`` / ``micro_batch_times``: the padded length today), as a numpy array."""
+        self._mb_t_list = tuple(mb_time.tolist())
+        grp = np.asarray(mbq.group, dtype=np.int64)
+        p_by_g = np.zeros(n_groups, dtype=np.int64)
+        r_by_g = np.zeros(n_groups, dtype=np.int64)
+        for g, (p, r) in primary.items():
+            p_by_g[g], r_by_g[g] = p, r
+        self._mb_p_np, self._mb_r_np = p_by_g[grp], r_by_g[grp]
+        self._mb_p, self._mb_r = tuple(self._mb_p_np.tolist()), tuple(self._mb_r_np.tolist())
+        self._mb_work = mb_time * self._mb_p_np
+        """GPU-seconds of every micro-batch (time x p)."""
+        # A micro-batch may join a group of its p with more recompute (same memory or less): its time at
+        # every larger r some primary setting of that p uses.
+        self._time_at: dict[int, tuple[float, ...]] = {}
+        self._time_at_np: dict[int, np.ndarray] = {}
+        for r in sorted({r for _, r in primary.values()}):
+            up = {g: (p, r) for g, (p, rg) in primary.items() if rg < r and any(
+                p2 == p and r2 == r for p2, r2 in primary.values())}
+            if up:
+                self._time_at_np[r] = micro_batch_times(mbq, self._times, up)
+                self._time_at[r] = tuple(self._time_at_np[r].tolist())
         self._mb_end = tuple((np.asarray(mbq.start, dtype=np.int64) + count).tolist())
         self._ready = tuple(mbq.ready.tolist())
-        self._queue = [mbq.queue.get(g, ()) for g in range(n_groups)]
-        """Per seq_group (index): its FIFO queue of global micro-batch indices."""
+        self._scan_hint = 256
         if cfg.lookahead_samples:
             self.lookahead_samples = cfg.lookahead_samples
         else:
@@ -199,7 +264,7 @@ class EpochPlanner:
                 for g in present
             ) / max(1, self.num_samples)
             self.lookahead_samples = default_lookahead(
-                self.world_size, max(self._unit_primary), per_sample, self.num_samples
+                self.world_size, cfg.gmax * max(self._unit_primary), per_sample, self.num_samples
             )
 
     def unit_time_s(self, seq_group: int, sp_size: int) -> float:
@@ -225,215 +290,407 @@ class EpochPlanner:
         return t
 
     def _dcp_steps(self) -> Iterator[StepPlan]:
-        cfg = self.config.planning
-        W, rpn = self.world_size, cfg.ranks_per_node
-        look = self.lookahead_samples
-        present, p_of, ready = self._present, self._p_of, self._ready
-        n_groups = len(p_of)
-        front = [0] * n_groups  # per seq_group: queue index of its first unconsumed micro-batch
-        queue = self._queue
-        step = 0
+        n = self._mbq.num
+        consumed = self._consumed = bytearray(n)
+        head, step = 0, 0
         while True:
-            # The first unconsumed micro-batch: each seq_group is consumed in FIFO order, so it is the
-            # earliest of the queue fronts (O(seq_groups), not a scan over what was consumed).
-            fronts = [queue[g][front[g]] for g in present if front[g] < len(queue[g])]
-            if not fronts:
+            while head < n and consumed[head]:
+                head += 1
+            if head >= n:
                 return
-            head = min(fronts)
-            # 1. window: micro-batches released before ready[head] + look; end[g] = window end in queue g.
-            wend = bisect.bisect_left(ready, ready[head] + look, lo=head)
-            end = [0] * n_groups
-            for g in present:
-                end[g] = bisect.bisect_left(queue[g], wend, lo=front[g])
-
-            # 2. selection: the seq_group of every SP group of the step.
-            chosen, taken = self._select(head, W, front, end)
-
-            # 3. placement, largest p first (stable among equal p).
-            chosen.sort(key=p_of.__getitem__, reverse=True)  # stable: equal p keep window order
-            starts, free = place_largest_first([p_of[g] for g in chosen], W, rpn)
-            # (first rank, seq_group, setting); setting None: an idle rank
-            records: list[tuple[int, int, Setting | None]] = []
-            settings = self.settings
-            for g, st in zip(chosen, starts, strict=True):
-                if st is None:
-                    taken[g] -= 1  # the last selected of its seq_group (same p, stable order): it waits
-                else:
-                    records.append((st, g, settings[g]))
-
-            # 4. fill free segments from their left end.
-            for a, e in free:
-                while a < e:
-                    pick = self._filler(a % rpn, e - a, front, taken, end, queue)
-                    if pick is None:
-                        records.append((a, -1, None))
-                        a += 1
-                    else:
-                        records.append((a, pick.seq_group, pick))
-                        taken[pick.seq_group] += 1
-                        a += pick.sp_size
-            records.sort(key=_FIRST)
-            yield self._balance_and_build(step, records, front, end, queue)
+            yield self._plan_step(step, head)
             step += 1
 
-    def _select(self, head: int, world: int, front: list, end: list) -> tuple[list[int], list[int]]:
-        """Open SP groups for window micro-batches, in window order, until the ranks are used.
+    # ----- 1. window -------------------------------------------------------------------------------
+    def _scan(self, head: int, need) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Unconsumed micro-batches from ``head`` in release order, within the hard window bound, until their
+        GPU-work (time x p) reaches ``need(cummax of times)`` or the bound ends: (indices, cumulative
+        GPU-work, running longest time)."""
+        if self._ready[head] + self.lookahead_samples >= self.num_samples:
+            end = self._mbq.num  # the stream is exhausted: every remaining micro-batch (partial ones too)
+        else:
+            end = bisect.bisect_left(self._ready, self._ready[head] + self.lookahead_samples, lo=head)
+        cons = np.frombuffer(self._consumed, dtype=np.uint8)
+        parts: list[np.ndarray] = []
+        lo, chunk, done_w, done_t = head, max(256, self._scan_hint), 0.0, 0.0
+        while lo < end:
+            hi = min(end, lo + chunk)
+            part = lo + np.flatnonzero(cons[lo:hi] == 0)
+            parts.append(part)
+            lo, chunk = hi, chunk * 2
+            if part.size:
+                done_w += float(self._mb_work[part].sum())
+                done_t = max(done_t, float(self._mb_t[part].max()))
+                if done_w >= need(done_t):
+                    break
+        idx = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        self._scan_all = lo >= self._mbq.num
+        return idx, np.cumsum(self._mb_work[idx]), np.maximum.accumulate(self._mb_t[idx])
 
-        Pass 1 opens a group for a micro-batch only if its seq_group has enough work in the window to keep
-        one more group busy for the longest micro-batch time chosen so far (``avail * T_g >= (n_g + 1) * T_ref``);
-        otherwise the micro-batch is left to the seq_group's existing groups as extra ga_steps. Without this,
-        many short micro-batches released early each open a group that then idles beside a long one.
-        Pass 2 uses ranks still free for any remaining window micro-batch. The head micro-batch always
-        opens a group, so every step makes progress. Within a seq_group only counts are chosen here; the
-        groups take their micro-batches in FIFO order when the step is built.
+    def _target(self, idx: np.ndarray, cumw: np.ndarray, cummax: np.ndarray) -> tuple[float, int]:
+        """Step target time T* and the window length (micro-batches of ``idx``) to pack from.
+
+        T* = k x T_long with T_long the longest micro-batch of the scanned window (failing that, of its first
+        part holding F x W x its own longest time) and the largest k <= Gmax for which the window has the work
+        (F x W x T*) and the longest micro-batch's group can be filled with work of its kind (``LONG_IDLE``).
+        The window always reaches the longest micro-batch, which the packing must take: the step then holds
+        a micro-batch of at least T* / Gmax (the paper's Gmax bound). At the end of the epoch what is left is
+        spread evenly over the last steps.
         """
-        p_of, unit, queue = self._p_of, self._unit_primary, self._queue
-        taken = [0] * len(p_of)
-        g = self._mbq.group[head]
-        chosen = [g]
-        taken[g] = 1
-        remaining = world - p_of[g]
-        t_ref = unit[g]
-        # Walk the window in release order as a merge of the per-seq_group FIFO queues: the heap holds the
-        # next unselected micro-batch of every seq_group still in play (O(log G) per step of the walk).
-        heap = [(queue[h][front[h] + taken[h]], h) for h in self._present if front[h] + taken[h] < end[h]]
-        heapq.heapify(heap)
-        while remaining > 0 and heap:
-            _, g = heap[0]
-            p, t_g = p_of[g], unit[g]
-            t_new = t_g if t_g > t_ref else t_ref
-            if p <= remaining and (end[g] - front[g]) * t_g >= (taken[g] + 1) * t_new * (1 - 1e-9):
-                chosen.append(g)
-                taken[g] += 1
-                remaining -= p
-                t_ref = t_new
-                i = front[g] + taken[g]
-                if i < end[g]:
-                    heapq.heapreplace(heap, (queue[g][i], g))
-                else:
-                    heapq.heappop(heap)
-            else:
-                # Fails now and for ever: remaining only shrinks, t_ref only grows, taken[g] stays.
-                heapq.heappop(heap)
-        heap = [(queue[h][front[h] + taken[h]], h) for h in self._present if front[h] + taken[h] < end[h]]
-        heapq.heapify(heap)
-        while remaining > 0 and heap:
-            _, g = heap[0]
-            if p_of[g] > remaining:
-                heapq.heappop(heap)  # remaining only shrinks: this seq_group cannot open a group any more
-                continue
-            chosen.append(g)
-            taken[g] += 1
-            remaining -= p_of[g]
-            i = front[g] + taken[g]
-            if i < end[g]:
-                heapq.heapreplace(heap, (queue[g][i], g))
-            else:
-                heapq.heappop(heap)
-        return chosen, taken
+        W, gmax = self.world_size, self.config.planning.gmax
+        f = WINDOW_WORK_FACTOR * W
+        n = len(idx)
+        j1 = min(int(np.searchsorted(cumw >= f * cummax, True)), n - 1)
+        t_all = self._mb_t[idx]
+        best = None
+        for j_long in dict.fromkeys((int(np.argmax(t_all)), int(np.argmax(t_all[: j1 + 1])))):
+            t_long = float(t_all[j_long])
+            kl = int(idx[j_long])
+            p_l, r_l = self._mb_p[kl], self._mb_r[kl]
+            compat = (self._mb_p_np[idx] == p_l) & (self._mb_r_np[idx] <= r_l)
+            pool = np.cumsum(np.where(compat, t_all, 0.0))
+            for k in range(gmax, 0, -1):
+                tk = k * t_long
+                if k > 1 and cumw[-1] < W * tk:
+                    continue  # not enough work left in the window to fill a step this long
+                j = max(j_long, min(int(np.searchsorted(cumw, f * tk)), n - 1))  # the window reaches the longest
+                # GPU-time the longest micro-batch's group would lack, as a share of the step's capacity
+                if k == 1 or p_l * max(0.0, tk - pool[j]) <= LONG_IDLE * W * tk:
+                    best = (tk, j + 1, t_long, j_long)
+                    break
+            if best is not None and (cumw[-1] >= W * best[0] or self._scan_all):
+                break
+        t_star, m, t_long, j_long = best
+        if self._scan_all and cumw[-1] <= 2 * W * t_star:
+            # End of the epoch: spread what is left evenly over the last steps rather than leave a stub.
+            steps = math.ceil(cumw[-1] / (W * t_star))
+            t_star, m = max(t_long, min(t_star, 1.02 * cumw[-1] / (W * steps))), n
+        return t_star, m, j_long
 
-    def _filler(
-        self, local: int, room: int, front: list, taken: list, end: list, queue: list
-    ) -> Setting | None:
-        """Setting for the next window micro-batch (earliest released) that has a p fitting the slot."""
-        best_k, best = None, None
-        for g in self._present:
-            i = front[g] + taken[g]
-            if i >= end[g]:
-                continue
-            k = queue[g][i]
-            if best_k is not None and k >= best_k:
-                continue
-            fits = [s for s in self._options[g] if s.sp_size <= room and local % s.sp_size == 0]
-            if fits:
-                best_k = k
-                best = max(fits, key=lambda s: (s.tokens_per_gpu_s, s.sp_size))
-        return best
-
-    def _balance_and_build(self, step: int, records: list, front: list, end: list, queue: list) -> StepPlan:
-        """5. ga_steps per group (exact, over merged kinds), then each group takes its micro-batches."""
+    # ----- 2. packing --------------------------------------------------------------------------------
+    def _plan_step(self, step: int, head: int) -> StepPlan:
         cfg = self.config.planning
-        members: dict[int, list[int]] = {}  # seq_group -> record indices, in rank order
-        for j, (_, g, s) in enumerate(records):
-            if s is not None:
-                members.setdefault(g, []).append(j)
-        # Caps: the window's micro-batches of a seq_group, split in rank order between its groups.
-        # Groups of one (seq_group, p, cap) are interchangeable, so they form one weighted kind.
-        kind_of = [0] * len(records)
-        kinds: dict[tuple[int, int, int], int] = {}
-        k_time: list[float] = []
-        k_weight: list[int] = []
-        k_cap: list[int] = []
+        W, gmax = self.world_size, cfg.gmax
+        f = WINDOW_WORK_FACTOR * W
+        idx, cumw, cummax = self._scan(head, lambda t: f * gmax * t)
+        t_star, m, j_long = self._target(idx, cumw, cummax)
+        win = _window(idx, m, j_long)
+        groups = self._pack(win, t_star, head)
+        if not any(head in gr[3] for gr in groups):
+            # The longest micro-batch left no ranks for the head (a tiny world): the head goes first, and the
+            # step is capped by Gmax x the head's time.
+            t_star = min(t_star, gmax * self._mb_t_list[head])
+            groups = self._pack(win, t_star, head, head_first=True)
+        most = max(len(gr[3]) for gr in groups)
+        if most < cfg.gmin:
+            # The paper's Gmin: every group runs fewer than gmin micro-batches; scale the step (Gmin wins over Gmax).
+            t_star *= math.ceil(cfg.gmin / most)
+            idx, cumw, _ = self._scan(head, lambda t: f * t_star)
+            win = idx[: min(int(np.searchsorted(cumw, f * t_star)), len(idx) - 1) + 1]
+            groups = self._pack(win, t_star, head)
+        self._improve(win, groups, head)
+        idle = _idle(groups, W)
+        if idle > RETRY_IDLE and cfg.gmin == 1 and float(np.median(self._mb_t[win])) > RETRY_COARSE * t_star:
+            # Discrete micro-batch times can leave every group of a common kind short of T* (five 6.7 s
+            # micro-batches in a 38.7 s step), or the longest one's kind too rare for k > 1: pack the other
+            # multiples k x T_long and slightly longer targets too, keep the least idle (ties: the first).
+            t_long = float(self._mb_t[win].max())
+            tries = [k * t_long for k in range(1, gmax + 1)] + [t_star * (1 + x) for x in RETRY_STRETCH]
+            for t_try in tries:
+                if abs(t_try - t_star) <= 1e-9 * t_star:
+                    continue
+                m_try = max(m, min(int(np.searchsorted(cumw, f * t_try)), len(idx) - 1) + 1)
+                w_try = _window(idx, m_try, j_long)
+                longest = float(self._mb_t[w_try].max())
+                if not longest <= t_try * (1 + 1e-9) <= gmax * longest * (1 + 1e-9):
+                    continue
+                alt = self._pack(w_try, t_try, head)
+                if not any(head in gr[3] for gr in alt):
+                    continue
+                self._improve(w_try, alt, head)
+                alt_idle = _idle(alt, W)
+                # a shorter step must idle clearly less: it also pays the optimizer step more often
+                if alt_idle < idle - (SHORTER_GAIN if t_try < t_star else 1e-9):
+                    groups, idle, win = alt, alt_idle, w_try
+        self._scan_hint = len(win)
+        return self._place_and_build(step, head, win, groups, t_star)
 
-        def kind(g: int, s: Setting, cap: int, weight: int) -> int:
-            key = (g, s.sp_size, cap)
-            kid = kinds.get(key)
-            if kid is None:
-                kid = kinds[key] = len(k_time)
-                k_time.append(self._unit_time(s))
-                k_weight.append(0)
-                k_cap.append(cap)
-            k_weight[kid] += weight
-            return kid
-
-        for g, js in members.items():
-            q, r = divmod(end[g] - front[g], len(js))
-            s0 = records[js[0]][2]
-            if all(records[j][2] is s0 for j in js):  # common case: one setting, at most two caps
-                if r:
-                    kid = kind(g, s0, q + 1, r * s0.sp_size)
-                    for j in js[:r]:
-                        kind_of[j] = kid
-                if len(js) > r:
-                    kid = kind(g, s0, q, (len(js) - r) * s0.sp_size)
-                    for j in js[r:]:
-                        kind_of[j] = kid
+    def _improve(self, win: np.ndarray, groups: list[list], head: int) -> None:
+        """Local search: in the emptiest groups (at most IMPROVE_GROUPS), swap a micro-batch for a longer one
+        left in the window (same p, recompute at most the group's) while the group stays within the step's
+        time (its longest group, not T*), and add left-over micro-batches that fit. The head stays."""
+        if len(groups) < 2 or _idle(groups, self.world_size) < IMPROVE_MIN:
+            return
+        step_t = max(gr[2] for gr in groups) * (1 + 1e-9)
+        slack = [(step_t - gr[2], i) for i, gr in enumerate(groups) if step_t - gr[2] > IMPROVE_MIN * step_t]
+        if not slack:
+            return
+        slack.sort(reverse=True)
+        taken = np.fromiter((k for gr in groups for k in gr[3]), dtype=np.int64)
+        rest = win[~np.isin(win, taken)]
+        if not rest.size:
+            return
+        t_of, r_of, at = self._mb_t_list, self._mb_r, self._time_at
+        spare: dict[tuple[int, int], tuple[list[float], list[int]]] = {}
+        """Per (p, group r): left-over micro-batches that may join, (times at that r ascending, ids)."""
+        p_rest, r_rest = self._mb_p_np[rest], self._mb_r_np[rest]
+        claimed: set[int] = set()
+        """Left-over micro-batches given to a group here: kinds of one p with different r share left-overs."""
+        for _, i in slack[:IMPROVE_GROUPS]:
+            p, r, _, ks = groups[i]
+            key = (p, r)
+            if key not in spare:
+                ok = (p_rest == p) & (r_rest <= r)
+                sel = rest[ok]
+                ts_np = self._mb_t[sel] if r not in self._time_at_np else np.where(
+                    r_rest[ok] == r, self._mb_t[sel], self._time_at_np[r][sel])
+                o = np.argsort(ts_np, kind="stable")
+                spare[key] = (ts_np[o].tolist(), sel[o].tolist())
+            ts, ids = spare[key]
+            if not ts:
                 continue
-            for n, j in enumerate(js):
-                s = records[j][2]
-                kind_of[j] = kind(g, s, q + 1 if n < r else q, s.sp_size)
-        ga = solve_ga_kinds(k_time, k_weight, k_cap, gmin=cfg.gmin, gmax=cfg.gmax)
+            gr = groups[i]
+            for n in range(len(ks) + 1):
+                room = step_t - gr[2]
+                if n == len(ks):  # add what still fits
+                    j = _unclaimed(ts, ids, claimed, room)
+                    if j >= 0:
+                        gr[2] += ts.pop(j)
+                        k_new = ids.pop(j)
+                        claimed.add(k_new)
+                        ks.append(k_new)
+                    break
+                k = ks[n]
+                if k == head:
+                    continue
+                t_k = t_of[k] if r_of[k] == r else at[r][k]
+                j = _unclaimed(ts, ids, claimed, t_k + room)
+                if j >= 0 and ts[j] > t_k:
+                    t_new, k_new = ts.pop(j), ids.pop(j)
+                    claimed.add(k_new)
+                    claimed.discard(k)
+                    at_j = bisect.bisect_right(ts, t_k)
+                    ts.insert(at_j, t_k)
+                    ids.insert(at_j, k)
+                    ks[n] = k_new
+                    gr[2] += t_new - t_k
 
+    def _pack(self, win: np.ndarray, t_star: float, head: int, head_first: bool = False) -> list[list]:
+        """Longest-first best-fit of the window's micro-batches into SP groups of at most t_star each.
+
+        A group is [p, r, load, items]; a micro-batch joins a group of its primary p whose r is at least its
+        own (more recompute fits the same memory), timed at the group's r. It opens a new group when none has
+        room, ranks are free and its p's unassigned window work can fill one more group (the head, and the
+        window's longest micro-batch, always open one). A second pass opens groups for what is left while
+        ranks are free. Returns the groups in opening order.
+        """
+        W = self.world_size
+        t_of, p_of, r_of, at = self._mb_t_list, self._mb_p, self._mb_r, self._time_at
+        order = win[np.argsort(-self._mb_t[win], kind="stable")].tolist()
+        if order[0] != head:  # the head opens a group right after the longest (or first), before ranks run out
+            order.remove(head)
+            order.insert(0 if head_first else 1, head)
+        limit = t_star * (1 + 1e-9)
+        pw = np.bincount(self._mb_p_np[win], weights=self._mb_t[win])
+        pool: dict[int, float] = {int(q): float(pw[q]) for q in np.flatnonzero(pw)}
+        """Per p: window time (at the primary setting) not yet in a group."""
+        deficit = dict.fromkeys(pool, 0.0)
+        """Per p: time the open groups of that p still lack to reach t_star."""
+        open_need = OPEN_FILL * t_star
+        groups: list[list] = []
+        kinds: dict[int, list[tuple[int, list[float], list[int]]]] = {}
+        """Per p: (r, group loads ascending, group ids in the same order), by ascending r."""
+        free = W
+        forced = {head} if head_first else {head, order[0]}
+        left: list[int] = []
+        bisect_right, insert_at = bisect.bisect_right, list.insert
+        bulk: list[int] = []
+        bulk_after = BULK_AFTER if W >= BULK_MIN_RANKS else len(order)
+        for second in (False, True):
+            todo, left = (left, []) if second else (order, [])
+            for n_done, k in enumerate(todo):
+                if not free and not second and n_done >= bulk_after:
+                    bulk = todo[n_done:]  # every rank has a group: the rest is packed in vectorised rounds
+                    break
+                p, r, t = p_of[k], r_of[k], t_of[k]
+                best_load, best = -1.0, None
+                can_open = p <= free and t <= limit and (
+                    second or k in forced or pool[p] - deficit[p] >= open_need)
+                for r2, loads, gids in kinds.get(p, ()):
+                    if r2 < r:
+                        continue
+                    t2 = t if r2 == r else at[r2][k]
+                    i = bisect_right(loads, limit - t2) - 1
+                    if i >= 0 and loads[i] > best_load:
+                        best_load, best = loads[i], (loads, gids, i, t2)
+                if best is not None:
+                    loads, gids, i, t2 = best
+                    gid = gids.pop(i)
+                    load = loads.pop(i) + t2
+                    gr = groups[gid]
+                    gr[2] = load
+                    gr[3].append(k)
+                    j = bisect_right(loads, load)
+                    insert_at(loads, j, load)
+                    insert_at(gids, j, gid)
+                    deficit[p] -= t2
+                    pool[p] -= t
+                elif can_open:
+                    gid = len(groups)
+                    groups.append([p, r, t, [k]])
+                    ks = kinds.setdefault(p, [])
+                    entry = next((e for e in ks if e[0] == r), None)
+                    if entry is None:
+                        entry = (r, [], [])
+                        ks.append(entry)
+                        ks.sort(key=_FIRST)
+                    j = bisect_right(entry[1], t)
+                    insert_at(entry[1], j, t)
+                    insert_at(entry[2], j, gid)
+                    free -= p
+                    deficit[p] += t_star - t
+                    pool[p] -= t
+                else:
+                    left.append(k)
+            if not free or not left:
+                break
+        if bulk:
+            self._fill_rounds(groups, kinds, bulk, limit)
+        return groups
+
+    def _fill_rounds(self, groups: list[list], kinds: dict, items: list[int], limit: float) -> None:
+        """Longest-first filling of open groups in vectorised rounds, once every rank has a group.
+
+        Per (p, r) kind: the window's remaining micro-batches of exactly that kind, longest first, in rounds
+        of one per group: the i-th longest of the round goes to the group with the i-th most room if it fits
+        (LPT's choice, made for a whole round at once). What does not fit stays for later steps.
+        """
+        arr = np.asarray(items, dtype=np.int64)
+        p_arr, r_arr = self._mb_p_np[arr], self._mb_r_np[arr]
+        free_item = np.ones(len(arr), dtype=bool)
+        for p, entries in kinds.items():
+            for r, _, gids in sorted(entries, key=_FIRST, reverse=True):  # most recompute first: it takes all r <= its own
+                sel = np.flatnonzero(free_item & (p_arr == p) & (r_arr <= r))
+                if not sel.size or not gids:
+                    continue
+                ks = arr[sel]
+                tt = self._mb_t[ks] if r not in self._time_at_np else np.where(
+                    r_arr[sel] == r, self._mb_t[ks], self._time_at_np[r][ks])
+                srt = np.argsort(-tt, kind="stable")
+                sel, ks, tt = sel[srt], ks[srt], tt[srt]
+                g_arr = np.asarray(gids, dtype=np.int64)
+                loads = np.asarray([groups[g][2] for g in gids])
+                n, G, pos = len(ks), len(gids), 0
+                dest = np.full(n, -1, dtype=np.int64)
+                while pos < n:
+                    m = min(G, n - pos)
+                    tgt = np.argsort(loads, kind="stable")[:m]
+                    t_round = tt[pos : pos + m]
+                    ok = loads[tgt] + t_round <= limit
+                    if ok.any():
+                        loads[tgt[ok]] += t_round[ok]
+                        dest[pos : pos + m][ok] = tgt[ok]
+                    pos += m
+                    if limit - loads.min() < tt[-1]:
+                        break  # no group has room for even the shortest left
+                got = np.flatnonzero(dest >= 0)
+                if not got.size:
+                    continue
+                free_item[sel[got]] = False
+                by = got[np.argsort(dest[got], kind="stable")]
+                cuts = np.flatnonzero(np.diff(dest[by])) + 1
+                for part in np.split(by, cuts):
+                    groups[int(g_arr[dest[part[0]]])][3].extend(ks[part].tolist())
+                for i, g in enumerate(gids):
+                    groups[g][2] = float(loads[i])
+
+    # ----- 3. placement, 4. filling, build ----------------------------------------------------------
+    def _place_and_build(self, step: int, head: int, win: np.ndarray, groups: list[list], t_star: float) -> StepPlan:
+        W, rpn = self.world_size, self.config.planning.ranks_per_node
+        has_head = [head in gr[3] for gr in groups]
+        order = sorted(range(len(groups)), key=lambda i: (-groups[i][0], not has_head[i], i))
+        starts, free = place_largest_first([groups[i][0] for i in order], W, rpn)
+        hi = order.index(has_head.index(True))
+        if starts[hi] is None:  # alignment left no slot for the head's group: drop the larger groups
+            p_h = groups[order[hi]][0]
+            order = [i for i in order if groups[i][0] <= p_h]
+            order.sort(key=lambda i: (-groups[i][0], not has_head[i], i))
+            starts, free = place_largest_first([groups[i][0] for i in order], W, rpn)
+        placed = [(st, groups[i]) for i, st in zip(order, starts, strict=True) if st is not None]
+        fillers: list[tuple[int, Setting, list[int]]] = []
+        idle: list[int] = []
+        if not free:
+            return self._build(step, placed, fillers, idle)
+        # 4. fill free segments with window micro-batches not yet taken, at a smaller p if needed
+        taken = {k for _, gr in placed for k in gr[3]}
+        rest: dict[int, list[int]] = {}
+        grp = self._mbq.group
+        for k in win.tolist():
+            if k not in taken:
+                rest.setdefault(grp[k], []).append(k)
+        for lst in rest.values():
+            lst.reverse()  # pop() from the end yields release order
+        for a, e in free:
+            while a < e:
+                pick = self._filler(a % rpn, e - a, rest, t_star)
+                if pick is None:
+                    idle.append(a)
+                    a += 1
+                    continue
+                s, ks = pick
+                fillers.append((a, s, ks))
+                a += s.sp_size
+        return self._build(step, placed, fillers, idle)
+
+    def _filler(self, local: int, room: int, rest: dict[int, list[int]], t_star: float):
+        """A smaller-p group for a free aligned slot: the earliest left-over window micro-batch with a setting
+        whose p fits, then more of its seq_group while the group stays within t_star. None: nothing fits."""
+        best_k, best = None, None
+        limit = t_star * (1 + 1e-9)
+        for g, lst in rest.items():
+            if not lst or (best_k is not None and lst[-1] >= best_k):
+                continue
+            fits = [s for s in self._options[g] if s.sp_size <= room and local % s.sp_size == 0
+                    and self._unit_time(s) <= limit]
+            if fits:
+                best_k, best = lst[-1], max(fits, key=lambda s: (s.tokens_per_gpu_s, s.sp_size))
+        if best is None:
+            return None
+        lst = rest[best.seq_group]
+        unit = self._unit_time(best)
+        ks = [lst.pop()]
+        load = unit
+        while lst and load + unit <= limit:
+            ks.append(lst.pop())
+            load += unit
+        return best, ks
+
+    def _build(self, step: int, placed: list, fillers: list, idle: list[int]) -> StepPlan:
         mbq = self._mbq
-        start, stop, mb_time = mbq.start, self._mb_end, self._mb_time
-        new_group, tuple_new = GroupPlan, tuple.__new__
-        plans: list[GroupPlan | None] = [None] * len(records)
-        for g, js in members.items():
-            q, ids, lens = queue[g], mbq.ids_list[g], mbq.lens_list[g]
-            f = front[g]
-            primary_p = self._p_of[g]
-            counts = [ga[kind_of[j]] for j in js]
-            total = sum(counts)
-            # Micro-batches run at the primary setting are built for the whole seq_group in one pass
-            # (one comprehension, not one per group), then dealt out in FIFO order.
-            # tuple.__new__ skips the NamedTuple's Python-level __new__ frame (~20% of this loop at W = 4096).
-            built = tuple(
-                [
-                    tuple_new(MicroBatch, (ids[(a := start[k]) : (e := stop[k])], lens[a:e], g, mb_time[k]))
-                    for k in q[f : f + total]
-                ]
-            )
-            o = 0
-            s0 = records[js[0]][2]
-            if s0.sp_size == primary_p and all(records[j][2] is s0 for j in js):
-                p0, r0 = s0.sp_size, s0.recompute_layers  # common case: every group at the primary setting
-                for j, n in zip(js, counts, strict=True):
-                    plans[j] = new_group(records[j][0], p0, r0, built[o : o + n])
-                    o += n
-            else:
-                for j, n in zip(js, counts, strict=True):
-                    s = records[j][2]
-                    if s.sp_size == primary_p:
-                        mbs = built[o : o + n]
-                    else:
-                        mbs = tuple(self._chunked(g, s, q[f + o : f + o + n]))
-                    o += n
-                    plans[j] = new_group(records[j][0], s.sp_size, s.recompute_layers, mbs)
-            front[g] = f + total
-        for j, rec in enumerate(records):
-            if rec[2] is None:
-                plans[j] = new_group(rec[0], 1, 0, ())  # an idle rank
-        return StepPlan(self.epoch, step, self.world_size, self.method, tuple(plans))
+        start, stop, grp, ids_of, lens_of = mbq.start, self._mb_end, mbq.group, mbq.ids_list, mbq.lens_list
+        t_of, r_of, at = self._mb_t_list, self._mb_r, self._time_at
+        consumed = self._consumed
+        tuple_new, new_group = tuple.__new__, GroupPlan
+        out: list[GroupPlan] = []
+        for st, (p, r, _, ks) in placed:
+            ks.sort()
+            at_r = at.get(r)
+            mbs = tuple([
+                tuple_new(MicroBatch, (ids_of[(g := grp[k])][(a := start[k]) : (e := stop[k])], lens_of[g][a:e], g,
+                                       t_of[k] if r_of[k] == r else at_r[k]))
+                for k in ks
+            ])
+            out.append(new_group(st, p, r, mbs))
+        cons = np.frombuffer(consumed, dtype=np.uint8)
+        cons[np.fromiter((k for _, gr in placed for k in gr[3]), dtype=np.int64)] = 1
+        for st, s, ks in fillers:
+            ks.sort()
+            for k in ks:
+                consumed[k] = 1
+            out.append(new_group(st, s.sp_size, s.recompute_layers, tuple(self._chunked(s.seq_group, s, ks))))
+        out.extend(new_group(a, 1, 0, ()) for a in idle)
+        out.sort(key=_FIRST)
+        return StepPlan(self.epoch, step, self.world_size, self.method, tuple(out))
 
     def _chunked(self, g: int, s: Setting, ks: list[int]) -> list[MicroBatch]:
         """Micro-batches of a smaller-p filler group: each primary micro-batch split into chunks of its b."""

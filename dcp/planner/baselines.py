@@ -8,6 +8,10 @@ group on every aligned block of p ranks (``placement.aligned_slots``); ranks no 
   within the reference time of the longest seq_group at b = 1 (at least 1), as Open-Sora tunes its
   bucket batch sizes: every group's step then lasts about the same. Micro-batches come from the same
   seq_group queues as DCP, in readiness order, W // p per step.
+- Bucket parallel, searched (``bucket-search``): the same, but the reference time is chosen among the
+  table's full-recompute times at p (every candidate that changes some b) to maximise the predicted
+  throughput of the epoch (tokens / sum of step times, each step the longest of its micro-batches): the
+  strongest bucket baseline this rule family allows. Gradient sync is not in the prediction.
 - Packed parallel: samples in stream order are packed greedily into micro-batches of at most
   ``planning.packed_token_budget`` tokens (0: the largest b * seq_len that fits memory at p, r = L).
   A pack's predicted time is the sum of its samples' b = 1 times with the constant part T_C counted once.
@@ -81,8 +85,10 @@ def bucket_batch_sizes(
     groups: list[int],
     mem_capacity_bytes: float,
     all_groups: np.ndarray | None = None,
+    reference_s: float | None = None,
 ) -> dict[int, int]:
-    """Per seq_group, the largest b (r = L, fits memory) whose time is within the longest group's b=1 time."""
+    """Per seq_group, the largest b (r = L, fits memory) whose time is within the reference time: the longest
+    group's b=1 time (Open-Sora's rule), or ``reference_s`` when given (bucket-search)."""
     L = table.num_layers
     longest = max(groups)
     ref_row = _row(table, longest, sp_size, 1)
@@ -96,7 +102,7 @@ def bucket_batch_sizes(
             world_size=sp_size,
             what="b=1 row at the fixed sp_size",
         )
-    t_ref = micro_batch_time_s(ref_row, L)
+    t_ref = micro_batch_time_s(ref_row, L) if reference_s is None else reference_s
     out = {}
     for g in groups:
         ok = [
@@ -157,8 +163,43 @@ def baseline_steps(pl: EpochPlanner) -> Iterator[StepPlan]:
     if pl.method == "bucket":
         pl.batch_sizes = bucket_batch_sizes(pl.table, p, present, cap, pl.groups)
         return _bucket(pl, p, slots, pl.batch_sizes)
+    if pl.method == "bucket-search":
+        pl.batch_sizes = searched_batch_sizes(pl, p, slots, present, cap)
+        return _bucket(pl, p, slots, pl.batch_sizes)
     budget = packed_token_budget(pl.table, p, cap, cfg.packed_token_budget)
     return _packed(pl, p, slots, budget)
+
+
+def searched_batch_sizes(pl: EpochPlanner, p: int, slots: list[int], present: list[int], cap: float) -> dict[int, int]:
+    """Batch sizes of the bucket rule for the reference time that maximises predicted epoch throughput.
+
+    Candidates: every full-recompute time of a fitting row at p of a present seq_group (each b assignment the
+    rule can produce comes from one of them); the epoch is planned exactly as ``_bucket`` does (micro-batches
+    in readiness order, one per slot, a step lasting its longest micro-batch) and scored by tokens / time.
+    Ties keep the smaller reference (the first found), so the choice is deterministic.
+    """
+    L = pl.table.num_layers
+    times = sorted({micro_batch_time_s(r, L) for g in present for r in pl.table.rows_for(g)
+                    if r.sp_size == p and _fits_full_recompute(r, cap)})
+    lookup = TimeLookup(pl.table)
+    tokens = float(pl.lengths.sum())
+    best, best_tput, seen = None, -1.0, set()
+    for t_ref in times:
+        b_of = bucket_batch_sizes(pl.table, p, present, cap, pl.groups, reference_s=t_ref)
+        key = tuple(sorted(b_of.items()))
+        if key in seen:
+            continue
+        seen.add(key)
+        mbq = MicroBatchQueues(pl.lengths, pl.groups, pl.order, b_of, shapes=pl.shapes)
+        mb_time = micro_batch_times(mbq, lookup, {g: (p, L) for g in b_of})
+        cuts = np.arange(0, mbq.num, len(slots))
+        total = float(np.maximum.reduceat(mb_time, cuts).sum()) if mbq.num else 0.0
+        tput = tokens / total if total > 0 else 0.0
+        if tput > best_tput * (1 + 1e-12):
+            best, best_tput = b_of, tput
+    if best is None:  # no fitting row at p: the plain rule raises the clear error
+        return bucket_batch_sizes(pl.table, p, present, cap, pl.groups)
+    return best
 
 
 def _step(pl: EpochPlanner, step: int, p: int, slots: list[int], mbs: list[MicroBatch | None]) -> StepPlan:

@@ -2,7 +2,10 @@
 
 For each W: an analytic table for the default model on W ranks, a long seeded synthetic stream, and
 ``time.perf_counter`` around every ``next()`` of the EpochPlanner (the per-epoch preparation, done once,
-is reported separately as setup_ms). One row per W; with --json a last line {"rows": [...]}.
+is reported separately as setup_ms). Then the same steps again through ``PlanAhead`` (``dcp.planner.ahead``)
+with a consumer that spends ``--step-ms`` per step (sleeping, as a rank waiting on GPU kernels does): the
+time ``next()`` still blocks is the exposed cost (exposed_median_ms, exposed_p99_ms). One row per W; with
+--json a last line {"rows": [...]}.
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-sizes", default="8,32,256,1024,4096", help="comma-separated W values")
     parser.add_argument("--steps", type=int, default=50, help="steps timed per world size")
     parser.add_argument("--method", choices=METHODS, default="dcp-intra", help="planning method")
+    parser.add_argument("--step-ms", type=float, default=200.0,
+                        help="simulated compute per step while plans are made ahead (exposed cost)")
     parser.add_argument("--json", action="store_true", help='print a last line {"rows": [...]}')
 
 
-def bench_world_size(world_size: int, steps: int, method: str = "dcp-intra") -> dict:
+def bench_world_size(world_size: int, steps: int, method: str = "dcp-intra", step_ms: float = 200.0) -> dict:
     from dcp.planner.analytic import CPU_SMALL, analytic_table_for
     from dcp.planner.assemble import EpochPlanner
     from dcp.planner.lengths import synthetic_lengths
@@ -55,6 +60,22 @@ def bench_world_size(world_size: int, steps: int, method: str = "dcp-intra") -> 
         samples += plan.samples
         done += 1
     arr = np.asarray(times) * 1e3
+    # Planned ahead: what a rank still waits for next() when each step computes for step_ms.
+    from dcp.planner.ahead import PlanAhead
+
+    exposed = []
+    with PlanAhead(EpochPlanner(lengths, table, config, world_size)) as ahead:
+        next(ahead)  # the epoch's first plan (preparation included) is computed before training starts
+        time.sleep(step_ms / 1e3)
+        for _ in range(len(times)):
+            t0 = time.perf_counter()
+            try:
+                next(ahead)
+            except StopIteration:
+                break
+            exposed.append(time.perf_counter() - t0)
+            time.sleep(step_ms / 1e3)
+    ex = np.asarray(exposed) * 1e3
     return {
         "world_size": world_size,
         "method": method,
@@ -65,6 +86,8 @@ def bench_world_size(world_size: int, steps: int, method: str = "dcp-intra") -> 
         "p99_ms": round(float(np.percentile(arr, 99)), 3) if len(arr) else float("nan"),
         # Process CPU time: robust when other jobs share the cores (wall time then includes waiting).
         "cpu_median_ms": round(float(np.median(cpu)) * 1e3, 3) if cpu else float("nan"),
+        "exposed_median_ms": round(float(np.median(ex)), 3) if len(ex) else float("nan"),
+        "exposed_p99_ms": round(float(np.percentile(ex, 99)), 3) if len(ex) else float("nan"),
         "micro_batches_per_step": int(np.median(mbs)) if mbs else 0,
         "us_per_micro_batch": round(float(np.median(arr)) * 1e3 / max(1.0, float(np.median(mbs or [1]))), 2),
     }
@@ -82,6 +105,9 @@ def run(args: argparse.Namespace) -> int:
     if not sizes or min(sizes) < 1:
         print(f"dcp bench planner: error: --world-sizes ({args.world_sizes!r}) must be integers >= 1, e.g. 8,32,256")
         return 2
+    if args.step_ms < 0:
+        print(f"dcp bench planner: error: --step-ms ({args.step_ms}) must be >= 0: the simulated compute per step")
+        return 2
     if args.steps < 1:
         print(f"dcp bench planner: error: --steps ({args.steps}) must be >= 1: time at least one step")
         return 2
@@ -94,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
         "median_ms",
         "p99_ms",
         "cpu_median_ms",
+        "exposed_median_ms",
         "micro_batches_per_step",
         "us_per_micro_batch",
     )
@@ -102,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
 
     for w in (bar := tqdm(sizes, desc="bench planner", unit="W", dynamic_ncols=True)):
         bar.set_postfix_str(f"W={w}")
-        r = bench_world_size(w, args.steps, args.method)
+        r = bench_world_size(w, args.steps, args.method, args.step_ms)
         rows.append(r)
         bar.write(" ".join(f"{r[c]!s:>{max(9, len(c))}}" for c in cols))
     if args.json:

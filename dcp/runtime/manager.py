@@ -188,8 +188,11 @@ class DCPManager:
         if self.table is None:
             self.init_profiler()
         from dcp.planner import EpochPlanner
+        from dcp.planner.ahead import plan_ahead
 
-        return EpochPlanner(self.lengths, self.table, self.config, self.world_size, epoch, shapes=self.shapes)
+        # planned a few steps ahead on a background thread (same plans, same order: dcp.planner.ahead)
+        return plan_ahead(EpochPlanner(self.lengths, self.table, self.config, self.world_size, epoch,
+                                       shapes=self.shapes))
 
     def get_data_iter(self, max_steps: int | None = None) -> Iterator[Any]:
         """This rank's micro-batches (Batch objects) of the current epoch, resuming mid-epoch if restored.

@@ -140,6 +140,10 @@ def run(args: argparse.Namespace) -> int:
               f"{r.idle_ratio:>6.3f} {r.idle_ratio_batch:>6.3f} {max(r.idle_ratio_per_rank):>8.3f} "
               f"{r.ideal_tokens_per_s:>12.0f} "
               f"{r.ideal_fraction:>10.3f} {100 * r.sync_time_s / r.total_time_s:>6.1f}")
+    base = max((m for m in ("bucket", "bucket-search") if m in out), key=lambda m: out[m].tokens_per_s, default=None)
+    if base is not None:  # DCP's speedup over the stronger of the two bucket baselines
+        print(f"# speedup over {base}: " + ", ".join(f"{m} {out[m].tokens_per_s / out[base].tokens_per_s:.2f}x"
+                                                     for m in out if m.startswith("dcp")))
     if args.json:
         def brief(r):
             return {"tokens_per_s": r.tokens_per_s, "idle_ratio": r.idle_ratio, "ideal_fraction": r.ideal_fraction,

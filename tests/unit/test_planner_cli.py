@@ -18,10 +18,10 @@ def _run(module, argv):
 
 
 def test_plan_synthetic_json(capsys):
-    assert _run(cli, ["--synthetic", "300", "--world-size", "6", "--steps", "3", "--json"]) == 0
+    assert _run(cli, ["--synthetic", "300", "--world-size", "6", "--steps", "2", "--json"]) == 0
     out = capsys.readouterr().out.splitlines()
     data = json.loads(out[-1])
-    assert len(data["steps"]) == 3 and data["summary"]["samples"] == 300
+    assert len(data["steps"]) == 2 and data["summary"]["samples"] == 300
     assert data["summary"]["world_size"] == 6 and data["summary"]["method"] == "dcp-intra"
     assert out[0].split()[:3] == ["step", "sp", "ga"]
     assert any(line.startswith("epoch: steps=") for line in out)
@@ -74,11 +74,12 @@ def test_synthetic_lengths():
 
 
 def test_bench_rows_and_json(capsys):
-    assert _run(bench, ["--world-sizes", "4,12", "--steps", "5", "--json"]) == 0
+    assert _run(bench, ["--world-sizes", "4,12", "--steps", "5", "--step-ms", "1", "--json"]) == 0
     out = capsys.readouterr().out.splitlines()
     rows = json.loads(out[-1])["rows"]
     assert [r["world_size"] for r in rows] == [4, 12]
     assert all(r["steps"] == 5 and r["median_ms"] > 0 and r["p99_ms"] >= r["median_ms"] for r in rows)
+    assert all(r["exposed_median_ms"] >= 0 for r in rows)
     assert len(out) == 4  # header, two rows, json
 
 
@@ -92,11 +93,13 @@ def test_bench_planner_rejects_bad_arguments(capsys):
 
     from dcp.planner import bench
 
-    for world_sizes, steps, needle in (
-        ("8,x", 5, "must be comma-separated integers"),
-        ("0", 5, "must be integers >= 1"),
-        ("8", 0, "--steps (0) must be >= 1"),
+    for world_sizes, steps, step_ms, needle in (
+        ("8,x", 5, 200.0, "must be comma-separated integers"),
+        ("0", 5, 200.0, "must be integers >= 1"),
+        ("8", 0, 200.0, "--steps (0) must be >= 1"),
+        ("8", 5, -1.0, "--step-ms (-1.0) must be >= 0"),
     ):
-        args = argparse.Namespace(world_sizes=world_sizes, steps=steps, method="dcp-intra", json=True)
+        args = argparse.Namespace(world_sizes=world_sizes, steps=steps, method="dcp-intra", json=True,
+                                  step_ms=step_ms)
         assert bench.run(args) == 2
         assert needle in capsys.readouterr().out

@@ -38,8 +38,12 @@ def test_simulate_lengths_file_all_methods(tmp_path, capsys):
     rc = _run(cli, ["--lengths", str(f), "--model", "t2d-1.2b", "--hardware", "h100", "--gpus", "8",
                     "--method", "all", "--json"])
     assert rc == 0
-    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert set(last["methods"]) == {"bucket", "packed", "dcp-inter", "dcp-intra"}
+    out = capsys.readouterr().out.strip().splitlines()
+    last = json.loads(out[-1])
+    assert set(last["methods"]) == {"bucket", "packed", "dcp-inter", "dcp-intra", "bucket-search"}
+    # DCP's speedup is reported over the stronger of the two bucket baselines
+    base = max(("bucket", "bucket-search"), key=lambda m: last["methods"][m]["tokens_per_s"])
+    assert any(line.startswith(f"# speedup over {base}: dcp-inter") for line in out)
 
 
 @pytest.mark.parametrize(
