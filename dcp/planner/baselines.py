@@ -19,7 +19,7 @@ group on every aligned block of p ranks (``placement.aligned_slots``); ranks no 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -260,12 +260,15 @@ def _packed(pl: EpochPlanner, p: int, slots: list[int], budget: int) -> Iterator
     for g in one:
         idx = np.flatnonzero(pl.groups == g)
         sample_time[idx] = times.padded_times_s(g, p, L, 1, pl.lengths[idx])
-    return _pack_steps(pl, p, slots, budget, one, sample_time)
+    # A 1D pack runs as one row of documents (one forward, document-masked attention): priced from its
+    # documents' real lengths with the overhead paid once. A 2D pack runs its samples one by one.
+    pack_time = None if pl.shapes is not None else (lambda lens: times.pack_time_s(p, L, lens))
+    return _pack_steps(pl, p, slots, budget, one, sample_time, pack_time)
 
 
 def _pack_steps(
     pl: EpochPlanner, p: int, slots: list[int], budget: int, one: dict[int, tuple[float, float]],
-    sample_time: np.ndarray,
+    sample_time: np.ndarray, pack_time: Callable[[list[int]], float] | None = None,
 ) -> Iterator[StepPlan]:
     order = pl.order.tolist()
     lengths = pl.lengths[pl.order].tolist()
@@ -287,6 +290,7 @@ def _pack_steps(
                 tc = max(tc, c)
                 i += 1
             # One forward/backward for the whole pack: the constant part (embedding, head, loss) once.
-            mbs.append(MicroBatch(tuple(ids), tuple(lens), -1, t + tc))
+            t_pack = pack_time(lens) if pack_time is not None and len(lens) > 1 else t + tc
+            mbs.append(MicroBatch(tuple(ids), tuple(lens), -1, t_pack))
         yield _step(pl, step, p, slots, mbs)
         step += 1

@@ -111,26 +111,25 @@ def check_plans_packed(plans, lengths, world):
     assert all(sum(g.sp_size for g in p.groups) == world for p in plans)
 
 
-def test_packed_time_counts_constant_once():
-    cfg, table = make(4, method="packed")
-    cfg = _with(cfg, packed_token_budget=10_000, bucket_sp_size=1)
-    plans = plan_epoch([100, 100], table, cfg, 4)
-    (mb,) = [mb for g in plans[0].groups for mb in g.micro_batches]
-    row = next(r for r in table.rows_for(0) if (r.sp_size, r.micro_batch_size) == (1, 1))
-    t_edge = micro_batch_time_s(row, 4)
-    # each sample is priced at its own length (TimeLookup's length model, exact at the bound), and the pack
-    # pays the constant part T_C once
+def test_packed_time_is_one_row_of_documents_in_1d_and_per_sample_in_2d():
     from dcp.planner.stream import TimeLookup
 
+    cfg, table = make(4, method="packed")
+    cfg = _with(cfg, packed_token_budget=10_000, bucket_sp_size=1)
     times = TimeLookup(table)
-    t_100 = times.lengths_time_s(0, 1, 4, [100])
-    assert t_100 <= t_edge and mb.size == 2 and mb.time_s == pytest.approx(2 * t_100 - row.t_const_s)
-    plans = plan_epoch([384, 384], table, cfg, 4)
+    # 1D: the pack runs as one sequence of documents, priced from its real lengths with the overhead once
+    for lens in ([100, 100], [384, 384], [384, 100, 30]):
+        plans = plan_epoch(lens, table, cfg, 4)
+        (mb,) = [mb for g in plans[0].groups for mb in g.micro_batches]
+        assert mb.size == len(lens) and mb.time_s == pytest.approx(times.pack_time_s(1, 4, lens))
+        # one forward of the whole row costs less than running the documents one by one
+        assert mb.time_s < sum(times.lengths_time_s(int(table.group_of(n)), 1, 4, [n]) for n in lens)
+    # 2D (shapes given): the samples run one by one, each at its own length, the constant part T_C once
+    plans = plan_epoch([100, 100], table, cfg, 4, shapes=[(1, 100), (2, 50)])
     (mb,) = [mb for g in plans[0].groups for mb in g.micro_batches]
-    row2 = next(r for r in table.rows_for(1) if (r.sp_size, r.micro_batch_size) == (1, 1))
-    t_384 = times.lengths_time_s(1, 1, 4, [384])
-    assert t_edge < t_384 < micro_batch_time_s(row2, 4)
-    assert mb.time_s == pytest.approx(2 * t_384 - row2.t_const_s)
+    row = next(r for r in table.rows_for(0) if (r.sp_size, r.micro_batch_size) == (1, 1))
+    t_100 = times.lengths_time_s(0, 1, 4, [100])
+    assert t_100 <= micro_batch_time_s(row, 4) and mb.time_s == pytest.approx(2 * t_100 - row.t_const_s)
 
 
 def test_packed_errors():
