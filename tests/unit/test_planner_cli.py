@@ -18,10 +18,10 @@ def _run(module, argv):
 
 
 def test_plan_synthetic_json(capsys):
-    assert _run(cli, ["--synthetic", "300", "--world-size", "6", "--steps", "2", "--json"]) == 0
+    assert _run(cli, ["--synthetic", "1000", "--world-size", "6", "--steps", "2", "--json"]) == 0
     out = capsys.readouterr().out.splitlines()
     data = json.loads(out[-1])
-    assert len(data["steps"]) == 2 and data["summary"]["samples"] == 300
+    assert len(data["steps"]) == 2 and data["summary"]["samples"] == 1000
     assert data["summary"]["world_size"] == 6 and data["summary"]["method"] == "dcp-intra"
     assert out[0].split()[:3] == ["step", "sp", "ga"]
     assert any(line.startswith("epoch: steps=") for line in out)
