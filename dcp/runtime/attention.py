@@ -146,6 +146,12 @@ def local_attention(
     docs = None if doc_lens is None else check_doc_lens(doc_lens, b, s)
     if docs is None or _layout(docs, b, s)[0]:  # no padding, one document per row: the plain kernel
         return _flash_dense(q, k, v, causal) if kind == "flash" else _sdpa_dense(q, k, v, causal)
+    if not any(docs_row for docs_row in docs):
+        # Nothing but padding (e.g. a rank whose spatial shard is all padding in Transformer-2D's temporal
+        # attention). The zeros stay tied to q, k and v so the parameters that made them still get a (zero)
+        # gradient on this rank: ZeRO's gradient hooks and buckets must fire identically on every rank, and a
+        # parameter whose gradient is None on one rank desynchronises DeepSpeed's reduction.
+        return q * 0 + (k.sum() + v.sum()) * 0
     if kind == "flash":
         return _flash_varlen(q, k, v, causal=causal, docs=docs)
     return _sdpa_docs(q, k, v, causal=causal, runs=_layout(docs, b, s)[1])
@@ -203,8 +209,6 @@ def _flash_varlen(q, k, v, *, causal: bool, docs: DocLens) -> torch.Tensor:
     b, s, h, d = q.shape
     starts = [i * s + off for i, row in enumerate(docs) for off in _offsets(row)]
     lens = [n for row in docs for n in row]
-    if not lens:  # nothing but padding
-        return q.new_zeros(q.shape)
     idx = torch.cat([torch.arange(a, a + n) for a, n in zip(starts, lens, strict=True)])
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     idx, cu = _host_to(idx, q.device), _host_to(cu, q.device)

@@ -77,6 +77,16 @@ def test_full_rows_take_one_call_without_mask(monkeypatch):
     assert len(calls) == 2 and all("attn_mask" not in c for c in calls)  # rows 0-1 together, then row 2
 
 
+def test_all_padding_gives_zeros_that_still_give_every_input_a_gradient():
+    # a rank whose rows are all padding must still produce (zero) gradients: DeepSpeed's ZeRO buckets go
+    # out of step across ranks when a parameter's gradient is None on one of them
+    q, k, v = (torch.randn(3, 5, 2, 4, requires_grad=True) for _ in range(3))
+    out = local_attention(q, k, v, causal=False, doc_lens=[(), (), ()])
+    assert torch.equal(out, torch.zeros_like(out))
+    out.sum().backward()
+    assert all(t.grad is not None and torch.equal(t.grad, torch.zeros_like(t)) for t in (q, k, v))
+
+
 @pytest.mark.parametrize(
     ("doc_lens", "words"),
     [
