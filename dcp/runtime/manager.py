@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dcp.config import ConfigError, DCPConfig, ModelShapeConfig
+from dcp.config import ConfigError, DCPConfig, ModelShapeConfig, PlanningConfig
 from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
 from dcp.runtime.context import SPContext
 from dcp.runtime.data import check_dataset, target_counts
@@ -548,7 +548,9 @@ def set_manager(model: torch.nn.Module, dataset: Any, config: DCPConfig | None =
                 "config (None) cannot be derived from this model (it has no config.shape()): pass "
                 "dcp.DCPConfig(model=ModelShapeConfig(num_layers=..., hidden_size=..., num_heads=...))"
             )
-        config = DCPConfig(model=derived)
+        # default SP sizes that divide the model's heads (Ulysses shards heads)
+        sizes = tuple(p for p in PlanningConfig().sp_sizes if derived.num_heads % p == 0)
+        config = DCPConfig(model=derived, planning=PlanningConfig(sp_sizes=sizes))
     elif derived is not None and config.model == ModelShapeConfig():
         config = dataclasses.replace(config, model=derived)  # [model] left at its default: the model's own
     model_config = getattr(model, "config", None)
