@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", default="0,1", help="comma-separated seeds per method (default: %(default)s)")
     parser.add_argument("--methods", default=",".join(METHODS), help="methods (default: %(default)s)")
     parser.add_argument("--lr", type=float, default=2e-3, help="AdamW learning rate (default: %(default)s)")
-    parser.add_argument("--mem-capacity-gib", type=float, default=0.006,
+    parser.add_argument("--mem-capacity-gib", type=float, default=0.005,
                         help="emulated per-rank memory, so that DCP mixes SP sizes (default: %(default)s)")
     parser.add_argument("--world-size", type=int, default=2, help="gloo processes (default: %(default)s)")
     parser.add_argument("--gmax", type=int, default=1,
