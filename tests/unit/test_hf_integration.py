@@ -241,3 +241,20 @@ def test_byte_corpus_is_real_and_length_diverse():
         ByteCorpus(min_len_tokens=1)
     with pytest.raises(CorpusError, match="max_len_tokens"):
         ByteCorpus(min_len_tokens=64, max_len_tokens=32)
+
+
+def test_the_example_adds_the_lines_it_claims():
+    """examples/hf_llama.py = examples/hf_llama_plain.py + the lines marked # DCP (the README's count)."""
+    import difflib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "examples"
+
+    def code(name):  # the file without its module docstring
+        text = (root / name).read_text()
+        return text[text.index('"""', 3) + 3:].splitlines()
+
+    added = [line[1:] for line in difflib.unified_diff(code("hf_llama_plain.py"), code("hf_llama.py"), lineterm="", n=0)
+             if line.startswith("+") and not line.startswith("+++")]
+    assert added == [line for line in code("hf_llama.py") if line.rstrip().endswith("# DCP") or "# DCP:" in line]
+    assert len(added) == 14
