@@ -536,8 +536,6 @@ def set_manager(model: torch.nn.Module, dataset: Any, config: DCPConfig | None =
             integration = hf.prepare(model)  # raises, naming forward_fn=, for a family it cannot drive
             forward_fn = integration.forward
             adapter = adapter if adapter is not None else integration.adapter()
-        else:
-            _check_forward(model)
     derived = integration.shape() if integration is not None else None
     if derived is None:
         shape = getattr(getattr(model, "config", None), "shape", None)
@@ -553,6 +551,8 @@ def set_manager(model: torch.nn.Module, dataset: Any, config: DCPConfig | None =
         config = DCPConfig(model=derived, planning=PlanningConfig(sp_sizes=sizes))
     elif derived is not None and config.model == ModelShapeConfig():
         config = dataclasses.replace(config, model=derived)  # [model] left at its default: the model's own
+    if forward_fn is None:
+        _check_forward(model)
     model_config = getattr(model, "config", None)
     heads = getattr(model_config, "num_heads", None) or getattr(model_config, "num_attention_heads", None)
     if isinstance(heads, int) and heads != config.model.num_heads:
