@@ -35,7 +35,7 @@ def train(rank: int, world_size: int, epochs: int = 1, samples: int = 48) -> lis
                            planning=dcp.config.PlanningConfig(sp_sizes=(1, 2), mem_capacity_gib=0.006))  # DCP: emulated memory
     mgr = dcp.set_manager(model, dataset, config, optimizer=optimizer)  # DCP: Ulysses attention, forward, profiler
     engine = mgr.engine  # DCP
-    for epoch in range(epochs):
+    for _ in range(epochs):  # DCP: the manager tracks the epoch
         if mgr.need_profile():  # DCP
             mgr.init_profiler()  # DCP: dual-layer profiling of this model inside this run, cached
         for batch in mgr.get_data_iter():  # DCP

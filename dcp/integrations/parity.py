@@ -243,7 +243,7 @@ def plot(steps: Any, curves: Any, path: Path, args: argparse.Namespace, verdict:
     colors = {"bucket": "tab:blue", "dcp-intra": "tab:orange", "dcp-inter": "tab:green", "packed": "tab:red"}
     styles = ["-", "--", ":", "-."]
     fig, ax = plt.subplots(figsize=(8.5, 5.5))
-    for k, ((method, seed), run) in enumerate(steps.groupby(["method", "seed"], sort=False)):
+    for (method, seed), run in steps.groupby(["method", "seed"], sort=False):
         color = colors.get(method, "gray")
         ax.plot(run["tokens_cum"] / 1e3, run["loss"], color=color, alpha=0.18, linewidth=0.8)
         c = curves[(curves.method == method) & (curves.seed == seed)]
