@@ -69,6 +69,8 @@ class DCPManager:
         self.model, self.dataset, self.config, self.engine = model, dataset, config, engine
         self.table, self._plans = table, plans
         self.forward_fn = forward_fn or _default_forward
+        # checked at the first forward (a model only planned for, never run, needs no forward)
+        self._forward_error = _forward_problem(model) if forward_fn is None else None
         self.adapter = adapter
         """The profiler's ModelAdapter (None: derived from the model); need_profile() and init_profiler()
         build their cache key from it (its SP sizes included), so they always agree."""
@@ -381,6 +383,8 @@ class DCPManager:
 
     # ----- internals used by the engine ------------------------------------------------------------
     def _before_forward(self, batch: Any) -> SPContext:
+        if self._forward_error is not None:
+            raise self._forward_error
         if not self._applied:
             self.optimize_dynamics(batch)
         self._layer_counter = 0
@@ -492,16 +496,16 @@ class DCPManager:
             self.log.info(stats.line())
 
 
-def _check_forward(model: Any) -> None:
-    """A model without forward_fn must take ``model(batch, ctx)`` (the reference models do)."""
+def _forward_problem(model: Any) -> ManagerError | None:
+    """Without forward_fn the model must take ``model(batch, ctx)`` (the reference models do)."""
     import inspect
 
     try:
         inspect.signature(model.forward).bind(None, None)
-        return
+        return None
     except (TypeError, ValueError, AttributeError):
         pass
-    raise ManagerError(
+    return ManagerError(
         f"forward_fn (None) but {type(model).__name__}.forward cannot be called as model(batch, ctx): pass "
         "set_manager(..., forward_fn=fn) with fn(model, batch, ctx) -> (loss_sum, labelled_token_count) over "
         "this rank's chunk of the batch (a Llama / Qwen2 / Mistral transformers causal LM needs none: DCP "
@@ -551,8 +555,6 @@ def set_manager(model: torch.nn.Module, dataset: Any, config: DCPConfig | None =
         config = DCPConfig(model=derived, planning=PlanningConfig(sp_sizes=sizes))
     elif derived is not None and config.model == ModelShapeConfig():
         config = dataclasses.replace(config, model=derived)  # [model] left at its default: the model's own
-    if forward_fn is None:
-        _check_forward(model)
     model_config = getattr(model, "config", None)
     heads = getattr(model_config, "num_heads", None) or getattr(model_config, "num_attention_heads", None)
     if isinstance(heads, int) and heads != config.model.num_heads:

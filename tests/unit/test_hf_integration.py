@@ -38,6 +38,13 @@ def qwen2():
         num_key_value_heads=2, max_position_embeddings=256))
 
 
+def mistral():
+    torch.manual_seed(0)
+    return transformers.MistralForCausalLM(transformers.MistralConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, sliding_window=64))
+
+
 def small_config(cache_dir, **profiling) -> DCPConfig:
     return DCPConfig(
         profiling=ProfilingConfig(**{"seq_group_edges": (16, 32), "max_micro_batch_size": 2, "warmup_iters": 0,
@@ -47,7 +54,7 @@ def small_config(cache_dir, **profiling) -> DCPConfig:
 
 
 def test_prepared_model_matches_the_unmodified_model_and_keeps_eval_usable():
-    for build in (llama, qwen2):
+    for build in (llama, qwen2, mistral):
         model, ref = build(), build()
         integration = hf.prepare(model)
         assert model.config._attn_implementation == hf.ATTENTION_NAME
@@ -137,9 +144,17 @@ def test_missing_forward_fn_is_a_clear_error():
         def forward(self, x):
             return self.lin(x)
 
+    from dcp.planner import analytic_table_for
+
+    config = small_config("unused")
+    mgr = set_manager(Plain(), SyntheticTokenDataset(LENGTHS, vocab_size=8), config,
+                      table=analytic_table_for(config, 1))
+    assert list(mgr.epoch_plans(0))  # planning needs no forward
+    batch = next(iter(mgr.get_data_iter()))
+    # the first forward fails at once with the fix, not deep inside the model
     with pytest.raises(ManagerError, match=r"Plain.forward cannot be called as model\(batch, ctx\): pass "
                                            r"set_manager\(\.\.\., forward_fn=fn\)"):
-        set_manager(Plain(), SyntheticTokenDataset(LENGTHS, vocab_size=8), small_config("unused"))
+        mgr.engine(batch)
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32))
     with pytest.raises(hf.HFIntegrationError, match="pass forward_fn="):
         set_manager(gpt2, SyntheticTokenDataset(LENGTHS, vocab_size=8), small_config("unused"))
