@@ -117,7 +117,7 @@ def model_shape(model: Any, *, name: str | None = None) -> ModelShapeConfig:
     param_bytes = param.element_size() if param is not None else 4
     hidden, heads = int(c.hidden_size), int(c.num_attention_heads)
     return ModelShapeConfig(
-        name=name or f"{c.model_type}-hf-{_count_params(model) / 1e6:.1f}m",
+        name=name or f"{c.model_type}-hf-{_count_params(model) / 1e6:.2g}m",
         num_layers=int(c.num_hidden_layers), hidden_size=hidden, num_heads=heads,
         ffn_hidden_size=int(getattr(c, "intermediate_size", 0) or 0), vocab_size=int(c.vocab_size),
         param_bytes=param_bytes,
