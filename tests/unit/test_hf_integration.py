@@ -99,6 +99,9 @@ def test_prepare_refuses_what_it_cannot_drive():
         hf.prepare(gpt2)
     with pytest.raises(hf.HFIntegrationError, match="attention_dropout"):
         hf.prepare(llama(attention_dropout=0.1))
+    base = transformers.LlamaModel(llama().config)  # a Llama without its LM head
+    with pytest.raises(hf.HFIntegrationError, match=r"model_type \('llama', LlamaModel\) is not one of"):
+        hf.prepare(base)
 
 
 def test_attention_function_errors_name_the_fix():
