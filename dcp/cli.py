@@ -19,6 +19,7 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("simulate",), "dcp.sim.cli", "simulate a cluster on your own sequence lengths"),
     (("figures",), "dcp.figures", "regenerate every paper figure (PNG + CSV)"),
     (("sweep",), "dcp.experiments", "run an experiment sweep (real CPU runs or simulated clusters)"),
+    (("parity",), "dcp.integrations.parity", "train a small HF Llama with bucket and DCP-intra: loss vs tokens"),
     (("bench", "planner"), "dcp.planner.bench", "planning time per step for several world sizes"),
     (("bench", "runtime"), "dcp.runtime.bench", "manager overhead per step and SP switch cost"),
     (("bench", "profiler"), "dcp.profiler.bench", "dual-layer prediction error vs measured steps"),

@@ -176,6 +176,10 @@ class ProfilingConfig:
     """Timed repetitions; the median is recorded."""
     cache_dir: str = ".dcp_cache"
     """Folder of cached profile tables (one file per model/world/hardware/dtype/version key)."""
+    strict_cache: bool = False
+    """False: inside a training run a missing or stale cached table is profiled again in the run (and the
+    log says so). True: the run never profiles; a missing or stale table is an error (corrupt tables are
+    refused either way)."""
 
     def __post_init__(self) -> None:
         check_fields(self, "profiling")
@@ -195,6 +199,8 @@ class ProfilingConfig:
             fail("profiling.warmup_iters", self.warmup_iters, "must be >= 0", "set it to 0 or more")
         if self.measure_iters < 1:
             fail("profiling.measure_iters", self.measure_iters, "must be >= 1", "set it to 1 or more")
+        if not isinstance(self.strict_cache, bool):
+            fail("profiling.strict_cache", self.strict_cache, "must be true or false", "write strict_cache = false")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

@@ -11,10 +11,13 @@ The profiler never calls ``model.forward`` while profiling; it runs the pieces i
   benchmark's measured step).
 
 :class:`ProtocolAdapter` serves any model that already exposes these names (both reference models do).
-:class:`HFLlamaAdapter` serves a Hugging Face ``LlamaForCausalLM`` (``model.model.layers``,
-``embed_tokens``, ``rotary_emb``, ``norm``, ``lm_head``); its attention is the model's own, which only
-sees this rank's chunk, so it is limited to sp_size 1 unless ``sp_aware=True`` says the attention was
-replaced by a Ulysses-aware one.
+:class:`HFLlamaAdapter` serves a Hugging Face ``LlamaForCausalLM`` (or Qwen2 / Mistral: same
+``model.model.layers``, ``embed_tokens``, ``rotary_emb``, ``norm``, ``lm_head`` layout). HF's own
+attention only sees this rank's chunk, so the adapter is limited to sp_size 1 unless the model runs the
+DCP Ulysses attention (``dcp.integrations.hf.prepare(model)`` switches it to ``"dcp_ulysses"``, which
+the adapter detects): then every layer receives the profiler's SPContext as the ``dcp_ctx`` keyword,
+which HF forwards to the attention function, and SP-p candidates attend over the whole sequence
+through the profiler's SP group.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ class AdapterError(ValueError):
 def _config_dict(config: Any) -> dict[str, Any]:
     if config is None:
         return {}
+    if isinstance(config, dict):
+        return dict(config)
     if hasattr(config, "to_dict"):
         return dict(config.to_dict())
     if hasattr(config, "__dataclass_fields__"):
@@ -150,7 +155,7 @@ class ProtocolAdapter(ModelAdapter):
 class HFLlamaAdapter(ModelAdapter):
     """A Hugging Face LlamaForCausalLM (or any model with the same ``model.model.*`` layout)."""
 
-    def __init__(self, model: nn.Module, *, sp_aware: bool = False) -> None:
+    def __init__(self, model: nn.Module, *, sp_aware: bool | None = None) -> None:
         inner = getattr(model, "model", None)
         missing = [n for n in ("layers", "embed_tokens", "norm", "rotary_emb") if not hasattr(inner, n)]
         if not hasattr(model, "lm_head"):
@@ -161,7 +166,14 @@ class HFLlamaAdapter(ModelAdapter):
                 "causal LM (model.model.layers, embed_tokens, rotary_emb, norm, and lm_head); write a ModelAdapter"
             )
         self.module = model
-        self.sp_aware = sp_aware
+        attn = getattr(model.config, "_attn_implementation", None)
+        # None: SP-aware exactly when the model runs the DCP Ulysses attention (dcp.integrations.hf)
+        self.sp_aware = attn == "dcp_ulysses" if sp_aware is None else bool(sp_aware)
+        if self.sp_aware and attn != "dcp_ulysses":
+            raise AdapterError(
+                f"HFLlamaAdapter(sp_aware=True) but the model's attention is {attn!r}, which only sees this "
+                "rank's chunk: call dcp.integrations.hf.prepare(model) first (it selects 'dcp_ulysses')"
+            )
         self.name = str(getattr(model.config, "model_type", "hf")) + "-hf"
 
     @property
@@ -187,6 +199,10 @@ class HFLlamaAdapter(ModelAdapter):
         start, end = ctx.shard(s)
         return F.pad(t, (0, ctx.padded_len(s) - s), value=value)[:, start:end]
 
+    def config_hash(self) -> str:
+        # the attention implementation is part of what was measured (SP-aware or not)
+        return config_hash({**_config_dict(self.module.config), "dcp_sp_aware": self.sp_aware})
+
     def layer_inputs(self, batch: Any, ctx: Any) -> tuple[torch.Tensor, Any]:
         inner = self.module.model
         device = inner.embed_tokens.weight.device
@@ -205,6 +221,7 @@ class HFLlamaAdapter(ModelAdapter):
             position_ids=aux["position_ids"],
             position_embeddings=aux["position_embeddings"],
             use_cache=False,
+            **({"dcp_ctx": ctx} if self.sp_aware else {}),  # HF hands it to the attention function
         )
         return out[0] if isinstance(out, tuple) else out
 

@@ -19,6 +19,7 @@ this step joins it from inside the iterator with zero gradients).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from collections import deque
@@ -30,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dcp.config import ConfigError, DCPConfig
+from dcp.config import ConfigError, DCPConfig, ModelShapeConfig, PlanningConfig
 from dcp.distributed.device import Span, Stopwatch, module_device, move_batch, resolve_precision
 from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
 from dcp.runtime.context import SPContext
@@ -85,10 +86,15 @@ class DCPManager:
 
     def __init__(self, model: torch.nn.Module, dataset: Any, config: DCPConfig, engine: Engine, *,
                  table: Any = None, plans: PlanSource | None = None, forward_fn: Callable[..., Any] | None = None,
-                 registry: SPGroupRegistry | None = None) -> None:
+                 registry: SPGroupRegistry | None = None, adapter: Any = None) -> None:
         self.model, self.dataset, self.config, self.engine = model, dataset, config, engine
         self.table, self._plans = table, plans
         self.forward_fn = forward_fn or _default_forward
+        # checked at the first forward (a model only planned for, never run, needs no forward)
+        self._forward_error = _forward_problem(model) if forward_fn is None else None
+        self.adapter = adapter
+        """The profiler's ModelAdapter (None: derived from the model); need_profile() and init_profiler()
+        build their cache key from it (its SP sizes included), so they always agree."""
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else 0
         self.world_size = dist.get_world_size() if self.distributed else 1
@@ -149,31 +155,82 @@ class DCPManager:
 
     # ----- profiling hooks (paper step 2) --------------------------------------------------------
     def need_profile(self) -> bool:
-        """True when this run must profile: no table, no plan source, and no valid cached table."""
+        """True when this run must profile: no table, no plan source, and no valid cached table for this
+        run's key (model, adapter and its SP sizes, world size, hardware, dtype, profiling settings).
+
+        A stale cached table answers True (``init_profiler`` re-profiles it, and says so) unless
+        ``profiling.strict_cache``; a corrupt one raises ``CorruptCacheError``. Collective.
+        """
         if self.table is not None or self._plans is not None:
             return False
         try:
+            from dcp.profiler.cache import StaleCacheError
             from dcp.profiler.dual_layer import need_profile
         except ImportError:
             return True
-        return need_profile(self.model, self.config, self.world_size)
+        try:
+            return need_profile(self._profile_target(), self.config, self.world_size)
+        except StaleCacheError as exc:
+            if self.config.profiling.strict_cache:
+                raise self._strict_error(exc) from exc
+            return True
 
     def init_profiler(self, **profiler_kwargs: Any) -> None:
         """Load the cached profile table or profile inside this run (dcp.profiler, collective on all ranks).
 
-        ``profiler_kwargs`` go to ``dcp.profiler.dual_layer.load_or_profile`` (e.g. ``adapter=``,
-        ``refresh=True``). Without the profiler package an analytic table is used, with a warning.
+        ``profiler_kwargs`` go to ``dcp.profiler.dual_layer.load_or_profile`` (e.g. ``refresh=True``); an
+        ``adapter=`` given here replaces the manager's (``need_profile`` then uses it too). A missing or
+        stale table is profiled in this run, with a log line saying which and why, unless
+        ``profiling.strict_cache`` (then it raises); a corrupt table is always refused. Without the
+        profiler package an analytic table is used, with a warning.
         """
+        if profiler_kwargs.get("adapter") is not None:
+            self.adapter = profiler_kwargs.pop("adapter")
+        profiler_kwargs.pop("adapter", None)
         try:
-            from dcp.profiler.dual_layer import load_or_profile
+            from dcp.profiler.cache import StaleCacheError
+            from dcp.profiler.dual_layer import load_or_profile, need_profile
         except ImportError as exc:
             self.log.warning("dcp.profiler unavailable (%s); using an analytic profile table", exc)
             self.table = self._analytic_table()
             return
-        self.table, status = load_or_profile(self.model, self.config, self.world_size, self.registry,
-                                             **profiler_kwargs)
+        strict, cache_dir = self.config.profiling.strict_cache, self.config.profiling.cache_dir
+        refresh = bool(profiler_kwargs.pop("refresh", False))
+        reason = "refresh requested" if refresh else ""
+        try:
+            if strict and not refresh and need_profile(self._profile_target(), self.config, self.world_size):
+                raise ManagerError(
+                    f"profiling.strict_cache (true) but {cache_dir} holds no cached profile table for this run's "
+                    "key (model, adapter SP sizes, world size, hardware, dtype, profiling settings): set "
+                    "profiling.strict_cache = false to profile inside this run, or profile this model first"
+                )
+            self.table, status = load_or_profile(self.model, self.config, self.world_size, self.registry,
+                                                 adapter=self.adapter, refresh=refresh, **profiler_kwargs)
+        except StaleCacheError as exc:
+            if strict:
+                raise self._strict_error(exc) from exc
+            if self.rank == 0:
+                self.log.warning("%s; re-profiling inside this run (profiling.strict_cache = true refuses instead)",
+                                 str(exc).split(": delete")[0])
+            reason = "the cached table was stale"
+            self.table, status = load_or_profile(self.model, self.config, self.world_size, self.registry,
+                                                 adapter=self.adapter, refresh=True, **profiler_kwargs)
         if self.rank == 0:
-            self.log.info("profile table: %s (%d rows)", status, len(self.table))
+            if status == "hit":
+                self.log.info("profile table: cached in %s (%d rows)", cache_dir, len(self.table))
+            else:
+                self.log.info("profile table: profiled inside this run (%s; %d rows, %.1f s), cached in %s",
+                              reason or "no cached table for this run's key", len(self.table),
+                              float(self.table.meta.extra.get("profile_wall_s", float("nan"))), cache_dir)
+
+    def _profile_target(self) -> Any:
+        return self.adapter if self.adapter is not None else self.model
+
+    def _strict_error(self, exc: Exception) -> ManagerError:
+        return ManagerError(
+            f"{exc}; profiling.strict_cache (true) forbids re-profiling inside the run: set it to false to "
+            "re-profile here"
+        )
 
     def _analytic_table(self) -> Any:
         from dcp.planner import analytic_table_for
@@ -402,6 +459,8 @@ class DCPManager:
 
     # ----- internals used by the engine ------------------------------------------------------------
     def _before_forward(self, batch: Any) -> SPContext:
+        if self._forward_error is not None:
+            raise self._forward_error
         if not self._applied:
             self.optimize_dynamics(batch)
         self._layer_counter = 0
@@ -572,27 +631,66 @@ def _check_arguments(model: Any, config: Any, table: Any) -> None:
         raise TypeError(f"table ({type(table).__name__}) must be a ProfileTable: {hint}")
 
 
+def _forward_problem(model: Any) -> ManagerError | None:
+    """Without forward_fn the model must take ``model(batch, ctx)`` (the reference models do)."""
+    import inspect
+
+    try:
+        inspect.signature(model.forward).bind(None, None)
+        return None
+    except (TypeError, ValueError, AttributeError):
+        pass
+    return ManagerError(
+        f"forward_fn (None) but {type(model).__name__}.forward cannot be called as model(batch, ctx): pass "
+        "set_manager(..., forward_fn=fn) with fn(model, batch, ctx) -> (loss_sum, labelled_token_count) over "
+        "this rank's chunk of the batch (a Llama / Qwen2 / Mistral transformers causal LM needs none: DCP "
+        "prepares it through dcp.integrations.hf)"
+    )
+
+
 def set_manager(model: torch.nn.Module, dataset: Any, config: DCPConfig | None = None, *, optimizer: Any = None,
                 lr_scheduler: Any = None, engine: str | Engine | None = None, table: Any = None,
                 plans: PlanSource | None = None, forward_fn: Callable[..., Any] | None = None,
-                deepspeed_config: dict[str, Any] | None = None) -> DCPManager:
+                deepspeed_config: dict[str, Any] | None = None, adapter: Any = None) -> DCPManager:
     """Build the DCP manager for ``model`` on ``dataset`` (call on every rank after init_process_group).
 
-    config: the DCPConfig (default: derived from ``model.config.shape()`` for the reference models).
-    engine: 'ddp' / 'deepspeed' (default config.runtime.engine) or a ready Engine. table: a ProfileTable
-    (None: profiled in this run by ``init_profiler``). plans: optional ``epoch -> iterable of StepPlan``
-    replacing the planner (tests, replays). forward_fn: ``(model, batch, ctx) -> (loss_sum, count)``
-    (default ``model(batch, ctx)``).
+    ``set_manager(model, dataset)`` works with defaults for the reference models and for Hugging Face
+    Llama / Qwen2 / Mistral causal LMs (prepared by :func:`dcp.integrations.hf.prepare`: Ulysses attention,
+    forward, profiler adapter, model shape).
+
+    config: the DCPConfig; its ``model`` section, when left at the default, is derived from the model
+    (``model.config.shape()`` for the reference models, the HF config for HF models). optimizer: default
+    ``torch.optim.AdamW(model.parameters())`` (torch's defaults). engine: 'ddp' / 'deepspeed' (default
+    config.runtime.engine) or a ready Engine. table: a ProfileTable (None: ``init_profiler`` loads the cached
+    one or profiles in this run). plans: optional ``epoch -> iterable of StepPlan`` replacing the planner
+    (tests, replays). forward_fn: ``(model, batch, ctx) -> (loss_sum, count)`` (default ``model(batch, ctx)``,
+    or the HF integration's). adapter: the profiler's ModelAdapter (default: derived from the model; the HF
+    integration's for HF models); the profile cache key is built from it.
     """
     _check_arguments(model, config, table)
-    if config is None:
+    integration = None
+    if forward_fn is None:
+        from dcp.integrations import hf
+
+        if hf.is_hf_model(model):
+            integration = hf.prepare(model)  # raises, naming forward_fn=, for a family it cannot drive
+            forward_fn = integration.forward
+            adapter = adapter if adapter is not None else integration.adapter()
+    derived = integration.shape() if integration is not None else None
+    if derived is None:
         shape = getattr(getattr(model, "config", None), "shape", None)
-        if shape is None:
+        derived = shape() if callable(shape) else None
+    if config is None:
+        if derived is None:
             raise ConfigError(
                 "config (None) cannot be derived from this model (it has no config.shape()): pass "
                 "dcp.DCPConfig(model=ModelShapeConfig(num_layers=..., hidden_size=..., num_heads=...))"
             )
-        config = DCPConfig(model=shape())
+        # default SP sizes that divide the model's heads (Ulysses shards heads)
+        sizes = tuple(p for p in PlanningConfig().sp_sizes if derived.num_heads % p == 0)
+        config = DCPConfig(model=derived, planning=PlanningConfig(sp_sizes=sizes))
+    elif derived is not None and config.model == ModelShapeConfig():
+        config = dataclasses.replace(config, model=derived)  # [model] left at its default: the model's own
     model_config = getattr(model, "config", None)
     heads = getattr(model_config, "num_heads", None) or getattr(model_config, "num_attention_heads", None)
     if isinstance(heads, int) and heads != config.model.num_heads:
@@ -601,6 +699,10 @@ def set_manager(model: torch.nn.Module, dataset: Any, config: DCPConfig | None =
             "build the config from the model (model.config.shape()) so SP sizes are checked against its heads"
         )
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if optimizer is None and not isinstance(engine, Engine):
+        optimizer = torch.optim.AdamW(model.parameters())
+        get_logger(dist.get_rank() if world > 1 else 0).info(
+            "set_manager: no optimizer given, using torch.optim.AdamW(model.parameters()) with torch's defaults")
     if isinstance(engine, Engine):
         eng = engine
         device = getattr(eng, "device", None) or module_device(model)
@@ -613,4 +715,7 @@ def set_manager(model: torch.nn.Module, dataset: Any, config: DCPConfig | None =
     else:
         eng = build_engine(engine or config.runtime.engine, model, optimizer, lr_scheduler, world_size=world,
                            deepspeed_config=deepspeed_config, precision=config.runtime.precision)
-    return DCPManager(model, dataset, config, eng, table=table, plans=plans, forward_fn=forward_fn)
+    mgr = DCPManager(model, dataset, config, eng, table=table, plans=plans, forward_fn=forward_fn, adapter=adapter)
+    if integration is not None:
+        integration.attach(mgr)
+    return mgr

@@ -29,23 +29,20 @@ def hf_example():
     return module
 
 
-def enable_hf(mgr, model) -> None:
-    """The example's integration lines: Ulysses inside HF attention, recompute switch on the layers."""
-    from transformers import AttentionInterface
+def hf_reference_loss(model, batch, ctx):
+    """(loss_sum, count) of an UNMODIFIED HF causal LM (its own attention, one process): the reference."""
+    import torch.nn.functional as F
 
-    from dcp.runtime.ulysses import ulysses_attention
-
-    AttentionInterface.register("dcp_ulysses", lambda m, q, k, v, mask, **kw: (
-        ulysses_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mgr.ctx, causal=True), None))
-    model.set_attn_implementation("dcp_ulysses")
-    mgr.wrap_layers(model.model.layers)
+    logits = model(input_ids=batch.inputs, use_cache=False).logits
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.targets.reshape(-1), reduction="sum")
+    return loss, (batch.targets != -100).sum()
 
 
 def build(kind: str, seed: int = 0):
     """(model, dataset) of a tiny reference model (t1d, t2d) or the example's HF Llama (hf)."""
     if kind == "hf":
         ex = hf_example()
-        return ex.tiny_llama(), SyntheticTokenDataset(TOKEN_LENGTHS, vocab_size=ex.VOCAB, seed=7)
+        return ex.tiny_llama(), SyntheticTokenDataset(TOKEN_LENGTHS, vocab_size=256, seed=7)
     if kind == "t1d":
         model = Transformer1D(T1DConfig.tiny(seed=seed))
         data = SyntheticTokenDataset(TOKEN_LENGTHS, vocab_size=model.config.vocab_size, seed=7)
@@ -56,7 +53,12 @@ def build(kind: str, seed: int = 0):
 
 
 def config_for(model, *, engine: str = "ddp", weighting: str = "tokens", **planning) -> DCPConfig:
-    shape = hf_example().dcp_config().model if type(model).__name__ == "LlamaForCausalLM" else model.config.shape()
+    if type(model).__name__ == "LlamaForCausalLM":
+        from dcp.integrations.hf import model_shape
+
+        shape = model_shape(model)
+    else:
+        shape = model.config.shape()
     return DCPConfig(
         model=shape,
         planning=PlanningConfig(sp_sizes=(1, 2, 4), ranks_per_node=8, **planning),
@@ -90,10 +92,9 @@ def mixed_steps_w4(data) -> list[StepPlan]:
 def reference_grads(model, data, sample_ids, weighting: str = "tokens") -> list[torch.Tensor]:
     """Gradient of the mean loss over the samples, on one process, one sample at a time (no SP)."""
     if type(model).__name__ == "LlamaForCausalLM":  # a fresh SDPA model with the same weights
-        ex = hf_example()
-        ref = ex.tiny_llama()
+        ref = hf_example().tiny_llama()  # its own SDPA attention: not prepared for DCP
         ref.load_state_dict(model.state_dict())
-        forward = ex.llama_loss
+        forward = hf_reference_loss
     else:
         ref = copy.deepcopy(model)
         forward = lambda m, b, c: m(b, c)  # noqa: E731

@@ -15,8 +15,6 @@ from tests.dist._runtime_cases import (
     bucket_like,
     build,
     config_for,
-    enable_hf,
-    hf_example,
     mixed_steps_w4,
     planner_setup,
     reference_grads,
@@ -31,11 +29,9 @@ def check_exact(rank: int, world: int, kind: str, engine: str) -> dict:
     plans = mixed_steps_w4(data)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    hf = kind == "hf"
+    # an HF model needs no forward_fn: set_manager prepares it (dcp.integrations.hf)
     mgr = set_manager(model, data, config_for(model, engine=engine), optimizer=opt, lr_scheduler=sched,
-                      plans=lambda e: [plans[e]], forward_fn=hf_example().llama_loss if hf else None)
-    if hf:
-        enable_hf(mgr, model)
+                      plans=lambda e: [plans[e]])
     eng = mgr.engine
     seen: list[tuple] = []
     micro = 0
