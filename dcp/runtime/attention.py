@@ -151,10 +151,15 @@ def local_attention(
         # attention). The zeros stay tied to q, k and v so the parameters that made them still get a (zero)
         # gradient on this rank: ZeRO's gradient hooks and buckets must fire identically on every rank, and a
         # parameter whose gradient is None on one rank desynchronises DeepSpeed's reduction.
-        return q * 0 + (k.sum() + v.sum()) * 0
+        return _tied_zeros(q, k, v)
     if kind == "flash":
         return _flash_varlen(q, k, v, causal=causal, docs=docs)
     return _sdpa_docs(q, k, v, causal=causal, runs=_layout(docs, b, s)[1])
+
+
+def _tied_zeros(q, k, v) -> torch.Tensor:
+    """Zeros shaped like q that keep q, k and v in the autograd graph (their gradients are zeros, not None)."""
+    return q * 0 + (k.sum() + v.sum()) * 0
 
 
 def _sdpa_dense(q, k, v, causal: bool) -> torch.Tensor:
@@ -209,6 +214,8 @@ def _flash_varlen(q, k, v, *, causal: bool, docs: DocLens) -> torch.Tensor:
     b, s, h, d = q.shape
     starts = [i * s + off for i, row in enumerate(docs) for off in _offsets(row)]
     lens = [n for row in docs for n in row]
+    if not lens:  # nothing but padding
+        return _tied_zeros(q, k, v)
     idx = torch.cat([torch.arange(a, a + n) for a, n in zip(starts, lens, strict=True)])
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     idx, cu = _host_to(idx, q.device), _host_to(cu, q.device)

@@ -4,6 +4,7 @@ the README's paper snippet executed as written."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 from pathlib import Path
 
@@ -73,6 +74,7 @@ def test_readme_paper_snippet_runs_as_written(tmp_path, monkeypatch):
     cached table in place (profiling the default seq_group edges takes minutes on CPU)."""
     from dcp.models import T1DConfig, Transformer1D
     from dcp.planner import analytic_table_for
+    from dcp.planner.table import ProfileTable
     from dcp.profiler import cache
     from dcp.profiler.dual_layer import cache_key_for
     from dcp.runtime.data import SyntheticTokenDataset
@@ -88,7 +90,12 @@ def test_readme_paper_snippet_runs_as_written(tmp_path, monkeypatch):
 
     config = set_manager(model, dataset).config  # what the snippet's set_manager derives
     key = cache_key_for(model, config, 1)
-    cache.store(cache.with_key(analytic_table_for(config, 1), key), config.profiling.cache_dir, key)
+    table = analytic_table_for(config, 1)
+    # stand in for a table profiled on this host: its metadata must match the key (the cache verifies it)
+    meta = dataclasses.replace(table.meta, model=key.model, hardware=key.hardware, dtype=key.dtype,
+                               world_size=key.world_size, version=key.version)
+    table = ProfileTable(table.rows, meta)
+    cache.store(cache.with_key(table, key), config.profiling.cache_dir, key)
     scope = {"model": model, "dataset": dataset, "epochs": 2}
     exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 - the documented snippet itself
     mgr = scope["mgr"]
