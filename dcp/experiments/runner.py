@@ -89,7 +89,8 @@ def run_group(rank: int, world_size: int, runs: list[RunSpec], info: GroupInfo) 
             s["run_id"] = run_id
             s["profiled_update_time_s"] = "" if update is None else update
         outcome = _run_row(run, run_id, info, steps, extra, wall)
-        outcomes.append({"run": outcome, "steps": _step_rows(run, run_id, steps), "config": _config_doc(run)})
+        outcomes.append({"run": outcome, "steps": _step_rows(run, run_id, steps),
+                         "config": {**_config_doc(run), **load_doc(table, outcome["load_avg_1m"])}})
         bar.write(
             f"[{index + 1}/{info.total}] {run.label}: {outcome['tokens_per_s']:.0f} tok/s, "
             f"step {outcome['step_time_s']:.3f}s (pred {outcome['predicted_step_time_s']:.3f}s), "
@@ -166,6 +167,15 @@ def _device(kind: str) -> Any:
         torch.cuda.set_device(local)
         return torch.device("cuda", local)
     return torch.device("cpu")
+
+
+def load_doc(table: Any, run_load: float) -> dict:
+    """The host's 1-minute load average when the run ended and when its profile was taken (None where the
+    table does not record it): a CPU profile taken under other load than the run misprices it
+    (``dcp bench simulator`` prints both)."""
+    prof = (table.meta.extra or {}).get("load_avg_1m")
+    return {"load_avg_1m": None if run_load != run_load else round(float(run_load), 2),
+            "profile_load_avg_1m": None if prof is None else float(prof)}
 
 
 def _run_row(run: RunSpec, run_id: str, info: GroupInfo, steps: list[dict], extra: dict, wall: float) -> dict:

@@ -18,6 +18,7 @@ zeros, never reach a real token, and are left out of the loss.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -55,7 +56,12 @@ class T2DConfig:
     out_channels: int = 0
     """Features predicted per token; 0 means in_channels."""
     synthetic_frames: int = 4
-    """T of synthetic_batch samples (S = ceil(seq_len / T))."""
+    """T of synthetic_batch samples (S = ceil(seq_len / T)), unless synthetic_spatial_per_frame is set."""
+    synthetic_spatial_per_frame: float = 0.0
+    """When > 0, synthetic_batch samples of seq_len tokens have T = max(1, round(sqrt(seq_len / this)))
+    frames (S = ceil(seq_len / T)): a shape of the data's aspect at every length, so the profiler times the
+    mix of spatial (~ T S^2) and temporal (~ S T^2) attention the runs hold, not T = synthetic_frames with S
+    growing to seq_len / T. 0: use synthetic_frames."""
     norm_eps: float = 1e-5
     """RMSNorm epsilon."""
     init_std: float = 0.02
@@ -72,6 +78,9 @@ class T2DConfig:
         for f in ("ffn_hidden_size", "out_channels"):
             if getattr(self, f) < 0:
                 fail(f"t2d.{f}", getattr(self, f), "must be >= 0", "use 0 for the default")
+        if not self.synthetic_spatial_per_frame >= 0:
+            fail("t2d.synthetic_spatial_per_frame", self.synthetic_spatial_per_frame, "must be >= 0",
+                 "use 0 for T = synthetic_frames, or the data's spatial tokens per frame")
         if self.hidden_size % self.num_heads:
             fail("t2d.hidden_size", self.hidden_size, f"is not divisible by t2d.num_heads ({self.num_heads})",
                  "choose a head count that divides the hidden size")
@@ -94,8 +103,11 @@ class T2DConfig:
 
     @classmethod
     def tiny(cls, **overrides: Any) -> T2DConfig:
-        """CPU-sized: 4 layers, hidden 64, 8 heads, 8 channels."""
-        return cls(**{"name": "t2d-tiny", **overrides})
+        """CPU-sized: 4 layers, hidden 64, 8 heads, 8 channels. Profiled at 4 spatial tokens per frame: the
+        cpu grid of datasets/grids.toml (frames 4-20, spatial 9-100 tokens), whose token-heaviest buckets,
+        16 x 64 and 20 x 100, hold 4-5 (at 1024 tokens, T = 4 x S = 256 took 1.5x the time of the data's
+        12 x 85 and 20 x 51, measured on one CPU core: docs/simulator.md)."""
+        return cls(**{"name": "t2d-tiny", "synthetic_spatial_per_frame": 4.0, **overrides})
 
     @classmethod
     def paper_1_2b(cls, **overrides: Any) -> T2DConfig:
@@ -115,6 +127,15 @@ class T2DConfig:
         return ModelShapeConfig(name=self.name, num_layers=self.num_layers, hidden_size=h, num_heads=self.num_heads,
                                 ffn_hidden_size=self.ffn_size, attentions_per_layer=2,
                                 vocab_size=max(self.in_channels, self.out_size), param_bytes=param_bytes)
+
+
+def synthetic_shape(config: T2DConfig, seq_len: int) -> tuple[int, int]:
+    """(T, S) of a synthetic sample of about ``seq_len`` tokens (T2DConfig.synthetic_spatial_per_frame)."""
+    if config.synthetic_spatial_per_frame > 0:
+        t = max(1, min(seq_len, round(math.sqrt(seq_len / config.synthetic_spatial_per_frame))))
+    else:
+        t = min(config.synthetic_frames, seq_len)
+    return t, -(-seq_len // t)
 
 
 @dataclass(slots=True)
@@ -238,11 +259,10 @@ class Transformer2D(nn.Module):
 
     def synthetic_batch(self, batch_size: int, seq_len: int, *, generator: torch.Generator,
                         sample_ids: tuple[int, ...] | None = None, shape: tuple[int, int] | None = None) -> Batch:
-        """Random samples of about ``seq_len`` tokens: T = min(synthetic_frames, seq_len), S = ceil(seq_len / T)
-        (or the given ``shape`` (T, S))."""
+        """Random samples of about ``seq_len`` tokens of shape ``synthetic_shape(config, seq_len)`` (or the
+        given ``shape`` (T, S))."""
         if shape is None:
-            t = min(self.config.synthetic_frames, seq_len)
-            shape = (t, -(-seq_len // t))
+            shape = synthetic_shape(self.config, seq_len)
         t, s = shape
         c_in, c_out = self.config.in_channels, self.config.out_size
         samples = [

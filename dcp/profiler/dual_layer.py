@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import platform
 import time
@@ -258,13 +259,17 @@ def profile_table(
     update = measure_step_update(adapter.module, world_size=world_size, optimizer=optimizer,
                                  engine=config.runtime.engine, iters=max(3, prof.measure_iters))
     wall_s = time.perf_counter() - t0
+    # The host's 1-minute load average at the end of profiling: on a shared CPU host the rows scale with
+    # it, so a table taken under other load than the runs it prices mispredicts them (docs/simulator.md).
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     if world_size > 1:
-        # every rank reports the slowest rank's wall time, so the metadata is identical everywhere
+        # every rank reports the slowest rank's wall time (and the highest load it read), so the metadata
+        # is identical everywhere
         import torch.distributed as dist
 
         from dcp.distributed.comm import all_reduce_values
 
-        wall_s = all_reduce_values([wall_s], dist.ReduceOp.MAX)[0]
+        wall_s, load = all_reduce_values([wall_s, load], dist.ReduceOp.MAX)
     key = cache_key_for(adapter, config, world_size)
     meta = TableMeta(
         model=adapter.name,
@@ -277,6 +282,7 @@ def profile_table(
         extra={
             "model_hash": key.model_hash,
             "profile_wall_s": round(wall_s, 3),
+            "load_avg_1m": None if math.isnan(load) else round(load, 2),
             "state_bytes": state.total_bytes,
             "mem_capacity_gib": float(config.planning.mem_capacity_gib),
             "sp_sizes": list(sizes),

@@ -142,6 +142,24 @@ def oversubscribed(run_cfg: dict | None) -> bool | None:
     return world * int(run_cfg.get("threads_per_rank") or 1) > cpus
 
 
+def load_averages(run_cfg: dict | None) -> tuple[float | None, float | None]:
+    """(host 1-minute load average when the run ended, when its profile was taken); None where unrecorded.
+
+    On a shared CPU host the profiled rows and the measured steps both scale with the load: a table taken
+    under a heavier (lighter) load than the run over- (under-) predicts it, whatever the model.
+    """
+    run_cfg = run_cfg or {}
+    out = []
+    for name in ("load_avg_1m", "profile_load_avg_1m"):
+        v = run_cfg.get(name)
+        out.append(float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None)
+    return out[0], out[1]
+
+
+def _fmt_load(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
 def run_world_sizes(steps_csv: Path) -> dict[str, int]:
     """world_size of every run id in a steps.csv (0 where the column is missing or not a number)."""
     out: dict[str, int] = {}
@@ -194,7 +212,8 @@ def run(args: argparse.Namespace) -> int:
     all_pairs: list[tuple[float, float]] = []
     by_world: dict[int, list[tuple[float, float]]] = {}
     shared: dict[int, set] = {}  # world size -> {oversubscribed flags of its runs}
-    print(f"{'run_id':<40} {'steps':>5} {'pred_s':>9} {'meas_s':>9} {'median%':>8} {'p90%':>7}")
+    loads: dict[int, list[tuple[float | None, float | None]]] = {}  # world size -> (run, profile) load averages
+    print(f"{'run_id':<40} {'steps':>5} {'pred_s':>9} {'meas_s':>9} {'median%':>8} {'p90%':>7} {'load':>5} {'p_load':>6}")
     try:
         for f in files:
             worlds, configs = run_world_sizes(f), _run_configs(f)
@@ -204,7 +223,10 @@ def run(args: argparse.Namespace) -> int:
                 st = compare_step_times(pairs)
                 mp = sum(p for p, _ in pairs) / len(pairs)
                 mm = sum(m for _, m in pairs) / len(pairs)
-                print(f"{run_id[:40]:<40} {st.n:>5} {mp:>9.4f} {mm:>9.4f} {st.median_pct:>8.1f} {st.p90_pct:>7.1f}")
+                load, p_load = load_averages(configs.get(run_id))
+                loads.setdefault(worlds.get(run_id, 0), []).append((load, p_load))
+                print(f"{run_id[:40]:<40} {st.n:>5} {mp:>9.4f} {mm:>9.4f} {st.median_pct:>8.1f} {st.p90_pct:>7.1f} "
+                      f"{_fmt_load(load):>5} {_fmt_load(p_load):>6}")
                 all_pairs.extend(pairs)
                 by_world.setdefault(worlds.get(run_id, 0), []).extend(pairs)
                 shared.setdefault(worlds.get(run_id, 0), set()).add(oversubscribed(configs.get(run_id)))
@@ -222,6 +244,11 @@ def run(args: argparse.Namespace) -> int:
         note = " (ranks time-shared the host's cores: W x threads > cores)" if True in shared.get(w, ()) else ""
         print(f"W={w}: {sw.n} steps, median error {sw.median_pct:.1f}%, p90 {sw.p90_pct:.1f}%, "
               f"mean signed {sw.mean_signed_pct:+.1f}%{note}")
+        run_l = [a for a, _ in loads.get(w, []) if a is not None]
+        prof_l = [b for _, b in loads.get(w, []) if b is not None]
+        if run_l and prof_l:
+            print(f"  host load average (1 min): runs {min(run_l):.1f}-{max(run_l):.1f}, their profiles "
+                  f"{min(prof_l):.1f}-{max(prof_l):.1f} (a profile taken under more load over-predicts)")
     st = compare_step_times(all_pairs)
     verdict = "within" if st.median_pct <= args.target_pct else "outside"
     print(f"all: {st.n} steps, median error {st.median_pct:.1f}%, p90 {st.p90_pct:.1f}%, mean signed "

@@ -60,6 +60,8 @@ def test_two_step_sweep_end_to_end(tmp_path):
     assert doc["sweep"]["name"] == "dist_test"
     # the bench needs these to tell runs whose ranks time-shared the cores
     assert all(d["pin_cpus"] is True and d["host_cpus"] >= 1 for d in doc["runs"].values())
+    # and the host's load when each run ended and when its profile was taken
+    assert all(d["load_avg_1m"] >= 0 and d["profile_load_avg_1m"] >= 0 for d in doc["runs"].values())
     with (out / "runs.csv").open() as f:
         assert tuple(next(csv.reader(f))) == RUN_COLUMNS
     # the profile was cached: a second sweep reuses it (its rows carry the same table source)

@@ -149,3 +149,14 @@ def test_pinned_cpus_give_each_rank_its_threads_cores_wrapping_around_the_host()
     assert [pinned_cpus(r, 1, 2) for r in range(4)] == [{0}, {1}, {0}, {1}]  # W = 4 on 2 cores: fixed pairs
     assert [pinned_cpus(r, 2, 8) for r in range(2)] == [{0, 1}, {2, 3}]
     assert pinned_cpus(1, 4, 2) == {0, 1}  # more threads than cores: every core, once
+
+
+def test_load_doc_names_the_run_and_profile_load():
+    from types import SimpleNamespace
+
+    from dcp.experiments.runner import load_doc
+
+    table = SimpleNamespace(meta=SimpleNamespace(extra={"load_avg_1m": 5.5}))
+    assert load_doc(table, 3.456) == {"load_avg_1m": 3.46, "profile_load_avg_1m": 5.5}
+    old = SimpleNamespace(meta=SimpleNamespace(extra={}))  # a table cached before the profiler recorded it
+    assert load_doc(old, float("nan")) == {"load_avg_1m": None, "profile_load_avg_1m": None}

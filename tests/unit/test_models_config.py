@@ -39,6 +39,7 @@ def test_named_sizes_match_the_paper():
         (lambda: T2DConfig(hidden_size=30, num_heads=4), "t2d.hidden_size (30) is not divisible"),
         (lambda: T2DConfig(init_std=0.0), "t2d.norm_eps/init_std"),
         (lambda: T2DConfig(ulysses_impl="x"), "t2d.ulysses_impl ('x')"),
+        (lambda: T2DConfig(synthetic_spatial_per_frame=-1.0), "t2d.synthetic_spatial_per_frame (-1.0) must be >= 0"),
         (lambda: build_config("gpt2"), "model name ('gpt2') is not one of"),
     ],
 )
@@ -48,3 +49,18 @@ def test_config_errors(make, words):
     assert words in str(exc.value) and ":" in str(exc.value)
     if "model name" not in words:
         assert isinstance(exc.value, ConfigError)
+
+
+def test_synthetic_2d_shapes_follow_the_data_aspect():
+    import torch
+
+    from dcp.models.t2d import synthetic_shape
+
+    tiny = T2DConfig.tiny()  # 4 spatial tokens per frame, the cpu grid's heaviest buckets (datasets/grids.toml)
+    assert [synthetic_shape(tiny, s) for s in (64, 256, 1024, 2048)] == [(4, 16), (8, 32), (16, 64), (23, 90)]
+    assert synthetic_shape(tiny, 2) == (1, 2)  # at least one frame, never more frames than tokens
+    # 0 keeps T = synthetic_frames (the paper model, whose calibration rows were profiled that way)
+    assert synthetic_shape(T2DConfig.paper_1_2b(), 4096) == (16, 256)
+    assert synthetic_shape(T2DConfig(synthetic_frames=4), 1024) == (4, 256)
+    batch = build_model("t2d-tiny").synthetic_batch(2, 1024, generator=torch.Generator().manual_seed(0))
+    assert batch.shapes == ((16, 64), (16, 64)) and batch.seq_lens == (1024, 1024)

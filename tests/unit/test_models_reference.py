@@ -131,7 +131,10 @@ def test_synthetic_batches():
     assert torch.equal(b1.targets[:, :-1], b1.inputs[:, 1:]) and (b1.targets[:, -1] == -100).all()
     t2d = build_model("t2d-tiny")
     b2 = t2d.synthetic_batch(2, 10, generator=g)
-    assert b2.inputs.shape == (2, 4, 3, 8) and b2.shapes == ((4, 3), (4, 3)) and b2.seq_lens == (12, 12)
+    # t2d-tiny: T = round(sqrt(10 / 4)) = 2 frames of 5 spatial tokens (T2DConfig.synthetic_spatial_per_frame)
+    assert b2.inputs.shape == (2, 2, 5, 8) and b2.shapes == ((2, 5), (2, 5)) and b2.seq_lens == (10, 10)
+    b3 = build_model("t2d-tiny", synthetic_spatial_per_frame=0.0).synthetic_batch(2, 10, generator=g)
+    assert b3.shapes == ((4, 3), (4, 3)) and b3.seq_lens == (12, 12)  # T = synthetic_frames, S = ceil(10 / 4)
     assert t2d.synthetic_batch(1, 6, generator=g, shape=(2, 3)).shapes == ((2, 3),)
 
 

@@ -62,6 +62,9 @@ def test_columns_units_and_monotonic_memory(t1d, t1d_table):
     assert by[(128, 1)].m_act_bytes > by[(64, 1)].m_act_bytes  # grows with s
     assert t1d_table.meta.source == "profiled" and t1d_table.meta.world_size == 1
     assert t1d_table.meta.extra["meter"] == "saved"
+    # the host's load when profiling (a CPU table scales with it: dcp bench simulator prints it per run)
+    load = t1d_table.meta.extra["load_avg_1m"]
+    assert isinstance(load, float) and load >= 0
 
 
 def test_profiled_table_drives_the_planner(t1d, t1d_table):

@@ -190,3 +190,23 @@ def test_oversubscribed_needs_the_host_facts():
     assert bench.oversubscribed({"world_size": 4, "threads_per_rank": 2, "host_cpus": 4, "device": "cpu"}) is True
     assert bench.oversubscribed({"world_size": 4, "device": "cpu"}) is None
     assert bench.oversubscribed({"world_size": 8, "host_cpus": 2, "device": "cuda"}) is None
+
+
+def test_load_averages_read_from_the_run_config():
+    assert bench.load_averages({"load_avg_1m": 3.4, "profile_load_avg_1m": 6}) == (3.4, 6.0)
+    assert bench.load_averages({"load_avg_1m": None, "profile_load_avg_1m": True}) == (None, None)
+    assert bench.load_averages({"load_avg_1m": float("nan")}) == (None, None)
+    assert bench.load_averages(None) == (None, None)
+
+
+def test_bench_prints_run_and_profile_load(tmp_path, capsys):
+    f = _steps_csv(tmp_path, [("a", "bucket", 2, 0, 1.0, 1.0, 0), ("b", "bucket", 2, 0, 1.0, 2.0, 0)])
+    _run(bench, ["--results", str(f)])
+    out = capsys.readouterr().out
+    assert "host load average" not in out and out.split("\n")[1].split()[-2:] == ["-", "-"]  # not recorded
+    (tmp_path / "config.json").write_text(json.dumps({"runs": {
+        "a": {"load_avg_1m": 2.5, "profile_load_avg_1m": 6.25}, "b": {"load_avg_1m": 3.0, "profile_load_avg_1m": 6.25}}}))
+    _run(bench, ["--results", str(f)])
+    out = capsys.readouterr().out
+    assert out.split("\n")[1].split()[-2:] == ["2.5", "6.2"]
+    assert "host load average (1 min): runs 2.5-3.0, their profiles 6.2-6.2" in out
