@@ -13,8 +13,8 @@ one cost source), and a group's work is the sum of its micro-batches' times. Per
    its recompute) with the most load that still fits T*, or opens a group on free ranks when its p's window
    work can fill one (the head and the longest always do); a second pass uses ranks still free. From 512
    ranks, once all ranks have a group, the rest goes in vectorised rounds (``_fill_rounds``). Gmin scales
-   T* as the paper does. Then a small local search (``_improve``) and, for steps of coarse micro-batches
-   that still idle, re-packing at other targets.
+   T* as the paper does. Then a small local search (``_improve``); a step that still idles is packed again
+   with the head joining another group (``_join_head``) and at other targets.
 4. Placement (``placement.place_largest_first``, aligned inside a node unless p exceeds one) and filling of
    free ranks with smaller-p settings of left-over window micro-batches (``_filler``); idle one-rank groups
    for what nothing fills. Micro-batches not taken stay for later steps.
@@ -102,10 +102,6 @@ RETRY_IDLE = 0.03
 """A packed step idling more than this share (GPU-weighted) is re-packed with the longer targets below."""
 RETRY_STRETCH = (0.05, 0.1, 0.15, 0.2, 0.3)
 """Relative stretches of T* tried (within Gmax x the step's longest micro-batch)."""
-RETRY_COARSE = 0.1
-"""Re-packing only when the window's median micro-batch lasts more than this share of T* (coarse pieces, as
-DCP-inter's full-recompute batches): with fine pieces a greedy per-step re-pack took work later steps needed
-(t1d-long DCP-intra idle 8.1% with it, 4.6% without)."""
 HEAD_ALONE = 0.8
 """The head is packed again without its own group (``_join_head``) only when that group holds less than this
 share of the step's time: its kind lacks work in the window, and its ranks may serve a larger group better."""
@@ -263,6 +259,8 @@ class EpochPlanner:
         self._mb_end = tuple((np.asarray(mbq.start, dtype=np.int64) + count).tolist())
         self._ready = tuple(mbq.ready.tolist())
         self._scan_hint = 256
+        self._head_k, self._head_t = -1, None
+        """The step's head and, when it joined a group of another p or r (``_join_head``), (group, its time)."""
         if cfg.lookahead_samples:
             self.lookahead_samples = cfg.lookahead_samples
         else:
@@ -415,10 +413,14 @@ class EpochPlanner:
                 if (alt_idle < idle - 1e-9 and _work(alt) >= _work(groups) * (1 - 1e-9)
                         and max(len(gr[3]) for gr in alt) >= cfg.gmin):
                     groups, idle, self._head_t = alt, alt_idle, head_t
-        if idle > RETRY_IDLE and cfg.gmin == 1 and float(np.median(self._mb_t[win])) > RETRY_COARSE * t_star:
+        if idle > RETRY_IDLE and cfg.gmin == 1:
             # Discrete micro-batch times can leave every group of a common kind short of T* (five 6.7 s
-            # micro-batches in a 38.7 s step), or the longest one's kind too rare for k > 1: pack the other
-            # multiples k x T_long and slightly longer targets too, keep the least idle (ties: the first).
+            # micro-batches in a 38.7 s step), the longest one's kind be too rare for k > 1, or the window hold
+            # too little short work for the ranks beside the longest kind's group (t1d-long: p = 4, 2, 1 groups
+            # a third busy): pack the other multiples k x T_long and slightly longer targets too, keep the least
+            # idle (ties: the first). Once limited to windows of coarse micro-batches (median > T*/10): with
+            # real-length prices and the calibrated H200 model, doing it for all takes t1d-long DCP-intra from
+            # 5.0% to 2.8% idle at 32 GPUs.
             t_long = float(self._mb_t[win].max())
             tries = [k * t_long for k in range(1, gmax + 1)] + [t_star * (1 + x) for x in RETRY_STRETCH]
             for t_try in tries:
@@ -735,19 +737,17 @@ class EpochPlanner:
         t_of, r_of, at = self._mb_t_list, self._mb_r, self._time_at
         consumed = self._consumed
         tuple_new, new_group = tuple.__new__, GroupPlan
+        # the head may have joined a group of another p or r (``_join_head``): its time there
+        k_head, t_head = (self._head_k, self._head_t[1]) if self._head_t is not None else (-1, 0.0)
         out: list[GroupPlan] = []
         for st, (p, r, _, ks) in placed:
             ks.sort()
             at_r = at.get(r)
             mbs = tuple([
                 tuple_new(MicroBatch, (ids_of[(g := grp[k])][(a := start[k]) : (e := stop[k])], lens_of[g][a:e], g,
-                                       t_of[k] if r_of[k] == r else at_r[k]))
+                                       t_head if k == k_head else t_of[k] if r_of[k] == r else at_r[k]))
                 for k in ks
             ])
-            if self._head_t is not None and self._head_k in ks:
-                # the head joined a group of another p (``_join_head``): its time there
-                j = ks.index(self._head_k)
-                mbs = mbs[:j] + (mbs[j]._replace(time_s=self._head_t[1]),) + mbs[j + 1 :]
             out.append(new_group(st, p, r, mbs))
         cons = np.frombuffer(consumed, dtype=np.uint8)
         cons[np.fromiter((k for _, gr in placed for k in gr[3]), dtype=np.int64)] = 1
