@@ -13,8 +13,8 @@ one cost source), and a group's work is the sum of its micro-batches' times. Per
    its recompute) with the most load that still fits T*, or opens a group on free ranks when its p's window
    work can fill one (the head and the longest always do); a second pass uses ranks still free. From 512
    ranks, once all ranks have a group, the rest goes in vectorised rounds (``_fill_rounds``). Gmin scales
-   T* as the paper does. Then a small local search (``_improve``) and, for steps of coarse micro-batches
-   that still idle, re-packing at other targets.
+   T* as the paper does. Then a small local search (``_improve``); a step that still idles is packed again
+   with the head joining another group (``_join_head``) and at other targets.
 4. Placement (``placement.place_largest_first``, aligned inside a node unless p exceeds one) and filling of
    free ranks with smaller-p settings of left-over window micro-batches (``_filler``); idle one-rank groups
    for what nothing fills. Micro-batches not taken stay for later steps.
@@ -65,6 +65,11 @@ def _idle(groups: list[list], world_size: int) -> float:
     return 1.0 - sum(gr[0] * gr[2] for gr in groups) / (world_size * t)
 
 
+def _work(groups: list[list]) -> float:
+    """GPU-seconds of work in packed groups ([p, r, load, items])."""
+    return sum(gr[0] * gr[2] for gr in groups)
+
+
 def _window(idx: np.ndarray, m: int, j_long: int) -> np.ndarray:
     """The first m scanned micro-batches, plus the scan's longest (position j_long) when it lies further:
     the step takes it, which bounds T* by Gmax x its time."""
@@ -97,10 +102,9 @@ RETRY_IDLE = 0.03
 """A packed step idling more than this share (GPU-weighted) is re-packed with the longer targets below."""
 RETRY_STRETCH = (0.05, 0.1, 0.15, 0.2, 0.3)
 """Relative stretches of T* tried (within Gmax x the step's longest micro-batch)."""
-RETRY_COARSE = 0.1
-"""Re-packing only when the window's median micro-batch lasts more than this share of T* (coarse pieces, as
-DCP-inter's full-recompute batches): with fine pieces a greedy per-step re-pack took work later steps needed
-(t1d-long DCP-intra idle 8.1% with it, 4.6% without)."""
+HEAD_ALONE = 0.8
+"""The head is packed again without its own group (``_join_head``) only when that group holds less than this
+share of the step's time: its kind lacks work in the window, and its ranks may serve a larger group better."""
 SHORTER_GAIN = 0.05
 """A shorter target replaces T* only if it idles this much less (GPU-weighted share)."""
 IMPROVE_GROUPS = 256
@@ -255,6 +259,8 @@ class EpochPlanner:
         self._mb_end = tuple((np.asarray(mbq.start, dtype=np.int64) + count).tolist())
         self._ready = tuple(mbq.ready.tolist())
         self._scan_hint = 256
+        self._head_k, self._head_t = -1, None
+        """The step's head and, when it joined a group of another p or r (``_join_head``), (group, its time)."""
         if cfg.lookahead_samples:
             self.lookahead_samples = cfg.lookahead_samples
         else:
@@ -390,10 +396,31 @@ class EpochPlanner:
             groups = self._pack(win, t_star, head)
         self._improve(win, groups, head)
         idle = _idle(groups, W)
-        if idle > RETRY_IDLE and cfg.gmin == 1 and float(np.median(self._mb_t[win])) > RETRY_COARSE * t_star:
+        self._head_k, self._head_t = head, None
+        hg = next((gr for gr in groups if head in gr[3]), None)
+        if (idle > RETRY_IDLE and len(win) > 1 and hg is not None
+                and hg[2] < HEAD_ALONE * max(gr[2] for gr in groups)):
+            # The head's own group can take the ranks a second group of the longest kind needed while its kind
+            # has too little work in the window to fill it (t1d-long: a p = 8 head beside one p = 16 group
+            # left the other 16 ranks a third busy). Pack without it, then let it join the fullest group of
+            # a p its seq_group can run at (same memory rule, timed there); keep the less idle packing.
+            alt = self._pack(win, t_star, head, defer_head=True)
+            head_t = self._join_head(alt, head, t_star)
+            if head_t is not None:
+                self._improve(win, alt, head)
+                alt_idle = _idle(alt, W)
+                # and no less work: a step that idles less only by being shorter pays the sync more often
+                if (alt_idle < idle - 1e-9 and _work(alt) >= _work(groups) * (1 - 1e-9)
+                        and max(len(gr[3]) for gr in alt) >= cfg.gmin):
+                    groups, idle, self._head_t = alt, alt_idle, head_t
+        if idle > RETRY_IDLE and cfg.gmin == 1:
             # Discrete micro-batch times can leave every group of a common kind short of T* (five 6.7 s
-            # micro-batches in a 38.7 s step), or the longest one's kind too rare for k > 1: pack the other
-            # multiples k x T_long and slightly longer targets too, keep the least idle (ties: the first).
+            # micro-batches in a 38.7 s step), the longest one's kind be too rare for k > 1, or the window hold
+            # too little short work for the ranks beside the longest kind's group (t1d-long: p = 4, 2, 1 groups
+            # a third busy): pack the other multiples k x T_long and slightly longer targets too, keep the least
+            # idle (ties: the first). Once limited to windows of coarse micro-batches (median > T*/10): with
+            # real-length prices and the calibrated H200 model, doing it for all takes t1d-long DCP-intra from
+            # 5.0% to 2.8% idle at 32 GPUs.
             t_long = float(self._mb_t[win].max())
             tries = [k * t_long for k in range(1, gmax + 1)] + [t_star * (1 + x) for x in RETRY_STRETCH]
             for t_try in tries:
@@ -411,7 +438,7 @@ class EpochPlanner:
                 alt_idle = _idle(alt, W)
                 # a shorter step must idle clearly less: it also pays the optimizer step more often
                 if alt_idle < idle - (SHORTER_GAIN if t_try < t_star else 1e-9):
-                    groups, idle, win = alt, alt_idle, w_try
+                    groups, idle, win, self._head_t = alt, alt_idle, w_try, None
         self._scan_hint = len(win)
         return self._place_and_build(step, head, win, groups, t_star)
 
@@ -475,7 +502,42 @@ class EpochPlanner:
                     ks[n] = k_new
                     gr[2] += t_new - t_k
 
-    def _pack(self, win: np.ndarray, t_star: float, head: int, head_first: bool = False) -> list[list]:
+    def _join_head(self, groups: list[list], head: int, t_star: float) -> tuple[int, float] | None:
+        """Put the head (left out of ``groups``) into the fullest group it fits within t_star: a group of its
+        primary p whose r is at least its own, or of a larger p where its seq_group has a setting whose b holds
+        it and whose r is at most the group's (the same memory rule as for smaller-p fillers). Returns (the
+        group's index, the head's time there), or None when no group has room."""
+        mbq = self._mbq
+        g, p_h, r_h = mbq.group[head], self._mb_p[head], self._mb_r[head]
+        lens = mbq.lens_list[g][mbq.start[head] : self._mb_end[head]]
+        limit = t_star * (1 + 1e-9)
+        best, best_load = None, -1.0
+        memo: dict[tuple[int, int], float] = {}
+        for i, (p, r, load, _) in enumerate(groups):
+            if p < p_h or load <= best_load:
+                continue
+            if p == p_h:
+                if r < r_h:
+                    continue
+            else:
+                s = self._by_sp[g].get(p)
+                if s is None or s.micro_batch_size < len(lens) or s.recompute_layers > r:
+                    continue
+            t = memo.get((p, r))
+            if t is None:
+                t = memo[(p, r)] = self._times.lengths_time_s(g, p, r, lens) if p != p_h else (
+                    self._mb_t_list[head] if r == r_h else self._time_at[r][head])
+            if load + t <= limit:
+                best, best_load = (i, t), load
+        if best is None:
+            return None
+        i, t = best
+        groups[i][2] += t
+        groups[i][3].append(head)
+        return best
+
+    def _pack(self, win: np.ndarray, t_star: float, head: int, head_first: bool = False,
+              defer_head: bool = False) -> list[list]:
         """Longest-first best-fit of the window's micro-batches into SP groups of at most t_star each.
 
         A group is [p, r, load, items]; a micro-batch joins a group of its primary p whose r is at least its
@@ -487,13 +549,17 @@ class EpochPlanner:
         W = self.world_size
         t_of, p_of, r_of, at = self._mb_t_list, self._mb_p, self._mb_r, self._time_at
         order = win[np.argsort(-self._mb_t[win], kind="stable")].tolist()
-        if order[0] != head:  # the head opens a group right after the longest (or first), before ranks run out
+        if defer_head:  # the head is placed afterwards (``_join_head``)
+            order.remove(head)
+        elif order[0] != head:  # the head opens a group right after the longest (or first), before ranks run out
             order.remove(head)
             order.insert(0 if head_first else 1, head)
         limit = t_star * (1 + 1e-9)
         pw = np.bincount(self._mb_p_np[win], weights=self._mb_t[win])
         pool: dict[int, float] = {int(q): float(pw[q]) for q in np.flatnonzero(pw)}
         """Per p: window time (at the primary setting) not yet in a group."""
+        if defer_head:
+            pool[p_of[head]] -= t_of[head]
         deficit = dict.fromkeys(pool, 0.0)
         """Per p: time the open groups of that p still lack to reach t_star."""
         open_need = OPEN_FILL * t_star
@@ -501,7 +567,7 @@ class EpochPlanner:
         kinds: dict[int, list[tuple[int, list[float], list[int]]]] = {}
         """Per p: (r, group loads ascending, group ids in the same order), by ascending r."""
         free = W
-        forced = {head} if head_first else {head, order[0]}
+        forced = {order[0]} if defer_head else {head} if head_first else {head, order[0]}
         left: list[int] = []
         bisect_right, insert_at = bisect.bisect_right, list.insert
         bulk: list[int] = []
@@ -671,13 +737,15 @@ class EpochPlanner:
         t_of, r_of, at = self._mb_t_list, self._mb_r, self._time_at
         consumed = self._consumed
         tuple_new, new_group = tuple.__new__, GroupPlan
+        # the head may have joined a group of another p or r (``_join_head``): its time there
+        k_head, t_head = (self._head_k, self._head_t[1]) if self._head_t is not None else (-1, 0.0)
         out: list[GroupPlan] = []
         for st, (p, r, _, ks) in placed:
             ks.sort()
             at_r = at.get(r)
             mbs = tuple([
                 tuple_new(MicroBatch, (ids_of[(g := grp[k])][(a := start[k]) : (e := stop[k])], lens_of[g][a:e], g,
-                                       t_of[k] if r_of[k] == r else at_r[k]))
+                                       t_head if k == k_head else t_of[k] if r_of[k] == r else at_r[k]))
                 for k in ks
             ])
             out.append(new_group(st, p, r, mbs))

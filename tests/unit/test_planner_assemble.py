@@ -331,3 +331,31 @@ def test_filler_uses_smaller_p_in_chunks():
     # The filler's two chunks of one 2-sample micro-batch cost twice a 1-sample micro-batch at p = 2.
     one = 2 * (1.0 / 2 + 2.0 / 2) + 0.1
     assert filler.micro_batches[0].time_s == pytest.approx(one)
+
+
+def test_head_joins_a_larger_group_on_long_tail():
+    """t1d-long at 32 H200: when the head's kind has too little work in the window to fill its own group, the
+    head joins a larger-p group (its ranks go to a second group of the longest kind); it runs there with a
+    setting whose memory fits (a b that holds it, recompute at most the group's), timed at that setting."""
+    from dcp.data_dists import load_lengths
+    from dcp.planner.stream import TimeLookup
+    from dcp.sim.scenario import paper_config, paper_table, scenario
+
+    sc = scenario("t1d-5b", "h200")
+    lengths = np.asarray(load_lengths("t1d-long", num_samples=3000, seed=0).tokens)
+    cfg, table = paper_config(sc, "dcp-intra"), paper_table(sc, 32)
+    planner = EpochPlanner(lengths, table, cfg, 32)
+    plans = list(planner)
+    check_plans(plans, lengths, cfg, 32, planner)
+    times = TimeLookup(table)
+    joined = 0
+    for plan in plans:
+        for g in plan.groups:
+            for mb in g.micro_batches:
+                if g.sp_size > planner.settings[mb.seq_group].sp_size:
+                    joined += 1
+                    s = planner._by_sp[mb.seq_group][g.sp_size]
+                    assert s.micro_batch_size >= mb.size and s.recompute_layers <= g.recompute_layers
+                    want = times.lengths_time_s(mb.seq_group, g.sp_size, g.recompute_layers, mb.seq_lens)
+                    assert mb.time_s == pytest.approx(want)
+    assert joined >= 1
