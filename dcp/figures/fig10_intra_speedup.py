@@ -38,9 +38,13 @@ def make(out_dir: Path, sizes: Sizes) -> list[Path]:
         res = simulate_methods([s] * n, MODEL, HARDWARE, WORLD_SIZE, ("dcp-inter", "dcp-intra"), table=table)
         # The whole (uniform) epoch as look-ahead: the planner's work-sized default window holds ~2 micro-batches
         # per rank of the longest kind, too few for Gmin = 16 to take effect.
-        res16 = simulate_methods([s] * n, MODEL, HARDWARE, WORLD_SIZE, ("dcp-inter", "dcp-intra"), table=table,
-                                 gmin=GMIN_AMORTISED, gmax=GMIN_AMORTISED, lookahead_per_rank=n // WORLD_SIZE + 1)
-        rows.append({"seq_len": s, "samples": n,
+        # Gmin = 16 needs >= 16 micro-batches per group in a step: with fewer in the whole epoch the paper's rule
+        # (scale every g_i by ceil(Gmin / max g)) leaves most ranks without work, so this run holds two steps'
+        # worth of the larger micro-batch (n16 >= 2 x Gmin x W x b).
+        n16 = max(n, 2 * GMIN_AMORTISED * WORLD_SIZE * max(a.micro_batch_size, b.micro_batch_size))
+        res16 = simulate_methods([s] * n16, MODEL, HARDWARE, WORLD_SIZE, ("dcp-inter", "dcp-intra"), table=table,
+                                 gmin=GMIN_AMORTISED, gmax=GMIN_AMORTISED, lookahead_per_rank=n16 // WORLD_SIZE + 1)
+        rows.append({"seq_len": s, "samples": n, "samples_gmin16": n16,
                      "inter_b": a.micro_batch_size, "inter_p": a.sp_size, "inter_r": a.recompute_layers,
                      "intra_b": b.micro_batch_size, "intra_p": b.sp_size, "intra_r": b.recompute_layers,
                      "setting_speedup": b.tokens_per_gpu_s / a.tokens_per_gpu_s,
