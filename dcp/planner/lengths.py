@@ -25,7 +25,15 @@ def check_lengths(values, *, what: str = "lengths", error: type[ValueError] = Va
     from dcp.config import MAX_TOKENS
 
     if isinstance(values, np.ndarray) and values.dtype.kind in "iu":
-        out = values.reshape(-1).tolist()
+        flat = values.reshape(-1)
+        if not flat.size and not allow_empty:
+            raise error(f"{what} is empty: a dataset needs at least one sample")
+        bad = np.flatnonzero((flat < low) | (flat > MAX_TOKENS))  # integer arrays: only the range can be wrong
+        if bad.size:
+            i = int(bad[0])
+            raise error(f"{what}[{i}] ({int(flat[i])}) must be in [{low}, {MAX_TOKENS}]: drop empty samples, "
+                        "check the units")
+        return flat.tolist()
     else:
         try:
             out = list(values)

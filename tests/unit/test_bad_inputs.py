@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from dcp.cli import main
@@ -262,6 +263,9 @@ def test_dcp_config_sections_must_be_section_objects():
     ([True, 5], "[0] (True) is not an integer"),
     (["100"], "[0] ('100') is not an integer"),
     ([], "is empty"),
+    (np.array([100, 0, 7]), "[1] (0) must be in [1, 1099511627776]"),
+    (np.array([5, 2**41], dtype=np.int64), "[1] (2199023255552) must be in [1, 1099511627776]"),
+    (np.array([], dtype=np.int64), "is empty"),
 ])
 def test_check_lengths(lengths, needle):
     from dcp.planner.lengths import check_lengths
