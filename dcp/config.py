@@ -174,6 +174,10 @@ class ProfilingConfig:
     """Untimed repetitions before the measured one."""
     measure_iters: int = 3
     """Timed repetitions; the median is recorded."""
+    clock: str = "wall"
+    """'wall' (elapsed time, what training sees) or 'cpu' (the profiling process's CPU time: stable on a shared,
+    oversubscribed CPU machine, where elapsed time also counts the slices other processes take, but blind to
+    time spent waiting for communication)."""
     cache_dir: str = ".dcp_cache"
     """Folder of cached profile tables (one file per model/world/hardware/dtype/version key)."""
     strict_cache: bool = False
@@ -199,6 +203,8 @@ class ProfilingConfig:
             fail("profiling.warmup_iters", self.warmup_iters, "must be >= 0", "set it to 0 or more")
         if self.measure_iters < 1:
             fail("profiling.measure_iters", self.measure_iters, "must be >= 1", "set it to 1 or more")
+        if self.clock not in ("wall", "cpu"):
+            fail("profiling.clock", self.clock, "is not 'wall' or 'cpu'", "write clock = \"wall\"")
         if not isinstance(self.strict_cache, bool):
             fail("profiling.strict_cache", self.strict_cache, "must be true or false", "write strict_cache = false")
 

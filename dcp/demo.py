@@ -11,13 +11,18 @@ machine:
 - every method trains the *same* epoch (the same samples, so the same tokens); the figure is the time
   of that epoch, summed from the manager's per-step times;
 - the methods run interleaved, in alternating order (A B C, C B A, A B C ...), ``--reps`` times, inside
-  the same two processes, after one untimed warm-up pass of each method; a slow spell of the machine
+  the same two processes, after one untimed warm-up epoch of each method; a slow spell of the machine
   then hits all methods alike;
 - the table reports the median over repetitions, the min-max spread, each repetition's speedup over
   bucket (same repetition), and the planner's predicted epoch time beside the measured one.
 
 The profile table is measured first by the dual-layer profiler and cached in OUT/cache (the demo's own
-cache: it never touches the ``.dcp_cache`` that ``dcp profile`` uses). Output files in OUT (default
+cache: it never touches the ``.dcp_cache`` that ``dcp profile`` uses). The profile times the process's CPU
+time (``profiling.clock = "cpu"``), not elapsed time: on a 2-core machine shared with other jobs, elapsed
+time of a millisecond-scale candidate doubles whenever another process takes half of its core, so a
+wall-clock profile moved single rows by 2-5x from one run to the next and with them the plans of every
+method (bucket's micro-batch sizes too). Every method plans from the same table; the epochs are timed
+in wall time. Output files in OUT (default
 runs/demo/): reps.csv (one row per method and repetition), steps.csv (one row per measured step),
 summary.csv (the printed table), config.json (the resolved run) and demo.png.
 
@@ -68,8 +73,9 @@ DEMO_SETTINGS: dict[str, Any] = {
     "reps": 5,
     "seed": 0,
     "config": {
+        # CPU-time profile: stable under other jobs' load (see the module docstring); all methods share it
         "profiling": {"seq_group_edges": [128, 256, 512, 1024, 2048], "max_micro_batch_size": 8,
-                      "warmup_iters": 1, "measure_iters": 3},
+                      "warmup_iters": 1, "measure_iters": 3, "clock": "cpu"},
         # emulated per-rank memory: the last seq_group (1025-2048 tokens) needs SP = 2 even with full recompute,
         # while samples up to 512 tokens run on one rank without recompute
         "planning": {"mem_capacity_gib": 0.018, "gmin": 1, "gmax": 4, "ranks_per_node": 8, "sp_sizes": [1, 2, 4]},
@@ -180,10 +186,10 @@ def demo_worker(rank: int, world_size: int, settings: dict[str, Any], cache_dir:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(METHODS) + len(order), desc="demo epochs", unit="epoch", dynamic_ncols=True)
-    for m in METHODS:  # untimed warm-up: first-touch costs, allocator, thread pools
+    for m in METHODS:  # untimed warm-up epoch (every shape once): first-touch costs, allocator, thread pools
         if bar is not None:
             bar.set_postfix_str(f"warm-up {m}")
-        _epoch(m, cfg, lengths, table, rank, device, settings["model"], max_steps=2)
+        _epoch(m, cfg, lengths, table, rank, device, settings["model"], max_steps=None)
         dist.barrier()
         if bar is not None:
             bar.update()
@@ -412,7 +418,9 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     for name in (REPS_CSV, STEPS_CSV, SUMMARY_CSV, CONFIG_JSON, PLOT_PNG):  # a demo folder holds one demo
         (out / name).unlink(missing_ok=True)
-    cache_dir = str(out / "cache")
+    # one cache folder per profile clock: the cache key does not name the clock, so a wall-clock table
+    # cached by an older demo in OUT/cache is not reused
+    cache_dir = str(out / "cache" / f"clock-{settings['config']['profiling']['clock']}")
     w = settings["world_size"]
     srt = sorted(lengths)
     edges = settings["config"]["profiling"]["seq_group_edges"]

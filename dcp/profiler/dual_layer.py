@@ -205,6 +205,7 @@ def profile_table(
         capacity_bytes=config.planning.mem_capacity_bytes,
         state_bytes=float(state.total_bytes),
         seed=config.planning.seed,
+        clock=prof.clock,
     )
     from dcp.runtime.context import SPContext
 

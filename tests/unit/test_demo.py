@@ -121,3 +121,25 @@ def test_workload_has_a_long_tail_that_needs_sp2():
     assert len(lengths) == demo.DEMO_SETTINGS["num_samples"]
     srt = sorted(lengths)
     assert srt[-1] > 1024 >= srt[len(srt) // 2] * 4  # the longest is in the last seq_group, the median far below
+
+
+def test_demo_profile_times_cpu_time_and_the_profiler_uses_that_clock(monkeypatch, tmp_path):
+    # the demo's profile must not move with other jobs' load: profiling.clock = "cpu" reaches every timed pass
+    import copy
+
+    import torch
+
+    import dcp.profiler.measure as measure
+    from dcp.experiments.execute import build_model
+    from dcp.profiler.dual_layer import profile_table
+
+    settings = copy.deepcopy(demo.DEMO_SETTINGS)
+    assert demo._config(settings, str(tmp_path)).profiling.clock == "cpu"
+    settings["config"]["profiling"].update(seq_group_edges=[64], max_micro_batch_size=1, measure_iters=1)
+    settings["config"]["planning"].update(mem_capacity_gib=1.0, sp_sizes=[1])
+    seen: list[str] = []
+    real = measure._clock
+    monkeypatch.setattr(measure, "_clock", lambda name: (seen.append(name), real(name))[1])
+    table = profile_table(build_model("t1d-tiny", torch.device("cpu")), demo._config(settings, str(tmp_path)),
+                          progress=False)
+    assert len(table) == 1 and seen and set(seen) == {"cpu"}
