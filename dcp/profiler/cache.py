@@ -98,6 +98,8 @@ class CacheKey:
     """profiling.max_micro_batch_size."""
     mem_capacity_gib: float
     """planning.mem_capacity_gib: the search skipped what did not fit it."""
+    clock: str
+    """profiling.clock the rows were timed with ('wall' or 'cpu': CPU time cannot see communication waits)."""
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

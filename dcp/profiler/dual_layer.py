@@ -84,6 +84,7 @@ def cache_key_for(adapter: ModelAdapter | Any, config: DCPConfig, world_size: in
         sp_sizes=tuple(sizes),
         max_micro_batch_size=config.profiling.max_micro_batch_size,
         mem_capacity_gib=float(config.planning.mem_capacity_gib),
+        clock=config.profiling.clock,
     )
 
 

@@ -12,7 +12,7 @@ from dcp.profiler.cache import CacheKey, CorruptCacheError, StaleCacheError
 
 KEY = CacheKey(model="t1d-tiny", model_hash="0123456789abcdef", world_size=2, hardware="cpu-x86_64-2cores",
                dtype="float32", precision="fp32", version="0.1.0", seq_group_edges=(128, 256), sp_sizes=(1, 2),
-               max_micro_batch_size=4, mem_capacity_gib=1.0)
+               max_micro_batch_size=4, mem_capacity_gib=1.0, clock="wall")
 
 
 def table() -> ProfileTable:
@@ -47,6 +47,8 @@ def test_only_rank_zero_writes(tmp_path):
 def test_every_full_key_has_its_own_file_so_tables_coexist(tmp_path):
     cache.store(table(), tmp_path, KEY)
     assert cache.lookup(tmp_path, dataclasses.replace(KEY, model_hash="ffff0000ffff0000")).status == "miss"
+    # a table timed with the CPU clock (blind to communication waits) never stands in for a wall-clock one
+    assert cache.lookup(tmp_path, dataclasses.replace(KEY, clock="cpu")).status == "miss"
     newer = dataclasses.replace(KEY, version="0.2.0")
     assert cache.lookup(tmp_path, newer).status == "miss"  # a new dcp version profiles beside the old table
     newer_table = ProfileTable(table().rows, dataclasses.replace(table().meta, version="0.2.0"))
