@@ -418,9 +418,9 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     for name in (REPS_CSV, STEPS_CSV, SUMMARY_CSV, CONFIG_JSON, PLOT_PNG):  # a demo folder holds one demo
         (out / name).unlink(missing_ok=True)
-    # one cache folder per profile clock: the cache key does not name the clock, so a wall-clock table
-    # cached by an older demo in OUT/cache is not reused
-    cache_dir = str(out / "cache" / f"clock-{settings['config']['profiling']['clock']}")
+    # the demo's own cache (never .dcp_cache/); the cache key names profiling.clock, so a wall-clock table
+    # of another run is never taken for the demo's CPU-clock one
+    cache_dir = str(out / "cache")
     w = settings["world_size"]
     srt = sorted(lengths)
     edges = settings["config"]["profiling"]["seq_group_edges"]
