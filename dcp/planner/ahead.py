@@ -28,28 +28,28 @@ _POLL_S = 0.05
 """How often a thread blocked on a full queue checks whether it was closed."""
 
 
+def _put(out: queue.Queue, stop: threading.Event, entry: tuple[Any, BaseException | None]) -> bool:
+    """Put ``entry`` unless the consumer closed first (checked every _POLL_S); True when it was put."""
+    while not stop.is_set():
+        try:
+            out.put(entry, timeout=_POLL_S)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
 def _produce(it: Iterator[Any], out: queue.Queue, stop: threading.Event) -> None:
     """Thread body: references only the source, the queue and the event (not the PlanAhead), so dropping
     the PlanAhead closes it."""
     try:
         for item in it:
-            while not stop.is_set():
-                try:
-                    out.put((item, None), timeout=_POLL_S)
-                    break
-                except queue.Full:
-                    continue
-            if stop.is_set():
+            if not _put(out, stop, (item, None)):
                 return
-        item, err = _END, None
+        last: tuple[Any, BaseException | None] = (_END, None)
     except BaseException as exc:  # re-raised in the consumer
-        item, err = None, exc
-    while not stop.is_set():
-        try:
-            out.put((item, err), timeout=_POLL_S)
-            return
-        except queue.Full:
-            continue
+        last = (None, exc)
+    _put(out, stop, last)
 
 
 class PlanAhead:
@@ -107,9 +107,4 @@ class PlanAhead:
             stop.set()
 
 
-def plan_ahead(plans: Iterable[Any], depth: int = DEFAULT_DEPTH) -> PlanAhead:
-    """``PlanAhead(plans, depth)``: the runtime's hook (``DCPManager.epoch_plans``)."""
-    return PlanAhead(plans, depth)
-
-
-__all__ = ["DEFAULT_DEPTH", "PlanAhead", "plan_ahead"]
+__all__ = ["DEFAULT_DEPTH", "PlanAhead"]

@@ -245,10 +245,10 @@ class DCPManager:
         if self.table is None:
             self.init_profiler()
         from dcp.planner import EpochPlanner
-        from dcp.planner.ahead import plan_ahead
+        from dcp.planner.ahead import PlanAhead
 
         # planned a few steps ahead on a background thread (same plans, same order: dcp.planner.ahead)
-        return plan_ahead(EpochPlanner(self.lengths, self.table, self.config, self.world_size, epoch,
+        return PlanAhead(EpochPlanner(self.lengths, self.table, self.config, self.world_size, epoch,
                                        shapes=self.shapes))
 
     def get_data_iter(self, max_steps: int | None = None) -> Iterator[Any]:

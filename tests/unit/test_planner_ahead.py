@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dcp.planner import EpochPlanner, PlanningError, plan_epoch
-from dcp.planner.ahead import PlanAhead, plan_ahead
+from dcp.planner.ahead import PlanAhead
 from tests.unit.test_planner_assemble import check_plans, lengths_for, make
 
 
@@ -32,7 +32,7 @@ def test_plan_ahead_propagates_errors_at_the_failing_step():
         yield 2
         raise PlanningError("sample 7 is too long: add a seq_group edge")
 
-    ahead = plan_ahead(plans(), depth=1)
+    ahead = PlanAhead(plans(), depth=1)
     assert next(ahead) == 1 and next(ahead) == 2
     with pytest.raises(PlanningError, match="sample 7"):
         next(ahead)
