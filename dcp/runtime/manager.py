@@ -249,7 +249,7 @@ class DCPManager:
 
         # planned a few steps ahead on a background thread (same plans, same order: dcp.planner.ahead)
         return PlanAhead(EpochPlanner(self.lengths, self.table, self.config, self.world_size, epoch,
-                                       shapes=self.shapes))
+                                      shapes=self.shapes))
 
     def get_data_iter(self, max_steps: int | None = None) -> Iterator[Any]:
         """This rank's micro-batches (Batch objects) of the current epoch, resuming mid-epoch if restored.
