@@ -171,12 +171,11 @@ def rows_checksum(table: ProfileTable) -> str:
 
 
 def verify(table: ProfileTable, key: CacheKey) -> None:
-    """Raise CorruptCacheError unless ``table`` proves it is the table of ``key``: its stored key equals
-    ``key``'s fields where the table's own metadata has them, and its row count and checksum match."""
+    """Raise CorruptCacheError unless ``table`` proves it is the table of ``key`` (the key stored in it, already
+    parsed by the caller): its own metadata agrees with ``key`` where it has the field, and its row count and
+    checksum match."""
     meta, extra = table.meta, table.meta.extra
-    stored = CacheKey.from_dict(extra.get(KEY_FIELD))
-    own = stored.to_dict()
-    for name, value in own.items():
+    for name, value in key.to_dict().items():
         if hasattr(meta, name):
             actual = getattr(meta, name)
             actual = list(actual) if isinstance(actual, tuple) else actual
@@ -195,10 +194,10 @@ def verify(table: ProfileTable, key: CacheKey) -> None:
     if rows_checksum(table) != digest:
         raise CorruptCacheError(f"the rows do not match their {CHECKSUM_FIELD} (edited or damaged)")
     for r in table.rows:
-        if r.sp_size not in stored.sp_sizes or r.micro_batch_size > stored.max_micro_batch_size:
+        if r.sp_size not in key.sp_sizes or r.micro_batch_size > key.max_micro_batch_size:
             raise CorruptCacheError(f"a row's (b={r.micro_batch_size}, p={r.sp_size}) lies outside the key's "
-                                    f"sp_sizes {list(stored.sp_sizes)} / max_micro_batch_size "
-                                    f"{stored.max_micro_batch_size}")
+                                    f"sp_sizes {list(key.sp_sizes)} / max_micro_batch_size "
+                                    f"{key.max_micro_batch_size}")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
