@@ -109,17 +109,20 @@ class Engine:
         if not mgr._at_boundary():
             return False
         token = mgr._watch.start()
-        self._fill_missing_grads()
-        with mgr._collective("gradient sync"):  # a failure or timeout names the rank that is elsewhere
-            self._sync_and_update()
-        self.optimizer_steps += 1
+        self._sync_step()
         mgr._step_done(mgr._watch.stop(token))
         return True
 
     def idle_step(self) -> None:
         """Join the step's gradient sync with zero gradients (a rank without micro-batches this step)."""
+        self._sync_step()
+
+    def _sync_step(self) -> None:
+        """The step's gradient sync and update, busy rank or idle: one phase name on every rank, so a failure
+        or timeout names only the rank that is elsewhere (an idle rank is not a suspect)."""
         self._fill_missing_grads()
-        self._sync_and_update()
+        with self._manager()._collective("gradient sync"):
+            self._sync_and_update()
         self.optimizer_steps += 1
 
     def _fill_missing_grads(self) -> None:

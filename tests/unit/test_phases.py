@@ -68,3 +68,30 @@ def test_registry_timeout_must_be_finite():
     with pytest.raises(ValueError, match=r"timeout_s \(nan\) must be a finite number"):
         SPGroupRegistry(1, 8, [1], timeout_s=float("nan"))
     assert SPGroupRegistry(1, 8, [1], timeout_s=5.0).timeout_s == 5.0
+
+
+def test_busy_and_idle_ranks_report_the_same_gradient_sync_phase():
+    # a failed sync names the ranks in ANOTHER phase: an idle rank must not read as elsewhere
+    import contextlib
+    from types import SimpleNamespace
+
+    import torch
+
+    from dcp.runtime.engines import DDPEngine
+
+    model = torch.nn.Linear(2, 2)
+    eng = DDPEngine(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    phases: list[str] = []
+
+    @contextlib.contextmanager
+    def collective(what, timeout_s=None):
+        phases.append(what)
+        yield
+
+    watch = SimpleNamespace(start=lambda: 0, stop=lambda token: 0.0)
+    eng.attach(SimpleNamespace(_collective=collective, _at_boundary=lambda: True, _watch=watch,
+                               _step_done=lambda busy: None))
+    eng.idle_step()
+    model(torch.ones(1, 2)).sum().backward()
+    assert eng.step()
+    assert phases == ["gradient sync", "gradient sync"] and eng.optimizer_steps == 2
