@@ -112,9 +112,9 @@ IMPROVE_GROUPS = 256
 IMPROVE_MIN = 0.005
 """Groups idle for less than this share of the step are left as they are."""
 BULK_AFTER = 64
+"""Micro-batches packed one by one before the rest, once every rank has a group, goes in vectorised rounds."""
 BULK_MIN_RANKS = 512
 """Vectorised rounds only from this world size (below it numpy's per-call cost exceeds the Python loop's)."""
-"""Micro-batches packed one by one before the rest, once every rank has a group, goes in vectorised rounds."""
 OPEN_FILL = 0.8
 """A micro-batch opens a new SP group only if its p's unassigned window work, less what the open groups of
 that p still lack, is at least this fraction of the target time (else the group would idle)."""
@@ -214,7 +214,6 @@ class EpochPlanner:
         self.settings = {g: best[g] for g in present}
         self._by_sp = {g: by_sp[g] for g in present}
         self._options = {g: list(by_sp[g].values()) for g in present}
-        self._present = present
         self._times = TimeLookup(self.table)
         self._unit_memo: dict[tuple[int, int], float] = {}
         mbq = self._mbq = MicroBatchQueues(
@@ -333,7 +332,7 @@ class EpochPlanner:
         self._scan_all = lo >= self._mbq.num
         return idx, np.cumsum(self._mb_work[idx]), np.maximum.accumulate(self._mb_t[idx])
 
-    def _target(self, idx: np.ndarray, cumw: np.ndarray, cummax: np.ndarray) -> tuple[float, int]:
+    def _target(self, idx: np.ndarray, cumw: np.ndarray, cummax: np.ndarray) -> tuple[float, int, int]:
         """Step target time T* and the window length (micro-batches of ``idx``) to pack from.
 
         T* = k x T_long with T_long the longest micro-batch of the scanned window (failing that, of its first
@@ -391,8 +390,9 @@ class EpochPlanner:
         if most < cfg.gmin:
             # The paper's Gmin: every group runs fewer than gmin micro-batches; scale the step (Gmin wins over Gmax).
             t_star *= math.ceil(cfg.gmin / most)
+            # the rescan extends the first one (same head, same release order), so j_long still indexes it
             idx, cumw, _ = self._scan(head, lambda t: f * t_star)
-            win = idx[: min(int(np.searchsorted(cumw, f * t_star)), len(idx) - 1) + 1]
+            win = _window(idx, min(int(np.searchsorted(cumw, f * t_star)), len(idx) - 1) + 1, j_long)
             groups = self._pack(win, t_star, head)
         self._improve(win, groups, head)
         idle = _idle(groups, W)
