@@ -177,7 +177,7 @@ def demo_worker(rank: int, world_size: int, settings: dict[str, Any], cache_dir:
     cfg = _config(settings, cache_dir)
     lengths = _lengths(settings)
     sizes = tuple(p for p in cfg.planning.sp_sizes if p <= world_size)
-    registry = SPGroupRegistry(world_size, cfg.planning.ranks_per_node, sizes)
+    registry = SPGroupRegistry.for_config(cfg, world_size, sizes)
     table = _table(build_model(settings["model"], device), cfg, rank, world_size, registry, {}, refresh)
     update_s = profiled_update_s(table) or 0.0
     order = schedule(reps)

@@ -66,8 +66,7 @@ def run_group(rank: int, world_size: int, runs: list[RunSpec], info: GroupInfo) 
         key = (cfg.planning.ranks_per_node, sizes)
         if key not in registries:
             # new_group is a collective over the world: every rank builds registries in the same order
-            registries[key] = SPGroupRegistry(world_size, cfg.planning.ranks_per_node, sizes,
-                                              timeout_s=cfg.runtime.collective_timeout_s)
+            registries[key] = SPGroupRegistry.for_config(cfg, world_size, sizes)
         model = build_model(run.model, device)
         table = _table(model, cfg, rank, world_size, registries[key], tables, run.sweep.refresh_profile)
         if rank == 0 and bar is None:  # after the first profile, whose own bar has closed

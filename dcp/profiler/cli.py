@@ -93,8 +93,7 @@ def _worker(rank: int, world_size: int, model_name: str, overrides: dict, config
         from dcp.runtime.registry import SPGroupRegistry
 
         sizes = sp_sizes_to_try(config.planning.sp_sizes, num_heads=model.config.num_heads, world_size=world_size)
-        registry = SPGroupRegistry(world_size, config.planning.ranks_per_node, sizes,
-                                   timeout_s=config.runtime.collective_timeout_s)
+        registry = SPGroupRegistry.for_config(config, world_size, sizes)
     if grow_only:  # not the cached default search: profile without touching the cache
         table = profile_table(model, config, world_size=world_size, rank=rank, registry=registry,
                               progress=progress, grow_only=True)

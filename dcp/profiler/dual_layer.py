@@ -196,8 +196,7 @@ def profile_table(
     if registry is None:
         from dcp.runtime.registry import SPGroupRegistry
 
-        registry = SPGroupRegistry(world_size, config.planning.ranks_per_node, sizes,
-                                   timeout_s=config.runtime.collective_timeout_s)
+        registry = SPGroupRegistry.for_config(config, world_size, sizes)
     state = state_bytes(adapter.module, optimizer, optimizer_bytes_per_param=config.model.optimizer_bytes_per_param)
     settings = MeasureSettings(
         warmup_iters=prof.warmup_iters,

@@ -117,9 +117,8 @@ class DCPManager:
         self._board = PhaseBoard.for_default_group()
         """Every rank's phase in the rendezvous store: a failed collective names the rank that stalled or died."""
         # Every rank creates the same groups in the same order (new_group is a world collective).
-        self.registry = registry or SPGroupRegistry(
-            self.world_size, config.planning.ranks_per_node, [p for p in config.planning.sp_sizes if p <= self.world_size],
-            timeout_s=timeout_s,
+        self.registry = registry or SPGroupRegistry.for_config(
+            config, self.world_size, [p for p in config.planning.sp_sizes if p <= self.world_size]
         )
         self._check_group = None
         if self.distributed and self.world_size > 1:

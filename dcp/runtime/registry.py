@@ -54,6 +54,11 @@ def sp_blocks(world_size: int, ranks_per_node: int, sp_sizes: Iterable[int]) -> 
 class SPGroupRegistry:
     """Pre-built SP process groups; construct it on all ranks after ``init_process_group``."""
 
+    @classmethod
+    def for_config(cls, config: Any, world_size: int, sp_sizes: Iterable[int]) -> SPGroupRegistry:
+        """The registry every dcp entry point builds: the config's ranks_per_node and collective timeout."""
+        return cls(world_size, config.planning.ranks_per_node, sp_sizes, timeout_s=config.runtime.collective_timeout_s)
+
     def __init__(
         self, world_size: int, ranks_per_node: int, sp_sizes: Iterable[int], *, backend: str | None = None,
         timeout_s: float | None = None,

@@ -95,3 +95,12 @@ def test_busy_and_idle_ranks_report_the_same_gradient_sync_phase():
     model(torch.ones(1, 2)).sum().backward()
     assert eng.step()
     assert phases == ["gradient sync", "gradient sync"] and eng.optimizer_steps == 2
+
+
+def test_registry_for_config_takes_the_configs_node_size_and_collective_timeout():
+    from dcp.config import DCPConfig, PlanningConfig, RuntimeConfig
+    from dcp.runtime.registry import SPGroupRegistry
+
+    cfg = DCPConfig(planning=PlanningConfig(ranks_per_node=1), runtime=RuntimeConfig(collective_timeout_s=7.0))
+    reg = SPGroupRegistry.for_config(cfg, 1, [1])
+    assert (reg.world_size, reg.ranks_per_node, reg.sp_sizes, reg.timeout_s) == (1, 1, (1,), 7.0)
