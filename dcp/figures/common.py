@@ -55,7 +55,7 @@ def simulate_methods(lengths: Sequence[int], model_name: str, hardware_name: str
                      shapes: Sequence[tuple[int, int]] | None = None, gmin: int = 1, gmax: int = 4,
                      lookahead_per_rank: int = LOOKAHEAD_PER_RANK) -> dict[str, Any]:
     """SimResult per method for one (lengths, model, hardware, GPUs); one analytic table shared by all."""
-    from dcp.sim.cluster import simulate
+    from dcp.sim.cluster import simulate, stronger_bucket
     from dcp.sim.scenario import paper_config, paper_table, scenario
 
     sc = scenario(model_name, hardware_name)
@@ -67,9 +67,9 @@ def simulate_methods(lengths: Sequence[int], model_name: str, hardware_name: str
         cfg = cfg.replace(planning=dataclasses.replace(cfg.planning,
                                                        lookahead_samples=lookahead_per_rank * world_size))
         out[m] = simulate(lengths, table, cfg, world_size, hardware=sc.hardware, shapes=shapes)
-    searched = out.pop("bucket-search", None)
-    if searched is not None and searched.tokens_per_s > out["bucket"].tokens_per_s:
-        out["bucket"] = searched
+    if "bucket" in methods:
+        out["bucket"] = out[stronger_bucket(out)]
+        del out["bucket-search"]
     return out
 
 

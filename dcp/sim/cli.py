@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from dcp.config import load_config
     from dcp.planner.analytic import analytic_table
     from dcp.planner.table import ProfileTable
-    from dcp.sim.cluster import simulate
+    from dcp.sim.cluster import simulate, stronger_bucket
     from dcp.sim.derive import derive_sp_table, is_single_gpu
     from dcp.sim.scenario import frames_per_group, paper_config, paper_table, scenario
 
@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
               f"{r.idle_ratio:>6.3f} {r.idle_ratio_batch:>6.3f} {max(r.idle_ratio_per_rank):>8.3f} "
               f"{r.ideal_tokens_per_s:>12.0f} "
               f"{r.ideal_fraction:>10.3f} {100 * r.sync_time_s / r.total_time_s:>6.1f}")
-    base = max((m for m in ("bucket", "bucket-search") if m in out), key=lambda m: out[m].tokens_per_s, default=None)
+    base = stronger_bucket(out)
     if base is not None:  # DCP's speedup over the stronger of the two bucket baselines
         print(f"# speedup over {base}: " + ", ".join(f"{m} {out[m].tokens_per_s / out[base].tokens_per_s:.2f}x"
                                                      for m in out if m.startswith("dcp")))

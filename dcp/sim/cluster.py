@@ -117,6 +117,13 @@ class SimResult:
         return asdict(self)
 
 
+def stronger_bucket(results: dict[str, SimResult]) -> str | None:
+    """Which of 'bucket' (Open-Sora's rule) and 'bucket-search' (its searched reference time) in ``results``
+    has the higher tokens/s: the baseline DCP's speedups are reported against (None: neither was run)."""
+    return max((m for m in ("bucket", "bucket-search") if m in results),
+               key=lambda m: results[m].tokens_per_s, default=None)
+
+
 def ideal_tokens_per_s(lengths: Sequence[int], table: ProfileTable, config: DCPConfig, world_size: int) -> float:
     """Every sample at the best b*s/(p*T) of its seq_group (minimal recompute), perfectly packed on W GPUs."""
     cfg = config.planning

@@ -132,3 +132,14 @@ def test_2d_table_profiles_video_groups():
     assert table.max_len >= 204 * 3600
     frames = table.meta.extra["frames_per_sample"]
     assert all(isinstance(f, int) and f >= 1 for f in frames)
+
+
+def test_stronger_bucket_picks_the_faster_bucket_baseline():
+    from types import SimpleNamespace
+
+    from dcp.sim.cluster import stronger_bucket
+
+    fast, slow = SimpleNamespace(tokens_per_s=2.0), SimpleNamespace(tokens_per_s=1.0)
+    assert stronger_bucket({"bucket": slow, "bucket-search": fast, "dcp-intra": fast}) == "bucket-search"
+    assert stronger_bucket({"bucket": fast, "bucket-search": slow}) == "bucket"
+    assert stronger_bucket({"dcp-intra": fast}) is None
