@@ -183,9 +183,9 @@ class DCPManager:
         ``profiling.strict_cache`` (then it raises); a corrupt table is always refused. Without the
         profiler package an analytic table is used, with a warning.
         """
-        if profiler_kwargs.get("adapter") is not None:
-            self.adapter = profiler_kwargs.pop("adapter")
-        profiler_kwargs.pop("adapter", None)
+        adapter = profiler_kwargs.pop("adapter", None)
+        if adapter is not None:
+            self.adapter = adapter
         try:
             from dcp.profiler.cache import StaleCacheError
             from dcp.profiler.dual_layer import load_or_profile, need_profile
@@ -299,7 +299,7 @@ class DCPManager:
             if plan.step < skip:
                 continue  # replaying the deterministic planner: consumed steps are skipped, order unchanged
             if max_steps is not None and done >= max_steps:
-                self._begin_step(None, marker=f"pause {epoch}:{plan.step}")  # flush stats at the same point
+                self._begin_step(None, marker=f"pause {epoch}:{plan.step}", pause_step=plan.step)  # flush stats here
                 return
             done += 1
             if plan.world_size != self.world_size:
@@ -495,7 +495,7 @@ class DCPManager:
         self._busy_spans: list[tuple[int, Span]] = []
         self._sync_spans: list[Span] = []
 
-    def _begin_step(self, plan: StepPlan | None, marker: str | None = None) -> None:
+    def _begin_step(self, plan: StepPlan | None, marker: str | None = None, pause_step: int | None = None) -> None:
         now = time.perf_counter()
         prev = self._prev
         if prev is not None:
@@ -511,8 +511,9 @@ class DCPManager:
         if prev is not None and (prev["global_step"] % rt.log_every == 0
                                  or (rt.stats_every and prev["global_step"] % rt.stats_every == 0)):
             where = f"epoch {self.epoch} step {plan.step}" if plan is not None else f"end of epoch {self.epoch}"
-            kind = 1 if plan is not None else (3 if marker.startswith("pause") else 2)
-            step = plan.step if plan is not None else (int(marker.rsplit(":", 1)[1]) if kind == 3 else -1)
+            # position in the loop: 1 a step, 2 the end of the epoch, 3 a pause (get_data_iter left early)
+            kind = 1 if plan is not None else (3 if pause_step is not None else 2)
+            step = plan.step if plan is not None else (pause_step if pause_step is not None else -1)
             self._exchange(marker, prev, plan, where=where, kind=kind, step=step)
         self._prev = None
         self._reset_step_accumulators()
