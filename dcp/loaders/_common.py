@@ -78,8 +78,13 @@ def packed_batch(pairs: Sequence[tuple[int, int]], epoch: int = 0) -> Batch:
 
 
 def check_lengths(lengths: Sequence[int], name: str = "lengths") -> list[int]:
-    """Return the lengths as a list of positive ints, or raise LoaderError naming the first bad one."""
-    out = [int(n) for n in lengths]
+    """Return the lengths as a list of positive ints, or raise LoaderError naming the first bad one (a float
+    such as 5.7 is refused, never truncated: dcp.planner.lengths.check_lengths, the planner's own rule)."""
+    from dcp.config import MAX_TOKENS
+    from dcp.planner.lengths import check_lengths as check_token_counts
+
+    # whole numbers within int64 first (the planner's rule and message); the >= 1 rule keeps its loader message
+    out = check_token_counts(lengths, what=name, error=LoaderError, low=-MAX_TOKENS, allow_empty=True)
     if not out:
         fail_arg(name, [], "is empty", "pass one token count per dataset sample")
     bad = next((i for i, n in enumerate(out) if n < 1), None)

@@ -240,6 +240,7 @@ def test_from_dict_errors(raw, message):
     [
         ([], 0, 1, r"lengths \(\[\]\) is empty"),
         ([3, 0, 2], 0, 1, r"lengths\[1\] \(0\) must be >= 1"),
+        ([3, 5.7], 0, 1, r"lengths\[1\] \(5.7\) is not an integer"),  # refused, never truncated to 5
         ([3, 4], 2, 2, r"rank \(2\) must be in \[0, 2\)"),
         ([3, 4], 0, 0, r"world_size \(0\) must be >= 1"),
         ([3, 4], 0, 3, r"len\(lengths\) \(2\) is below world_size \(3\)"),
