@@ -57,6 +57,16 @@ def module_device(module: Any) -> torch.device:
     return torch.device("cpu")
 
 
+def to_device_async(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device`` without a host-device sync: a host tensor bound for CUDA is pinned and copied
+    non-blocking (ordered on the current stream before later kernels); anything else is a plain ``.to``."""
+    device = torch.device(device)
+    if t.device == device:
+        return t
+    pin = device.type == "cuda" and t.device.type == "cpu"
+    return (t.pin_memory() if pin else t).to(device, non_blocking=pin)
+
+
 def move_batch(batch: Any, device: torch.device) -> Any:
     """``batch`` on ``device``; host batches are pinned and copied without blocking the host.
 
@@ -73,8 +83,7 @@ def move_batch(batch: Any, device: torch.device) -> Any:
         for name in ("inputs", "targets"):
             t = getattr(batch, name, None)
             if isinstance(t, torch.Tensor) and t.device != device:
-                pin = device.type == "cuda" and t.device.type == "cpu"
-                changes[name] = (t.pin_memory() if pin else t).to(device, non_blocking=pin)
+                changes[name] = to_device_async(t, device)
         return dataclasses.replace(batch, **changes) if changes else batch
     if hasattr(batch, "to"):
         return batch.to(device)

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from dcp.distributed.device import to_device_async
 from dcp.runtime.context import ATTENTION_BACKENDS
 
 log = logging.getLogger("dcp")
@@ -199,13 +200,6 @@ def _flash_dense(q, k, v, causal: bool) -> torch.Tensor:
     return flash_attn_func(q, k, v, causal=causal)
 
 
-def _host_to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Copy a small host tensor to ``device`` without a host-device sync (pinned, non-blocking on CUDA)."""
-    if device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
-
-
 def _flash_varlen(q, k, v, *, causal: bool, docs: DocLens) -> torch.Tensor:
     """Every document of the micro-batch in one flash_attn_varlen_func call. The token index and cu_seqlens
     are built on the host from ``docs`` (no host read of a device value) and copied without a sync."""
@@ -218,7 +212,7 @@ def _flash_varlen(q, k, v, *, causal: bool, docs: DocLens) -> torch.Tensor:
         return _tied_zeros(q, k, v)
     idx = torch.cat([torch.arange(a, a + n) for a, n in zip(starts, lens, strict=True)])
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
-    idx, cu = _host_to(idx, q.device), _host_to(cu, q.device)
+    idx, cu = to_device_async(idx, q.device), to_device_async(cu, q.device)
     qu, ku, vu = (t.reshape(b * s, h, d).index_select(0, idx) for t in (q, k, v))
     out_u = flash_attn_varlen_func(qu, ku, vu, cu, cu, max(lens), max(lens), causal=causal)
     out = out_u.new_zeros(b * s, h, d).index_copy(0, idx, out_u)

@@ -268,3 +268,12 @@ def test_profile_table_records_its_precision(tmp_path):
     assert table.meta.dtype == "bfloat16" and table.meta.extra["precision"] == "bf16"
     assert all(p.dtype is torch.float32 for p in model.parameters())  # measured under autocast, not cast
     assert not torch.is_autocast_enabled("cpu")  # the context is left again
+
+
+def test_to_device_async_moves_only_what_is_elsewhere():
+    from dcp.distributed.device import to_device_async
+
+    t = torch.arange(4)
+    assert to_device_async(t, torch.device("cpu")) is t  # already there: no copy
+    moved = to_device_async(t, torch.device("meta"))  # a non-CPU stand-in (pinning only applies to CUDA)
+    assert moved.device.type == "meta" and moved.shape == t.shape
