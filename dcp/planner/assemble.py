@@ -245,16 +245,19 @@ class EpochPlanner:
         self._mb_p, self._mb_r = tuple(self._mb_p_np.tolist()), tuple(self._mb_r_np.tolist())
         self._mb_work = mb_time * self._mb_p_np
         """GPU-seconds of every micro-batch (time x p)."""
-        # A micro-batch may join a group of its p with more recompute (same memory or less): its time at
-        # every larger r some primary setting of that p uses.
+        # A micro-batch may join a group of its p with more recompute (same memory or less). Once per epoch:
+        # every micro-batch's time in a group of recompute r, for every r a primary setting uses (its own
+        # time where it runs at r already), so the per-step packing reads one table, never branches.
         self._time_at: dict[int, tuple[float, ...]] = {}
         self._time_at_np: dict[int, np.ndarray] = {}
         for r in sorted({r for _, r in primary.values()}):
             up = {g: (p, r) for g, (p, rg) in primary.items() if rg < r and any(
                 p2 == p and r2 == r for p2, r2 in primary.values())}
+            t_r = mb_time
             if up:
-                self._time_at_np[r] = micro_batch_times(mbq, self._times, up)
-                self._time_at[r] = tuple(self._time_at_np[r].tolist())
+                t_r = np.where(np.isin(grp, list(up)), micro_batch_times(mbq, self._times, up), mb_time)
+            self._time_at_np[r] = t_r
+            self._time_at[r] = tuple(t_r.tolist())
         self._mb_end = tuple((np.asarray(mbq.start, dtype=np.int64) + count).tolist())
         self._ready = tuple(mbq.ready.tolist())
         self._scan_hint = 256
@@ -457,7 +460,7 @@ class EpochPlanner:
         rest = win[~np.isin(win, taken)]
         if not rest.size:
             return
-        t_of, r_of, at = self._mb_t_list, self._mb_r, self._time_at
+        at = self._time_at
         spare: dict[tuple[int, int], tuple[list[float], list[int]]] = {}
         """Per (p, group r): left-over micro-batches that may join, (times at that r ascending, ids)."""
         p_rest, r_rest = self._mb_p_np[rest], self._mb_r_np[rest]
@@ -469,8 +472,7 @@ class EpochPlanner:
             if key not in spare:
                 ok = (p_rest == p) & (r_rest <= r)
                 sel = rest[ok]
-                ts_np = self._mb_t[sel] if r not in self._time_at_np else np.where(
-                    r_rest[ok] == r, self._mb_t[sel], self._time_at_np[r][sel])
+                ts_np = self._time_at_np[r][sel]
                 o = np.argsort(ts_np, kind="stable")
                 spare[key] = (ts_np[o].tolist(), sel[o].tolist())
             ts, ids = spare[key]
@@ -490,7 +492,7 @@ class EpochPlanner:
                 k = ks[n]
                 if k == head:
                     continue
-                t_k = t_of[k] if r_of[k] == r else at[r][k]
+                t_k = at[r][k]
                 j = _unclaimed(ts, ids, claimed, t_k + room)
                 if j >= 0 and ts[j] > t_k:
                     t_new, k_new = ts.pop(j), ids.pop(j)
@@ -526,7 +528,7 @@ class EpochPlanner:
             t = memo.get((p, r))
             if t is None:
                 t = memo[(p, r)] = self._times.lengths_time_s(g, p, r, lens) if p != p_h else (
-                    self._mb_t_list[head] if r == r_h else self._time_at[r][head])
+                    self._time_at[r][head])
             if load + t <= limit:
                 best, best_load = (i, t), load
         if best is None:
@@ -640,8 +642,7 @@ class EpochPlanner:
                 if not sel.size or not gids:
                     continue
                 ks = arr[sel]
-                tt = self._mb_t[ks] if r not in self._time_at_np else np.where(
-                    r_arr[sel] == r, self._mb_t[ks], self._time_at_np[r][ks])
+                tt = self._time_at_np[r][ks]
                 srt = np.argsort(-tt, kind="stable")
                 sel, ks, tt = sel[srt], ks[srt], tt[srt]
                 g_arr = np.asarray(gids, dtype=np.int64)
@@ -683,6 +684,8 @@ class EpochPlanner:
             order.sort(key=lambda i: (-groups[i][0], not has_head[i], i))
             starts, free = place_largest_first([groups[i][0] for i in order], W, rpn)
         placed = [(st, groups[i]) for i, st in zip(order, starts, strict=True) if st is not None]
+        if len(placed) < len(groups):
+            t_star = self._cap_to_gmax(placed, head, t_star)
         fillers: list[tuple[int, Setting, list[int]]] = []
         idle: list[int] = []
         if not free:
@@ -707,6 +710,25 @@ class EpochPlanner:
                 fillers.append((a, s, ks))
                 a += s.sp_size
         return self._build(step, placed, fillers, idle)
+
+    def _cap_to_gmax(self, placed: list, head: int, t_star: float) -> float:
+        """The groups dropped for want of aligned ranks may have held the step's longest micro-batch, which
+        T* was sized on: keep the paper's Gmax bound for what is left (step time <= Gmax x the longest
+        micro-batch it runs) by returning the shortest micro-batches of over-long groups to the stream.
+        Returns the step's new target (the fillers' bound too)."""
+        longest = max(self._time_at[gr[1]][k] for _, gr in placed for k in gr[3])
+        cap = min(t_star, self.config.planning.gmax * longest)
+        limit = cap * (1 + 1e-9)
+        for _, gr in placed:
+            at_r = self._time_at[gr[1]]
+            ks = gr[3]
+            # the shortest first, never the head
+            for k in sorted((k for k in ks if k != head), key=lambda k: at_r[k]):
+                if gr[2] <= limit:
+                    break
+                ks.remove(k)
+                gr[2] -= at_r[k]
+        return cap
 
     def _filler(self, local: int, room: int, rest: dict[int, list[int]], t_star: float):
         """A smaller-p group for a free aligned slot: the earliest left-over window micro-batch with a setting
@@ -734,7 +756,7 @@ class EpochPlanner:
     def _build(self, step: int, placed: list, fillers: list, idle: list[int]) -> StepPlan:
         mbq = self._mbq
         start, stop, grp, ids_of, lens_of = mbq.start, self._mb_end, mbq.group, mbq.ids_list, mbq.lens_list
-        t_of, r_of, at = self._mb_t_list, self._mb_r, self._time_at
+        at = self._time_at
         consumed = self._consumed
         tuple_new, new_group = tuple.__new__, GroupPlan
         # the head may have joined a group of another p or r (``_join_head``): its time there
@@ -742,10 +764,10 @@ class EpochPlanner:
         out: list[GroupPlan] = []
         for st, (p, r, _, ks) in placed:
             ks.sort()
-            at_r = at.get(r)
+            at_r = at[r]
             mbs = tuple([
                 tuple_new(MicroBatch, (ids_of[(g := grp[k])][(a := start[k]) : (e := stop[k])], lens_of[g][a:e], g,
-                                       t_head if k == k_head else t_of[k] if r_of[k] == r else at_r[k]))
+                                       t_head if k == k_head else at_r[k]))
                 for k in ks
             ])
             out.append(new_group(st, p, r, mbs))

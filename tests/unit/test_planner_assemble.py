@@ -359,3 +359,13 @@ def test_head_joins_a_larger_group_on_long_tail():
                     want = times.lengths_time_s(mb.seq_group, g.sp_size, g.recompute_layers, mb.seq_lens)
                     assert mb.time_s == pytest.approx(want)
     assert joined >= 1
+
+
+def test_gmax_holds_when_placement_drops_the_longest_group():
+    # 6 ranks in nodes of 3: the longest micro-batch's p = 4 group and the head's p = 2 group do not both
+    # fit, the larger is dropped, and the head's group must not keep the T* sized on the dropped one
+    # (hypothesis found it: a step of 0.170 s against Gmax x longest = 0.094 s)
+    cfg, table = make(6, rpn=3, method="dcp-intra", gmax=1, lookahead=0, seed=0)
+    lengths = lengths_for(5, seed=0)
+    pl = EpochPlanner(lengths, table, cfg, 6)
+    check_plans(list(pl), lengths, cfg, 6, pl)
