@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from dcp.config import DCPConfig
-from dcp.distributed.device import autocast, compute_dtype, resolve_precision
+from dcp.distributed.device import autocast, resolve_precision
 from dcp.planner.table import ProfileRow, ProfileTable, TableMeta
 from dcp.profiler.adapters import ModelAdapter, get_adapter
 from dcp.profiler.cache import CacheKey
@@ -275,7 +275,8 @@ def profile_table(
     meta = TableMeta(
         model=adapter.name,
         hardware=key.hardware,
-        dtype=str(compute_dtype(precision)).replace("torch.", ""),
+        # the parameters' dtype, as in the key; the compute precision is extra["precision"] (and the key's)
+        dtype=key.dtype,
         world_size=world_size,
         seq_group_edges=edges,
         version=key.version,

@@ -47,6 +47,10 @@ def is_single_gpu(table: ProfileTable) -> bool:
 
 
 def _dtype_bytes(meta: TableMeta) -> int:
+    """Bytes per activation element: the compute precision's (bf16 autocast over fp32 parameters moves bf16
+    activations), else the parameters' dtype (tables without a recorded precision)."""
+    if meta.extra.get("precision") == "bf16":
+        return 2
     return {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1}.get(meta.dtype, 4)
 
 

@@ -265,9 +265,27 @@ def test_profile_table_records_its_precision(tmp_path):
                                               warmup_iters=0, cache_dir=str(tmp_path)),
                     planning=PlanningConfig(sp_sizes=(1,), mem_capacity_gib=1.0))
     table = profile_table(model, cfg, progress=False)
-    assert table.meta.dtype == "bfloat16" and table.meta.extra["precision"] == "bf16"
+    # the metadata's dtype is the parameters' (as in the cache key); the compute precision is its own field
+    assert table.meta.dtype == "float32" and table.meta.extra["precision"] == "bf16"
     assert all(p.dtype is torch.float32 for p in model.parameters())  # measured under autocast, not cast
     assert not torch.is_autocast_enabled("cpu")  # the context is left again
+
+
+def test_a_bf16_table_is_cached_under_its_key_and_hit_again(tmp_path):
+    """bf16 over fp32 parameters (ddp's autocast): the profiled table is cached and found again. On an H100 the
+    cache refused it (metadata dtype 'bfloat16' vs the key's 'float32'), so every CUDA run stopped."""
+    from dcp.config import PlanningConfig, ProfilingConfig
+    from dcp.profiler.dual_layer import load_or_profile
+
+    model = Transformer1D(T1DConfig.tiny())
+    cfg = DCPConfig(model=model.config.shape(), runtime=RuntimeConfig(precision="bf16"),
+                    profiling=ProfilingConfig(seq_group_edges=(32,), max_micro_batch_size=1, measure_iters=1,
+                                              warmup_iters=0, cache_dir=str(tmp_path)),
+                    planning=PlanningConfig(sp_sizes=(1,), mem_capacity_gib=1.0))
+    first, status = load_or_profile(model, cfg, progress=False)
+    assert status == "profiled" and first.meta.extra["precision"] == "bf16"
+    again, status = load_or_profile(model, cfg, progress=False)
+    assert status == "hit" and again.rows == first.rows
 
 
 def test_to_device_async_moves_only_what_is_elsewhere():
