@@ -123,10 +123,14 @@ class T1DAux:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate [b, s, h, d] by position: pairs (x_i, x_{i + d/2}) turn by angle pos * theta^(-2i/d)."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    c, s = cos[None, :, None, :], sin[None, :, None, :]
-    return torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).to(x.dtype)
+    """Rotate [b, s, ..., d] by position (dim 1): pairs (x_i, x_{i + d/2}) turn by angle pos * theta^(-2i/d).
+
+    Computed in x's dtype (bf16 under autocast, as Llama-style models do): no fp32 round trip, whose casts
+    and their backward were a fifth of a short micro-batch's kernels on an H100."""
+    x1, x2 = x.chunk(2, dim=-1)
+    shape = (1, x.shape[1]) + (1,) * (x.dim() - 3) + (cos.shape[-1],)
+    c, s = cos.to(x.dtype).view(shape), sin.to(x.dtype).view(shape)
+    return torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
 
 
 class T1DBlock(nn.Module):
@@ -146,9 +150,11 @@ class T1DBlock(nn.Module):
     def forward(self, hidden: torch.Tensor, ctx: SPContext, aux: T1DAux) -> torch.Tensor:
         b, s, h = hidden.shape
         heads, d = self.config.num_heads, self.config.head_dim
-        q, k, v = self.qkv(self.attn_norm(hidden)).view(b, s, 3, heads, d).unbind(2)
-        # RoPE before the all-to-all: this rank knows the global positions of its own chunk.
-        q, k = apply_rope(q, aux.cos, aux.sin), apply_rope(k, aux.cos, aux.sin)
+        qkv = self.qkv(self.attn_norm(hidden)).view(b, s, 3, heads, d)
+        # RoPE before the all-to-all: this rank knows the global positions of its own chunk. q and k turn
+        # together, one set of kernels for both (a short micro-batch is bound by kernel launches).
+        q, k = apply_rope(qkv[:, :, :2], aux.cos, aux.sin).unbind(2)
+        v = qkv[:, :, 2]
         out = ulysses_attention(q, k, v, ctx, causal=True, doc_lens=aux.doc_lens, impl=self.config.ulysses_impl)
         hidden = hidden + self.proj(out.reshape(b, s, h))
         return hidden + self.mlp(self.mlp_norm(hidden))
@@ -204,7 +210,12 @@ class Transformer1D(nn.Module):
         start, end = ctx.shard(s_len)
         pos = F.pad(pos, (0, ctx.padded_len(s_len) - s_len))[start:end]
         angles = pos[:, None] * inv_freq[None, :]
-        return T1DAux(cos=angles.cos(), sin=angles.sin(), doc_lens=docs, start=start)
+        # in the layers' compute dtype (autocast's, else the weights'), cast once per micro-batch, not per layer
+        if torch.is_autocast_enabled(device.type):
+            dtype = torch.get_autocast_dtype(device.type)
+        else:
+            dtype = self.tok_embed.weight.dtype
+        return T1DAux(cos=angles.cos().to(dtype), sin=angles.sin().to(dtype), doc_lens=docs, start=start)
 
     def layer_inputs(self, batch: Batch, ctx: SPContext) -> tuple[torch.Tensor, T1DAux]:
         """(hidden, aux) as the first layer sees them; the profiler runs single layers on these."""
