@@ -41,6 +41,32 @@ def test_plan_ahead_propagates_errors_at_the_failing_step():
     assert not ahead.alive
 
 
+def test_a_used_plan_is_freed_on_the_planning_thread_not_the_loops():
+    """Freeing a plan of ~20,000 micro-batches took 6-23 ms at 4096 ranks: the loop's ``plan = next(ahead)``
+    must not be where it happens."""
+    freed_on: list[str] = []
+
+    class Plan:
+        def __del__(self) -> None:
+            freed_on.append(threading.current_thread().name)
+
+    def plans():
+        for _ in range(6):
+            yield Plan()
+
+    ahead = PlanAhead(plans(), depth=2)
+    plan = next(ahead)
+    for _ in range(4):
+        plan = next(ahead)  # drops the caller's reference to the previous plan  # noqa: F841
+    deadline = threading.Event()
+    for _ in range(100):  # the producer frees retired plans at its next look for room (every 50 ms)
+        if len(freed_on) >= 4:
+            break
+        deadline.wait(0.05)
+    assert freed_on[:4] == ["dcp-plan-ahead"] * 4
+    ahead.close()
+
+
 def test_plan_ahead_closes_midway_without_hanging():
     started = threading.Event()
 
