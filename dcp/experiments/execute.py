@@ -211,8 +211,18 @@ def _extra(run: RunSpec, peak: float, plans: list[Any], table: Any, device: Any,
     }
 
 
-def step_record(step: int, plan: Any, busy_s: list[float], wall_s: float) -> dict:
-    """The measured and predicted figures of one step (rank 0), in steps.csv terms."""
+def ideal_step_time_s(plan: Any, table: Any, cfg: Any, world_size: int) -> float:
+    """Time of the step's samples at the ideal bound on ``world_size`` GPUs: each at its seq_group's best tokens
+    per GPU-second in ``table``, no idle, no sync (``dcp.sim.cluster.ideal_tokens_per_s``)."""
+    from dcp.sim.cluster import ideal_tokens_per_s
+
+    lengths = [n for g in plan.groups for mb in g.micro_batches for n in mb.seq_lens]
+    return sum(lengths) / ideal_tokens_per_s(lengths, table, cfg, world_size)
+
+
+def step_record(step: int, plan: Any, busy_s: list[float], wall_s: float, ideal_time_s: float = float("nan")) -> dict:
+    """The measured and predicted figures of one step (rank 0), in steps.csv terms; ``ideal_time_s`` from
+    :func:`ideal_step_time_s`."""
     groups = [
         {
             "first_rank": g.first_rank,
@@ -233,6 +243,7 @@ def step_record(step: int, plan: Any, busy_s: list[float], wall_s: float) -> dic
         "measured_idle_ratio": idle_ratio_from_busy(busy_s),
         "tokens": plan.tokens,
         "samples": plan.samples,
+        "ideal_time_s": ideal_time_s,
         "groups": groups,
         "busy_s": list(busy_s),
     }
@@ -276,7 +287,8 @@ def execute_manager(run: RunSpec, rank: int, world_size: int, device: Any, regis
         st, plan = stats[i], plans[i]
         if st.step != plan.step:
             raise RuntimeError(f"manager step {st.step} is not planned step {plan.step}: plans diverged")
-        records.append(step_record(i - sweep.warmup_steps, plan, list(st.busy_s), st.step_time_s))
+        records.append(step_record(i - sweep.warmup_steps, plan, list(st.busy_s), st.step_time_s,
+                                   ideal_step_time_s(plan, table, cfg, world_size)))
     if not inline:
         forward = packed_forward if run.method == "packed" else _plain_forward
         peak = replay_peak(plans[sweep.warmup_steps:], rank, registry, model, dataset, cfg.runtime.attention,
@@ -334,7 +346,8 @@ def execute_direct(run: RunSpec, rank: int, world_size: int, device: Any, regist
         dist.all_gather(gathered, stats)
         if i >= sweep.warmup_steps and rank == 0:
             records.append(step_record(i - sweep.warmup_steps, plan, [float(g[0]) for g in gathered],
-                                       max(float(g[1]) for g in gathered)))
+                                       max(float(g[1]) for g in gathered),
+                                       ideal_step_time_s(plan, table, cfg, world_size)))
     if not inline:
         peak = replay_peak(plans[sweep.warmup_steps:], rank, registry, model, dataset, cfg.runtime.attention,
                            forward, device, params, precision)

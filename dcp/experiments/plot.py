@@ -22,7 +22,9 @@ TABLE_LEGEND = (
     "tokens / its time (differs from tok/s when steps differ in size) | step_s: mean measured step time, pred_s: "
     "the planner's (compute only) | idle, p_idle: GPU-weighted idle fraction, measured and planned | speedup: tok/s "
     "over bucket's on the same model, dataset and W (runs may hold different samples: see dcp demo for a paired, "
-    "repeated comparison)"
+    "repeated comparison) | ideal: the measured steps' time at the ideal bound / their measured time (no idle, "
+    "no sync, every sample at its best setting in the profile table) | adj: ideal over bucket's, a speedup that "
+    "does not depend on which samples each run's steps held"
 )
 """One line under the table that explains every column."""
 
@@ -35,14 +37,15 @@ def latest_runs(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(keep.values())
 
 
-def speedups(rows: Sequence[dict[str, Any]], baseline: str = "bucket") -> dict[tuple, float]:
-    """tokens/s of every row divided by the baseline's on the same (model, dataset, world_size); NaN without one."""
-    base = {(r["model"], r["dataset"], r["world_size"]): r["tokens_per_s"] for r in rows if r["method"] == baseline}
+def speedups(rows: Sequence[dict[str, Any]], baseline: str = "bucket", column: str = "tokens_per_s") -> dict[tuple, float]:
+    """``column`` (tokens/s, or ideal_fraction) of every row divided by the baseline's on the same (model,
+    dataset, world_size); NaN without one."""
+    base = {(r["model"], r["dataset"], r["world_size"]): r[column] for r in rows if r["method"] == baseline}
     out = {}
     for r in rows:
         b = base.get((r["model"], r["dataset"], r["world_size"]))
         out[(r["model"], r["dataset"], r["method"], r["world_size"])] = (
-            r["tokens_per_s"] / b if b and b > 0 else math.nan
+            r[column] / b if b and b > 0 else math.nan
         )
     return out
 
@@ -115,16 +118,19 @@ def format_table(rows: Sequence[dict[str, Any]], baseline: str = "bucket") -> st
     predicted), idle ratio (measured, predicted), speedup in tokens/s vs the baseline (TABLE_LEGEND explains)."""
     rows = latest_runs(rows)
     spd = speedups(rows, baseline)
+    adj = speedups(rows, baseline, "ideal_fraction")
     head = (f"{'model':<10} {'dataset':<9} {'W':>2} {'method':<10} {'tok/s':>9} {'step-med':>9} {'step_s':>7} "
-            f"{'pred_s':>8} {'idle':>6} {'p_idle':>6} {'speedup':>8}")
+            f"{'pred_s':>8} {'idle':>6} {'p_idle':>6} {'speedup':>8} {'ideal':>6} {'adj':>6}")
     lines = [head, "-" * len(head)]
     order = {m: i for i, m in enumerate(METHODS)}
     for r in sorted(rows, key=lambda r: (r["model"], r["dataset"], r["world_size"], order.get(r["method"], 9))):
-        s = spd[(r["model"], r["dataset"], r["method"], r["world_size"])]
+        key = (r["model"], r["dataset"], r["method"], r["world_size"])
+        s, a = spd[key], adj[key]
         s_txt = "-" if math.isnan(s) else f"{s:.2f}x"
+        a_txt = "-" if math.isnan(a) else f"{a:.2f}x"
         lines.append(
             f"{r['model']:<10} {r['dataset']:<9} {r['world_size']:>2} {r['method']:<10} {r['tokens_per_s']:>9.0f} "
             f"{r['tokens_per_s_median']:>9.0f} {r['step_time_s']:>7.3f} {r['predicted_step_time_s']:>8.3f} {r['idle_ratio']:>6.2f} "
-            f"{r['predicted_idle_ratio']:>6.2f} {s_txt:>8}"
+            f"{r['predicted_idle_ratio']:>6.2f} {s_txt:>8} {r['ideal_fraction']:>6.2f} {a_txt:>6}"
         )
     return "\n".join(lines)

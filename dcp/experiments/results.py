@@ -23,13 +23,16 @@ from typing import Any
 
 RUN_COLUMNS = (
     "run_id", "git_sha", "config_hash", "sweep", "method", "model", "dataset", "world_size", "device",
-    "steps", "samples", "tokens", "tokens_per_s", "tokens_per_s_median", "step_time_s", "step_time_std_s",
-    "predicted_step_time_s", "idle_ratio", "predicted_idle_ratio", "peak_mem_gib", "mem_meter", "predicted_peak_mem_gib",
+    "steps", "samples", "tokens", "tokens_per_s", "tokens_per_s_median", "ideal_fraction", "step_time_s",
+    "step_time_std_s", "predicted_step_time_s", "idle_ratio", "predicted_idle_ratio", "peak_mem_gib", "mem_meter", "predicted_peak_mem_gib",
     "profile_source", "executor", "wall_s", "load_avg_1m", "timestamp",
 )
 """runs.csv columns. step_time_s is the measured mean wall time of an optimizer step (rank 0, from one
 step's start to the next's; every step ends in the all-rank gradient sync and the optimizer); tokens_per_s_median is the median over steps of a step's tokens / its
-time, robust to a step slowed by other processes; idle_ratio is the measured GPU-weighted idle fraction of the
+time, robust to a step slowed by other processes; ideal_fraction is the measured steps' time at the ideal bound
+(every sample at its seq_group's best tokens per GPU-second in the run's profile table, no idle, no sync;
+dcp.sim.cluster.ideal_tokens_per_s) over their measured time: unlike tokens/s it does not depend on which
+samples a run's few steps happened to hold, so methods compare by it; idle_ratio is the measured GPU-weighted idle fraction of the
 compute part (see idle_ratio_from_busy); the predicted_* columns come from the plans. load_avg_1m is the
 host's 1-minute load average when the run ended: above the core count, other processes shared the cores
 and the timings are inflated."""
@@ -37,7 +40,7 @@ and the timings are inflated."""
 STEP_COLUMNS = (
     "run_id", "method", "model", "dataset", "world_size", "step", "predicted_step_time_s",
     "measured_step_time_s", "measured_compute_time_s", "predicted_idle_ratio", "measured_idle_ratio",
-    "tokens", "samples", "group", "first_rank", "sp_size", "ga_steps", "recompute_layers",
+    "tokens", "samples", "ideal_time_s", "group", "first_rank", "sp_size", "ga_steps", "recompute_layers",
     "group_tokens", "predicted_group_time_s", "measured_group_busy_s", "profiled_update_time_s",
 )
 """steps.csv columns: one row per SP group of a measured step; step-level columns repeat per group.
@@ -94,6 +97,7 @@ def summarize_run(step_records: Sequence[dict[str, Any]]) -> dict[str, float]:
     times = [float(r["measured_step_time_s"]) for r in step_records]
     total_t = sum(times)
     tokens = sum(int(r["tokens"]) for r in step_records)
+    ideal_t = sum(float(r.get("ideal_time_s", "nan")) for r in step_records)
     return {
         "steps": len(step_records),
         "samples": sum(int(r["samples"]) for r in step_records),
@@ -103,6 +107,7 @@ def summarize_run(step_records: Sequence[dict[str, Any]]) -> dict[str, float]:
             int(r["tokens"]) / float(r["measured_step_time_s"]) if float(r["measured_step_time_s"]) > 0 else 0.0
             for r in step_records
         ),
+        "ideal_fraction": ideal_t / total_t if total_t > 0 else float("nan"),
         "step_time_s": statistics.fmean(times),
         "step_time_std_s": statistics.pstdev(times) if len(times) > 1 else 0.0,
         "predicted_step_time_s": statistics.fmean(float(r["predicted_step_time_s"]) for r in step_records),

@@ -17,10 +17,11 @@ from dcp.experiments.sweep import load_sweep
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _row(run_id, method, dataset, tput, w=2, model="t1d-tiny"):
+def _row(run_id, method, dataset, tput, w=2, model="t1d-tiny", ideal=0.5):
     row = {c: 0 for c in RUN_COLUMNS}
     row.update(run_id=run_id, git_sha="abc", config_hash="h", sweep="t", method=method, model=model, dataset=dataset,
-               world_size=w, device="cpu", tokens_per_s=tput, step_time_s=1.0, predicted_step_time_s=0.9,
+               world_size=w, device="cpu", tokens_per_s=tput, ideal_fraction=ideal, step_time_s=1.0,
+               predicted_step_time_s=0.9,
                idle_ratio=0.2, predicted_idle_ratio=0.1, mem_meter="saved", profile_source="profiled",
                executor="manager", timestamp="now")
     return row
@@ -29,9 +30,9 @@ def _row(run_id, method, dataset, tput, w=2, model="t1d-tiny"):
 @pytest.fixture
 def results_dir(tmp_path):
     rows = [
-        _row("1", "bucket", "balanced", 100.0),
+        _row("1", "bucket", "balanced", 100.0, ideal=0.4),
         _row("2", "dcp-inter", "balanced", 150.0),
-        _row("3", "dcp-intra", "balanced", 200.0),
+        _row("3", "dcp-intra", "balanced", 200.0, ideal=0.6),
         _row("4", "dcp-intra", "short", 80.0),  # no bucket row for short: speedup is NaN
         _row("5", "bucket", "balanced", 100.0, w=4, model="t2d-tiny"),
     ]
@@ -62,9 +63,10 @@ def test_plot_and_table_from_csv_only(results_dir):
     table = format_table(read_runs(results_dir))
     lines = table.splitlines()
     intra = next(line for line in lines if "dcp-intra" in line and "balanced" in line)
-    assert intra.rstrip().endswith("2.00x")
+    # tok/s speedup 2.00x; the sample-mix-free one: ideal fraction 0.60 over bucket's 0.40
+    assert intra.split()[-3:] == ["2.00x", "0.60", "1.50x"]
     short = next(line for line in lines if "short" in line)
-    assert short.rstrip().endswith("-")
+    assert short.split()[-3:] == ["-", "0.50", "-"]
 
 
 def _args(*argv):

@@ -63,8 +63,8 @@ def _plan() -> StepPlan:
 
 
 def test_step_record_pairs_predicted_and_measured():
-    rec = step_record(3, _plan(), [2.0, 2.0, 1.0, 0.0], 2.5)
-    assert rec["step"] == 3 and rec["tokens"] == 120 and rec["samples"] == 3
+    rec = step_record(3, _plan(), [2.0, 2.0, 1.0, 0.0], 2.5, 1.25)
+    assert rec["step"] == 3 and rec["tokens"] == 120 and rec["samples"] == 3 and rec["ideal_time_s"] == 1.25
     assert rec["predicted_step_time_s"] == 2.0
     # predicted GPU-weighted idle: (2*0 + 1*1 + 1*2) / (4 * 2)
     assert rec["predicted_idle_ratio"] == pytest.approx(3 / 8)
@@ -75,7 +75,7 @@ def test_step_record_pairs_predicted_and_measured():
 
 def _steps(times, tokens, idles):
     return [
-        {"measured_step_time_s": t, "tokens": n, "samples": 1, "predicted_step_time_s": t / 2,
+        {"measured_step_time_s": t, "tokens": n, "samples": 1, "predicted_step_time_s": t / 2, "ideal_time_s": t / 4,
          "measured_idle_ratio": i, "measured_compute_time_s": t, "predicted_idle_ratio": 0.0}
         for t, n, i in zip(times, tokens, idles, strict=True)
     ]
@@ -88,6 +88,7 @@ def test_summarize_run_uses_total_tokens_over_total_time_and_time_weighted_idle(
     assert s["step_time_s"] == pytest.approx(2.0)
     assert s["predicted_step_time_s"] == pytest.approx(1.0)
     assert s["idle_ratio"] == pytest.approx((0.0 * 1 + 0.4 * 3) / 4)
+    assert s["ideal_fraction"] == pytest.approx(0.25)  # total ideal time over total measured time
     assert s["steps"] == 2 and s["tokens"] == 600
     with pytest.raises(ResultsError, match=r"step_records \(\[\]\) is empty"):
         summarize_run([])
@@ -150,3 +151,22 @@ def test_read_runs_parses_nan(tmp_path):
     row["load_avg_1m"] = float("nan")
     write_results(tmp_path, [row], [], sweep={}, run_configs={})
     assert math.isnan(read_runs(tmp_path)[0]["load_avg_1m"])
+
+
+def test_ideal_step_time_prices_the_steps_own_samples_at_the_ideal_bound():
+    """The same samples give the same ideal time whatever the plan; more or longer samples take longer."""
+    from dcp.config import DCPConfig, PlanningConfig
+    from dcp.experiments.execute import ideal_step_time_s
+    from dcp.planner import plan_epoch
+    from dcp.planner.analytic import CPU_SMALL, analytic_table_for
+    from dcp.sim.cluster import ideal_tokens_per_s
+
+    cfg = DCPConfig(planning=PlanningConfig(method="dcp-intra"))
+    table = analytic_table_for(cfg, 4, mem_capacity_bytes=CPU_SMALL.mem_capacity_bytes)
+    lengths = [100, 700, 2000, 3000, 64, 900] * 4
+    plans = list(plan_epoch(lengths, table, cfg, 4))
+    per_step = [ideal_step_time_s(p, table, cfg, 4) for p in plans]
+    assert all(t > 0 for t in per_step)
+    whole = sum(lengths) / ideal_tokens_per_s(lengths, table, cfg, 4)
+    # the bound is additive over samples: the steps' ideal times add up to the epoch's
+    assert sum(per_step) == pytest.approx(whole, rel=1e-9)
