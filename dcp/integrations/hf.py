@@ -11,9 +11,10 @@ layout) trainable by the DCP manager without touching its code:
   ``[b, s_local, heads, d]``. The context is an explicit keyword that HF forwards from
   ``model(..., dcp_ctx=ctx)`` through every decoder layer to the attention function: no global state, and
   the profiler reaches the same attention with ITS SP groups (the adapter passes its context the same way).
-- **The forward** (:meth:`HFCausalLM.forward`, the manager's ``forward_fn``): pad the micro-batch to a
-  multiple of the SP size, keep this rank's contiguous chunk, pass the chunk's GLOBAL ``position_ids``
-  (RoPE rotates every token as without SP), and return ``(loss_sum, labelled_count)`` of the chunk.
+- **The forward** (:meth:`HFCausalLM.forward`, the manager's ``forward_fn``): samples of unequal lengths
+  run as one row of documents (no layer computes on padding), the row is padded to a multiple of the SP
+  size, this rank keeps its contiguous chunk with its GLOBAL ``position_ids`` (RoPE rotates every token as
+  without SP, restarting at every document), and it returns ``(loss_sum, labelled_count)`` of the chunk.
 - **The profiler adapter** (:meth:`HFCausalLM.adapter`): ``HFLlamaAdapter(model, sp_aware=True)``, whose
   layers receive the profiler's context, so SP-2 candidates are measured with the real all-to-all.
 - **The model shape** (:meth:`HFCausalLM.shape`) the planner needs, from the HF config.
@@ -33,7 +34,8 @@ import torch
 import torch.nn.functional as F
 
 from dcp.config import ModelShapeConfig
-from dcp.models.common import IGNORE_INDEX
+from dcp.models.common import IGNORE_INDEX, pack_rows
+from dcp.runtime.attention import DocLens
 from dcp.runtime.context import SPContext
 
 ATTENTION_NAME = "dcp_ulysses"
@@ -63,13 +65,14 @@ def is_supported(model: Any) -> bool:
 
 def ulysses_attention_hf(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                          attention_mask: torch.Tensor | None, *, dcp_ctx: SPContext | None = None,
-                         dropout: float = 0.0, scaling: float | None = None, sliding_window: int | None = None,
-                         **kwargs: Any) -> tuple[torch.Tensor, None]:
+                         dcp_docs: DocLens | None = None, dropout: float = 0.0, scaling: float | None = None,
+                         sliding_window: int | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """transformers attention function: ``[b, H, s_local, d]`` q, k, v in, ``([b, s_local, H, d], None)`` out.
 
     With ``dcp_ctx`` (every DCP forward and every profiled candidate) it is Ulysses over ``dcp_ctx.group``,
-    causal over the full padded sequence (right padding needs no mask: padded keys only follow real
-    ones, and padded positions carry no label). Without it, plain causal attention on the given tokens.
+    causal over the full sequence; ``dcp_docs`` (host ints, ``dcp.runtime.attention.DocLens``) splits each
+    row into documents that attend only within themselves (a micro-batch of unequal lengths packed into one
+    row by :meth:`HFCausalLM.forward`). Without ``dcp_ctx``, plain causal attention on the given tokens.
     """
     from dcp.runtime.ulysses import ulysses_attention
 
@@ -99,7 +102,7 @@ def ulysses_attention_hf(module: Any, query: torch.Tensor, key: torch.Tensor, va
             "sample) or keep samples within the window"
         )
     out = ulysses_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), dcp_ctx,
-                            causal=True)
+                            causal=True, doc_lens=dcp_docs)
     return out, None
 
 
@@ -143,13 +146,28 @@ class HFCausalLM:
     """The transformers model, its attention switched to ``"dcp_ulysses"``."""
 
     def forward(self, model: Any, batch: Any, ctx: SPContext) -> tuple[torch.Tensor, torch.Tensor]:
-        """The manager's ``forward_fn``: ``(loss_sum, labelled tokens)`` over this rank's chunk of ``batch``."""
+        """The manager's ``forward_fn``: ``(loss_sum, labelled tokens)`` over this rank's chunk of ``batch``.
+
+        Samples of unequal lengths (a right-padded micro-batch) run as ONE row of their real tokens, the
+        samples back to back as documents: position ids restart at every document and attention stays
+        inside each (``dcp_docs``), so no layer computes on padding and the result is that of the samples one
+        at a time, the cost the planner prices (its real lengths, not b x the longest). The layout is decided
+        from ``batch.seq_lens`` (host ints), never from a tensor value."""
         device = self.model.lm_head.weight.device
-        ids = chunk(batch.inputs.to(device), ctx, 0)
-        labels = chunk(batch.targets.to(device), ctx, IGNORE_INDEX)
-        start, end = ctx.shard(batch.inputs.shape[1])
-        position_ids = torch.arange(start, end, device=device)[None].expand_as(ids)  # global: RoPE as without SP
-        logits = model(input_ids=ids, position_ids=position_ids, use_cache=False, dcp_ctx=ctx).logits
+        inputs, targets = batch.inputs.to(device), batch.targets.to(device)
+        lens, docs = batch.seq_lens, None
+        if any(n != inputs.shape[1] for n in lens):
+            inputs, targets = pack_rows(inputs, lens), pack_rows(targets, lens)
+            positions = torch.cat([torch.arange(n, device=device) for n in lens])[None]
+            docs = (tuple(lens),)
+        else:
+            positions = torch.arange(inputs.shape[1], device=device)[None].expand_as(inputs)
+        ids = chunk(inputs, ctx, 0)
+        labels = chunk(targets, ctx, IGNORE_INDEX)
+        # this chunk's GLOBAL positions (RoPE as without SP); SP padding after the last token gets 0 (no label,
+        # and causal / per-document attention never lets a real token see it)
+        position_ids = chunk(positions, ctx, 0)
+        logits = model(input_ids=ids, position_ids=position_ids, use_cache=False, dcp_ctx=ctx, dcp_docs=docs).logits
         loss_sum = F.cross_entropy(logits.flatten(0, 1).float(), labels.reshape(-1), ignore_index=IGNORE_INDEX,
                                    reduction="sum")
         return loss_sum, (labels != IGNORE_INDEX).sum()

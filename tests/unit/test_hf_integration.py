@@ -276,3 +276,29 @@ def test_the_example_adds_the_lines_it_claims():
              if line.startswith("+") and not line.startswith("+++")]
     assert added == [line for line in code("hf_llama.py") if line.rstrip().endswith("# DCP") or "# DCP:" in line]
     assert len(added) == 15
+
+
+def test_a_padded_micro_batch_runs_only_its_real_tokens_and_equals_its_samples_one_by_one():
+    """Unequal lengths run as one row of documents: the decoder layers see 11 + 6 tokens, not 2 x 11, and the
+    loss and gradients are those of the two samples run alone (RoPE restarts, attention stays per sample)."""
+    model = llama()
+    integration = hf.prepare(model)
+    data = SyntheticTokenDataset([11, 6], vocab_size=64, seed=3)
+    seen = []
+    hook = model.model.layers[0].register_forward_pre_hook(lambda mod, args: seen.append(tuple(args[0].shape[:2])))
+    loss, count = integration.forward(model, data.collate([data[0], data[1]]), SPContext.single())
+    loss.backward()
+    together = [p.grad.clone() for p in model.parameters()]
+    assert seen == [(1, 17)] and int(count) == 10 + 5
+    model.zero_grad()
+    seen.clear()
+    alone = 0.0
+    for i in (0, 1):
+        one, _ = integration.forward(model, data.collate([data[i]]), SPContext.single())
+        one.backward()
+        alone += float(one)
+    hook.remove()
+    assert seen == [(1, 11), (1, 6)]  # equal-length micro-batches keep their rows
+    torch.testing.assert_close(float(loss), alone, rtol=1e-5, atol=1e-5)
+    for g_together, p in zip(together, model.parameters(), strict=True):
+        torch.testing.assert_close(g_together, p.grad, rtol=1e-4, atol=1e-6)
