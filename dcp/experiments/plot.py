@@ -65,6 +65,7 @@ def plot_results(results_dir: str | Path, out_path: str | Path | None = None) ->
     datasets += sorted({r["dataset"] for r in rows} - set(datasets))
     methods = [m for m in METHODS if any(r["method"] == m for r in rows)]
     spd = speedups(rows)
+    adj = speedups(rows, column="ideal_fraction")
     by_key = {(r["model"], r["dataset"], r["method"], r["world_size"]): r for r in rows}
 
     fig, axes = plt.subplots(2, len(panels), figsize=(max(6.5, 4.4 * len(panels)), 7.0), squeeze=False)
@@ -81,12 +82,13 @@ def plot_results(results_dir: str | Path, out_path: str | Path | None = None) ->
                 tput.append(r["tokens_per_s"])
                 idle.append(r["idle_ratio"])
                 pidle.append(r["predicted_idle_ratio"])
-                labels.append(spd[(model, ds, method, w)])
+                labels.append((spd[(model, ds, method, w)], adj[(model, ds, method, w)]))
             color = METHOD_COLORS.get(method, None)
             bars = ax_t.bar(xs, tput, width, label=method, color=color)
-            for bar, s in zip(bars, labels, strict=True):
+            for bar, (s, a) in zip(bars, labels, strict=True):
                 if not math.isnan(s):
-                    ax_t.annotate(f"{s:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    text = f"{s:.2f}x" if math.isnan(a) else f"{s:.2f}x | {a:.2f}x"
+                    ax_t.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                                   xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
                                   fontsize=8, rotation=90)
             ax_i.bar(xs, idle, width, color=color)
@@ -95,16 +97,17 @@ def plot_results(results_dir: str | Path, out_path: str | Path | None = None) ->
         for ax in (ax_t, ax_i):
             ax.set_xticks(range(len(datasets)), datasets)
         ax_i.set_xlabel("dataset")
-        ax_t.set_ylim(0, 1.25 * ax_t.get_ylim()[1])  # room for the speedup labels
+        ax_t.set_ylim(0, 1.4 * ax_t.get_ylim()[1])  # room for the speedup labels
         ax_t.set_title(f"{model}, W={w}")
-        ax_t.set_ylabel("throughput (tokens/s); label: speedup vs bucket" if col == 0 else "")
+        ax_t.set_ylabel("throughput (tokens/s)\nlabel: speedup vs bucket, tok/s | adj" if col == 0 else "")
         ax_i.set_ylabel("idle fraction of GPU time\n(bar measured, tick predicted)" if col == 0 else "")
         top = max([r["idle_ratio"] for r in rows] + [r["predicted_idle_ratio"] for r in rows] + [0.1])
         ax_i.set_ylim(0, min(1.0, 1.15 * top))
     axes[0][0].legend(fontsize=7)
     axes[1][0].legend(fontsize=7, loc="upper right")
     meta = rows[0]
-    fig.suptitle(f"DCP vs baselines: real runs on {meta['device']} processes, speedup vs bucket\n"
+    fig.suptitle(f"DCP vs baselines: real runs on {meta['device']} processes, speedup vs bucket (adj: of the ideal "
+                 "fraction, free of which samples each run's steps held)\n"
                  f"(git {meta['git_sha']}, {meta['sweep']})", fontsize=10)
     fig.tight_layout()
     out = Path(out_path) if out_path else Path(results_dir) / PLOT_NAME
