@@ -9,7 +9,9 @@ planner costing tens of milliseconds per step at thousands of ranks never delays
 longer than that. The thread still shares the GIL with the training loop: its CPU time is taken in
 switch-interval slices from the loop's own Python (kernel launches), which a planner process would avoid.
 
-An exception raised by the planner is re-raised by the ``next()`` that would have returned that plan.
+An exception raised by the planner is re-raised by the ``next()`` that would have returned that plan. Used
+plans are freed on the planning thread while it runs; the last ``depth`` + 1 of an epoch, once it has ended,
+on whichever thread drops the PlanAhead.
 ``close()`` (also on garbage collection, or ``with PlanAhead(...)``) stops the thread; it never blocks for
 longer than one plan's computation.
 """
@@ -30,18 +32,22 @@ _POLL_S = 0.05
 
 
 class _Buffer:
-    """The plans computed ahead. Taking one does NOT wake the producer: it looks for room every _POLL_S.
+    """The plans computed ahead. Taking one wakes the producer only when the consumer is about to block.
 
     With a queue.Queue, ``get()`` notified the waiting producer, which then asked for the GIL while the
     consumer still held it; the consumer had to hand it over at its next switch check and wait a whole
     switch interval (5 ms) for the CPU-bound producer to give it back. ``next()`` blocked ~8 ms at 4096
-    ranks though its plan was ready (``dcp bench planner``, exposed_median_ms). Now the producer starts the
-    next plan up to _POLL_S later, which ``depth`` >= 1 plans in hand absorb."""
+    ranks though its plan was ready (``dcp bench planner``, exposed_median_ms). Now a producer waiting for
+    room looks again every _POLL_S, and the consumer wakes it at once only when it takes the last plan in
+    hand or finds none: a loop faster than the polling is not held to ``depth`` plans per _POLL_S, and a
+    loop slower than it (steps of hundreds of ms at thousands of ranks) never pays the hand-over."""
 
     def __init__(self, depth: int) -> None:
         self.depth = depth
         self.items: deque[tuple[Any, BaseException | None]] = deque()
         self.ready = threading.Condition()
+        self.wake = threading.Event()
+        """Set by a consumer about to block, and by close(): the producer stops waiting for room."""
         self.retired: deque[Any] = deque()
         """Plans the consumer is done with, freed here by the producer (see ``PlanAhead.__next__``)."""
 
@@ -53,21 +59,28 @@ class _Buffer:
         """Append ``entry`` once there is room, unless the consumer closed first; True when it was put."""
         while len(self.items) >= self.depth:
             self.free_retired()
-            if stop.wait(_POLL_S):
+            self.wake.wait(_POLL_S)
+            self.wake.clear()
+            if stop.is_set():
                 return False
-        self.free_retired()
         if stop.is_set():
             return False
         with self.ready:
             self.items.append(entry)
             self.ready.notify()
+        self.free_retired()  # after the hand-over: a consumer waiting for this plan does not wait for the free
         return True
 
     def take(self) -> tuple[Any, BaseException | None]:
         with self.ready:
             while not self.items:
+                self.wake.set()
                 self.ready.wait()
-            return self.items.popleft()
+            item = self.items.popleft()
+            if not self.items:
+                # the last plan in hand: a loop this fast cannot wait for the next poll
+                self.wake.set()
+            return item
 
 
 def _produce(it: Iterator[Any], buf: _Buffer, stop: threading.Event) -> None:
@@ -125,6 +138,7 @@ class PlanAhead:
         """Stop the planning thread (idempotent); plans not yet taken are dropped."""
         self._done = True
         self._stop.set()
+        self._buffer.wake.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join()
         self._current = None
@@ -145,6 +159,7 @@ class PlanAhead:
         stop = getattr(self, "_stop", None)
         if stop is not None:
             stop.set()
+            self._buffer.wake.set()
 
 
 __all__ = ["DEFAULT_DEPTH", "PlanAhead"]

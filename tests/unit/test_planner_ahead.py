@@ -67,6 +67,33 @@ def test_a_used_plan_is_freed_on_the_planning_thread_not_the_loops():
     ahead.close()
 
 
+def test_a_fast_loop_is_not_held_to_the_polling_interval(monkeypatch):
+    """A consumer that finds no plan wakes the producer at once: with the producer's polling made 30 s, a loop
+    of 20 plans must still finish at once (it took depth plans per poll before the wake existed)."""
+    from dcp.planner import ahead as ahead_mod
+
+    monkeypatch.setattr(ahead_mod, "_POLL_S", 30.0)
+    got: list[int] = []
+    ahead = PlanAhead(iter(range(20)), depth=1)
+    consumer = threading.Thread(target=lambda: got.extend(ahead), daemon=True)
+    consumer.start()
+    consumer.join(10.0)
+    assert got == list(range(20))
+    ahead.close()
+
+
+def test_close_wakes_a_producer_waiting_for_room(monkeypatch):
+    from dcp.planner import ahead as ahead_mod
+
+    monkeypatch.setattr(ahead_mod, "_POLL_S", 30.0)
+    ahead = PlanAhead(iter(range(100)), depth=1)
+    assert next(ahead) == 0
+    closer = threading.Thread(target=ahead.close, daemon=True)
+    closer.start()
+    closer.join(10.0)
+    assert not closer.is_alive() and not ahead.alive
+
+
 def test_plan_ahead_closes_midway_without_hanging():
     started = threading.Event()
 
