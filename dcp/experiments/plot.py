@@ -24,7 +24,7 @@ TABLE_LEGEND = (
     "over bucket's on the same model, dataset and W (runs may hold different samples: see dcp demo for a paired, "
     "repeated comparison) | ideal: the measured steps' time at the ideal bound / their measured time (no idle, "
     "no sync, every sample at its best setting in the profile table) | adj: ideal over bucket's, a speedup that "
-    "does not depend on which samples each run's steps held"
+    "does not depend on which samples each run's steps held (the per-step update still counts, as in tok/s)"
 )
 """One line under the table that explains every column."""
 

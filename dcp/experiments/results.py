@@ -32,7 +32,8 @@ step's start to the next's; every step ends in the all-rank gradient sync and th
 time, robust to a step slowed by other processes; ideal_fraction is the measured steps' time at the ideal bound
 (every sample at its seq_group's best tokens per GPU-second in the run's profile table, no idle, no sync;
 dcp.sim.cluster.ideal_tokens_per_s) over their measured time: unlike tokens/s it does not depend on which
-samples a run's few steps happened to hold, so methods compare by it; idle_ratio is the measured GPU-weighted idle fraction of the
+samples a run's few steps happened to hold (the per-step update stays in the measured time, as in tokens/s:
+fewer, larger steps pay it less often); idle_ratio is the measured GPU-weighted idle fraction of the
 compute part (see idle_ratio_from_busy); the predicted_* columns come from the plans. load_avg_1m is the
 host's 1-minute load average when the run ended: above the core count, other processes shared the cores
 and the timings are inflated."""

@@ -45,7 +45,10 @@ class ProfileRow:
     t_b_s: float
     """Backward time of one layer (without its recompute)."""
     m_act_bytes: float
-    """m: activation bytes one non-recomputed layer keeps for backward (beyond its input)."""
+    """m: activation bytes one non-recomputed layer keeps for backward (beyond its input): Eq. 6's slope per
+    layer. The CUDA allocator meter fits it with M_C so that Eq. 6 is exact at r = 0 and r = L of this
+    table's L (``dcp.profiler.measure.eq6_terms``): it can read up to a layer's activations / L below the
+    raw per-layer figure, so do not carry it to a model of another depth."""
     m_inp_bytes: float
     """m_inp: bytes of one layer's input, kept even under checkpointing."""
     t_const_s: float
@@ -76,7 +79,8 @@ class TableMeta:
     hardware: str
     """Device description, e.g. 'cpu-gloo' or 'NVIDIA H200'."""
     dtype: str
-    """Compute dtype, e.g. 'float32' or 'bfloat16'."""
+    """Profiled tables: the parameters' dtype (as their cache key); the compute precision is
+    ``extra["precision"]``. Analytic tables: the compute dtype. E.g. 'float32' or 'bfloat16'."""
     world_size: int
     """Ranks of the job the table was profiled for."""
     seq_group_edges: tuple[int, ...]
