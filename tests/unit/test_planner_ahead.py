@@ -181,3 +181,18 @@ def test_paper_scale_tables_plan_every_sample_once(model, dataset, index):
         for p in plans:
             longest = max(mb.time_s for g in p.groups for mb in g.micro_batches)
             assert p.step_time_s <= 4 * longest * (1 + 1e-9)
+
+
+def test_window_order_by_rank_is_the_stable_longest_first_order():
+    """The per-epoch rank key sorts any window (ascending micro-batch indices) exactly as a stable sort of
+    its float times, longest first, would (ties in release order)."""
+    cfg, table = make(12, rpn=4)
+    planner = EpochPlanner(lengths_for(3000, seed=5), table, cfg, 12)
+    next(planner)  # the epoch's preparation
+    t = planner._mb_t
+    assert len(np.unique(t)) < len(t)  # ties exist, so their order is checked too
+    rng = np.random.default_rng(0)
+    for size in (1, 7, len(t) // 3, len(t)):
+        win = np.sort(rng.choice(len(t), size, replace=False))
+        want = win[np.argsort(-t[win], kind="stable")]
+        np.testing.assert_array_equal(win[np.argsort(planner._rank_desc[win])], want)
