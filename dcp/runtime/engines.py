@@ -5,11 +5,17 @@ may have none at all (the partial last step of an epoch). Every rank must still 
 sync per step, over all W ranks, after its own micro-batches. The adapters below therefore decouple the
 sync from backward:
 
-- ``DDPEngine`` ("ddp"): plain data parallelism with a bucketed all-reduce (SUM) at ``step()``. torch's
-  DistributedDataParallel ties its all-reduce to a backward pass (``no_sync()`` only postpones it to the
-  next backward), so a rank with no micro-batch in a step could only join the sync by running a fake
-  forward/backward; doing the all-reduce ourselves at the boundary is simpler, exact, and costs the same
-  bytes (parameters and buffers are broadcast from rank 0 at start, as DDP does).
+- ``DDPEngine`` ("ddp"): plain data parallelism with a bucketed all-reduce (SUM) of the step's gradients.
+  torch's DistributedDataParallel ties its all-reduce to a backward pass (``no_sync()`` only postpones it to
+  the next backward), so a rank with no micro-batch in a step could only join the sync by running a fake
+  forward/backward; doing the all-reduce ourselves is simpler, exact, and costs the same bytes (parameters
+  and buffers are broadcast from rank 0 at start, as DDP does). Like DDP, it overlaps the all-reduce with
+  backward: during this rank's LAST micro-batch of the step, a bucket's all-reduce starts as soon as all of
+  its parameters have their final gradient (buckets hold the parameters in reverse order, the order
+  backward produces them, and start strictly in bucket order, so every rank issues the same collectives
+  in the same order); ``step()`` starts the buckets not started yet (an idle rank: all of them), waits and
+  updates. So between a rank's last backward of a step and its ``step()`` nothing else may run a collective
+  on the engine's group (the manager's loop runs none there; SP groups are groups of their own).
 - ``DeepSpeedEngine`` ("deepspeed", ZeRO-1): public API only. ``managed_gradient_accumulation: false``
   (DeepSpeed >= 0.19.4) makes ``backward`` accumulate locally and ``step()`` the caller-owned boundary that
   reduces gradients (averaged over W) and updates; ``backward(loss, scale_wrt_gas=False)`` keeps DeepSpeed
@@ -165,7 +171,19 @@ class DDPEngine(Engine):
                 src = dist.get_global_rank(group, 0) if group is not None else 0
                 for t in [*module.parameters(), *module.buffers()]:
                     dist.broadcast(t.data, src=src, group=group)
-        self._buckets = self._make_buckets([p for p in module.parameters() if p.requires_grad], bucket_cap_mb)
+        params = [p for p in module.parameters() if p.requires_grad]
+        # reverse order: backward produces the last layers' gradients first, so their buckets fill first
+        self._buckets = self._make_buckets(params[::-1], bucket_cap_mb)
+        self._bucket_of = {id(p): i for i, bucket in enumerate(self._buckets) for p in bucket}
+        self._started: list[tuple[torch.Tensor, Any]] = []
+        """(flat buffer, work) of the buckets whose all-reduce has started this step, in bucket order."""
+        self._pending = [0] * len(self._buckets)
+        """Per bucket: parameters whose final gradient of the step has not arrived yet (while armed)."""
+        self._armed = False
+        self._final: set[int] = set()
+        if self._distributed:
+            for p in params:
+                p.register_post_accumulate_grad_hook(self._on_final_grad)
 
     @staticmethod
     def _make_buckets(params: list[torch.nn.Parameter], cap_mb: float) -> list[list[torch.nn.Parameter]]:
@@ -182,12 +200,48 @@ class DDPEngine(Engine):
             size += nbytes
         return buckets
 
+    def _backward(self, loss: torch.Tensor) -> None:
+        mgr = self._manager()
+        if not (self._distributed and mgr._in_last_micro_batch()):
+            loss.backward()
+            return
+        # the rank's last backward of the step: each bucket's all-reduce starts inside it (_on_final_grad)
+        self._pending = [len(bucket) for bucket in self._buckets]
+        self._final.clear()
+        self._armed = True
+        try:
+            loss.backward()
+        finally:
+            self._armed = False
+
+    def _on_final_grad(self, param: torch.Tensor) -> None:
+        """post-accumulate-grad hook: ``param`` has its gradient of this backward."""
+        if not self._armed:
+            return
+        if id(param) in self._final:
+            raise EngineError(
+                "a parameter received a second gradient in the last micro-batch's backward after its bucket's "
+                "all-reduce had started: call backward once per micro-batch (sum the losses first)"
+            )
+        self._final.add(id(param))
+        self._pending[self._bucket_of[id(param)]] -= 1
+        self._start_ready_buckets()
+
+    def _start_ready_buckets(self, *, all_: bool = False) -> None:
+        """Start the all-reduce of every complete bucket (every bucket when ``all_``), strictly in bucket order."""
+        while len(self._started) < len(self._buckets):
+            i = len(self._started)
+            if not all_ and self._pending[i] > 0:
+                return
+            self._started.append(all_reduce_grads_flat(self._buckets[i], self.group, async_op=True))
+
     def _sync_and_update(self) -> None:
-        buckets = self._buckets if self._distributed else []
-        started = [all_reduce_grads_flat(bucket, self.group, async_op=True) for bucket in buckets]
-        for bucket, (flat, work) in zip(buckets, started, strict=True):
-            work.wait()
-            copy_flat_into_grads(bucket, flat)
+        if self._distributed:
+            self._start_ready_buckets(all_=True)  # those the backward did not start (an idle rank: all)
+            for bucket, (flat, work) in zip(self._buckets, self._started, strict=True):
+                work.wait()
+                copy_flat_into_grads(bucket, flat)
+            self._started = []
         self.optimizer.step()
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()  # once per optimizer step, never per micro-batch
