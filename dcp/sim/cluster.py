@@ -29,7 +29,7 @@ from dcp.planner.cost import micro_batch_mem_bytes
 from dcp.planner.intra import best_settings
 from dcp.planner.plan import StepPlan
 from dcp.planner.stream import TimeLookup, seq_groups_of
-from dcp.planner.table import ProfileTable
+from dcp.planner.table import ProfileRow, ProfileTable
 
 
 class SimulationError(ValueError):
@@ -53,7 +53,10 @@ class StepResult:
     compute_time_s: float
     """Slowest SP group's accumulated micro-batch time (the compute phase)."""
     sync_time_s: float
-    """ZeRO-1 gradient reduce-scatter + parameter all-gather over all ranks."""
+    """The step's gradient sync over all ranks (all-reduce, or ZeRO-1 reduce-scatter + all-gather), the part
+    the compute phase does not hide: all of it for the deepspeed engine; for the ddp engine, which starts
+    each bucket inside the backward of a rank's last micro-batch, what is left after the slowest group's
+    last backward (:func:`exposed_sync_s`)."""
     optimizer_time_s: float
     """Each rank's 1/W share of the Adam update."""
     tokens: int
@@ -166,24 +169,52 @@ def _mem_row(mb, sp_size: int, rows: dict, edges: Sequence[int]):
     return next((r for r in cand if r.micro_batch_size >= size), None)
 
 
+DDP_BUCKET_BYTES = 25 * 2**20
+"""The ddp engine's gradient bucket (``DDPEngine(bucket_cap_mb=25)``): the last one starts after backward."""
+
+
+def backward_share(row: ProfileRow, recompute_layers: int) -> float:
+    """Share of a micro-batch's layer time spent in backward (recompute included), from its table row."""
+    L = row.num_layers
+    fwd = L * row.t_f_s
+    bwd = L * row.t_b_s + recompute_layers * row.t_f_s
+    return bwd / (fwd + bwd) if fwd + bwd > 0 else 0.0
+
+
+def exposed_sync_s(sync_s: float, overlap_s: float, grad_bytes: float) -> float:
+    """What is left of a gradient all-reduce of ``sync_s`` when it runs alongside ``overlap_s`` of backward
+    (the slowest group's last one: the other ranks' buckets wait for its buckets): the rest after the
+    overlap, and never less than the last bucket, which can only start once that backward ends."""
+    last_bucket = sync_s * min(1.0, DDP_BUCKET_BYTES / grad_bytes) if grad_bytes > 0 else sync_s
+    return max(last_bucket, sync_s - overlap_s)
+
+
 def step_cost(plan: StepPlan, times: TimeLookup | None, rows: dict, *, sync_s: float, optimizer_s: float,
-              edges: Sequence[int] = ()) -> StepResult:
+              edges: Sequence[int] = (), overlap_grad_bytes: float = 0.0) -> StepResult:
     """Cost of one StepPlan; ``times`` re-times micro-batches from a truth table (None: planner's times),
-    each from its samples' real lengths (TimeLookup.lengths_time_s, as the planner prices them)."""
+    each from its samples' real lengths (TimeLookup.lengths_time_s, as the planner prices them).
+    ``overlap_grad_bytes`` > 0 (the ddp engine, that many gradient bytes) overlaps the sync with the backward
+    of the slowest group's last micro-batch (:func:`exposed_sync_s`); 0 leaves it all exposed."""
     group_times: list[float] = []
+    last_backward: list[float] = []
     peak = 0.0
     for g in plan.groups:
-        t = 0.0
+        t = t_mb = 0.0
+        row = None
         for mb in g.micro_batches:
             if times is not None and mb.seq_group >= 0:
-                t += times.lengths_time_s(mb.seq_group, g.sp_size, g.recompute_layers, mb.seq_lens)
+                t_mb = times.lengths_time_s(mb.seq_group, g.sp_size, g.recompute_layers, mb.seq_lens)
             else:
-                t += mb.time_s
+                t_mb = mb.time_s
+            t += t_mb
             row = _mem_row(mb, g.sp_size, rows, edges)
             if row is not None:
                 peak = max(peak, micro_batch_mem_bytes(row, g.recompute_layers))
         group_times.append(t)
+        last_backward.append(t_mb * backward_share(row, g.recompute_layers) if row is not None else 0.0)
     t_star = max(group_times, default=0.0)
+    if overlap_grad_bytes > 0 and group_times:
+        sync_s = exposed_sync_s(sync_s, last_backward[group_times.index(t_star)], overlap_grad_bytes)
     per_group = tuple((g.first_rank, g.sp_size, t_star - t) for g, t in zip(plan.groups, group_times, strict=True))
     idle = sum(p * i for _, p, i in per_group)
     busy = [t for g, t in zip(plan.groups, group_times, strict=True) if g.micro_batches]
@@ -217,7 +248,11 @@ def simulate(lengths: Sequence[int], table: ProfileTable, config: DCPConfig, wor
     opt = optimizer_step_time_s(model, hardware, world_size) + hardware.step_overhead_s if hardware else 0.0
     times = TimeLookup(truth) if truth_table is not None else None
     rows = _row_lookup(truth)
-    steps = [step_cost(p, times, rows, sync_s=sync, optimizer_s=opt, edges=truth.seq_group_edges) for p in plans]
+    # the ddp engine overlaps the gradient all-reduce with the last backward (dcp.runtime.engines); deepspeed's
+    # ZeRO-1 reduces after it
+    overlap = model.num_params * model.param_bytes if config.runtime.engine == "ddp" and hardware else 0.0
+    steps = [step_cost(p, times, rows, sync_s=sync, optimizer_s=opt, edges=truth.seq_group_edges,
+                       overlap_grad_bytes=overlap) for p in plans]
     seen = sum(s.samples for s in steps)
     if seen != len(lengths):
         raise SimulationError(

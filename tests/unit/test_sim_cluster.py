@@ -143,3 +143,31 @@ def test_stronger_bucket_picks_the_faster_bucket_baseline():
     assert stronger_bucket({"bucket": slow, "bucket-search": fast, "dcp-intra": fast}) == "bucket-search"
     assert stronger_bucket({"bucket": fast, "bucket-search": slow}) == "bucket"
     assert stronger_bucket({"dcp-intra": fast}) is None
+
+
+def test_exposed_sync_by_hand():
+    from dcp.sim.cluster import DDP_BUCKET_BYTES, exposed_sync_s
+
+    g = 100 * DDP_BUCKET_BYTES  # 100 buckets: the last is 1 % of the sync
+    assert exposed_sync_s(0.5, 0.0, g) == 0.5  # nothing to hide behind
+    assert exposed_sync_s(0.5, 0.2, g) == pytest.approx(0.3)  # the rest after the overlap
+    assert exposed_sync_s(0.5, 9.0, g) == pytest.approx(0.005)  # the last bucket starts after backward
+    assert exposed_sync_s(0.5, 9.0, DDP_BUCKET_BYTES / 2) == 0.5  # one bucket: no overlap possible
+
+
+def test_step_cost_overlaps_the_sync_with_the_slowest_groups_last_backward():
+    from dcp.planner.table import ProfileRow
+    from dcp.sim.cluster import DDP_BUCKET_BYTES, backward_share
+
+    row = ProfileRow(seq_group=0, seq_len=64, micro_batch_size=1, sp_size=1, t_f_s=1.0, t_b_s=2.0, m_act_bytes=1.0,
+                     m_inp_bytes=1.0, t_const_s=0.0, m_const_bytes=1.0, num_layers=4)
+    assert backward_share(row, 0) == pytest.approx(2 / 3)
+    assert backward_share(row, 4) == pytest.approx(3 / 4)  # recompute runs in backward
+    mb = lambda t: MicroBatch((0,), (10,), 0, t)  # noqa: E731
+    plan = StepPlan(0, 0, 2, "dcp-intra", (GroupPlan(0, 1, 0, (mb(1.0), mb(0.6))), GroupPlan(1, 1, 0, (mb(0.9),))))
+    rows = {(0, 1): [row]}
+    plain = step_cost(plan, None, rows, sync_s=0.5, optimizer_s=0.0)
+    over = step_cost(plan, None, rows, sync_s=0.5, optimizer_s=0.0, overlap_grad_bytes=1000 * DDP_BUCKET_BYTES)
+    assert plain.sync_time_s == 0.5
+    # the slowest group (1.6 s) ends with a 0.6 s micro-batch, 2/3 of it backward: 0.4 s of the sync is hidden
+    assert over.sync_time_s == pytest.approx(0.1) and over.compute_time_s == plain.compute_time_s
