@@ -364,6 +364,11 @@ def analytic_row(
     )
 
 
+GRAD_BUCKET_MIB = 25.0
+"""The ddp engine's gradient bucket (the default of ``DDPEngine(bucket_cap_mb=...)``): its buckets start one by one
+inside the last backward, and the last one only after it (``dcp.sim.cluster.exposed_sync_s``)."""
+
+
 def grad_sync_time_s(model: ModelShapeConfig, hardware: HardwareSpec, world_size: int) -> float:
     """Once per optimizer step: ring all-reduce (ZeRO-1: reduce-scatter + all-gather) of the gradients."""
     if world_size <= 1:

@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 from dcp.distributed.comm import all_reduce_grads_flat, check_backend_device, copy_flat_into_grads
 from dcp.distributed.device import autocast, module_device, resolve_precision
+from dcp.planner.analytic import GRAD_BUCKET_MIB
 
 if TYPE_CHECKING:
     from dcp.runtime.manager import DCPManager
@@ -146,7 +147,7 @@ class DDPEngine(Engine):
     sync_divisor = 1
 
     def __init__(self, module: torch.nn.Module, optimizer: Any, lr_scheduler: Any = None, *,
-                 group: Any = None, bucket_cap_mb: float = 25.0, precision: str = "fp32") -> None:
+                 group: Any = None, bucket_cap_mb: float = GRAD_BUCKET_MIB, precision: str = "fp32") -> None:
         if isinstance(module, torch.nn.parallel.DistributedDataParallel):
             # DDP's hooks all-reduce on every backward; with unequal ga_steps per rank the ranks would run
             # different numbers of collectives and hang. DCP owns the (single) gradient sync per step.

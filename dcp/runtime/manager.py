@@ -474,13 +474,13 @@ class DCPManager:
             self._has_count = True
         return loss
 
-    def _at_boundary(self) -> bool:
-        return self._step_open and self._applied and self._mb_index == self._group.ga_steps - 1
-
     def _in_last_micro_batch(self) -> bool:
         """True from the forward to the step() of this rank's last micro-batch of the open step: its backward
         gives the parameters their final gradients of the step (the ddp engine starts their sync then)."""
-        return self._step_open and self._group is not None and self._mb_index == self._group.ga_steps - 1
+        return self._step_open and self._mb_index == self._group.ga_steps - 1
+
+    def _at_boundary(self) -> bool:
+        return self._applied and self._in_last_micro_batch()
 
     def _resolve_measurements(self) -> None:
         for key, span in self._unresolved:

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from dcp.config import DCPConfig
-from dcp.planner.analytic import HardwareSpec, grad_sync_time_s, optimizer_step_time_s
+from dcp.planner.analytic import GRAD_BUCKET_MIB, HardwareSpec, grad_sync_time_s, optimizer_step_time_s
 from dcp.planner.cost import micro_batch_mem_bytes
 from dcp.planner.intra import best_settings
 from dcp.planner.plan import StepPlan
@@ -169,8 +169,8 @@ def _mem_row(mb, sp_size: int, rows: dict, edges: Sequence[int]):
     return next((r for r in cand if r.micro_batch_size >= size), None)
 
 
-DDP_BUCKET_BYTES = 25 * 2**20
-"""The ddp engine's gradient bucket (``DDPEngine(bucket_cap_mb=25)``): the last one starts after backward."""
+DDP_BUCKET_BYTES = GRAD_BUCKET_MIB * 2**20
+"""The ddp engine's gradient bucket: the last one starts after backward."""
 
 
 def backward_share(row: ProfileRow, recompute_layers: int) -> float:
