@@ -13,9 +13,10 @@ Planning is pure (no torch), so every rank computes the same plans from the same
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
+
+import numpy as np
 
 from dcp.loaders._common import Batch, fail_arg
 
@@ -56,13 +57,5 @@ def plan_samples(
         fail_arg("samples", [], "is empty", "pass at least one (sample id, length) pair")
     ids = [i for i, _ in samples]
     plans = plan_epoch([n for _, n in samples], table, config, world_size, epoch)
-    out = []
-    for plan in plans:
-        groups = tuple(
-            g._replace(
-                micro_batches=tuple(mb._replace(sample_ids=tuple(ids[k] for k in mb.sample_ids)) for mb in g.micro_batches)
-            )
-            for g in plan.groups
-        )
-        out.append(dataclasses.replace(plan, groups=groups))
-    return out
+    ids_np = np.asarray(ids, dtype=np.int64)
+    return [plan.with_sample_ids(ids_np[plan.sample_id_array]) for plan in plans]

@@ -12,9 +12,10 @@ one cost source), and a group's work is the sum of its micro-batches' times. Per
 3. Packing (``_pack``). Longest first, best fit: a micro-batch joins the open group of its p (and at least
    its recompute) with the most load that still fits T*, or opens a group on free ranks when its p's window
    work can fill one (the head and the longest always do); a second pass uses ranks still free. From 512
-   ranks, once all ranks have a group, the rest goes in vectorised rounds (``_fill_rounds``). Gmin scales
-   T* as the paper does. Then a small local search (``_improve``); a step that still idles is packed again
-   with the head joining another group (``_join_head``) and at other targets.
+   ranks the packing runs in numpy (``_pack_rounds``): each kind's group count from its window time, walked
+   longest first, then longest-first rounds (``_fill_rounds``). Gmin scales T* as the paper does. Then a
+   small local search (``_improve``); a step that still idles is packed again with the head joining another
+   group (``_join_head``) and at other targets.
 4. Placement (``placement.place_largest_first``, aligned inside a node unless p exceeds one) and filling of
    free ranks with smaller-p settings of left-over window micro-batches (``_filler``); idle one-rank groups
    for what nothing fills. Micro-batches not taken stay for later steps.
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import gc
+import itertools
 import math
 import operator
 from collections.abc import Iterator, Sequence
@@ -37,7 +39,7 @@ import numpy as np
 from dcp.config import DCPConfig
 from dcp.planner.intra import Setting, best_settings, settings_by_sp
 from dcp.planner.placement import place_largest_first
-from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
+from dcp.planner.plan import MicroBatch, StepPlan
 from dcp.planner.stream import (
     MicroBatchQueues,
     PlanningError,
@@ -111,10 +113,10 @@ IMPROVE_GROUPS = 256
 """Local search visits at most this many of the emptiest groups per step."""
 IMPROVE_MIN = 0.005
 """Groups idle for less than this share of the step are left as they are."""
-BULK_AFTER = 64
-"""Micro-batches packed one by one before the rest, once every rank has a group, goes in vectorised rounds."""
 BULK_MIN_RANKS = 512
-"""Vectorised rounds only from this world size (below it numpy's per-call cost exceeds the Python loop's)."""
+"""From this world size a step is packed in numpy (``_pack_rounds``: group counts per kind, then longest-first
+rounds); below it, one micro-batch at a time by best fit, whose Python loop is cheaper than numpy's per-call
+cost for the few thousand micro-batches of a step there."""
 OPEN_FILL = 0.8
 """A micro-batch opens a new SP group only if its p's unassigned window work, less what the open groups of
 that p still lack, is at least this fraction of the target time (else the group would idle)."""
@@ -264,8 +266,21 @@ class EpochPlanner:
             self._time_at_np[r] = t_r
             self._time_at[r] = tuple(t_r.tolist())
         self._mb_end = tuple((np.asarray(mbq.start, dtype=np.int64) + count).tolist())
+        # the epoch's samples as flat arrays (seq_group after seq_group), and where each micro-batch's run
+        # of them starts: a step's sample arrays are gathered in numpy (``_build``)
+        present_ids = sorted(mbq.sample_ids)
+        base = np.zeros(n_groups, dtype=np.int64)
+        base[present_ids] = np.cumsum([0] + [len(mbq.sample_ids[g]) for g in present_ids])[:-1]
+        empty = [np.zeros(0, dtype=np.int64)]  # an empty epoch
+        self._flat_ids = np.concatenate(empty + [mbq.sample_ids[g] for g in present_ids]).astype(np.int64)
+        self._flat_lens = np.concatenate(empty + [mbq.seq_lens[g] for g in present_ids]).astype(np.int64)
+        self._mb_flat_np = base[grp] + np.asarray(mbq.start, dtype=np.int64)
+        self._mb_count_np = count
+        self._mb_group_np = grp
         self._ready = tuple(mbq.ready.tolist())
         self._scan_hint = 256
+        self._mark = np.zeros(len(mb_time), dtype=bool)
+        """Scratch mask over the epoch's micro-batches (``_improve``), all False between uses."""
         self._head_k, self._head_t = -1, None
         """The step's head and, when it joined a group of another p or r (``_join_head``), (group, its time)."""
         if cfg.lookahead_samples:
@@ -453,7 +468,10 @@ class EpochPlanner:
     def _improve(self, win: np.ndarray, groups: list[list], head: int) -> None:
         """Local search: in the emptiest groups (at most IMPROVE_GROUPS), swap a micro-batch for a longer one
         left in the window (same p, recompute at most the group's) while the group stays within the step's
-        time (its longest group, not T*), and add left-over micro-batches that fit. The head stays."""
+        time (its longest group, not T*), and add left-over micro-batches that fit. The head stays. From
+        BULK_MIN_RANKS ranks only the adding: the rounds leave groups of many short micro-batches, whose swaps
+        cost a Python step each for little (t2d-balanced at 512 GPUs: 0.990 -> 0.980 of the ideal bound
+        without any local search)."""
         if len(groups) < 2 or _idle(groups, self.world_size) < IMPROVE_MIN:
             return
         step_t = max(gr[2] for gr in groups) * (1 + 1e-9)
@@ -461,10 +479,15 @@ class EpochPlanner:
         if not slack:
             return
         slack.sort(reverse=True)
-        taken = np.fromiter((k for gr in groups for k in gr[3]), dtype=np.int64)
-        rest = win[~np.isin(win, taken)]
+        taken = np.fromiter(itertools.chain.from_iterable(gr[3] for gr in groups), dtype=np.int64,
+                            count=sum(len(gr[3]) for gr in groups))
+        mark = self._mark  # all False between calls
+        mark[taken] = True
+        rest = win[~mark[win]]
+        mark[taken] = False
         if not rest.size:
             return
+        swaps = self.world_size < BULK_MIN_RANKS
         at = self._time_at
         spare: dict[tuple[int, int], tuple[list[float], list[int]]] = {}
         """Per (p, group r): left-over micro-batches that may join, (times at that r ascending, ids)."""
@@ -484,7 +507,7 @@ class EpochPlanner:
             if not ts:
                 continue
             gr = groups[i]
-            for n in range(len(ks) + 1):
+            for n in range(0 if swaps else len(ks), len(ks) + 1):
                 room = step_t - gr[2]
                 if n == len(ks):  # add what still fits
                     j = _unclaimed(ts, ids, claimed, room)
@@ -551,11 +574,14 @@ class EpochPlanner:
         own (more recompute fits the same memory), timed at the group's r. It opens a new group when none has
         room, ranks are free and its p's unassigned window work can fill one more group (the head, and the
         window's longest micro-batch, always open one). A second pass opens groups for what is left while
-        ranks are free. Returns the groups in opening order.
+        ranks are free. Returns the groups in opening order. From BULK_MIN_RANKS ranks: ``_pack_rounds``.
         """
         W = self.world_size
+        order_np = win[np.argsort(self._rank_desc[win])]  # longest first, ties in release order
+        if W >= BULK_MIN_RANKS:
+            return self._pack_rounds(order_np, t_star, head, head_first, defer_head)
         t_of, p_of, r_of, at = self._mb_t_list, self._mb_p, self._mb_r, self._time_at
-        order = win[np.argsort(self._rank_desc[win])].tolist()  # longest first, ties in release order
+        order = order_np.tolist()
         if defer_head:  # the head is placed afterwards (``_join_head``)
             order.remove(head)
         elif order[0] != head:  # the head opens a group right after the longest (or first), before ranks run out
@@ -577,14 +603,9 @@ class EpochPlanner:
         forced = {order[0]} if defer_head else {head} if head_first else {head, order[0]}
         left: list[int] = []
         bisect_right, insert_at = bisect.bisect_right, list.insert
-        bulk: list[int] = []
-        bulk_after = BULK_AFTER if W >= BULK_MIN_RANKS else len(order)
         for second in (False, True):
             todo, left = (left, []) if second else (order, [])
-            for n_done, k in enumerate(todo):
-                if not free and not second and n_done >= bulk_after:
-                    bulk = todo[n_done:]  # every rank has a group: the rest is packed in vectorised rounds
-                    break
+            for k in todo:
                 p, r, t = p_of[k], r_of[k], t_of[k]
                 best_load, best = -1.0, None
                 can_open = p <= free and t <= limit and (
@@ -627,9 +648,81 @@ class EpochPlanner:
                     left.append(k)
             if not free or not left:
                 break
-        if bulk:
-            self._fill_rounds(groups, kinds, bulk, limit)
         return groups
+
+    def _pack_rounds(self, order: np.ndarray, t_star: float, head: int, head_first: bool,
+                     defer_head: bool) -> list[list]:
+        """``_pack`` for large worlds with many micro-batches per rank, in numpy: count the groups, then fill
+        them in longest-first rounds.
+
+        The one-by-one best fit would place nearly every micro-batch of such a step in a Python loop (20,000-
+        80,000 at 4096 ranks, ~90 ms). Here, walking the window longest first (the head right after the
+        longest, or first), a kind (p, r) asks for its j-th group where its running time passes (j - 1) x
+        t_star; groups are granted in that order while ranks are free and the kind's window time can fill
+        OPEN_FILL of one more (the longest's and the head's first groups always), then, on ranks still free,
+        the others. The granted groups are filled by ``_fill_rounds`` (the head first, in its kind's first
+        group). Same result shape as ``_pack``.
+        """
+        W = self.world_size
+        limit = t_star * (1 + 1e-9)
+        rest = order[order != head]
+        if not defer_head:  # the head right after the longest (or first): it always gets a group
+            at = 0 if head_first or not len(rest) else 1
+            order = np.concatenate([rest[:at], [head], rest[at:]])
+        p_o, r_o = self._mb_p_np[order], self._mb_r_np[order]
+        n_r = int(r_o.max()) + 1
+        kind = p_o * n_r + r_o
+        t_o = self._mb_t[order]
+        pos = np.arange(len(order))
+        events: list[tuple[int, int, int, bool]] = []
+        """(window position where the kind asks for the group, p, r, whether it may open in the first pass)"""
+        for kd in np.unique(kind).tolist():
+            sel = np.flatnonzero(kind == kd)
+            p, r = divmod(kd, n_r)
+            cw = np.cumsum(t_o[sel])
+            total = float(cw[-1])
+            n_full = min(W // p, int(total / t_star + (1 - OPEN_FILL)))  # the last one filled >= OPEN_FILL
+            n_all = min(W // p, math.ceil(total / t_star - 1e-9))
+            at = sel[np.minimum(np.searchsorted(cw, np.arange(n_all) * t_star, "right"), len(sel) - 1)]
+            events.extend((int(x), p, r, j < n_full) for j, x in enumerate(pos[at].tolist()))
+        events.sort()
+        forced = {pos[0]} if defer_head else {int(np.flatnonzero(order == head)[0])} if head_first else {
+            0, int(np.flatnonzero(order == head)[0])}
+        free, granted, short = W, [], []
+        for x, p, r, full in events:
+            if p > free:
+                continue
+            if full or x in forced:
+                granted.append((p, r))
+                free -= p
+                if not free:
+                    break
+            else:
+                short.append((p, r))
+        for p, r in short:  # ranks still free: the groups the window cannot fill, too
+            if p <= free:
+                granted.append((p, r))
+                free -= p
+        groups: list[list] = []
+        kinds: dict[int, list[tuple[int, list, list[int]]]] = {}
+        index: dict[tuple[int, int], list[int]] = {}
+        for p, r in granted:
+            gids = index.get((p, r))
+            if gids is None:
+                gids = index[(p, r)] = []
+                kinds.setdefault(p, []).append((r, [], gids))
+            gids.append(len(groups))
+            groups.append([p, r, 0.0, []])
+        if not defer_head:
+            p_h, r_h = self._mb_p[head], self._mb_r[head]
+            # the head opens the first group of its p whose recompute is at least its own
+            gid = min((g for (p, r), ids in index.items() if p == p_h and r >= r_h for g in ids), default=None)
+            if gid is None or self._time_at[groups[gid][1]][head] > limit:
+                return [gr for gr in groups if gr[3]]  # no group for the head: the caller retries head first
+            groups[gid][2] = self._time_at[groups[gid][1]][head]
+            groups[gid][3].append(head)
+        self._fill_rounds(groups, kinds, rest, limit)
+        return [gr for gr in groups if gr[3]]
 
     def _fill_rounds(self, groups: list[list], kinds: dict, items: list[int], limit: float) -> None:
         """Longest-first filling of open groups in vectorised rounds, once every rank has a group.
@@ -670,11 +763,13 @@ class EpochPlanner:
                     continue
                 free_item[sel[got]] = False
                 by = got[np.argsort(dest[got], kind="stable")]
-                cuts = np.flatnonzero(np.diff(dest[by])) + 1
-                for part in np.split(by, cuts):
-                    groups[int(g_arr[dest[part[0]]])][3].extend(ks[part].tolist())
-                for i, g in enumerate(gids):
-                    groups[g][2] = float(loads[i])
+                d = dest[by]
+                cuts = (np.flatnonzero(np.diff(d)) + 1).tolist()
+                flat = ks[by].tolist()
+                for a, e, g in zip([0, *cuts], [*cuts, len(flat)], g_arr[d[[0, *cuts]]].tolist(), strict=True):
+                    groups[g][3].extend(flat[a:e])
+                for g, load in zip(gids, loads.tolist(), strict=True):
+                    groups[g][2] = load
 
     # ----- 3. placement, 4. filling, build ----------------------------------------------------------
     def _place_and_build(self, step: int, head: int, win: np.ndarray, groups: list[list], t_star: float) -> StepPlan:
@@ -759,33 +854,55 @@ class EpochPlanner:
         return best, ks
 
     def _build(self, step: int, placed: list, fillers: list, idle: list[int]) -> StepPlan:
-        mbq = self._mbq
-        start, stop, grp, ids_of, lens_of = mbq.start, self._mb_end, mbq.group, mbq.ids_list, mbq.lens_list
-        at = self._time_at
-        consumed = self._consumed
-        tuple_new, new_group = tuple.__new__, GroupPlan
-        # the head may have joined a group of another p or r (``_join_head``): its time there
-        k_head, t_head = (self._head_k, self._head_t[1]) if self._head_t is not None else (-1, 0.0)
-        out: list[GroupPlan] = []
-        for st, (p, r, _, ks) in placed:
-            ks.sort()
-            at_r = at[r]
-            mbs = tuple([
-                tuple_new(MicroBatch, (ids_of[(g := grp[k])][(a := start[k]) : (e := stop[k])], lens_of[g][a:e], g,
-                                       t_head if k == k_head else at_r[k]))
-                for k in ks
-            ])
-            out.append(new_group(st, p, r, mbs))
-        cons = np.frombuffer(consumed, dtype=np.uint8)
-        cons[np.fromiter((k for _, gr in placed for k in gr[3]), dtype=np.int64)] = 1
+        """The StepPlan's arrays: placed groups in numpy (their micro-batches in release order), then the
+        smaller-p fillers (a few, chunked one by one) and the idle one-rank groups."""
+        counts = [len(gr[3]) for _, gr in placed]
+        kk = np.fromiter(itertools.chain.from_iterable(gr[3] for _, gr in placed), dtype=np.int64,
+                         count=sum(counts))
+        r_of = np.asarray([gr[1] for _, gr in placed], dtype=np.int64)
+        gidx = np.repeat(np.arange(len(placed)), counts)
+        kk = kk[np.lexsort((kk, gidx))]  # release order inside each group
+        r_mb = r_of[gidx]
+        times = np.empty(len(kk))
+        for r in np.unique(r_of).tolist():
+            sel = r_mb == r
+            times[sel] = self._time_at_np[r][kk[sel]]
+        if self._head_t is not None:  # the head joined a group of another p or r (``_join_head``): its time there
+            times[kk == self._head_k] = self._head_t[1]
+        np.frombuffer(self._consumed, dtype=np.uint8)[kk] = 1
+        size = self._mb_count_np[kk]
+        # the samples of every micro-batch: consecutive runs of the epoch's flat sample arrays
+        offset = np.cumsum(size) - size
+        pos = np.repeat(self._mb_flat_np[kk] - offset, size) + np.arange(int(size.sum()))
+        first = [st for st, _ in placed]
+        p_all = [gr[0] for _, gr in placed]
+        r_all = r_of.tolist()
+        mb_t, mb_g, mb_n = [times], [self._mb_group_np[kk]], [size]
+        ids, lens = [self._flat_ids[pos]], [self._flat_lens[pos]]
         for st, s, ks in fillers:
             ks.sort()
             for k in ks:
-                consumed[k] = 1
-            out.append(new_group(st, s.sp_size, s.recompute_layers, tuple(self._chunked(s.seq_group, s, ks))))
-        out.extend(new_group(a, 1, 0, ()) for a in idle)
-        out.sort(key=_FIRST)
-        return StepPlan(self.epoch, step, self.world_size, self.method, tuple(out))
+                self._consumed[k] = 1
+            mbs = self._chunked(s.seq_group, s, ks)
+            first.append(st)
+            p_all.append(s.sp_size)
+            r_all.append(s.recompute_layers)
+            counts.append(len(mbs))
+            mb_t.append(np.asarray([mb.time_s for mb in mbs]))
+            mb_g.append(np.asarray([mb.seq_group for mb in mbs], dtype=np.int64))
+            mb_n.append(np.asarray([len(mb.sample_ids) for mb in mbs], dtype=np.int64))
+            ids.append(np.asarray([i for mb in mbs for i in mb.sample_ids], dtype=np.int64))
+            lens.append(np.asarray([n for mb in mbs for n in mb.seq_lens], dtype=np.int64))
+        first.extend(idle)
+        p_all.extend([1] * len(idle))
+        r_all.extend([0] * len(idle))
+        counts.extend([0] * len(idle))
+        return StepPlan.from_arrays(
+            self.epoch, step, self.world_size, self.method, first_rank=first, sp_size=p_all,
+            recompute_layers=r_all, ga_steps=counts, mb_time_s=np.concatenate(mb_t),
+            mb_seq_group=np.concatenate(mb_g), mb_size=np.concatenate(mb_n), sample_ids=np.concatenate(ids),
+            seq_lens=np.concatenate(lens),
+        )
 
     def _chunked(self, g: int, s: Setting, ks: list[int]) -> list[MicroBatch]:
         """Micro-batches of a smaller-p filler group: each primary micro-batch split into chunks of its b."""

@@ -4,8 +4,9 @@ For each W: an analytic table for the default model on W ranks, a long seeded sy
 ``time.perf_counter`` around every ``next()`` of the EpochPlanner (the per-epoch preparation, done once,
 is reported separately as setup_ms). Then the same steps again through ``PlanAhead`` (``dcp.planner.ahead``)
 with a consumer that spends ``--step-ms`` per step (sleeping, as a rank waiting on GPU kernels does): the
-time ``next()`` still blocks is the exposed cost (exposed_median_ms, exposed_p99_ms). One row per W; with
---json a last line {"rows": [...]}.
+time ``next()`` still blocks is the exposed cost (exposed_median_ms, exposed_p99_ms); beside them the timed
+steps' median predicted idle (idle_median), what the planning time buys. One row per W; with --json a last
+line {"rows": [...]}.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def bench_world_size(world_size: int, steps: int, method: str = "dcp-intra", ste
     t0 = time.perf_counter()
     planner = EpochPlanner(lengths, table, config, world_size)
     setup = time.perf_counter() - t0
-    times, cpu, mbs, samples, done = [], [], [], 0, 0
+    times, cpu, mbs, idle, samples, done = [], [], [], [], 0, 0
     # The first next() also runs the per-epoch preparation of a generator; time it apart.
     t0 = time.perf_counter()
     first = next(planner)
@@ -56,7 +57,8 @@ def bench_world_size(world_size: int, steps: int, method: str = "dcp-intra", ste
             break
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
-        mbs.append(sum(g.ga_steps for g in plan.groups))
+        mbs.append(int(plan.ga_steps.sum()))
+        idle.append(plan.idle_ratio_gpu)
         samples += plan.samples
         done += 1
     arr = np.asarray(times) * 1e3
@@ -90,6 +92,8 @@ def bench_world_size(world_size: int, steps: int, method: str = "dcp-intra", ste
         "exposed_p99_ms": round(float(np.percentile(ex, 99)), 3) if len(ex) else float("nan"),
         "micro_batches_per_step": int(np.median(mbs)) if mbs else 0,
         "us_per_micro_batch": round(float(np.median(arr)) * 1e3 / max(1.0, float(np.median(mbs or [1]))), 2),
+        # what the time buys: the planned steps' predicted GPU-weighted idle
+        "idle_median": round(float(np.median(idle)), 4) if idle else float("nan"),
     }
 
 
@@ -123,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
         "exposed_median_ms",
         "micro_batches_per_step",
         "us_per_micro_batch",
+        "idle_median",
     )
     print(" ".join(f"{c:>{max(9, len(c))}}" for c in cols))
     from tqdm.auto import tqdm

@@ -6,8 +6,10 @@ Every rank computes the same plans from the same inputs; ``StepPlan.digest()`` i
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import NamedTuple
+
+import numpy as np
 
 
 class MicroBatch(NamedTuple):
@@ -71,9 +73,36 @@ class GroupPlan(NamedTuple):
         return sum(mb.size for mb in self.micro_batches)
 
 
-@dataclass(frozen=True, slots=True)
+def _check_lengths(groups: int, sp: int, rc: int, ga: np.ndarray, mbs: int, seq_groups: int, mb_size: np.ndarray,
+                   samples: int, lens: int) -> None:
+    if not (sp == rc == len(ga) == groups and int(ga.sum()) == mbs == seq_groups == len(mb_size)
+            and int(mb_size.sum()) == samples == lens):
+        raise ValueError(
+            f"StepPlan arrays disagree in length: ga_steps must sum to the micro-batches ({int(ga.sum())} vs "
+            f"{mbs} times) and mb_size to the samples ({int(mb_size.sum())} vs {samples} ids, {lens} lengths), "
+            f"one entry per group in each group array ({groups} first ranks): build them from the same plan"
+        )
+
+
+def _int64(values) -> np.ndarray:
+    arr = np.ascontiguousarray(values, dtype=np.int64)
+    arr.flags.writeable = False
+    return arr
+
+
 class StepPlan:
-    """One optimizer step: SP groups that together cover ranks 0 .. world_size - 1 exactly once."""
+    """One optimizer step: SP groups that together cover ranks 0 .. world_size - 1 exactly once.
+
+    Held as flat arrays (groups, then their micro-batches, then their samples, each in order), so that a step
+    of 25,000 micro-batches at 4096 ranks is built, digested and summarised in numpy. ``groups`` and
+    ``group_of`` give the GroupPlan / MicroBatch view, built on first use: a rank needs only its own group.
+    Build one from GroupPlans (``StepPlan(epoch, step, world_size, method, groups)``) or from arrays
+    (``StepPlan.from_arrays``, what the assembler does). Immutable; equal when every decision and time is.
+    """
+
+    __slots__ = ("epoch", "step", "world_size", "method", "first_rank", "sp_size", "recompute_layers",
+                 "ga_steps", "mb_time_s", "mb_seq_group", "mb_size", "sample_id_array", "seq_len_array",
+                 "_mb_start", "_sample_start", "_owner", "_groups", "_views")
 
     epoch: int
     """Epoch the step belongs to."""
@@ -83,84 +112,239 @@ class StepPlan:
     """W: all ranks of the job."""
     method: str
     """bucket, packed, dcp-inter or dcp-intra."""
-    groups: tuple[GroupPlan, ...]
-    """SP groups sorted by first rank."""
-    _rank_to_group: tuple[int, ...] = field(default=(), repr=False, compare=False)
+    first_rank: np.ndarray
+    """Per group (ascending unless built from GroupPlans in another order): its lowest rank."""
+    sp_size: np.ndarray
+    """Per group: p."""
+    recompute_layers: np.ndarray
+    """Per group: r."""
+    ga_steps: np.ndarray
+    """Per group: its micro-batch count (0: the ranks idle this step)."""
+    mb_time_s: np.ndarray
+    """Per micro-batch, group by group: predicted time on its group."""
+    mb_seq_group: np.ndarray
+    """Per micro-batch: seq_group (-1: a packed micro-batch)."""
+    mb_size: np.ndarray
+    """Per micro-batch: its sample count."""
+    sample_id_array: np.ndarray
+    """Per sample, micro-batch by micro-batch: dataset index."""
+    seq_len_array: np.ndarray
+    """Per sample: token count."""
 
-    def __post_init__(self) -> None:
-        owner = [-1] * self.world_size
-        for gi, g in enumerate(self.groups):
-            first, p = g.first_rank, g.sp_size
-            # slice assignment: one C-level check and write per group, not one Python step per rank
-            if first < 0 or first + p > self.world_size or owner[first : first + p].count(-1) != p:
-                bad = next((r for r in range(first, first + p) if not 0 <= r < self.world_size or owner[r] != -1),
-                           first)
+    def __init__(self, epoch: int, step: int, world_size: int, method: str, groups: Sequence[GroupPlan]) -> None:
+        groups = tuple(groups)
+        mbs = [mb for g in groups for mb in g.micro_batches]
+        self._set(
+            epoch, step, world_size, method,
+            first_rank=[g.first_rank for g in groups], sp_size=[g.sp_size for g in groups],
+            recompute_layers=[g.recompute_layers for g in groups], ga_steps=[len(g.micro_batches) for g in groups],
+            mb_time_s=[mb.time_s for mb in mbs], mb_seq_group=[mb.seq_group for mb in mbs],
+            mb_size=[len(mb.sample_ids) for mb in mbs],
+            sample_ids=[i for mb in mbs for i in mb.sample_ids], seq_lens=[n for mb in mbs for n in mb.seq_lens],
+        )
+        self._groups = groups
+
+    @classmethod
+    def from_arrays(
+        cls, epoch: int, step: int, world_size: int, method: str, *, first_rank, sp_size, recompute_layers,
+        ga_steps, mb_time_s, mb_seq_group, mb_size, sample_ids, seq_lens,
+    ) -> StepPlan:
+        """A plan from flat arrays: per group (any order: the plan sorts them by first rank, keeping each
+        group's micro-batches and samples in order), per micro-batch and per sample, as the attributes."""
+        first = np.asarray(first_rank, dtype=np.int64)
+        order = np.argsort(first, kind="stable")
+        ga = np.asarray(ga_steps, dtype=np.int64)
+        _check_lengths(len(first), len(sp_size), len(recompute_layers), ga, len(mb_time_s), len(mb_seq_group),
+                       np.asarray(mb_size, dtype=np.int64), len(sample_ids), len(seq_lens))
+        if len(order) and np.any(order != np.arange(len(order))):
+            # reorder micro-batches by their group's new place, then samples by their micro-batch's
+            mb_group = np.repeat(np.arange(len(ga)), ga)
+            rank_of = np.empty_like(order)
+            rank_of[order] = np.arange(len(order))
+            mb_order = np.argsort(rank_of[mb_group], kind="stable")
+            size = np.asarray(mb_size, dtype=np.int64)
+            s_mb = np.repeat(np.arange(len(size)), size)
+            mb_rank = np.empty_like(mb_order)
+            mb_rank[mb_order] = np.arange(len(mb_order))
+            s_order = np.argsort(mb_rank[s_mb], kind="stable")
+            first, ga = first[order], ga[order]
+            sp_size, recompute_layers = np.asarray(sp_size)[order], np.asarray(recompute_layers)[order]
+            mb_time_s, mb_seq_group = np.asarray(mb_time_s)[mb_order], np.asarray(mb_seq_group)[mb_order]
+            mb_size = size[mb_order]
+            sample_ids, seq_lens = np.asarray(sample_ids)[s_order], np.asarray(seq_lens)[s_order]
+        plan = cls.__new__(cls)
+        plan._set(epoch, step, world_size, method, first_rank=first, sp_size=sp_size,
+                  recompute_layers=recompute_layers, ga_steps=ga, mb_time_s=mb_time_s, mb_seq_group=mb_seq_group,
+                  mb_size=mb_size, sample_ids=sample_ids, seq_lens=seq_lens)
+        plan._groups = None
+        return plan
+
+    def with_sample_ids(self, sample_ids) -> StepPlan:
+        """The same plan over other sample ids (one per sample, in the plan's order), e.g. a loader's own."""
+        return StepPlan.from_arrays(
+            self.epoch, self.step, self.world_size, self.method, first_rank=self.first_rank, sp_size=self.sp_size,
+            recompute_layers=self.recompute_layers, ga_steps=self.ga_steps, mb_time_s=self.mb_time_s,
+            mb_seq_group=self.mb_seq_group, mb_size=self.mb_size, sample_ids=sample_ids,
+            seq_lens=self.seq_len_array,
+        )
+
+    def _set(self, epoch, step, world_size, method, *, first_rank, sp_size, recompute_layers, ga_steps,
+             mb_time_s, mb_seq_group, mb_size, sample_ids, seq_lens) -> None:
+        self.epoch, self.step, self.world_size, self.method = epoch, step, world_size, method
+        self.first_rank, self.sp_size = _int64(first_rank), _int64(sp_size)
+        self.recompute_layers, self.ga_steps = _int64(recompute_layers), _int64(ga_steps)
+        times = np.ascontiguousarray(mb_time_s, dtype=np.float64)
+        times.flags.writeable = False
+        self.mb_time_s, self.mb_seq_group, self.mb_size = times, _int64(mb_seq_group), _int64(mb_size)
+        self.sample_id_array, self.seq_len_array = _int64(sample_ids), _int64(seq_lens)
+        _check_lengths(len(self.first_rank), len(self.sp_size), len(self.recompute_layers), self.ga_steps,
+                       len(self.mb_time_s), len(self.mb_seq_group), self.mb_size, len(self.sample_id_array),
+                       len(self.seq_len_array))
+        self._mb_start = np.concatenate([[0], np.cumsum(self.ga_steps)])
+        self._sample_start = np.concatenate([[0], np.cumsum(self.mb_size)])
+        self._owner = self._cover()
+        self._views: dict[int, GroupPlan] = {}
+
+    def _cover(self) -> np.ndarray:
+        """Rank -> group index; raises unless the groups cover every rank once."""
+        W, first, p = self.world_size, self.first_rank, self.sp_size
+        order = np.argsort(first, kind="stable")
+        f, q = first[order], p[order]
+        if len(f) and f[0] == 0 and np.all(q >= 1) and np.all(f[1:] == (f + q)[:-1]) and f[-1] + q[-1] == W:
+            return np.repeat(order, q)
+        # the slow path only names the first offending rank, group by group in the given order
+        owner = [-1] * W
+        for gi, (a, n) in enumerate(zip(first.tolist(), p.tolist(), strict=True)):
+            bad = next((r for r in range(a, a + n) if not 0 <= r < W or owner[r] != -1), None)
+            if bad is not None:
                 raise ValueError(
                     f"StepPlan groups overlap or leave the world: rank {bad} of group {gi} "
-                    f"(world_size {self.world_size}); the assembler must place each rank once"
+                    f"(world_size {W}); the assembler must place each rank once"
                 )
-            owner[first : first + p] = [gi] * p
-        if -1 in owner:
-            raise ValueError(f"StepPlan leaves rank {owner.index(-1)} without a group: cover all ranks")
-        object.__setattr__(self, "_rank_to_group", tuple(owner))
+            owner[a : a + n] = [gi] * n
+        raise ValueError(f"StepPlan leaves rank {owner.index(-1)} without a group: cover all ranks")
+
+    # ----- the GroupPlan view ---------------------------------------------------------------------
+    def _group(self, gi: int) -> GroupPlan:
+        view = self._views.get(gi)
+        if view is None:
+            a, e = int(self._mb_start[gi]), int(self._mb_start[gi + 1])
+            cuts = self._sample_start[a : e + 1].tolist()
+            ids, lens = self.sample_id_array, self.seq_len_array
+            mbs = tuple(
+                MicroBatch(tuple(ids[lo:hi].tolist()), tuple(lens[lo:hi].tolist()), sg, t)
+                for lo, hi, sg, t in zip(cuts[:-1], cuts[1:], self.mb_seq_group[a:e].tolist(),
+                                          self.mb_time_s[a:e].tolist(), strict=True)
+            )
+            view = self._views[gi] = GroupPlan(int(self.first_rank[gi]), int(self.sp_size[gi]),
+                                               int(self.recompute_layers[gi]), mbs)
+        return view
+
+    @property
+    def groups(self) -> tuple[GroupPlan, ...]:
+        """SP groups in the plan's order (by first rank when built from arrays)."""
+        if self._groups is None:
+            ids, lens = tuple(self.sample_id_array.tolist()), tuple(self.seq_len_array.tolist())
+            cuts = self._sample_start.tolist()
+            mbs = [
+                MicroBatch(ids[lo:hi], lens[lo:hi], sg, t)
+                for lo, hi, sg, t in zip(cuts[:-1], cuts[1:], self.mb_seq_group.tolist(), self.mb_time_s.tolist(),
+                                          strict=True)
+            ]
+            starts = self._mb_start.tolist()
+            self._groups = tuple(
+                GroupPlan(f, p, r, tuple(mbs[a:e]))
+                for f, p, r, a, e in zip(self.first_rank.tolist(), self.sp_size.tolist(),
+                                         self.recompute_layers.tolist(), starts[:-1], starts[1:], strict=True)
+            )
+        return self._groups
 
     # ----- lookups -------------------------------------------------------------------------------
     def group_of(self, rank: int) -> GroupPlan:
-        return self.groups[self._rank_to_group[rank]]
+        gi = int(self._owner[rank])
+        return self._groups[gi] if self._groups is not None else self._group(gi)
 
     def group_index_of(self, rank: int) -> int:
-        return self._rank_to_group[rank]
+        return int(self._owner[rank])
 
     @property
     def sample_ids(self) -> tuple[int, ...]:
-        return tuple(i for g in self.groups for mb in g.micro_batches for i in mb.sample_ids)
+        return tuple(self.sample_id_array.tolist())
 
     @property
     def tokens(self) -> int:
-        return sum(g.tokens for g in self.groups)
+        return int(self.seq_len_array.sum())
 
     @property
     def samples(self) -> int:
-        return sum(g.samples for g in self.groups)
+        return len(self.sample_id_array)
 
     # ----- predicted cost ----------------------------------------------------------------------
     @property
+    def group_times_s(self) -> np.ndarray:
+        """Per group: the sum of its micro-batches' predicted times (0 for an idle group)."""
+        mb_group = np.repeat(np.arange(len(self.ga_steps)), self.ga_steps)
+        return np.bincount(mb_group, weights=self.mb_time_s, minlength=len(self.ga_steps))
+
+    @property
     def step_time_s(self) -> float:
         """Predicted step time: the slowest group's accumulated time."""
-        return max((g.time_s for g in self.groups), default=0.0)
+        t = self.group_times_s
+        return float(t.max()) if len(t) else 0.0
 
     @property
     def idle_ratio_batch(self) -> float:
         """Paper's per-batch form: Eq. 3 counts every batch (SP group) once, whatever its GPUs; as a ratio of
         the step time, the mean over busy groups of (T* - g_i T_i) / T*."""
-        busy = [g for g in self.groups if g.micro_batches]
-        t = self.step_time_s
-        if not busy or t <= 0:
+        times = self.group_times_s
+        busy = times[self.ga_steps > 0]
+        t = float(times.max()) if len(times) else 0.0
+        if not len(busy) or t <= 0:
             return 0.0
-        return sum(t - g.time_s for g in busy) / (len(busy) * t)
+        return float((t - busy).sum() / (len(busy) * t))
 
     @property
     def idle_ratio_gpu(self) -> float:
         """GPU-weighted idle fraction: sum_i p_i (T* - g_i T_i) / (W T*); idle ranks count as fully idle."""
-        t = self.step_time_s
+        times = self.group_times_s
+        t = float(times.max()) if len(times) else 0.0
         if t <= 0:
             return 0.0
-        return sum(g.sp_size * (t - g.time_s) for g in self.groups) / (self.world_size * t)
+        return float((self.sp_size * (t - times)).sum() / (self.world_size * t))
 
     # ----- identity ------------------------------------------------------------------------------
-    def canonical(self) -> str:
-        parts = [f"e{self.epoch}s{self.step}w{self.world_size}{self.method}"]
-        for g in self.groups:
-            mbs = ";".join(",".join(map(str, mb.sample_ids)) for mb in g.micro_batches)
-            parts.append(f"{g.first_rank}:{g.sp_size}:{g.recompute_layers}[{mbs}]")
-        return "|".join(parts)
-
     def digest(self) -> str:
-        """sha256 of the plan's decisions (ranks, sizes, recompute, sample ids); equal on every rank."""
-        return hashlib.sha256(self.canonical().encode()).hexdigest()
+        """sha256 of the plan's decisions (ranks, sizes, recompute, micro-batch cuts, sample ids, in order);
+        equal on every rank. Predicted times are not part of it."""
+        h = hashlib.sha256(f"e{self.epoch}s{self.step}w{self.world_size}{self.method}".encode())
+        for arr in (self.first_rank, self.sp_size, self.recompute_layers, self.ga_steps, self.mb_size,
+                    self.sample_id_array):
+            h.update(len(arr).to_bytes(8, "little"))
+            h.update(arr.astype("<i8", copy=False).tobytes())
+        return h.hexdigest()
 
     def summary(self) -> str:
-        sps = ",".join(str(g.sp_size) for g in self.groups)
-        gas = ",".join(str(g.ga_steps) for g in self.groups)
-        rc = ",".join(str(g.recompute_layers) for g in self.groups)
+        sps = ",".join(map(str, self.sp_size.tolist()))
+        gas = ",".join(map(str, self.ga_steps.tolist()))
+        rc = ",".join(map(str, self.recompute_layers.tolist()))
         return f"sp=[{sps}] ga=[{gas}] recompute=[{rc}]"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, StepPlan):
+            return NotImplemented
+        return (
+            (self.epoch, self.step, self.world_size, self.method)
+            == (other.epoch, other.step, other.world_size, other.method)
+            and all(np.array_equal(getattr(self, a), getattr(other, a)) for a in _ARRAYS)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (f"StepPlan(epoch={self.epoch}, step={self.step}, world_size={self.world_size}, "
+                f"method={self.method!r}, groups={len(self.first_rank)}, micro_batches={len(self.mb_size)}, "
+                f"samples={self.samples})")
+
+
+_ARRAYS = ("first_rank", "sp_size", "recompute_layers", "ga_steps", "mb_time_s", "mb_seq_group", "mb_size",
+           "sample_id_array", "seq_len_array")

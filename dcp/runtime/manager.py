@@ -28,6 +28,7 @@ from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -102,6 +103,8 @@ class DCPManager:
         self.shapes = dataset.sample_shapes() if hasattr(dataset, "sample_shapes") else None
         """(T, S) per sample for 2D data (the dataset's optional sample_shapes()), else None."""
         self.target_counts = target_counts(dataset, self.lengths)
+        self._target_counts_np = np.asarray(self.target_counts, dtype=np.int64)
+        """The same as an array: a step's N_step is one gather (``step_normaliser``)."""
         self._data_words = _digest_words(
             f"{self.lengths!r}|{self.target_counts!r}|{[tuple(x) for x in self.shapes] if self.shapes else None!r}")
         """Digest of what every rank must agree on besides the plans: lengths, target counts, shapes."""
@@ -527,7 +530,7 @@ class DCPManager:
             self._group = None
             return
         self._group = plan.group_of(self.rank)
-        self._n_step = step_normaliser(plan, self.target_counts, self.config.runtime.loss_weighting)
+        self._n_step = step_normaliser(plan, self._target_counts_np, self.config.runtime.loss_weighting)
         self._step_open = True
         self._prev = {"plan": plan, "t0": now, "global_step": self.global_step + 1}
 
@@ -608,11 +611,11 @@ class DCPManager:
         counts = table[:, 5]
         count = int(counts.sum()) if bool((counts >= 0).all()) else -1
         if count >= 0 and self.config.runtime.loss_weighting == "tokens":
-            check_step_count(plan.step, step_normaliser(plan, self.target_counts, "tokens"), count)
+            check_step_count(plan.step, step_normaliser(plan, self._target_counts_np, "tokens"), count)
         stats = StepStats(
             epoch=plan.epoch, step=plan.step, global_step=prev["global_step"],
             loss=loss_sum / count if count > 0 else float("nan"), count=max(count, 0),
-            tokens=sum(self.lengths[i] for i in plan.sample_ids), step_time_s=prev["step_time_s"],
+            tokens=plan.tokens, step_time_s=prev["step_time_s"],
             busy_s=tuple(float(b) / 1e9 for b in table[:, 6]), predicted_idle=plan.idle_ratio_gpu,
             summary=plan.summary(),
         )

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from dcp.planner.plan import MicroBatch, StepPlan
 
 MODES = ("tokens", "samples")
@@ -27,9 +29,12 @@ class WeightingError(ValueError):
 
 
 def step_normaliser(plan: StepPlan, target_counts: Sequence[int], mode: str) -> int:
-    """N_step: labelled tokens (mode 'tokens') or samples (mode 'samples') of the whole step."""
+    """N_step: labelled tokens (mode 'tokens') or samples (mode 'samples') of the whole step.
+
+    ``target_counts`` as a numpy array (the manager keeps one) costs one gather, not a Python step per sample
+    (a step holds ~100,000 samples at 4096 ranks)."""
     if mode == "tokens":
-        return sum(target_counts[i] for i in plan.sample_ids)
+        return int(np.asarray(target_counts, dtype=np.int64)[plan.sample_id_array].sum())
     if mode == "samples":
         return plan.samples
     raise WeightingError(f"runtime.loss_weighting ({mode!r}) is not one of {list(MODES)}: pick one of those")

@@ -196,3 +196,34 @@ def test_window_order_by_rank_is_the_stable_longest_first_order():
         win = np.sort(rng.choice(len(t), size, replace=False))
         want = win[np.argsort(-t[win], kind="stable")]
         np.testing.assert_array_equal(win[np.argsort(planner._rank_desc[win])], want)
+
+
+@pytest.mark.parametrize("method", ["dcp-intra", "dcp-inter"])
+def test_large_world_rounds_packing(method, monkeypatch):
+    """From BULK_MIN_RANKS ranks the numpy packer (group counts per kind, then longest-first rounds) plans the
+    steps: every sample once, node-aligned cover, Gmax, the same plans twice, and full steps balanced within
+    the same tolerances as the one-by-one best fit at small worlds."""
+    from dcp.planner import assemble
+
+    world = assemble.BULK_MIN_RANKS
+    calls = []
+    real = EpochPlanner._pack_rounds
+
+    def spy(self, *args, **kwargs):
+        calls.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(EpochPlanner, "_pack_rounds", spy)
+    cfg, table = make(world, method=method, cap_mib=48)
+    lengths = _long_tailed(200 * world, seed=7)
+    pl = EpochPlanner(lengths, table, cfg, world)
+    plans = list(pl)
+    assert calls, "the large-world packer did not run"
+    check_plans(plans, lengths, cfg, world, pl)
+    assert [p.digest() for p in plan_epoch(lengths, table, cfg, world)] == [p.digest() for p in plans]
+    full = [p for p in plans[:-2] if all(g.micro_batches for g in p.groups)]
+    assert len(full) >= 3
+    for plan in full:
+        assert plan.idle_ratio_gpu <= STEP_IDLE_TOLERANCE, (plan.step, plan.idle_ratio_gpu)
+    idle = sum(p.idle_ratio_gpu * p.step_time_s for p in full) / sum(p.step_time_s for p in full)
+    assert idle <= EPOCH_IDLE_TOLERANCE

@@ -1,0 +1,98 @@
+"""StepPlan held as arrays: the GroupPlan view, lookups, predicted cost, digest, equality, errors."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
+
+
+def _groups():
+    return (
+        GroupPlan(0, 2, 1, (MicroBatch((4, 7), (30, 20), 1, 2.0), MicroBatch((1,), (90,), 2, 1.5))),
+        GroupPlan(2, 1, 0, ()),
+        GroupPlan(3, 1, 0, (MicroBatch((0, 2, 3), (5, 6, 7), 0, 1.0),)),
+    )
+
+
+def _arrays_unsorted():
+    """The same decisions as _groups(), with the groups given out of rank order."""
+    return dict(first_rank=[3, 0, 2], sp_size=[1, 2, 1], recompute_layers=[0, 1, 0], ga_steps=[1, 2, 0],
+                mb_time_s=[1.0, 2.0, 1.5], mb_seq_group=[0, 1, 2], mb_size=[3, 2, 1],
+                sample_ids=[0, 2, 3, 4, 7, 1], seq_lens=[5, 6, 7, 30, 20, 90])
+
+
+def test_from_arrays_sorts_groups_and_keeps_their_micro_batches():
+    plan = StepPlan.from_arrays(0, 3, 4, "dcp-intra", **_arrays_unsorted())
+    assert plan.first_rank.tolist() == [0, 2, 3]
+    assert plan.groups == _groups()
+    assert plan == StepPlan(0, 3, 4, "dcp-intra", _groups())
+    assert plan.digest() == StepPlan(0, 3, 4, "dcp-intra", _groups()).digest()
+    assert plan.sample_ids == (4, 7, 1, 0, 2, 3)
+
+
+def test_group_of_is_built_alone_and_agrees_with_the_groups():
+    lazy = StepPlan.from_arrays(0, 0, 4, "dcp-intra", **_arrays_unsorted())
+    alone = [lazy.group_of(r) for r in range(4)]  # before the full view exists
+    assert lazy.group_of(1) is alone[0]  # one object per group
+    assert alone == [g for g in _groups() for _ in range(g.sp_size)]
+    assert [lazy.group_index_of(r) for r in range(4)] == [0, 0, 1, 2]
+
+
+def test_predicted_cost_from_the_arrays():
+    plan = StepPlan(0, 0, 4, "dcp-inter", _groups())
+    assert plan.group_times_s.tolist() == [3.5, 0.0, 1.0]
+    assert plan.step_time_s == 3.5
+    assert plan.tokens == 158 and plan.samples == 6
+    # GPU-weighted: (2 x 0 + 1 x 3.5 + 1 x 2.5) / (4 x 3.5); per busy batch: (0 + 2.5) / (2 x 3.5)
+    assert plan.idle_ratio_gpu == pytest.approx(6.0 / 14.0)
+    assert plan.idle_ratio_batch == pytest.approx(2.5 / 7.0)
+    assert plan.summary() == "sp=[2,1,1] ga=[2,0,1] recompute=[1,0,0]"
+    empty = StepPlan(0, 0, 2, "dcp-inter", (GroupPlan(0, 1, 0, ()), GroupPlan(1, 1, 0, ())))
+    assert (empty.step_time_s, empty.idle_ratio_gpu, empty.idle_ratio_batch) == (0.0, 0.0, 0.0)
+
+
+@pytest.mark.parametrize(("field", "index", "value"), [
+    ("sample_ids", 1, 9),        # another sample
+    ("mb_size", None, None),     # the same samples cut into micro-batches elsewhere
+    ("recompute_layers", 0, 2),  # another recompute depth
+    ("sp_size", None, None),     # other groups
+])
+def test_digest_follows_every_decision_but_not_the_times(field, index, value):
+    base = _arrays_unsorted()
+    ref = StepPlan.from_arrays(0, 0, 4, "dcp-intra", **base).digest()
+    changed = {k: list(v) for k, v in base.items()}
+    if field == "mb_size":
+        changed["mb_size"] = [2, 3, 1]
+    elif field == "sp_size":
+        changed.update(first_rank=[3, 0, 1], sp_size=[1, 1, 2])
+    else:
+        changed[field][index] = value
+    assert StepPlan.from_arrays(0, 0, 4, "dcp-intra", **changed).digest() != ref
+    retimed = dict(base, mb_time_s=[9.0, 9.0, 9.0])
+    assert StepPlan.from_arrays(0, 0, 4, "dcp-intra", **retimed).digest() == ref
+    assert StepPlan.from_arrays(0, 1, 4, "dcp-intra", **base).digest() != ref  # another step
+
+
+def test_plan_is_immutable_picklable_and_remappable():
+    plan = StepPlan.from_arrays(0, 0, 4, "dcp-intra", **_arrays_unsorted())
+    with pytest.raises(ValueError, match="read-only"):
+        plan.sample_id_array[0] = 5
+    assert pickle.loads(pickle.dumps(plan)) == plan
+    moved = plan.with_sample_ids(np.asarray(plan.sample_id_array) + 100)
+    assert moved.sample_ids == (104, 107, 101, 100, 102, 103)
+    assert moved.groups[0].micro_batches[0].seq_lens == (30, 20)
+    assert moved != plan and moved.digest() != plan.digest()
+    assert plan != "a plan" and StepPlan.__hash__ is None
+
+
+def test_arrays_that_disagree_in_length_are_refused():
+    bad = dict(_arrays_unsorted(), mb_size=[3, 2, 2])
+    with pytest.raises(ValueError, match="StepPlan arrays disagree in length: ga_steps must sum"):
+        StepPlan.from_arrays(0, 0, 4, "dcp-intra", **bad)
+    with pytest.raises(ValueError, match="StepPlan leaves rank 1 without a group"):
+        StepPlan.from_arrays(0, 0, 4, "dcp-intra", **dict(_arrays_unsorted(), sp_size=[1, 1, 1],
+                                                          first_rank=[3, 0, 2]))
