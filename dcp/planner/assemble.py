@@ -725,51 +725,55 @@ class EpochPlanner:
         return [gr for gr in groups if gr[3]]
 
     def _fill_rounds(self, groups: list[list], kinds: dict, items: list[int], limit: float) -> None:
-        """Longest-first filling of open groups in vectorised rounds, once every rank has a group.
+        """Longest-first filling of the groups (``_pack_rounds``) in vectorised rounds.
 
         Per (p, r) kind: the window's remaining micro-batches of exactly that kind, longest first, in rounds
         of one per group: the i-th longest of the round goes to the group with the i-th most room if it fits
-        (LPT's choice, made for a whole round at once). What does not fit stays for later steps.
+        (LPT's choice, made for a whole round at once). Then, in the same way, what is left of the same p
+        with less recompute (timed at the group's r, which fits the same memory): a kind's own work first,
+        so a group of more recompute never takes the work its own kind's groups were granted for. What does
+        not fit stays for later steps.
         """
         arr = np.asarray(items, dtype=np.int64)
         p_arr, r_arr = self._mb_p_np[arr], self._mb_r_np[arr]
         free_item = np.ones(len(arr), dtype=bool)
-        for p, entries in kinds.items():
-            for r, _, gids in sorted(entries, key=_FIRST, reverse=True):  # most recompute first: it takes all r <= its own
-                sel = np.flatnonzero(free_item & (p_arr == p) & (r_arr <= r))
-                if not sel.size or not gids:
-                    continue
-                ks = arr[sel]
-                tt = self._time_at_np[r][ks]
-                srt = np.argsort(-tt, kind="stable")
-                sel, ks, tt = sel[srt], ks[srt], tt[srt]
-                g_arr = np.asarray(gids, dtype=np.int64)
-                loads = np.asarray([groups[g][2] for g in gids])
-                n, G, pos = len(ks), len(gids), 0
-                dest = np.full(n, -1, dtype=np.int64)
-                while pos < n:
-                    m = min(G, n - pos)
-                    tgt = np.argsort(loads, kind="stable")[:m]
-                    t_round = tt[pos : pos + m]
-                    ok = loads[tgt] + t_round <= limit
-                    if ok.any():
-                        loads[tgt[ok]] += t_round[ok]
-                        dest[pos : pos + m][ok] = tgt[ok]
-                    pos += m
-                    if limit - loads.min() < tt[-1]:
-                        break  # no group has room for even the shortest left
-                got = np.flatnonzero(dest >= 0)
-                if not got.size:
-                    continue
-                free_item[sel[got]] = False
-                by = got[np.argsort(dest[got], kind="stable")]
-                d = dest[by]
-                cuts = (np.flatnonzero(np.diff(d)) + 1).tolist()
-                flat = ks[by].tolist()
-                for a, e, g in zip([0, *cuts], [*cuts, len(flat)], g_arr[d[[0, *cuts]]].tolist(), strict=True):
-                    groups[g][3].extend(flat[a:e])
-                for g, load in zip(gids, loads.tolist(), strict=True):
-                    groups[g][2] = load
+        passes = [(exact, p, r, gids) for exact in (True, False) for p, entries in kinds.items()
+                  for r, _, gids in sorted(entries, key=_FIRST, reverse=True)]
+        for exact, p, r, gids in passes:
+            sel = np.flatnonzero(free_item & (p_arr == p) & ((r_arr == r) if exact else (r_arr < r)))
+            if not sel.size or not gids:
+                continue
+            ks = arr[sel]
+            tt = self._time_at_np[r][ks]
+            srt = np.argsort(-tt, kind="stable")
+            sel, ks, tt = sel[srt], ks[srt], tt[srt]
+            g_arr = np.asarray(gids, dtype=np.int64)
+            loads = np.asarray([groups[g][2] for g in gids])
+            n, G, pos = len(ks), len(gids), 0
+            dest = np.full(n, -1, dtype=np.int64)
+            while pos < n:
+                m = min(G, n - pos)
+                tgt = np.argsort(loads, kind="stable")[:m]
+                t_round = tt[pos : pos + m]
+                ok = loads[tgt] + t_round <= limit
+                if ok.any():
+                    loads[tgt[ok]] += t_round[ok]
+                    dest[pos : pos + m][ok] = tgt[ok]
+                pos += m
+                if limit - loads.min() < tt[-1]:
+                    break  # no group has room for even the shortest left
+            got = np.flatnonzero(dest >= 0)
+            if not got.size:
+                continue
+            free_item[sel[got]] = False
+            by = got[np.argsort(dest[got], kind="stable")]
+            d = dest[by]
+            cuts = (np.flatnonzero(np.diff(d)) + 1).tolist()
+            flat = ks[by].tolist()
+            for a, e, g in zip([0, *cuts], [*cuts, len(flat)], g_arr[d[[0, *cuts]]].tolist(), strict=True):
+                groups[g][3].extend(flat[a:e])
+            for g, load in zip(gids, loads.tolist(), strict=True):
+                groups[g][2] = load
 
     # ----- 3. placement, 4. filling, build ----------------------------------------------------------
     def _place_and_build(self, step: int, head: int, win: np.ndarray, groups: list[list], t_star: float) -> StepPlan:

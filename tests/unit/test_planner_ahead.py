@@ -227,3 +227,23 @@ def test_large_world_rounds_packing(method, monkeypatch):
         assert plan.idle_ratio_gpu <= STEP_IDLE_TOLERANCE, (plan.step, plan.idle_ratio_gpu)
     idle = sum(p.idle_ratio_gpu * p.step_time_s for p in full) / sum(p.step_time_s for p in full)
     assert idle <= EPOCH_IDLE_TOLERANCE
+
+
+def test_rounds_fill_each_kind_with_its_own_work_first():
+    """A group of more recompute may take micro-batches of less (timed at its r), but only after its own
+    kind's: else it takes the short-recompute work and leaves the work it was granted for in the stream."""
+    pl = EpochPlanner.__new__(EpochPlanner)
+    # micro-batches 0-3: p = 1, r = 0 (1.0 s at r = 0, 1.5 s at r = 4); 4-5: p = 1, r = 4 (1.2 s)
+    pl._mb_p_np = np.ones(6, dtype=np.int64)
+    pl._mb_r_np = np.array([0, 0, 0, 0, 4, 4])
+    pl._time_at_np = {0: np.array([1.0, 1.0, 1.0, 1.0, np.nan, np.nan]),
+                      4: np.array([1.5, 1.5, 1.5, 1.5, 1.2, 1.2])}
+    groups = [[1, 0, 0.0, []], [1, 4, 0.0, []]]
+    pl._fill_rounds(groups, {1: [(0, [], [0]), (4, [], [1])]}, [0, 1, 2, 3, 4, 5], limit=4.0)
+    assert sorted(groups[1][3]) == [4, 5] and groups[1][2] == pytest.approx(2.4)  # its own two, not two 1.5 s
+    assert sorted(groups[0][3]) == [0, 1, 2, 3] and groups[0][2] == 4.0
+    # room left after its own: a more-recompute group takes less-recompute left-overs, at its own r's time
+    groups = [[1, 0, 0.0, []], [1, 4, 0.0, []]]
+    pl._fill_rounds(groups, {1: [(0, [], [0]), (4, [], [1])]}, [0, 1, 2, 3, 4], limit=3.6)
+    assert sorted(groups[0][3]) == [0, 1, 2] and groups[0][2] == 3.0
+    assert sorted(groups[1][3]) == [3, 4] and groups[1][2] == pytest.approx(2.7)
