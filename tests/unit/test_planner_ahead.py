@@ -247,3 +247,23 @@ def test_rounds_fill_each_kind_with_its_own_work_first():
     pl._fill_rounds(groups, {1: [(0, [], [0]), (4, [], [1])]}, [0, 1, 2, 3, 4], limit=3.6)
     assert sorted(groups[0][3]) == [0, 1, 2] and groups[0][2] == 3.0
     assert sorted(groups[1][3]) == [3, 4] and groups[1][2] == pytest.approx(2.7)
+
+
+@settings(max_examples=25, deadline=None)
+@given(world=st.sampled_from([512, 576, 1024]), rpn=st.sampled_from([4, 8]), per_rank=st.integers(0, 40),
+       seed=st.integers(0, 3), method=st.sampled_from(["dcp-inter", "dcp-intra"]), gmax=st.integers(1, 4),
+       lookahead_per_rank=st.sampled_from([0, 3, 32]))
+def test_large_world_assembly_properties(world, rpn, per_rank, seed, method, gmax, lookahead_per_rank):
+    """The numpy packer's worlds: exactly once, rank coverage, node alignment, Gmax, window bound and
+    determinism, on short and long epochs and tight windows (the head left without a group, the end of the
+    epoch, a single step)."""
+    from tests.unit.test_planner_assemble import check_window
+
+    cfg, table = make(world, method=method, rpn=rpn, gmax=gmax, lookahead=lookahead_per_rank * world, seed=seed)
+    lengths = _long_tailed(per_rank * world + seed, seed)
+    pl = EpochPlanner(lengths, table, cfg, world, epoch=seed)
+    plans = list(pl)
+    check_plans(plans, lengths, cfg, world, pl)
+    check_window(plans, lengths, cfg, pl)
+    again = [p.digest() for p in plan_epoch(lengths, table, cfg, world, epoch=seed)]
+    assert again == [p.digest() for p in plans]
