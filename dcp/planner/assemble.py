@@ -666,9 +666,13 @@ class EpochPlanner:
         W = self.world_size
         limit = t_star * (1 + 1e-9)
         rest = order[order != head]
-        if not defer_head:  # the head right after the longest (or first): it always gets a group
+        if defer_head:  # the head is placed afterwards (``_join_head``): it asks for no group here
+            order = rest
+        else:  # the head right after the longest (or first): it always gets a group
             at = 0 if head_first or not len(rest) else 1
             order = np.concatenate([rest[:at], [head], rest[at:]])
+        if not len(order):
+            return []
         p_o, r_o = self._mb_p_np[order], self._mb_r_np[order]
         n_r = int(r_o.max()) + 1
         kind = p_o * n_r + r_o
@@ -713,16 +717,31 @@ class EpochPlanner:
                 kinds.setdefault(p, []).append((r, [], gids))
             gids.append(len(groups))
             groups.append([p, r, 0.0, []])
-        if not defer_head:
-            p_h, r_h = self._mb_p[head], self._mb_r[head]
-            # the head opens the first group of its p whose recompute is at least its own
-            gid = min((g for (p, r), ids in index.items() if p == p_h and r >= r_h for g in ids), default=None)
-            if gid is None or self._time_at[groups[gid][1]][head] > limit:
+        # Before the rounds: the window's longest (T* was sized on it) and the head, each into the first group
+        # of its own kind with room, else of its p with more recompute; the head first with head_first.
+        longest = int(rest[0]) if len(rest) else -1
+        first = [head, longest] if head_first else [longest, head]
+        for k in first:
+            if k < 0 or (k == head and defer_head):
+                continue
+            if not self._place_first(groups, index, k, limit) and k == head:
                 return [gr for gr in groups if gr[3]]  # no group for the head: the caller retries head first
-            groups[gid][2] = self._time_at[groups[gid][1]][head]
-            groups[gid][3].append(head)
-        self._fill_rounds(groups, kinds, rest, limit)
+        self._fill_rounds(groups, kinds, rest[rest != longest] if longest >= 0 else rest, limit)
         return [gr for gr in groups if gr[3]]
+
+    def _place_first(self, groups: list[list], index: dict[tuple[int, int], list[int]], k: int,
+                     limit: float) -> bool:
+        """Put micro-batch k into the first group (in grant order) of its own (p, r) with room for it, else
+        of its p with more recompute (timed there); False when none has room."""
+        p_k, r_k = self._mb_p[k], self._mb_r[k]
+        for key in sorted((key for key in index if key[0] == p_k and key[1] >= r_k), key=lambda q: q[1]):
+            for g in index[key]:
+                t = self._time_at[key[1]][k]
+                if groups[g][2] + t <= limit:
+                    groups[g][2] += t
+                    groups[g][3].append(k)
+                    return True
+        return False
 
     def _fill_rounds(self, groups: list[list], kinds: dict, items: list[int], limit: float) -> None:
         """Longest-first filling of the groups (``_pack_rounds``) in vectorised rounds.

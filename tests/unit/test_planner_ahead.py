@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from dcp.planner import EpochPlanner, PlanningError, plan_epoch
 from dcp.planner.ahead import PlanAhead
+from dcp.planner.stream import shuffled_order
 from tests.unit.test_planner_assemble import check_plans, lengths_for, make
 
 
@@ -267,3 +268,22 @@ def test_large_world_assembly_properties(world, rpn, per_rank, seed, method, gma
     check_window(plans, lengths, cfg, pl)
     again = [p.digest() for p in plan_epoch(lengths, table, cfg, world, epoch=seed)]
     assert again == [p.digest() for p in plans]
+
+
+@pytest.mark.parametrize("gmax", [1, 2])
+def test_large_world_head_never_displaces_the_longest(gmax):
+    """The step's target is sized on the window's longest micro-batch. When the head shares its p with more
+    recompute, the head once took the longest's group and pushed it to a later step: the step then ran
+    longer than Gmax x its own longest micro-batch (found in review at 512 ranks)."""
+    from dcp.planner import assemble
+
+    world = assemble.BULK_MIN_RANKS
+    cfg, table = make(world, method="dcp-intra", cap_mib=8, gmax=gmax)
+    lengths = np.random.default_rng(0).integers(50, 250, 40 * world)
+    order = shuffled_order(len(lengths), cfg.planning.seed, 0)
+    lengths[order[0]] = 2000  # the first step's head: a p = 8 seq_group without recompute
+    lengths[order[3]] = 4096  # the window's longest: p = 8 with recompute
+    pl = EpochPlanner(lengths, table, cfg, world)
+    plans = list(pl)
+    assert int(order[3]) in plans[0].sample_ids and int(order[0]) in plans[0].sample_ids
+    check_plans(plans, lengths, cfg, world, pl)
