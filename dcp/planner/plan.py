@@ -84,10 +84,15 @@ def _check_lengths(groups: int, sp: int, rc: int, ga: np.ndarray, mbs: int, seq_
         )
 
 
-def _int64(values) -> np.ndarray:
-    arr = np.ascontiguousarray(values, dtype=np.int64)
+def _frozen(values, dtype) -> np.ndarray:
+    """A read-only copy: the plan never shares memory with (or freezes) its caller's arrays."""
+    arr = np.array(values, dtype=dtype, copy=True)
     arr.flags.writeable = False
     return arr
+
+
+def _int64(values) -> np.ndarray:
+    return _frozen(values, np.int64)
 
 
 class StepPlan:
@@ -180,21 +185,22 @@ class StepPlan:
         return plan
 
     def with_sample_ids(self, sample_ids) -> StepPlan:
-        """The same plan over other sample ids (one per sample, in the plan's order), e.g. a loader's own."""
-        return StepPlan.from_arrays(
-            self.epoch, self.step, self.world_size, self.method, first_rank=self.first_rank, sp_size=self.sp_size,
-            recompute_layers=self.recompute_layers, ga_steps=self.ga_steps, mb_time_s=self.mb_time_s,
-            mb_seq_group=self.mb_seq_group, mb_size=self.mb_size, sample_ids=sample_ids,
-            seq_lens=self.seq_len_array,
-        )
+        """The same plan (groups in the same order) over other sample ids (one per sample, in the plan's
+        order), e.g. a loader's own."""
+        plan = StepPlan.__new__(StepPlan)
+        plan._set(self.epoch, self.step, self.world_size, self.method, first_rank=self.first_rank,
+                  sp_size=self.sp_size, recompute_layers=self.recompute_layers, ga_steps=self.ga_steps,
+                  mb_time_s=self.mb_time_s, mb_seq_group=self.mb_seq_group, mb_size=self.mb_size,
+                  sample_ids=sample_ids, seq_lens=self.seq_len_array)
+        plan._groups = None
+        return plan
 
     def _set(self, epoch, step, world_size, method, *, first_rank, sp_size, recompute_layers, ga_steps,
              mb_time_s, mb_seq_group, mb_size, sample_ids, seq_lens) -> None:
         self.epoch, self.step, self.world_size, self.method = epoch, step, world_size, method
         self.first_rank, self.sp_size = _int64(first_rank), _int64(sp_size)
         self.recompute_layers, self.ga_steps = _int64(recompute_layers), _int64(ga_steps)
-        times = np.ascontiguousarray(mb_time_s, dtype=np.float64)
-        times.flags.writeable = False
+        times = _frozen(mb_time_s, np.float64)
         self.mb_time_s, self.mb_seq_group, self.mb_size = times, _int64(mb_seq_group), _int64(mb_size)
         self.sample_id_array, self.seq_len_array = _int64(sample_ids), _int64(seq_lens)
         _check_lengths(len(self.first_rank), len(self.sp_size), len(self.recompute_layers), self.ga_steps,
@@ -208,6 +214,13 @@ class StepPlan:
     def _cover(self) -> np.ndarray:
         """Rank -> group index; raises unless the groups cover every rank once."""
         W, first, p = self.world_size, self.first_rank, self.sp_size
+        if W < 1 or (len(p) and int(p.min()) < 1):
+            bad = int(np.argmin(p)) if len(p) else -1
+            raise ValueError(
+                f"StepPlan needs world_size >= 1 and every sp_size >= 1: world_size {W}"
+                + (f", group {bad} has sp_size {int(p[bad])}" if bad >= 0 else "")
+                + "; a group holds at least one rank"
+            )
         order = np.argsort(first, kind="stable")
         f, q = first[order], p[order]
         if len(f) and f[0] == 0 and np.all(q >= 1) and np.all(f[1:] == (f + q)[:-1]) and f[-1] + q[-1] == W:
@@ -338,7 +351,20 @@ class StepPlan:
             and all(np.array_equal(getattr(self, a), getattr(other, a)) for a in _ARRAYS)
         )
 
-    __hash__ = None  # type: ignore[assignment]
+    def __hash__(self) -> int:
+        # equal plans have equal arrays, hence equal digests (times aside, which equality also compares)
+        return hash((self.digest(), self.mb_time_s.tobytes()))
+
+    def __getstate__(self) -> dict:
+        return {a: getattr(self, a) for a in (*_HEADER, *_ARRAYS, "_groups")}
+
+    def __setstate__(self, state: dict) -> None:
+        # rebuilt through _set: read-only copies and the rank cover again, as on construction
+        self._set(*(state[a] for a in _HEADER), first_rank=state["first_rank"], sp_size=state["sp_size"],
+                  recompute_layers=state["recompute_layers"], ga_steps=state["ga_steps"],
+                  mb_time_s=state["mb_time_s"], mb_seq_group=state["mb_seq_group"], mb_size=state["mb_size"],
+                  sample_ids=state["sample_id_array"], seq_lens=state["seq_len_array"])
+        self._groups = state["_groups"]
 
     def __repr__(self) -> str:
         return (f"StepPlan(epoch={self.epoch}, step={self.step}, world_size={self.world_size}, "
@@ -346,5 +372,6 @@ class StepPlan:
                 f"samples={self.samples})")
 
 
+_HEADER = ("epoch", "step", "world_size", "method")
 _ARRAYS = ("first_rank", "sp_size", "recompute_layers", "ga_steps", "mb_time_s", "mb_seq_group", "mb_size",
            "sample_id_array", "seq_len_array")

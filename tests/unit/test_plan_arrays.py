@@ -86,7 +86,7 @@ def test_plan_is_immutable_picklable_and_remappable():
     assert moved.sample_ids == (104, 107, 101, 100, 102, 103)
     assert moved.groups[0].micro_batches[0].seq_lens == (30, 20)
     assert moved != plan and moved.digest() != plan.digest()
-    assert plan != "a plan" and StepPlan.__hash__ is None
+    assert plan != "a plan" and hash(plan) == hash(pickle.loads(pickle.dumps(plan)))
 
 
 def test_arrays_that_disagree_in_length_are_refused():
@@ -96,3 +96,17 @@ def test_arrays_that_disagree_in_length_are_refused():
     with pytest.raises(ValueError, match="StepPlan leaves rank 1 without a group"):
         StepPlan.from_arrays(0, 0, 4, "dcp-intra", **dict(_arrays_unsorted(), sp_size=[1, 1, 1],
                                                           first_rank=[3, 0, 2]))
+
+
+def test_arrays_are_copied_groups_keep_their_order_and_bad_sizes_are_named():
+    ids = np.array([0, 2, 3, 4, 7, 1])
+    plan = StepPlan.from_arrays(0, 0, 4, "dcp-intra", **dict(_arrays_unsorted(), sample_ids=ids))
+    ids[0] = 99  # the caller's array stays the caller's
+    assert ids.flags.writeable and plan.sample_ids == (4, 7, 1, 0, 2, 3)
+    unsorted = StepPlan(0, 0, 4, "dcp-intra", _groups()[::-1])
+    moved = unsorted.with_sample_ids(np.arange(6))
+    assert moved.first_rank.tolist() == [3, 2, 0]  # the plan's own order, not re-sorted
+    copy = pickle.loads(pickle.dumps(unsorted))
+    assert copy == unsorted and not copy.sample_id_array.flags.writeable
+    with pytest.raises(ValueError, match="every sp_size >= 1: world_size 4, group 1 has sp_size 0"):
+        StepPlan(0, 0, 4, "dcp-intra", (GroupPlan(0, 4, 0, ()), GroupPlan(2, 0, 0, ())))
