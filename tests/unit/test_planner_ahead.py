@@ -250,17 +250,18 @@ def test_rounds_fill_each_kind_with_its_own_work_first():
     assert sorted(groups[1][3]) == [3, 4] and groups[1][2] == pytest.approx(2.7)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(world=st.sampled_from([512, 576, 1024]), rpn=st.sampled_from([4, 8]), per_rank=st.integers(0, 40),
        seed=st.integers(0, 3), method=st.sampled_from(["dcp-inter", "dcp-intra"]), gmax=st.integers(1, 4),
-       lookahead_per_rank=st.sampled_from([0, 3, 32]))
-def test_large_world_assembly_properties(world, rpn, per_rank, seed, method, gmax, lookahead_per_rank):
+       lookahead_per_rank=st.sampled_from([0, 3, 32]), cap_mib=st.sampled_from([6.0, 8.0, 24.0]))
+def test_large_world_assembly_properties(world, rpn, per_rank, seed, method, gmax, lookahead_per_rank, cap_mib):
     """The numpy packer's worlds: exactly once, rank coverage, node alignment, Gmax, window bound and
     determinism, on short and long epochs and tight windows (the head left without a group, the end of the
-    epoch, a single step)."""
+    epoch, a single step), and memory limits that give one p several recompute depths (6-8 MiB)."""
     from tests.unit.test_planner_assemble import check_window
 
-    cfg, table = make(world, method=method, rpn=rpn, gmax=gmax, lookahead=lookahead_per_rank * world, seed=seed)
+    cfg, table = make(world, method=method, rpn=rpn, gmax=gmax, lookahead=lookahead_per_rank * world, seed=seed,
+                      cap_mib=cap_mib)
     lengths = _long_tailed(per_rank * world + seed, seed)
     pl = EpochPlanner(lengths, table, cfg, world, epoch=seed)
     plans = list(pl)
