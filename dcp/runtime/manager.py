@@ -38,6 +38,15 @@ from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
 from dcp.runtime.context import SPContext
 from dcp.runtime.data import check_dataset, target_counts
 from dcp.runtime.engines import Engine, build_engine
+from dcp.runtime.exchange import (
+    KINDS,
+    DataMismatchError,
+    PlanMismatchError,
+    check_agreement,
+    digest_words,
+    gathered_stats,
+    step_row,
+)
 from dcp.runtime.log import StepStats, get_logger
 from dcp.runtime.phases import PhaseBoard
 from dcp.runtime.recompute import checkpoint_layer
@@ -47,29 +56,12 @@ from dcp.runtime.weighting import check_step_count, micro_batch_weight, step_nor
 PlanSource = Callable[[int], Any]  # epoch -> iterable of StepPlans
 
 
-class PlanMismatchError(ValueError):
-    """Ranks computed different step plans (or different numbers of steps); raised on every rank."""
-
-
-class DataMismatchError(PlanMismatchError):
-    """Ranks hold different datasets (lengths, target counts or shapes); raised on every rank before a step."""
-
-
 class ManagerError(ValueError):
     """The manager was used out of order (e.g. a step without engine.step()); the message says the fix."""
 
 
 def _default_forward(model: Any, batch: Any, ctx: SPContext) -> Any:
     return model(batch, ctx)
-
-
-def _digest_words(text: str) -> torch.Tensor:
-    return torch.frombuffer(bytearray(hashlib.sha256(text.encode()).digest()), dtype=torch.int64).clone()
-
-
-# What an exchange row says about where its rank is in the loop (row[7]); all ranks must agree.
-_KINDS = ("the plan check of epoch {e}", "the start of epoch {e} step {s}", "the end of epoch {e}",
-          "a pause before epoch {e} step {s}")
 
 
 def _set_world_timeout(timeout_s: float) -> None:
@@ -105,7 +97,7 @@ class DCPManager:
         self.target_counts = target_counts(dataset, self.lengths)
         self._target_counts_np = np.asarray(self.target_counts, dtype=np.int64)
         """The same as an array: a step's N_step is one gather (``step_normaliser``)."""
-        self._data_words = _digest_words(
+        self._data_words = digest_words(
             f"{self.lengths!r}|{self.target_counts!r}|{[tuple(x) for x in self.shapes] if self.shapes else None!r}")
         """Digest of what every rank must agree on besides the plans: lengths, target counts, shapes."""
         self.log = get_logger(self.rank)
@@ -550,18 +542,15 @@ class DCPManager:
         The check group is gloo (CPU tensors) on purpose: the step's device accumulators are copied to the
         host here, once per logged step, which is also the only host-device synchronisation they cost.
         """
-        row = torch.zeros(14, dtype=torch.int64)
-        row[:4] = _digest_words(marker)
+        stats = None
         if prev is not None:
-            row[4] = prev["loss"].cpu().reshape(1).view(torch.int64)[0]
-            row[5] = prev["count"].cpu() if prev["has_count"] else -1
-            row[6] = int(sum(sign * span.seconds() for sign, span in prev["busy"]) * 1e9)
+            busy_s = sum(sign * span.seconds() for sign, span in prev["busy"])
+            stats = (prev["loss"].cpu(), prev["count"].cpu() if prev["has_count"] else None, busy_s)
             self._resolve_measurements()
-        row[7], row[8], row[9] = kind, self.epoch, step
-        row[10:14] = self._data_words
+        row = step_row(marker, stats, kind=kind, epoch=self.epoch, step=step, data_words=self._data_words)
         if self._check_group is not None:
             rows = [torch.zeros_like(row) for _ in range(self.world_size)]
-            phase = _KINDS[kind].format(e=self.epoch, s=step)
+            phase = KINDS[kind].format(e=self.epoch, s=step)
             ctx = (self._board.collective(phase, timeout_s=self.config.runtime.plan_check_timeout_s)
                    if self._board is not None else nullcontext())
             with ctx:
@@ -569,54 +558,20 @@ class DCPManager:
             table = torch.stack(rows)
         else:
             table = row[None]
-        self._check_agreement(table, where)
+        check_agreement(table, where)
         if prev is not None:
             self._record_stats(prev, table)
-    def _check_agreement(self, table: torch.Tensor, where: str) -> None:
-        """Raise on every rank, with the same message, when the gathered rows disagree on where the ranks are
-        in the loop, on their data, or on their step plans."""
-        positions = [tuple(int(v) for v in r[7:10]) for r in table]
-        if any(p != positions[0] for p in positions):
-            listing = ", ".join(f"rank {r} at {_KINDS[k].format(e=e, s=st)}" for r, (k, e, st) in enumerate(positions))
-            raise PlanMismatchError(
-                f"the ranks are at different points of the training loop ({listing}): a rank left "
-                "get_data_iter() early (a break, an exception caught inside the loop, or a different max_steps) "
-                "or skipped an epoch; every rank must run the same steps: stop all ranks together with "
-                "get_data_iter(max_steps=...) and resume with state_dict()/load_state_dict()"
-            )
-        data = [bytes(r[10:14].numpy().tobytes()).hex() for r in table]
-        bad = [r for r, d in enumerate(data) if d != data[0]]
-        if bad:
-            listing = ", ".join(f"rank {r}: {d[:16]}" for r, d in enumerate(data))
-            raise DataMismatchError(
-                f"{where}: the ranks' datasets differ (ranks {bad} disagree with rank 0 on the digest of "
-                f"dataset.lengths(), target_counts() and sample_shapes(); digests {listing}): every rank must "
-                "hold the same samples in the same order (same files, filters and seed; dcp plans over the whole "
-                "dataset on every rank, do not shard it yourself)"
-            )
-        digests = [bytes(r[:4].numpy().tobytes()).hex() for r in table]
-        bad = [r for r, d in enumerate(digests) if d != digests[0]]
-        if bad:
-            listing = ", ".join(f"rank {r}: {d[:16]}" for r, d in enumerate(digests))
-            raise PlanMismatchError(
-                f"{where}: step plans differ across ranks (ranks {bad} disagree with rank 0; digests {listing}): "
-                "every rank must plan from identical inputs: check that dataset.lengths(), the DCPConfig "
-                "(planning.seed, method, sp_sizes, gmin/gmax), the profile table and the world size are the same "
-                "on every rank (broadcast a table measured on rank 0 instead of profiling per rank)"
-            )
 
     def _record_stats(self, prev: dict[str, Any], table: torch.Tensor) -> None:
         plan: StepPlan = prev["plan"]
-        loss_sum = float(table[:, 4].clone().view(torch.float64).sum())
-        counts = table[:, 5]
-        count = int(counts.sum()) if bool((counts >= 0).all()) else -1
+        loss_sum, count, busy_s = gathered_stats(table)
         if count >= 0 and self.config.runtime.loss_weighting == "tokens":
             check_step_count(plan.step, step_normaliser(plan, self._target_counts_np, "tokens"), count)
         stats = StepStats(
             epoch=plan.epoch, step=plan.step, global_step=prev["global_step"],
             loss=loss_sum / count if count > 0 else float("nan"), count=max(count, 0),
             tokens=plan.tokens, step_time_s=prev["step_time_s"],
-            busy_s=tuple(float(b) / 1e9 for b in table[:, 6]), predicted_idle=plan.idle_ratio_gpu,
+            busy_s=busy_s, predicted_idle=plan.idle_ratio_gpu,
             summary=plan.summary(),
         )
         self.step_stats.append(stats)
@@ -726,3 +681,6 @@ def set_manager(model: torch.nn.Module, dataset: Any, config: DCPConfig | None =
     if integration is not None:
         integration.attach(mgr)
     return mgr
+
+
+__all__ = ["DCPManager", "DataMismatchError", "ManagerError", "PlanMismatchError", "set_manager"]

@@ -1,0 +1,102 @@
+"""The per-step agreement row every rank all-gathers, and the checks on the gathered table.
+
+Once per logged step (and at the epoch's ends) each rank contributes one int64 row on the gloo plan-check
+group: where it is in the training loop, a digest of its data, a digest of its step plan, and the finished
+step's loss, count and busy time. Every rank checks the same table in the same order (position, data,
+plans), so a mismatch raises the same error everywhere instead of a hang in the next collective.
+
+Row layout (14 int64 words):
+
+| words | what |
+|---|---|
+| 0-3 | sha256 of the marker (the step plan's digest, or an end-of-epoch / plan-check marker), 4 words |
+| 4 | the finished step's loss sum: float64 bits |
+| 5 | its label count (-1: the model gave no count) |
+| 6 | its busy time in ns |
+| 7-9 | position: kind (``KINDS``), epoch, step |
+| 10-13 | sha256 of the rank's dataset lengths, target counts and shapes, 4 words |
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+ROW_WORDS = 14
+
+KINDS = ("the plan check of epoch {e}", "the start of epoch {e} step {s}", "the end of epoch {e}",
+         "a pause before epoch {e} step {s}")
+"""What a row says about where its rank is in the loop (word 7); all ranks must agree."""
+
+
+class PlanMismatchError(ValueError):
+    """Ranks computed different step plans (or different numbers of steps); raised on every rank."""
+
+
+class DataMismatchError(PlanMismatchError):
+    """Ranks hold different datasets (lengths, target counts or shapes); raised on every rank before a step."""
+
+
+def digest_words(text: str) -> torch.Tensor:
+    """sha256 of ``text`` as 4 int64 words."""
+    return torch.frombuffer(bytearray(hashlib.sha256(text.encode()).digest()), dtype=torch.int64).clone()
+
+
+def step_row(marker: str, stats: tuple[torch.Tensor, torch.Tensor | None, float] | None, *, kind: int,
+             epoch: int, step: int, data_words: torch.Tensor) -> torch.Tensor:
+    """This rank's row. ``stats``: the finished step's (float64 loss sum, label count or None, busy
+    seconds), host tensors; None when no step finished (its words stay 0)."""
+    row = torch.zeros(ROW_WORDS, dtype=torch.int64)
+    row[:4] = digest_words(marker)
+    if stats is not None:
+        loss, count, busy_s = stats
+        row[4] = loss.reshape(1).view(torch.int64)[0]
+        row[5] = count if count is not None else -1
+        row[6] = int(busy_s * 1e9)
+    row[7], row[8], row[9] = kind, epoch, step
+    row[10:14] = data_words
+    return row
+
+
+def gathered_stats(table: torch.Tensor) -> tuple[float, int, tuple[float, ...]]:
+    """From the gathered rows: the step's loss sum over ranks, its label count (-1 when a rank's model gave
+    none) and every rank's busy seconds."""
+    loss_sum = float(table[:, 4].clone().view(torch.float64).sum())
+    counts = table[:, 5]
+    count = int(counts.sum()) if bool((counts >= 0).all()) else -1
+    return loss_sum, count, tuple(float(b) / 1e9 for b in table[:, 6])
+
+
+def check_agreement(table: torch.Tensor, where: str) -> None:
+    """Raise, with the same message on every rank, when the gathered rows disagree on where the ranks are in
+    the loop, on their data, or on their step plans."""
+    positions = [tuple(int(v) for v in r[7:10]) for r in table]
+    if any(p != positions[0] for p in positions):
+        listing = ", ".join(f"rank {r} at {KINDS[k].format(e=e, s=st)}" for r, (k, e, st) in enumerate(positions))
+        raise PlanMismatchError(
+            f"the ranks are at different points of the training loop ({listing}): a rank left "
+            "get_data_iter() early (a break, an exception caught inside the loop, or a different max_steps) "
+            "or skipped an epoch; every rank must run the same steps: stop all ranks together with "
+            "get_data_iter(max_steps=...) and resume with state_dict()/load_state_dict()"
+        )
+    data = [bytes(r[10:14].numpy().tobytes()).hex() for r in table]
+    bad = [r for r, d in enumerate(data) if d != data[0]]
+    if bad:
+        listing = ", ".join(f"rank {r}: {d[:16]}" for r, d in enumerate(data))
+        raise DataMismatchError(
+            f"{where}: the ranks' datasets differ (ranks {bad} disagree with rank 0 on the digest of "
+            f"dataset.lengths(), target_counts() and sample_shapes(); digests {listing}): every rank must "
+            "hold the same samples in the same order (same files, filters and seed; dcp plans over the whole "
+            "dataset on every rank, do not shard it yourself)"
+        )
+    digests = [bytes(r[:4].numpy().tobytes()).hex() for r in table]
+    bad = [r for r, d in enumerate(digests) if d != digests[0]]
+    if bad:
+        listing = ", ".join(f"rank {r}: {d[:16]}" for r, d in enumerate(digests))
+        raise PlanMismatchError(
+            f"{where}: step plans differ across ranks (ranks {bad} disagree with rank 0; digests {listing}): "
+            "every rank must plan from identical inputs: check that dataset.lengths(), the DCPConfig "
+            "(planning.seed, method, sp_sizes, gmin/gmax), the profile table and the world size are the same "
+            "on every rank (broadcast a table measured on rank 0 instead of profiling per rank)"
+        )
