@@ -5,8 +5,10 @@ For each W: an analytic table for the default model on W ranks, a long seeded sy
 is reported separately as setup_ms). Then the same steps again through ``PlanAhead`` (``dcp.planner.ahead``)
 with a consumer that spends ``--step-ms`` per step (sleeping, as a rank waiting on GPU kernels does): the
 time ``next()`` still blocks is the exposed cost (exposed_median_ms, exposed_p99_ms); beside them the timed
-steps' median predicted idle (idle_median), what the planning time buys. One row per W; with --json a last
-line {"rows": [...]}.
+steps' median predicted idle (idle_median), what the planning time buys. With ``--busy`` the consumer
+computes in Python instead of sleeping: a host-bound loop holds the GIL the planning thread needs, so the
+plan may not be ready in time (the exposed cost then grows), and the loop's own work slows by about the
+planner's CPU time (cpu_median_ms). One row per W; with --json a last line {"rows": [...]}.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -26,10 +29,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--method", choices=METHODS, default="dcp-intra", help="planning method")
     parser.add_argument("--step-ms", type=float, default=200.0,
                         help="simulated compute per step while plans are made ahead (exposed cost)")
+    parser.add_argument("--busy", action="store_true",
+                        help="the consumer computes --step-ms in Python (holding the GIL) instead of sleeping, as "
+                             "a host-bound training loop does: the planning thread then gets the GIL in turns")
     parser.add_argument("--json", action="store_true", help='print a last line {"rows": [...]}')
 
 
-def bench_world_size(world_size: int, steps: int, method: str = "dcp-intra", step_ms: float = 200.0) -> dict:
+def _python_work(step_ms: float) -> Callable[[], None]:
+    """A pure-Python loop calibrated (alone) to take ``step_ms``: a training loop's host work, which needs
+    the GIL that the planning thread also takes."""
+    n = 10_000
+    while True:
+        t0 = time.perf_counter()
+        _spin(n)
+        dt = time.perf_counter() - t0
+        if dt >= 0.02 or n > 10**9:
+            break
+        n *= 4
+    iters = max(1, int(n * step_ms / 1e3 / dt))
+    return lambda: _spin(iters)
+
+
+def _spin(n: int) -> int:
+    acc = 0
+    for i in range(n):
+        acc += i
+    return acc
+
+
+def bench_world_size(world_size: int, steps: int, method: str = "dcp-intra", step_ms: float = 200.0,
+                     busy: bool = False) -> dict:
     from dcp.planner.analytic import CPU_SMALL, analytic_table_for
     from dcp.planner.assemble import EpochPlanner
     from dcp.planner.lengths import synthetic_lengths
@@ -65,10 +94,15 @@ def bench_world_size(world_size: int, steps: int, method: str = "dcp-intra", ste
     # Planned ahead: what a rank still waits for next() when each step computes for step_ms.
     from dcp.planner.ahead import PlanAhead
 
+    if busy:
+        work = _python_work(step_ms)
+    else:
+        def work() -> None:
+            time.sleep(step_ms / 1e3)
     exposed = []
     with PlanAhead(EpochPlanner(lengths, table, config, world_size)) as ahead:
         next(ahead)  # the epoch's first plan (preparation included) is computed before training starts
-        time.sleep(step_ms / 1e3)
+        work()
         for _ in range(len(times)):
             t0 = time.perf_counter()
             try:
@@ -76,7 +110,7 @@ def bench_world_size(world_size: int, steps: int, method: str = "dcp-intra", ste
             except StopIteration:
                 break
             exposed.append(time.perf_counter() - t0)
-            time.sleep(step_ms / 1e3)
+            work()
     ex = np.asarray(exposed) * 1e3
     return {
         "world_size": world_size,
@@ -94,6 +128,7 @@ def bench_world_size(world_size: int, steps: int, method: str = "dcp-intra", ste
         "us_per_micro_batch": round(float(np.median(arr)) * 1e3 / max(1.0, float(np.median(mbs or [1]))), 2),
         # what the time buys: the planned steps' predicted GPU-weighted idle
         "idle_median": round(float(np.median(idle)), 4) if idle else float("nan"),
+        "consumer": "busy" if busy else "sleep",
     }
 
 
@@ -134,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
 
     for w in (bar := tqdm(sizes, desc="bench planner", unit="W", dynamic_ncols=True)):
         bar.set_postfix_str(f"W={w}")
-        r = bench_world_size(w, args.steps, args.method, args.step_ms)
+        r = bench_world_size(w, args.steps, args.method, args.step_ms, args.busy)
         rows.append(r)
         bar.write(" ".join(f"{r[c]!s:>{max(9, len(c))}}" for c in cols))
     if args.json:

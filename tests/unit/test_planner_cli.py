@@ -83,6 +83,13 @@ def test_bench_rows_and_json(capsys):
     assert len(out) == 4  # header, two rows, json
 
 
+def test_bench_busy_consumer(capsys):
+    # the consumer computes in Python (holding the GIL) instead of sleeping
+    assert _run(bench, ["--world-sizes", "4", "--steps", "3", "--step-ms", "2", "--busy", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out.splitlines()[-1])["rows"]
+    assert rows[0]["consumer"] == "busy" and rows[0]["steps"] == 3 and rows[0]["exposed_median_ms"] >= 0
+
+
 def test_bench_bad_world_sizes(capsys):
     assert _run(bench, ["--world-sizes", "8,x"]) == 2
     assert "--world-sizes ('8,x')" in capsys.readouterr().out
