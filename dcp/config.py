@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 METHODS = ("bucket", "packed", "dcp-inter", "dcp-intra", "bucket-search")
+PLAN_AHEAD = ("thread", "process")
+"""Where plans are computed ahead (planning.plan_ahead)."""
 GIB = 1024**3
 MAX_TOKENS = 2**40
 """Largest token count (a sample length or a seq_group bound) dcp accepts anywhere, and the bound of every
@@ -236,6 +238,11 @@ class PlanningConfig:
     """Packed parallel only: tokens per micro-batch; 0 derives it from the table and the memory capacity."""
     bucket_sp_size: int = 0
     """Bucket/packed only: fixed SP size; 0 picks the smallest that fits the longest seq_group."""
+    plan_ahead: str = "thread"
+    """Where the next steps' plans are computed while a step runs: "thread" (a background thread of this
+    process: hidden while the loop waits on GPU kernels, but a loop busy in Python starves it of the GIL) or
+    "process" (a child process per rank, ``python -m dcp.planner.serve``: hidden either way; costs a process
+    start per epoch). The plans are the same."""
 
     def __post_init__(self) -> None:
         check_fields(self, "planning", int_max={"seed": 2**63 - 1, "gmin": MAX_GA, "gmax": MAX_GA})
@@ -264,6 +271,9 @@ class PlanningConfig:
             fail("planning.packed_token_budget", self.packed_token_budget, "must be >= 0", "use 0 to derive it")
         if self.bucket_sp_size < 0:
             fail("planning.bucket_sp_size", self.bucket_sp_size, "must be >= 0", "use 0 to derive it")
+        if self.plan_ahead not in PLAN_AHEAD:
+            fail("planning.plan_ahead", self.plan_ahead, f"is not one of {list(PLAN_AHEAD)}",
+                 'write plan_ahead = "thread" (or "process" for a loop busy in Python)')
 
     @property
     def mem_capacity_bytes(self) -> int:

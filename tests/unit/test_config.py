@@ -40,6 +40,7 @@ def test_defaults_are_valid_and_frozen():
         (PlanningConfig, {"lookahead_samples": -1}, "planning.lookahead_samples (-1) must be >= 0"),
         (PlanningConfig, {"packed_token_budget": -1}, "planning.packed_token_budget (-1) must be >= 0"),
         (PlanningConfig, {"bucket_sp_size": -2}, "planning.bucket_sp_size (-2) must be >= 0"),
+        (PlanningConfig, {"plan_ahead": "fork"}, "planning.plan_ahead ('fork') is not one of ['thread', 'process']"),
         (ProfilingConfig, {"seq_group_edges": ()}, "profiling.seq_group_edges (()) is empty"),
         (ProfilingConfig, {"seq_group_edges": (64, 32)}, "profiling.seq_group_edges ([64, 32]) must be positive"),
         (ProfilingConfig, {"seq_group_edges": (0, 32)}, "must be positive and strictly increasing"),

@@ -208,6 +208,43 @@ def test_single_process_manager_runs_the_paper_loop(caplog):
     assert len(mgr.measurements) == 4
 
 
+def test_manager_plans_in_a_child_process_when_asked(monkeypatch):
+    """planning.plan_ahead = "process": the epoch's plans come from ``python -m dcp.planner.serve`` and equal
+    the ones planned in this process; the loop runs them."""
+    from dcp.config import DCPConfig, PlanningConfig, ProfilingConfig
+    from dcp.planner import CPU_SMALL, ahead, analytic_table, plan_epoch
+
+    children = []
+
+    class Spy(ahead.RemotePlans):
+        def __init__(self, kwargs):
+            super().__init__(kwargs)
+            children.append(self._proc)
+
+    monkeypatch.setattr(ahead, "RemotePlans", Spy)
+
+    model = Transformer1D(T1DConfig.tiny())
+    data = SyntheticTokenDataset([6, 9, 4, 7, 12, 3, 8, 5], vocab_size=model.config.vocab_size)
+    edges = (8, 16)
+    planning = PlanningConfig(sp_sizes=(1,), ranks_per_node=1, mem_capacity_gib=1.0, plan_ahead="process")
+    cfg = DCPConfig(model=model.config.shape(), profiling=ProfilingConfig(seq_group_edges=edges), planning=planning)
+    table = analytic_table(cfg.model, edges, sp_sizes=(1,), max_micro_batch_size=8, world_size=1,
+                           hardware=CPU_SMALL, mem_capacity_bytes=planning.mem_capacity_bytes)
+    mgr = set_manager(model, data, cfg, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), table=table)
+    ran = []
+    for batch in mgr.get_data_iter():
+        if not ran or mgr.plan is not ran[-1]:
+            ran.append(mgr.plan)
+        mgr.optimize_dynamics(batch, mgr.engine)
+        with mgr.profile(batch, mgr.engine, mgr.gas):
+            loss = mgr.engine(batch)
+            mgr.engine.backward(loss)
+            mgr.engine.step()
+    assert children and all(c.poll() == 0 for c in children)  # planned in child processes, which ended
+    assert ran and ran == plan_epoch(data.lengths(), table, cfg, 1)
+    assert sorted(i for p in ran for i in p.sample_ids) == list(range(8))
+
+
 def test_forgetting_engine_step_is_an_error():
     mgr, _ = _one_rank()
     with pytest.raises(ManagerError, match="engine.step"):

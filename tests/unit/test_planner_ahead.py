@@ -288,3 +288,43 @@ def test_large_world_head_never_displaces_the_longest(gmax):
     plans = list(pl)
     assert int(order[3]) in plans[0].sample_ids and int(order[0]) in plans[0].sample_ids
     check_plans(plans, lengths, cfg, world, pl)
+
+
+# ----- planning in a child process -------------------------------------------------------------------
+def test_remote_plans_equal_the_local_ones_and_end_their_process():
+    from dcp.planner.ahead import RemotePlans
+
+    cfg, table = make(8)
+    lengths = lengths_for(600)
+    local = list(EpochPlanner(lengths, table, cfg, 8, epoch=1))
+    remote = RemotePlans(dict(lengths=lengths, table=table, config=cfg, world_size=8, epoch=1))
+    with PlanAhead(remote) as ahead:
+        got = list(ahead)
+    assert got == local and [p.digest() for p in got] == [p.digest() for p in local]
+    assert remote._proc.poll() == 0  # the child ended after the last plan
+
+
+def test_remote_planner_error_is_raised_where_its_plan_would_be_and_close_kills_the_child():
+    from dcp.planner.ahead import RemotePlans
+
+    cfg, table = make(8)
+    bad = RemotePlans(dict(lengths=[10, 5000], table=table, config=cfg, world_size=8))
+    with PlanAhead(bad) as ahead, pytest.raises(PlanningError, match="sample 1 has 5000 tokens"):
+        next(ahead)
+    # closed before its epoch ends: the child is killed, not left blocked on a full pipe
+    remote = RemotePlans(dict(lengths=lengths_for(600), table=table, config=cfg, world_size=8))
+    ahead = PlanAhead(remote, depth=1)
+    next(ahead)
+    ahead.close()
+    assert remote._proc.poll() is not None
+
+
+def test_remote_planner_that_dies_is_named():
+    from dcp.planner.ahead import RemotePlans
+
+    cfg, table = make(8)
+    remote = RemotePlans(dict(lengths=lengths_for(100), table=table, config=cfg, world_size=8))
+    remote._proc.kill()  # dies before it planned anything
+    remote._proc.wait()
+    with pytest.raises(PlanningError, match=r"the planner process .* ended without a plan \(exit code -9\)"):
+        next(remote)

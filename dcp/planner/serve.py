@@ -1,0 +1,77 @@
+"""A planner in its own process: ``python -m dcp.planner.serve`` plans one epoch and streams its StepPlans.
+
+The parent (``dcp.planner.ahead.RemotePlans``) writes one message, the EpochPlanner's arguments, to the
+child's stdin; the child writes ``("plan", StepPlan)`` per step, then ``("end", None)``, or ``("error",
+exception)``, to its stdout. A message is an 8-byte little-endian length and a pickle. A full pipe blocks
+the child: the parent's reading pace bounds how far it plans ahead. The child holds its own GIL, so a
+training loop busy in Python no longer starves the planning (a thread got ~10% of the GIL there).
+
+Only plain ``python -m`` is used, never multiprocessing: a spawned multiprocessing child re-imports the
+training script's main module (and would run an unguarded script again), a forked one inherits CUDA and
+NCCL state.
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+import traceback
+from typing import IO, Any
+
+_HEADER = 8
+
+
+def send(stream: IO[bytes], obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(len(data).to_bytes(_HEADER, "little"))
+    stream.write(data)
+    stream.flush()
+
+
+def _read_exactly(stream: IO[bytes], n: int) -> bytes | None:
+    parts, left = [], n
+    while left:
+        chunk = stream.read(left)
+        if not chunk:
+            return None
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
+
+
+def receive(stream: IO[bytes]) -> Any:
+    """The next message; raises EOFError when the stream ends (between or inside a message)."""
+    header = _read_exactly(stream, _HEADER)
+    if header is None:
+        raise EOFError("the stream ended")
+    data = _read_exactly(stream, int.from_bytes(header, "little"))
+    if data is None:
+        raise EOFError("the stream ended inside a message")
+    return pickle.loads(data)
+
+
+def main() -> int:
+    inp, out = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # stdout carries the messages: a stray print must not corrupt them
+    try:
+        kwargs = receive(inp)
+        from dcp.planner.assemble import EpochPlanner
+
+        for plan in EpochPlanner(**kwargs):
+            send(out, ("plan", plan))
+        send(out, ("end", None))
+    except (BrokenPipeError, EOFError):
+        return 0  # the parent closed: nothing to report to
+    except BaseException as exc:  # the parent re-raises it where the plan would have been returned
+        try:
+            send(out, ("error", exc))
+        except BrokenPipeError:
+            return 0
+        except Exception:  # an exception that does not pickle: its text
+            send(out, ("error", RuntimeError(traceback.format_exc())))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
