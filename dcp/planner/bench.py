@@ -8,7 +8,8 @@ time ``next()`` still blocks is the exposed cost (exposed_median_ms, exposed_p99
 steps' median predicted idle (idle_median), what the planning time buys. With ``--busy`` the consumer
 computes in Python instead of sleeping: a host-bound loop holds the GIL the planning thread needs, so the
 plan may not be ready in time (the exposed cost then grows), and the loop's own work slows by about the
-planner's CPU time (cpu_median_ms). One row per W; with --json a last line {"rows": [...]}.
+planner's CPU time (cpu_median_ms). ``--ahead process`` plans in a child process instead
+(``planning.plan_ahead``). One row per W; with --json a last line {"rows": [...]}.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--busy", action="store_true",
                         help="the consumer computes --step-ms in Python (holding the GIL) instead of sleeping, as "
                              "a host-bound training loop does: the planning thread then gets the GIL in turns")
+    parser.add_argument("--ahead", choices=("thread", "process"), default="thread",
+                        help="where the plans are computed ahead (planning.plan_ahead)")
     parser.add_argument("--json", action="store_true", help='print a last line {"rows": [...]}')
 
 
@@ -58,7 +61,7 @@ def _spin(n: int) -> int:
 
 
 def bench_world_size(world_size: int, steps: int, method: str = "dcp-intra", step_ms: float = 200.0,
-                     busy: bool = False) -> dict:
+                     busy: bool = False, ahead: str = "thread") -> dict:
     from dcp.planner.analytic import CPU_SMALL, analytic_table_for
     from dcp.planner.assemble import EpochPlanner
     from dcp.planner.lengths import synthetic_lengths
@@ -100,13 +103,17 @@ def bench_world_size(world_size: int, steps: int, method: str = "dcp-intra", ste
         def work() -> None:
             time.sleep(step_ms / 1e3)
     exposed = []
-    with PlanAhead(EpochPlanner(lengths, table, config, world_size)) as ahead:
-        next(ahead)  # the epoch's first plan (preparation included) is computed before training starts
+    from dcp.planner.ahead import RemotePlans
+
+    kwargs = dict(lengths=lengths, table=table, config=config, world_size=world_size)
+    source = RemotePlans(kwargs) if ahead == "process" else EpochPlanner(**kwargs)
+    with PlanAhead(source) as plans:
+        next(plans)  # the epoch's first plan (preparation included) is computed before training starts
         work()
         for _ in range(len(times)):
             t0 = time.perf_counter()
             try:
-                next(ahead)
+                next(plans)
             except StopIteration:
                 break
             exposed.append(time.perf_counter() - t0)
@@ -129,6 +136,7 @@ def bench_world_size(world_size: int, steps: int, method: str = "dcp-intra", ste
         # what the time buys: the planned steps' predicted GPU-weighted idle
         "idle_median": round(float(np.median(idle)), 4) if idle else float("nan"),
         "consumer": "busy" if busy else "sleep",
+        "ahead": ahead,
     }
 
 
@@ -169,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
 
     for w in (bar := tqdm(sizes, desc="bench planner", unit="W", dynamic_ncols=True)):
         bar.set_postfix_str(f"W={w}")
-        r = bench_world_size(w, args.steps, args.method, args.step_ms, args.busy)
+        r = bench_world_size(w, args.steps, args.method, args.step_ms, args.busy, args.ahead)
         rows.append(r)
         bar.write(" ".join(f"{r[c]!s:>{max(9, len(c))}}" for c in cols))
     if args.json:
