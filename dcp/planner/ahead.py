@@ -139,14 +139,12 @@ class PlanAhead:
         return item
 
     def close(self) -> None:
-        """Stop the planning thread (idempotent); plans not yet taken are dropped. A source with a
-        ``close()`` of its own (``RemotePlans``: its process) is closed too."""
+        """Stop the planning thread (idempotent); plans not yet taken are dropped. A ``RemotePlans`` source
+        is terminated too (its process; a generator is left alone: it may be running on the thread)."""
         self._done = True
         self._stop.set()
         self._buffer.wake.set()
-        close = getattr(self._source, "close", None)
-        if close is not None:
-            close()
+        _terminate(self._source)
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join()
         self._current = None
@@ -168,28 +166,47 @@ class PlanAhead:
         if stop is not None:
             stop.set()
             self._buffer.wake.set()
+            _terminate(getattr(self, "_source", None))
 
 
 __all__ = ["DEFAULT_DEPTH", "PlanAhead"]
 
 
+def _terminate(source: Any) -> None:
+    terminate = getattr(source, "terminate", None)
+    if terminate is not None:
+        terminate()
+
+
+_CHILD = "import sys; sys.path.insert(0, sys.argv[1]); from dcp.planner.serve import main; sys.exit(main(int(sys.argv[2])))"
+"""The child's command: the parent's own ``dcp`` first on its path (with ``-P``: not the working directory)."""
+
+
 class RemotePlans:
     """The StepPlans of ``EpochPlanner(**planner_kwargs)``, computed by a child process
-    (``python -m dcp.planner.serve``) that holds its own GIL; wrap it in ``PlanAhead`` (whose thread only
-    reads and unpickles, ~1-2 ms per plan at 4096 ranks). The same plans in the same order as the
-    EpochPlanner in this process (tested). A planner error is re-raised here; ``close()`` ends the child.
+    (``dcp.planner.serve``) that holds its own GIL; wrap it in ``PlanAhead`` (whose thread only reads and
+    unpickles, ~1-2 ms per plan at 4096 ranks). The same plans in the same order as the EpochPlanner in this
+    process (tested). The child imports this process's ``dcp`` and writes its messages to a pipe of their
+    own (never stdout, where a stray print would corrupt them). A planner error is re-raised here;
+    ``terminate()`` (also on garbage collection, and by ``PlanAhead.close()``) ends the child.
     """
 
     def __init__(self, planner_kwargs: dict[str, Any]) -> None:
         import dcp
 
         root = os.path.dirname(os.path.dirname(os.path.abspath(dcp.__file__)))
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-        self._proc = subprocess.Popen([sys.executable, "-m", "dcp.planner.serve"], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, env=env)
+        read_fd, write_fd = os.pipe()
+        try:
+            self._proc = subprocess.Popen([sys.executable, "-P", "-c", _CHILD, root, str(write_fd)],
+                                          stdin=subprocess.PIPE, pass_fds=(write_fd,))
+        except BaseException:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)  # the child holds it now: reading ends when the child does
+        self._messages = os.fdopen(read_fd, "rb")
         self._kwargs: dict[str, Any] | None = planner_kwargs
-        self._closed = False
+        self._closed = self._ended = False
 
     def __iter__(self) -> RemotePlans:
         return self
@@ -198,40 +215,51 @@ class RemotePlans:
         from dcp.planner.serve import receive, send
         from dcp.planner.stream import PlanningError
 
+        if self._ended or self._closed:
+            raise StopIteration
         proc = self._proc
         if self._kwargs is not None:  # on the reading thread: the constructor never waits for the child
             kwargs, self._kwargs = self._kwargs, None
             try:
                 send(proc.stdin, kwargs)
                 proc.stdin.close()
-            except BrokenPipeError:
-                pass  # the child is gone: reading says why
+            except (BrokenPipeError, ValueError):
+                pass  # the child is gone (or terminated): reading says why
         try:
-            kind, value = receive(proc.stdout)
-        except EOFError:
+            kind, value = receive(self._messages)
+        except (EOFError, ValueError, OSError):
+            self._ended = True
             if self._closed:
                 raise StopIteration from None
             code = proc.wait()
             raise PlanningError(
-                f"the planner process (python -m dcp.planner.serve) ended without a plan (exit code {code}): "
-                "its error is on stderr above; planning.plan_ahead = \"thread\" plans in this process"
+                f"the planner process (dcp.planner.serve) ended without a plan (exit code {code}; a negative "
+                "code is the signal that ended it, else its error is on stderr): planning.plan_ahead = "
+                '"thread" plans in this process'
             ) from None
         if kind == "plan":
             return value
+        self._ended = True
         proc.wait()
         if kind == "end":
             raise StopIteration
         raise value
 
-    def close(self) -> None:
-        """End the child process (idempotent)."""
+    def terminate(self) -> None:
+        """End the child process (idempotent, any thread)."""
         self._closed = True
-        if self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait()
-        for stream in (self._proc.stdin, self._proc.stdout):
+        proc = getattr(self, "_proc", None)
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdin, getattr(self, "_messages", None)):
             if stream is not None and not stream.closed:
                 try:
                     stream.close()
                 except OSError:
                     pass
+
+    def __del__(self) -> None:
+        self.terminate()

@@ -1,14 +1,15 @@
-"""A planner in its own process: ``python -m dcp.planner.serve`` plans one epoch and streams its StepPlans.
+"""A planner in its own process: ``main(fd)`` plans one epoch and streams its StepPlans to file descriptor fd.
 
-The parent (``dcp.planner.ahead.RemotePlans``) writes one message, the EpochPlanner's arguments, to the
-child's stdin; the child writes ``("plan", StepPlan)`` per step, then ``("end", None)``, or ``("error",
-exception)``, to its stdout. A message is an 8-byte little-endian length and a pickle. A full pipe blocks
-the child: the parent's reading pace bounds how far it plans ahead. The child holds its own GIL, so a
-training loop busy in Python no longer starves the planning (a thread got ~10% of the GIL there).
+The parent (``dcp.planner.ahead.RemotePlans``) starts ``python -P -c ...`` (its own ``dcp`` first on the
+path), writes one message, the EpochPlanner's arguments, to the child's stdin; the child writes
+``("plan", StepPlan)`` per step, then ``("end", None)``, or ``("error", exception)``, to a pipe of their own
+(not stdout: a print anywhere, even at interpreter start, must not corrupt them). A message is an 8-byte
+little-endian length and a pickle. A full pipe blocks the child: the parent's reading pace bounds how far it
+plans ahead. The child holds its own GIL, so a training loop busy in Python no longer starves the planning
+(a thread got ~10% of the GIL there).
 
-Only plain ``python -m`` is used, never multiprocessing: a spawned multiprocessing child re-imports the
-training script's main module (and would run an unguarded script again), a forked one inherits CUDA and
-NCCL state.
+A plain subprocess, never multiprocessing: a spawned multiprocessing child re-imports the training script's
+main module (and would run an unguarded script again), a forked one inherits CUDA and NCCL state.
 """
 
 from __future__ import annotations
@@ -39,20 +40,29 @@ def _read_exactly(stream: IO[bytes], n: int) -> bytes | None:
     return b"".join(parts)
 
 
+_MAX_MESSAGE = 1 << 40
+"""A length past this is not one this module wrote: the stream is corrupt."""
+
+
 def receive(stream: IO[bytes]) -> Any:
-    """The next message; raises EOFError when the stream ends (between or inside a message)."""
+    """The next message; raises EOFError when the stream ends (between or inside a message), ValueError when
+    its length word is not one ``send`` wrote."""
     header = _read_exactly(stream, _HEADER)
     if header is None:
         raise EOFError("the stream ended")
-    data = _read_exactly(stream, int.from_bytes(header, "little"))
+    size = int.from_bytes(header, "little")
+    if size > _MAX_MESSAGE:
+        raise ValueError(f"message length {size} exceeds {_MAX_MESSAGE}: the stream is corrupt")
+    data = _read_exactly(stream, size)
     if data is None:
         raise EOFError("the stream ended inside a message")
     return pickle.loads(data)
 
 
-def main() -> int:
-    inp, out = sys.stdin.buffer, sys.stdout.buffer
-    sys.stdout = sys.stderr  # stdout carries the messages: a stray print must not corrupt them
+def main(fd: int) -> int:
+    import os
+
+    inp, out = sys.stdin.buffer, os.fdopen(fd, "wb")
     try:
         kwargs = receive(inp)
         from dcp.planner.assemble import EpochPlanner
@@ -72,6 +82,3 @@ def main() -> int:
         return 1
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -293,8 +293,18 @@ class DCPManager:
         return self._board.collective(self._phase(what), timeout_s=timeout_s or self.config.runtime.collective_timeout_s)
 
     def _epoch_batches(self, epoch: int, skip: int, max_steps: int | None) -> Iterator[Any]:
+        plans = self.epoch_plans(epoch)
+        try:
+            yield from self._run_plans(plans, epoch, skip, max_steps)
+        finally:
+            # left early (max_steps, a break, an error): stop the planning thread or process now
+            close = getattr(plans, "close", None)
+            if close is not None:
+                close()
+
+    def _run_plans(self, plans: Iterator[StepPlan], epoch: int, skip: int, max_steps: int | None) -> Iterator[Any]:
         done = 0
-        for plan in self.epoch_plans(epoch):
+        for plan in plans:
             if plan.step < skip:
                 continue  # replaying the deterministic planner: consumed steps are skipped, order unchanged
             if max_steps is not None and done >= max_steps:

@@ -243,6 +243,15 @@ def test_manager_plans_in_a_child_process_when_asked(monkeypatch):
     assert children and all(c.poll() == 0 for c in children)  # planned in child processes, which ended
     assert ran and ran == plan_epoch(data.lengths(), table, cfg, 1)
     assert sorted(i for p in ran for i in p.sample_ids) == list(range(8))
+    # an epoch left early (max_steps) ends its planner process too
+    n = len(children)
+    for batch in mgr.get_data_iter(max_steps=1):
+        mgr.optimize_dynamics(batch, mgr.engine)
+        with mgr.profile(batch, mgr.engine, mgr.gas):
+            loss = mgr.engine(batch)
+            mgr.engine.backward(loss)
+            mgr.engine.step()
+    assert len(children) > n and all(c.poll() is not None for c in children)
 
 
 def test_forgetting_engine_step_is_an_error():

@@ -319,6 +319,55 @@ def test_remote_planner_error_is_raised_where_its_plan_would_be_and_close_kills_
     assert remote._proc.poll() is not None
 
 
+def test_remote_planner_ignores_stray_output_and_the_working_directory(tmp_path, monkeypatch):
+    """The child imports this process's dcp (not a dcp/ folder in the working directory) and its messages
+    have a pipe of their own: a sitecustomize that prints at interpreter start corrupts nothing."""
+    from dcp.planner.ahead import RemotePlans
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("print('noise on stdout ' * 100)\n")
+    work = tmp_path / "work"
+    (work / "dcp").mkdir(parents=True)
+    (work / "dcp" / "__init__.py").write_text("raise ImportError('the wrong dcp')\n")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    monkeypatch.chdir(work)
+    cfg, table = make(8)
+    lengths = lengths_for(300)
+    with PlanAhead(RemotePlans(dict(lengths=lengths, table=table, config=cfg, world_size=8))) as ahead:
+        got = list(ahead)
+    assert got == plan_epoch(lengths, table, cfg, 8)
+
+
+def test_remote_planner_is_terminated_when_dropped_unclosed():
+    import gc
+
+    from dcp.planner.ahead import RemotePlans
+
+    cfg, table = make(8)
+    remote = RemotePlans(dict(lengths=lengths_for(20000), table=table, config=cfg, world_size=8))
+    proc = remote._proc
+    ahead = PlanAhead(remote, depth=1)
+    next(ahead)  # a long epoch: the child is blocked on a full pipe when the loop walks away
+    del ahead, remote
+    gc.collect()
+    assert proc.wait(timeout=10) is not None
+
+
+def test_close_leaves_a_running_generator_to_its_thread():
+    import time
+
+    def slow():
+        for i in range(1000):
+            time.sleep(0.001)
+            yield i
+
+    ahead = PlanAhead(slow(), depth=50)
+    next(ahead)
+    ahead.close()  # the thread may be inside the generator: close must neither raise nor touch it
+    assert not ahead.alive
+
+
 def test_remote_planner_that_dies_is_named():
     from dcp.planner.ahead import RemotePlans
 
@@ -326,5 +375,5 @@ def test_remote_planner_that_dies_is_named():
     remote = RemotePlans(dict(lengths=lengths_for(100), table=table, config=cfg, world_size=8))
     remote._proc.kill()  # dies before it planned anything
     remote._proc.wait()
-    with pytest.raises(PlanningError, match=r"the planner process .* ended without a plan \(exit code -9\)"):
+    with pytest.raises(PlanningError, match=r"the planner process .* ended without a plan \(exit code -9; a negative"):
         next(remote)
