@@ -822,9 +822,13 @@ class EpochPlanner:
                 rest.setdefault(grp[k], []).append(k)
         for lst in rest.values():
             lst.reverse()  # pop() from the end yields release order
+        # A filler runs on ranks that would idle: up to the step's time (its longest placed group), never
+        # past it. T* is only the target; bounded by it, a filler group once made a t1d-long step at 32 x H200
+        # last 38.5 s beside groups of 10.5 s (69% idle).
+        fill_to = min(t_star, max((gr[2] for _, gr in placed), default=t_star))
         for a, e in free:
             while a < e:
-                pick = self._filler(a % rpn, e - a, rest, t_star)
+                pick = self._filler(a % rpn, e - a, rest, fill_to)
                 if pick is None:
                     idle.append(a)
                     a += 1

@@ -377,3 +377,26 @@ def test_remote_planner_that_dies_is_named():
     remote._proc.wait()
     with pytest.raises(PlanningError, match=r"the planner process .* ended without a plan \(exit code -9; a negative"):
         next(remote)
+
+
+def test_fillers_never_lengthen_the_step():
+    """A smaller-p filler runs on ranks that would idle: up to the step's longest placed group, not up to
+    the target T* (t1d-long at 32 x H200: a filler group of 38.5 s beside groups of 10.5 s, 69% idle)."""
+    from dcp.data_dists import load_lengths
+    from dcp.sim.scenario import paper_config, paper_table, scenario
+
+    sc = scenario("t1d-5b", "h200")
+    data = load_lengths("t1d-long", num_samples=30000, seed=0)
+    table = paper_table(sc, 32)
+    pl = EpochPlanner(data.tokens, table, paper_config(sc, "dcp-intra"), 32)
+    primary_p = {g: s.sp_size for g, s in pl.settings.items()}
+    fillers = 0
+    for plan in pl:
+        is_filler = [bool(g.micro_batches) and all(primary_p[mb.seq_group] > g.sp_size for mb in g.micro_batches)
+                     for g in plan.groups]
+        placed = [g.time_s for g, f in zip(plan.groups, is_filler, strict=True) if not f and g.micro_batches]
+        for g, f in zip(plan.groups, is_filler, strict=True):
+            if f and placed:
+                fillers += 1
+                assert g.time_s <= max(placed) * (1 + 1e-9), (plan.step, g.time_s, max(placed))
+    assert fillers > 0
