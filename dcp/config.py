@@ -241,8 +241,8 @@ class PlanningConfig:
     plan_ahead: str = "thread"
     """Where the next steps' plans are computed while a step runs: "thread" (a background thread of this
     process: hidden while the loop waits on GPU kernels, but a loop busy in Python starves it of the GIL) or
-    "process" (a child process per rank, ``python -m dcp.planner.serve``: hidden either way; costs a process
-    start per epoch). The plans are the same."""
+    "process" (a child process per rank, ``dcp.planner.serve``: hidden either way; costs a process start per
+    epoch). The plans are the same."""
 
     def __post_init__(self) -> None:
         check_fields(self, "planning", int_max={"seed": 2**63 - 1, "gmin": MAX_GA, "gmax": MAX_GA})

@@ -26,6 +26,9 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from dcp.planner.serve import receive, send
+from dcp.planner.stream import PlanningError
+
 DEFAULT_DEPTH = 2
 """Plans computed ahead of the one in use."""
 
@@ -169,9 +172,6 @@ class PlanAhead:
             _terminate(getattr(self, "_source", None))
 
 
-__all__ = ["DEFAULT_DEPTH", "PlanAhead"]
-
-
 def _terminate(source: Any) -> None:
     terminate = getattr(source, "terminate", None)
     if terminate is not None:
@@ -212,9 +212,6 @@ class RemotePlans:
         return self
 
     def __next__(self) -> Any:
-        from dcp.planner.serve import receive, send
-        from dcp.planner.stream import PlanningError
-
         if self._ended or self._closed:
             raise StopIteration
         proc = self._proc
@@ -263,3 +260,17 @@ class RemotePlans:
 
     def __del__(self) -> None:
         self.terminate()
+
+
+def planned_ahead(planner_kwargs: dict[str, Any], where: str = "thread", depth: int = DEFAULT_DEPTH) -> PlanAhead:
+    """The plans of ``EpochPlanner(**planner_kwargs)``, computed ``depth`` steps ahead on a background thread
+    (``where = "thread"``) or in a child process that the thread reads (``"process"``, ``RemotePlans``):
+    ``planning.plan_ahead``. The same plans either way."""
+    if where == "process":
+        return PlanAhead(RemotePlans(planner_kwargs), depth)
+    from dcp.planner.assemble import EpochPlanner
+
+    return PlanAhead(EpochPlanner(**planner_kwargs), depth)
+
+
+__all__ = ["DEFAULT_DEPTH", "PlanAhead", "RemotePlans", "planned_ahead"]

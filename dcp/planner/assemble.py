@@ -660,24 +660,24 @@ class EpochPlanner:
         longest, or first), a kind (p, r) asks for its j-th group where its running time passes (j - 1) x
         t_star; groups are granted in that order while ranks are free and the kind's window time can fill
         OPEN_FILL of one more (the longest's and the head's first groups always), then, on ranks still free,
-        the others. The granted groups are filled by ``_fill_rounds`` (the head first, in its kind's first
-        group). Same result shape as ``_pack``.
+        the others. The window's longest and then the head go into their kinds' first groups
+        (``_place_first``); ``_fill_rounds`` fills the rest. Same result shape as ``_pack``.
         """
         W = self.world_size
         limit = t_star * (1 + 1e-9)
         rest = order[order != head]
         if defer_head:  # the head is placed afterwards (``_join_head``): it asks for no group here
-            order = rest
+            order, forced = rest, {0}
         else:  # the head right after the longest (or first): it always gets a group
             at = 0 if head_first or not len(rest) else 1
             order = np.concatenate([rest[:at], [head], rest[at:]])
+            forced = {at} if head_first else {0, at}  # window positions whose group always opens
         if not len(order):
             return []
         p_o, r_o = self._mb_p_np[order], self._mb_r_np[order]
         n_r = int(r_o.max()) + 1
         kind = p_o * n_r + r_o
         t_o = self._mb_t[order]
-        pos = np.arange(len(order))
         events: list[tuple[int, int, int, bool]] = []
         """(window position where the kind asks for the group, p, r, whether it may open in the first pass)"""
         for kd in np.unique(kind).tolist():
@@ -687,11 +687,9 @@ class EpochPlanner:
             total = float(cw[-1])
             n_full = min(W // p, int(total / t_star + (1 - OPEN_FILL)))  # the last one filled >= OPEN_FILL
             n_all = min(W // p, math.ceil(total / t_star - 1e-9))
-            at = sel[np.minimum(np.searchsorted(cw, np.arange(n_all) * t_star, "right"), len(sel) - 1)]
-            events.extend((int(x), p, r, j < n_full) for j, x in enumerate(pos[at].tolist()))
+            asks = sel[np.minimum(np.searchsorted(cw, np.arange(n_all) * t_star, "right"), len(sel) - 1)]
+            events.extend((x, p, r, j < n_full) for j, x in enumerate(asks.tolist()))
         events.sort()
-        forced = {pos[0]} if defer_head else {int(np.flatnonzero(order == head)[0])} if head_first else {
-            0, int(np.flatnonzero(order == head)[0])}
         free, granted, short = W, [], []
         for x, p, r, full in events:
             if p > free:

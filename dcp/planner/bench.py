@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from dcp.config import METHODS, DCPConfig, PlanningConfig
+from dcp.config import METHODS, PLAN_AHEAD, DCPConfig, PlanningConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--busy", action="store_true",
                         help="the consumer computes --step-ms in Python (holding the GIL) instead of sleeping, as "
                              "a host-bound training loop does: the planning thread then gets the GIL in turns")
-    parser.add_argument("--ahead", choices=("thread", "process"), default="thread",
+    parser.add_argument("--ahead", choices=PLAN_AHEAD, default="thread",
                         help="where the plans are computed ahead (planning.plan_ahead)")
     parser.add_argument("--json", action="store_true", help='print a last line {"rows": [...]}')
 
@@ -95,7 +95,7 @@ def bench_world_size(world_size: int, steps: int, method: str = "dcp-intra", ste
         done += 1
     arr = np.asarray(times) * 1e3
     # Planned ahead: what a rank still waits for next() when each step computes for step_ms.
-    from dcp.planner.ahead import PlanAhead
+    from dcp.planner.ahead import planned_ahead
 
     if busy:
         work = _python_work(step_ms)
@@ -103,11 +103,8 @@ def bench_world_size(world_size: int, steps: int, method: str = "dcp-intra", ste
         def work() -> None:
             time.sleep(step_ms / 1e3)
     exposed = []
-    from dcp.planner.ahead import RemotePlans
-
     kwargs = dict(lengths=lengths, table=table, config=config, world_size=world_size)
-    source = RemotePlans(kwargs) if ahead == "process" else EpochPlanner(**kwargs)
-    with PlanAhead(source) as plans:
+    with planned_ahead(kwargs, ahead) as plans:
         next(plans)  # the epoch's first plan (preparation included) is computed before training starts
         work()
         for _ in range(len(times)):

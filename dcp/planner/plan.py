@@ -146,8 +146,8 @@ class StepPlan:
             mb_time_s=[mb.time_s for mb in mbs], mb_seq_group=[mb.seq_group for mb in mbs],
             mb_size=[len(mb.sample_ids) for mb in mbs],
             sample_ids=[i for mb in mbs for i in mb.sample_ids], seq_lens=[n for mb in mbs for n in mb.seq_lens],
+            groups=groups,
         )
-        self._groups = groups
 
     @classmethod
     def from_arrays(
@@ -181,7 +181,6 @@ class StepPlan:
         plan._set(epoch, step, world_size, method, first_rank=first, sp_size=sp_size,
                   recompute_layers=recompute_layers, ga_steps=ga, mb_time_s=mb_time_s, mb_seq_group=mb_seq_group,
                   mb_size=mb_size, sample_ids=sample_ids, seq_lens=seq_lens)
-        plan._groups = None
         return plan
 
     def with_sample_ids(self, sample_ids) -> StepPlan:
@@ -192,11 +191,12 @@ class StepPlan:
                   sp_size=self.sp_size, recompute_layers=self.recompute_layers, ga_steps=self.ga_steps,
                   mb_time_s=self.mb_time_s, mb_seq_group=self.mb_seq_group, mb_size=self.mb_size,
                   sample_ids=sample_ids, seq_lens=self.seq_len_array)
-        plan._groups = None
         return plan
 
     def _set(self, epoch, step, world_size, method, *, first_rank, sp_size, recompute_layers, ga_steps,
-             mb_time_s, mb_seq_group, mb_size, sample_ids, seq_lens) -> None:
+             mb_time_s, mb_seq_group, mb_size, sample_ids, seq_lens, groups=None) -> None:
+        """Every constructor's one path: read-only copies, the length and rank-cover checks; ``groups``: the
+        GroupPlans it was built from (kept as its view), else None (the view is built on first use)."""
         self.epoch, self.step, self.world_size, self.method = epoch, step, world_size, method
         self.first_rank, self.sp_size = _int64(first_rank), _int64(sp_size)
         self.recompute_layers, self.ga_steps = _int64(recompute_layers), _int64(ga_steps)
@@ -210,6 +210,7 @@ class StepPlan:
         self._sample_start = np.concatenate([[0], np.cumsum(self.mb_size)])
         self._owner = self._cover()
         self._views: dict[int, GroupPlan] = {}
+        self._groups = groups
 
     def _cover(self) -> np.ndarray:
         """Rank -> group index; raises unless the groups cover every rank once."""
@@ -223,7 +224,7 @@ class StepPlan:
             )
         order = np.argsort(first, kind="stable")
         f, q = first[order], p[order]
-        if len(f) and f[0] == 0 and np.all(q >= 1) and np.all(f[1:] == (f + q)[:-1]) and f[-1] + q[-1] == W:
+        if len(f) and f[0] == 0 and np.all(f[1:] == (f + q)[:-1]) and f[-1] + q[-1] == W:
             return np.repeat(order, q)
         # the slow path only names the first offending rank, group by group in the given order
         owner = [-1] * W
@@ -363,8 +364,7 @@ class StepPlan:
         self._set(*(state[a] for a in _HEADER), first_rank=state["first_rank"], sp_size=state["sp_size"],
                   recompute_layers=state["recompute_layers"], ga_steps=state["ga_steps"],
                   mb_time_s=state["mb_time_s"], mb_seq_group=state["mb_seq_group"], mb_size=state["mb_size"],
-                  sample_ids=state["sample_id_array"], seq_lens=state["seq_len_array"])
-        self._groups = state["_groups"]
+                  sample_ids=state["sample_id_array"], seq_lens=state["seq_len_array"], groups=state["_groups"])
 
     def __repr__(self) -> str:
         return (f"StepPlan(epoch={self.epoch}, step={self.step}, world_size={self.world_size}, "

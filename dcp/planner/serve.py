@@ -29,32 +29,22 @@ def send(stream: IO[bytes], obj: Any) -> None:
     stream.flush()
 
 
-def _read_exactly(stream: IO[bytes], n: int) -> bytes | None:
-    parts, left = [], n
-    while left:
-        chunk = stream.read(left)
-        if not chunk:
-            return None
-        parts.append(chunk)
-        left -= len(chunk)
-    return b"".join(parts)
-
-
 _MAX_MESSAGE = 1 << 40
 """A length past this is not one this module wrote: the stream is corrupt."""
 
 
 def receive(stream: IO[bytes]) -> Any:
-    """The next message; raises EOFError when the stream ends (between or inside a message), ValueError when
-    its length word is not one ``send`` wrote."""
-    header = _read_exactly(stream, _HEADER)
-    if header is None:
+    """The next message from a buffered binary stream (whose ``read(n)`` returns n bytes unless the stream
+    ends); raises EOFError when the stream ends (between or inside a message), ValueError when its length
+    word is not one ``send`` wrote."""
+    header = stream.read(_HEADER)
+    if len(header) < _HEADER:
         raise EOFError("the stream ended")
     size = int.from_bytes(header, "little")
     if size > _MAX_MESSAGE:
         raise ValueError(f"message length {size} exceeds {_MAX_MESSAGE}: the stream is corrupt")
-    data = _read_exactly(stream, size)
-    if data is None:
+    data = stream.read(size)
+    if len(data) < size:
         raise EOFError("the stream ended inside a message")
     return pickle.loads(data)
 

@@ -238,16 +238,13 @@ class DCPManager:
             return iter(self._plans(epoch))
         if self.table is None:
             self.init_profiler()
-        from dcp.planner import EpochPlanner
-        from dcp.planner.ahead import PlanAhead, RemotePlans
+        from dcp.planner.ahead import planned_ahead
 
         # planned a few steps ahead on a background thread, or in a child process that the thread reads
         # (same plans, same order: dcp.planner.ahead)
         kwargs = dict(lengths=self.lengths, table=self.table, config=self.config, world_size=self.world_size,
                       epoch=epoch, shapes=self.shapes)
-        if self.config.planning.plan_ahead == "process":
-            return PlanAhead(RemotePlans(kwargs))
-        return PlanAhead(EpochPlanner(**kwargs))
+        return planned_ahead(kwargs, self.config.planning.plan_ahead)
 
     def get_data_iter(self, max_steps: int | None = None) -> Iterator[Any]:
         """This rank's micro-batches (Batch objects) of the current epoch, resuming mid-epoch if restored.

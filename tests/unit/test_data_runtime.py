@@ -209,7 +209,7 @@ def test_single_process_manager_runs_the_paper_loop(caplog):
 
 
 def test_manager_plans_in_a_child_process_when_asked(monkeypatch):
-    """planning.plan_ahead = "process": the epoch's plans come from ``python -m dcp.planner.serve`` and equal
+    """planning.plan_ahead = "process": the epoch's plans come from a ``dcp.planner.serve`` child and equal
     the ones planned in this process; the loop runs them."""
     from dcp.config import DCPConfig, PlanningConfig, ProfilingConfig
     from dcp.planner import CPU_SMALL, ahead, analytic_table, plan_epoch
