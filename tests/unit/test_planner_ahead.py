@@ -148,15 +148,19 @@ def test_step_group_times_within_tolerance_on_long_tail(method):
        lookahead=st.sampled_from([0, 7, 64]))
 def test_packed_assembly_properties(world, rpn, n, seed, method, gmax, lookahead):
     """Exactly once, rank coverage, node alignment, Gmax, window bound, and determinism for (seed, epoch)."""
+    cfg, table = make(world, method=method, rpn=rpn, gmax=gmax, lookahead=lookahead, seed=seed)
+    _check_epoch_properties(_long_tailed(n, seed), table, cfg, world, seed)
+
+
+def _check_epoch_properties(lengths, table, cfg, world: int, epoch: int) -> None:
+    """check_plans and check_window over one epoch, and the same digests when planned again."""
     from tests.unit.test_planner_assemble import check_window
 
-    cfg, table = make(world, method=method, rpn=rpn, gmax=gmax, lookahead=lookahead, seed=seed)
-    lengths = _long_tailed(n, seed)
-    pl = EpochPlanner(lengths, table, cfg, world, epoch=seed)
+    pl = EpochPlanner(lengths, table, cfg, world, epoch=epoch)
     plans = list(pl)
     check_plans(plans, lengths, cfg, world, pl)
     check_window(plans, lengths, cfg, pl)
-    again = [p.digest() for p in plan_epoch(lengths, table, cfg, world, epoch=seed)]
+    again = [p.digest() for p in plan_epoch(lengths, table, cfg, world, epoch=epoch)]
     assert again == [p.digest() for p in plans]
 
 
@@ -258,17 +262,9 @@ def test_large_world_assembly_properties(world, rpn, per_rank, seed, method, gma
     """The numpy packer's worlds: exactly once, rank coverage, node alignment, Gmax, window bound and
     determinism, on short and long epochs and tight windows (the head left without a group, the end of the
     epoch, a single step), and memory limits that give one p several recompute depths (6-8 MiB)."""
-    from tests.unit.test_planner_assemble import check_window
-
     cfg, table = make(world, method=method, rpn=rpn, gmax=gmax, lookahead=lookahead_per_rank * world, seed=seed,
                       cap_mib=cap_mib)
-    lengths = _long_tailed(per_rank * world + seed, seed)
-    pl = EpochPlanner(lengths, table, cfg, world, epoch=seed)
-    plans = list(pl)
-    check_plans(plans, lengths, cfg, world, pl)
-    check_window(plans, lengths, cfg, pl)
-    again = [p.digest() for p in plan_epoch(lengths, table, cfg, world, epoch=seed)]
-    assert again == [p.digest() for p in plans]
+    _check_epoch_properties(_long_tailed(per_rank * world + seed, seed), table, cfg, world, seed)
 
 
 @pytest.mark.parametrize("gmax", [1, 2])
