@@ -17,6 +17,8 @@ from typing import Any
 
 METHODS = ("bucket", "packed", "dcp-inter", "dcp-intra", "bucket-search")
 PLAN_AHEAD = ("thread", "process")
+CLOCKS = ("auto", "wall", "cpu", "pipelined")
+"""profiling.clock choices (dcp.profiler.clock)."""
 """Where plans are computed ahead (planning.plan_ahead)."""
 GIB = 1024**3
 MAX_TOKENS = 2**40
@@ -176,10 +178,12 @@ class ProfilingConfig:
     """Untimed repetitions before the measured one."""
     measure_iters: int = 3
     """Timed repetitions; the median is recorded."""
-    clock: str = "wall"
-    """'wall' (elapsed time, what training sees) or 'cpu' (the profiling process's CPU time: stable on a shared,
-    oversubscribed CPU machine, where elapsed time also counts the slices other processes take, but blind to
-    time spent waiting for communication)."""
+    clock: str = "auto"
+    """How a layer's time is read (dcp.profiler.clock): 'auto' (pipelined on CUDA, wall elsewhere), 'wall'
+    (elapsed time between two syncs), 'pipelined' (CUDA: max of the host's enqueue time and the GPU's time
+    with its queue pre-filled, as inside a whole model) or 'cpu' (the profiling process's CPU time: stable on
+    a shared, oversubscribed CPU machine, where elapsed time also counts the slices other processes take,
+    but blind to time spent waiting for communication)."""
     cache_dir: str = ".dcp_cache"
     """Folder of cached profile tables (one file per model/world/hardware/dtype/version key)."""
     strict_cache: bool = False
@@ -205,8 +209,8 @@ class ProfilingConfig:
             fail("profiling.warmup_iters", self.warmup_iters, "must be >= 0", "set it to 0 or more")
         if self.measure_iters < 1:
             fail("profiling.measure_iters", self.measure_iters, "must be >= 1", "set it to 1 or more")
-        if self.clock not in ("wall", "cpu"):
-            fail("profiling.clock", self.clock, "is not 'wall' or 'cpu'", "write clock = \"wall\"")
+        if self.clock not in CLOCKS:
+            fail("profiling.clock", self.clock, f"is not one of {list(CLOCKS)}", "write clock = \"auto\"")
         if not isinstance(self.strict_cache, bool):
             fail("profiling.strict_cache", self.strict_cache, "must be true or false", "write strict_cache = false")
 

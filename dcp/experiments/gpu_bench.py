@@ -111,13 +111,21 @@ def _step_peak_bytes(model: Any, batch: Any, ctx: Any, r: int, precision: str, d
     return float(meter.peak_bytes) + state_b
 
 
-def dual_layer_rows(name: str, cells: tuple, device: Any, precision: str, layers: int, reps: int) -> list[dict]:
-    """Predicted (dual-layer rows, Eq. 4-6) vs measured whole-model time and memory at r = 0 and r = L."""
+def dual_layer_rows(name: str, cells: tuple, device: Any, precision: str, layers: int, reps: int,
+                    clocks: tuple[str, ...] = ("auto",)) -> list[dict]:
+    """Predicted (dual-layer rows, Eq. 4-6) vs measured whole-model time and memory at r = 0 and r = L.
+
+    Each cell is profiled once per profiling clock in ``clocks`` (dcp.profiler.clock, resolved on ``device``):
+    ``pred_time_s`` comes from the first, ``pred_time_s_by_clock`` holds all of them."""
+    import dataclasses
+
     import torch
 
+    from dcp.distributed import autocast
     from dcp.models import build_model
     from dcp.planner.cost import micro_batch_mem_bytes, micro_batch_time_s
     from dcp.profiler.adapters import get_adapter
+    from dcp.profiler.clock import resolve_clock
     from dcp.profiler.dual_layer import _row
     from dcp.profiler.measure import MeasureSettings, measure_candidate
     from dcp.runtime.context import SPContext
@@ -128,23 +136,25 @@ def dual_layer_rows(name: str, cells: tuple, device: Any, precision: str, layers
         p.grad = torch.zeros_like(p)
     state_b = float(sum(p.numel() * p.element_size() * 2 for p in model.parameters()))
     ctx = SPContext.single(attention="auto")
-    settings = MeasureSettings(warmup_iters=1, measure_iters=reps, state_bytes=state_b,
-                               meter="allocator" if device.type == "cuda" else "saved")
-    from dcp.distributed import autocast
-
+    base = MeasureSettings(warmup_iters=1, measure_iters=reps, state_bytes=state_b,
+                           meter="allocator" if device.type == "cuda" else "saved")
     out = []
     for s, b in cells:
-        with autocast(precision, device):  # as the profiler measures (dual_layer.profile_table)
-            m = measure_candidate(adapter, ctx, b, s, settings)
-        if m is None:
-            raise RuntimeError(f"{name} s={s} b={b} ran out of memory while profiling: lower the shapes")
-        row = _row(0, s, b, 1, adapter.num_layers, m)
+        by_clock = {}
+        for clock in clocks:
+            with autocast(precision, device):  # as the profiler measures (dual_layer.profile_table)
+                m = measure_candidate(adapter, ctx, b, s, dataclasses.replace(base, clock=clock))
+            if m is None:
+                raise RuntimeError(f"{name} s={s} b={b} ran out of memory while profiling: lower the shapes")
+            by_clock[resolve_clock(clock, device)] = _row(0, s, b, 1, adapter.num_layers, m)
+        row = next(iter(by_clock.values()))
         batch = adapter.synthetic_batch(b, s, generator=torch.Generator().manual_seed(s + b)).to(device)
         for r in (0, adapter.num_layers):
             meas_t = _timed_step(model, batch, ctx, r, precision, device, reps)
             meas_m = _step_peak_bytes(model, batch, ctx, r, precision, device, state_b)
             out.append({"model": name, "seq_len": s, "b": b, "r": r,
                         "pred_time_s": micro_batch_time_s(row, r), "meas_time_s": meas_t,
+                        "pred_time_s_by_clock": {c: micro_batch_time_s(x, r) for c, x in by_clock.items()},
                         "pred_mem_bytes": micro_batch_mem_bytes(row, r), "meas_mem_bytes": meas_m})
         for p in model.parameters():
             p.grad.zero_()
@@ -244,6 +254,25 @@ def gpu_busy_fraction(model: Any, batch: Any, device: Any, precision: str, reps:
     return min(1.0, busy_union_us(kernels) / wall_us) if wall_us > 0 else float("nan")
 
 
+def host_and_gpu_ms(model: Any, batch: Any, device: Any, precision: str, reps: int = 7) -> tuple[float, float]:
+    """(host ms, GPU ms) of one forward + backward (CUDA only), medians: the host's time to enqueue the step
+    while the GPU is held by a sleep kernel, and the GPU's time for it with its queue full. The busy share
+    of a step run alone cannot exceed GPU / max(host, GPU): below 0.9 with host > GPU, the host is the limit."""
+    from dcp.profiler.clock import RegionClock
+    from dcp.runtime.context import SPContext
+
+    ctx = SPContext.single(attention="auto")
+    clock = RegionClock("pipelined", device)
+    host, gpu = [], []
+    for i in range(reps + 2):
+        clock.time(lambda: _step(model, batch, ctx, 0, precision, device), "step")
+        if i >= 2:
+            host.append(clock.last_host_s * 1e3)
+            gpu.append(clock.last_device_s * 1e3)
+    model.zero_grad(set_to_none=True)
+    return statistics.median(host), statistics.median(gpu)
+
+
 def installed_engines() -> list[str]:
     engines = ["ddp"]
     try:
@@ -339,7 +368,8 @@ def run(args: argparse.Namespace) -> int:
                 summary["gpu_tests"] = gpu_tests(repo)
             elif step.startswith("dual-layer"):
                 name = step.split()[1]
-                rows += dual_layer_rows(name, dict(cells)[name], device, precision, layers, args.reps)
+                clocks = ("auto", "wall") if device.type == "cuda" else ("auto",)
+                rows += dual_layer_rows(name, dict(cells)[name], device, precision, layers, args.reps, clocks)
             elif step == "padded":
                 summary["padded"] = padded_efficiency(t1d, lengths, device, precision, layers, args.reps)
             elif step == "syncs + busy":
@@ -350,6 +380,8 @@ def run(args: argparse.Namespace) -> int:
                 batch = collate_tokens([torch.randint(0, model.config.vocab_size, (short,), generator=gen)]).to(device)
                 summary["syncs_per_micro_batch"] = syncs_per_micro_batch(model, batch, device, precision)
                 summary["gpu_busy_short"] = round(gpu_busy_fraction(model, batch, device, precision), 3)
+                host_ms, gpu_ms = host_and_gpu_ms(model, batch, device, precision)
+                summary.update(short_host_ms=round(host_ms, 3), short_gpu_ms=round(gpu_ms, 3))
                 del model
             elif step.startswith("sweep"):
                 with tempfile.TemporaryDirectory(prefix="dcp-bench-gpu-") as tmp:
@@ -360,8 +392,10 @@ def run(args: argparse.Namespace) -> int:
     _print_table(rows, summary, sweeps)
     t_errs = [_err(r["pred_time_s"], r["meas_time_s"]) for r in rows]
     m_errs = [_err(r["pred_mem_bytes"], r["meas_mem_bytes"]) for r in rows]
+    clocks = rows[0]["pred_time_s_by_clock"] if rows else {}
+    by_clock = {c: _median([_err(r["pred_time_s_by_clock"][c], r["meas_time_s"]) for r in rows]) for c in clocks}
     summary.update(
-        time_err_median_pct=_median(t_errs), mem_err_median_pct=_median(m_errs),
+        time_err_median_pct=_median(t_errs), time_err_median_pct_by_clock=by_clock, mem_err_median_pct=_median(m_errs),
         padded_efficiency=round(summary["padded"]["efficiency"], 3),
         syncs_per_micro_batch=summary.get("syncs_per_micro_batch"), gpu_busy_short=summary.get("gpu_busy_short"),
         manager_runs_ok=all(s["ok"] for s in sweeps) if sweeps else None,
@@ -374,22 +408,28 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_table(rows: list[dict], summary: dict, sweeps: list[dict]) -> None:
-    print(f"device {summary['device']}, precision {summary['precision']}")
+    clocks = list(rows[0]["pred_time_s_by_clock"]) if rows else []
+    print(f"device {summary['device']}, precision {summary['precision']}, profiled with clock "
+          f"{' and '.join(clocks)} (pred_ms: {clocks[0] if clocks else '-'})")
     if "gpu_tests" in summary:
         print(f"tests/gpu: {summary['gpu_tests']['summary']} (exit {summary['gpu_tests']['rc']})")
     print(f"{'model':<9} {'seq':>6} {'b':>2} {'r':>3} {'pred_ms':>9} {'meas_ms':>9} {'t_err%':>7} "
           f"{'pred_MiB':>10} {'meas_MiB':>10} {'m_err%':>7}")
     for r in rows:
+        # profiled under further clocks (CUDA: 'wall' besides 'pipelined'): their prediction and error
+        others = "".join(f"  {c}: {t * 1e3:.2f} ms ({_err(t, r['meas_time_s']):.2f}%)"
+                         for c, t in list(r["pred_time_s_by_clock"].items())[1:])
         print(f"{r['model']:<9} {r['seq_len']:>6} {r['b']:>2} {r['r']:>3} {r['pred_time_s'] * 1e3:>9.2f} "
               f"{r['meas_time_s'] * 1e3:>9.2f} {_err(r['pred_time_s'], r['meas_time_s']):>7.2f} "
               f"{r['pred_mem_bytes'] / 2**20:>10.1f} {r['meas_mem_bytes'] / 2**20:>10.1f} "
-              f"{_err(r['pred_mem_bytes'], r['meas_mem_bytes']):>7.2f}")
+              f"{_err(r['pred_mem_bytes'], r['meas_mem_bytes']):>7.2f}{others}")
     pad = summary["padded"]
     print(f"padded micro-batch {pad['lengths']}: {pad['padded_s'] * 1e3:.1f} ms vs unpadded {pad['unpadded_s'] * 1e3:.1f}"
           f" ms -> efficiency {pad['efficiency']:.3f}")
     if "syncs_per_micro_batch" in summary:
         print(f"host-device syncs per micro-batch: {summary['syncs_per_micro_batch']}; "
-              f"GPU busy share of a {SHORT_TOKENS}-token micro-batch: {summary['gpu_busy_short']:.3f}")
+              f"GPU busy share of a {SHORT_TOKENS}-token micro-batch: {summary['gpu_busy_short']:.3f} "
+              f"(host enqueues it in {summary['short_host_ms']:.2f} ms, the GPU runs it in {summary['short_gpu_ms']:.2f} ms)")
     else:
         print("syncs per micro-batch and GPU busy share: not measured (no CUDA)")
     for s in sweeps:

@@ -99,7 +99,7 @@ class CacheKey:
     mem_capacity_gib: float
     """planning.mem_capacity_gib: the search skipped what did not fit it."""
     clock: str
-    """profiling.clock the rows were timed with ('wall' or 'cpu': CPU time cannot see communication waits)."""
+    """profiling.clock the rows were timed with, resolved on the device ('wall', 'cpu' or 'pipelined')."""
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

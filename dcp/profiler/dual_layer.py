@@ -33,6 +33,7 @@ from dcp.distributed.device import autocast, resolve_precision
 from dcp.planner.table import ProfileRow, ProfileTable, TableMeta
 from dcp.profiler.adapters import ModelAdapter, get_adapter
 from dcp.profiler.cache import CacheKey
+from dcp.profiler.clock import resolve_clock
 from dcp.profiler.measure import MeasureSettings, measure_candidate
 from dcp.profiler.memory import state_bytes
 from dcp.profiler.search import BatchSearch, assign_round_robin, pending_groups, row_fits, sp_sizes_to_try
@@ -84,7 +85,7 @@ def cache_key_for(adapter: ModelAdapter | Any, config: DCPConfig, world_size: in
         sp_sizes=tuple(sizes),
         max_micro_batch_size=config.profiling.max_micro_batch_size,
         mem_capacity_gib=float(config.planning.mem_capacity_gib),
-        clock=config.profiling.clock,
+        clock=resolve_clock(config.profiling.clock, device),
     )
 
 
@@ -205,7 +206,7 @@ def profile_table(
         capacity_bytes=config.planning.mem_capacity_bytes,
         state_bytes=float(state.total_bytes),
         seed=config.planning.seed,
-        clock=prof.clock,
+        clock=resolve_clock(prof.clock, device),
     )
     from dcp.runtime.context import SPContext
 

@@ -14,6 +14,9 @@ kernels), layer 1 is measured. Per repetition:
    marginal cost of one recomputation, checkpoint bookkeeping included (several percent of a small
    layer). ``timing='plain'`` keeps the paper's raw forward and backward times.
 
+Each timed region is read with ``settings.clock`` (dcp.profiler.clock): on CUDA by default ``pipelined``, the
+region's cost with the GPU queue pre-filled as inside a whole model, max(host enqueue, GPU time).
+
 Memory comes from one metered pass before the timed ones (so a candidate that does not fit stops before
 any timing). With the saved-tensor meter (CPU):
 
@@ -36,15 +39,16 @@ is what keeps the adaptive search identical on every rank of the group.
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from dcp.config import CLOCKS
 from dcp.distributed.comm import all_reduce_values
 from dcp.profiler.adapters import ModelAdapter
+from dcp.profiler.clock import RegionClock
 from dcp.profiler.memory import (
     AllocatorMeter,
     SavedTensorMeter,
@@ -96,9 +100,11 @@ class MeasureSettings:
     timing: str = "checkpoint"
     """'checkpoint': also time the measured layer checkpointed and store the t_f, t_b that make Eq. 4-5
     exact at r = 0 and r = L (see solve_recompute_cost); 'plain': the paper's plain forward/backward."""
-    clock: str = "wall"
-    """'wall' (time.perf_counter, what training sees) or 'cpu' (time.process_time of this process: robust
-    on a shared, oversubscribed CPU machine, but blind to time spent waiting for communication)."""
+    clock: str = "auto"
+    """dcp.profiler.clock: 'auto' (pipelined on CUDA, wall elsewhere), 'wall' (time.perf_counter between
+    syncs), 'pipelined' (CUDA: max of the host's enqueue time and the GPU's time with the queue pre-filled,
+    as a layer runs inside a whole model) or 'cpu' (time.process_time of this process: robust on a shared,
+    oversubscribed CPU machine, but blind to time spent waiting for communication)."""
 
     def __post_init__(self) -> None:
         if self.meter not in ("saved", "allocator"):
@@ -114,11 +120,6 @@ class MeasureSettings:
             )
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _barrier(ctx: Any) -> None:
     # Start timed regions together: a rank that enters early would otherwise time its wait in the
     # first all-to-all as layer time.
@@ -128,21 +129,13 @@ def _barrier(ctx: Any) -> None:
         dist.barrier(group=ctx.group)
 
 
-CLOCKS = ("wall", "cpu")
-
-
-def _clock(name: str) -> Callable[[], float]:
-    return time.perf_counter if name == "wall" else time.process_time
-
-
 def _timed(fn: Callable[[], Any], device: torch.device, ctx: Any, clock: str = "wall") -> tuple[float, Any]:
-    now = _clock(clock)
-    _barrier(ctx)
-    _sync(device)
-    t0 = now()
-    out = fn()
-    _sync(device)
-    return now() - t0, out
+    """One region timed with a fresh ``clock`` (dcp.profiler.clock), the group's barrier first."""
+    return _region_clock(clock, device, ctx).time(fn)
+
+
+def _region_clock(clock: str, device: torch.device, ctx: Any) -> RegionClock:
+    return RegionClock(clock, device, barrier=lambda: _barrier(ctx), agree=lambda values: group_max(values, ctx))
 
 
 def group_max(values: list[float], ctx: Any) -> list[float]:
@@ -170,18 +163,18 @@ def _ensure_grads(module: torch.nn.Module) -> dict[torch.nn.Parameter, torch.Ten
     return old
 
 
-def _one_pass(adapter: ModelAdapter, batch: Any, ctx: Any, device: torch.device, clock: str = "wall") -> dict[str, Any]:
+def _one_pass(adapter: ModelAdapter, batch: Any, ctx: Any, clock: RegionClock) -> dict[str, Any]:
     """Constant part, warm-up layer, measured layer; returns timings and the tensors the meters need."""
     out: dict[str, Any] = {}
-    t_embed, (hidden, aux) = _timed(lambda: adapter.layer_inputs(batch, ctx), device, ctx, clock)
+    t_embed, (hidden, aux) = clock.time(lambda: adapter.layer_inputs(batch, ctx), "embed")
     x_last = hidden.detach().requires_grad_(True)  # stands in for the last layer's output
 
     def head() -> None:
         loss, _count = adapter.head_loss(x_last, batch, ctx, aux)
         loss.backward()
 
-    t_head, _ = _timed(head, device, ctx, clock)
-    t_embed_b, _ = _timed(lambda: hidden.backward(x_last.grad), device, ctx, clock)
+    t_head, _ = clock.time(head, "head")
+    t_embed_b, _ = clock.time(lambda: hidden.backward(x_last.grad), "embed backward")
     out["t_const_s"] = t_embed + t_head + t_embed_b
     # Layer 0: warm-up, forward and backward like the measured one.
     x0 = hidden.detach().requires_grad_(True)
@@ -303,12 +296,13 @@ def _time_passes(
     adapter: ModelAdapter, batch: Any, ctx: Any, device: torch.device, settings: MeasureSettings,
     times: dict[str, list[float]],
 ) -> None:
+    clock = _region_clock(settings.clock, device, ctx)
     for it in range(settings.warmup_iters + settings.measure_iters):
-        st = _one_pass(adapter, batch, ctx, device, settings.clock)
+        st = _one_pass(adapter, batch, ctx, clock)
         x1, aux = st["x1"], st["aux"]
-        t_f, y1 = _timed(lambda x1=x1, aux=aux: adapter.run_layer(1, x1, aux, ctx), device, ctx, settings.clock)
+        t_f, y1 = clock.time(lambda x1=x1, aux=aux: adapter.run_layer(1, x1, aux, ctx), "forward")
         grad = torch.randn_like(y1)
-        t_b, _ = _timed(lambda y1=y1, grad=grad: y1.backward(grad), device, ctx, settings.clock)
+        t_b, _ = clock.time(lambda y1=y1, grad=grad: y1.backward(grad), "backward")
         del y1
         # The same layer checkpointed the way the runtime does it (forward, then recompute + backward).
         x1c = x1.detach().requires_grad_(True)
@@ -317,7 +311,7 @@ def _time_passes(
             fn = _LayerFn(adapter, 1, aux, ctx)
             checkpoint_layer(fn, x1c, enabled=True).backward(grad)
 
-        t_c, _ = _timed(ckpt, device, ctx, settings.clock)
+        t_c, _ = clock.time(ckpt, "checkpointed")
         if it >= settings.warmup_iters:
             times["t_f_s"].append(t_f)
             times["t_b_s"].append(t_b)
@@ -393,7 +387,7 @@ def _memory_allocator(
     adapter: ModelAdapter, batch: Any, ctx: Any, device: torch.device, settings: MeasureSettings
 ) -> list[float]:
     # Warm the allocator and kernels once so the metered pass sees steady-state behaviour.
-    _one_pass(adapter, batch, ctx, device)
+    _one_pass(adapter, batch, ctx, _region_clock("wall", device, ctx))
     with AllocatorMeter(device) as embed_meter:
         hidden, aux = adapter.layer_inputs(batch, ctx)
     # kept = embedding's saved tensors + aux + the embedding output itself (x0, counted in L * m_inp)

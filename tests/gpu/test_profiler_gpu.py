@@ -79,3 +79,41 @@ def test_cuda_oom_marks_the_candidate_and_continues(cuda_model):
     b2 = [r for r in table.rows if r.micro_batch_size == 2]
     assert b2 and not any(r.feasible for r in b2)
     assert {r.seq_len for r in table.rows if r.feasible} == {256, 1024, 4096}
+
+
+def test_pipelined_clock_on_cuda():
+    """The sleep kernel holds the GPU for about the asked time; a GPU-bound region reads its GPU time, a
+    host-bound one its host time, and a chain of regions takes about the sum of their pipelined times."""
+    import time
+
+    from dcp.profiler.clock import CudaQueue, RegionClock
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    queue = CudaQueue(device)
+    start = queue.mark()
+    queue.hold(0.01)
+    end = queue.mark()
+    queue.sync()
+    assert 0.008 < queue.elapsed_s(start, end) < 0.013
+    a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+    small = torch.randn(16, device=device)
+
+    def gpu_bound():
+        for _ in range(8):
+            a @ a
+
+    def host_bound():
+        for _ in range(300):
+            small.add_(1.0)
+
+    clock = RegionClock("pipelined", device)
+    for fn, key in ((gpu_bound, "gpu"), (host_bound, "host")):
+        times = [clock.time(fn, key)[0] for _ in range(4)]
+        t = sorted(times)[1]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(10):
+            fn()
+        torch.cuda.synchronize()
+        chain = (time.perf_counter() - t0) / 10
+        assert abs(t - chain) / chain < 0.15, (key, t, chain)

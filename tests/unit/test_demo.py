@@ -138,8 +138,8 @@ def test_demo_profile_times_cpu_time_and_the_profiler_uses_that_clock(monkeypatc
     settings["config"]["profiling"].update(seq_group_edges=[64], max_micro_batch_size=1, measure_iters=1)
     settings["config"]["planning"].update(mem_capacity_gib=1.0, sp_sizes=[1])
     seen: list[str] = []
-    real = measure._clock
-    monkeypatch.setattr(measure, "_clock", lambda name: (seen.append(name), real(name))[1])
+    real = measure._region_clock
+    monkeypatch.setattr(measure, "_region_clock", lambda name, *a: (seen.append(name), real(name, *a))[1])
     table = profile_table(build_model("t1d-tiny", torch.device("cpu")), demo._config(settings, str(tmp_path)),
                           progress=False)
     assert len(table) == 1 and seen and set(seen) == {"cpu"}
