@@ -30,7 +30,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -188,24 +187,16 @@ def padded_efficiency(name: str, lengths: tuple[int, ...], device: Any, precisio
 def syncs_per_micro_batch(model: Any, batch: Any, device: Any, precision: str) -> int:
     """Host-device synchronisations during one forward + backward (CUDA only), counted with the sync
     debug mode: every sync raises a warning, which is recorded instead of printed."""
-    import torch
-
+    from dcp.profiler.clock import count_cuda_syncs
     from dcp.runtime.context import SPContext
 
     ctx = SPContext.single(attention="auto")
     _step(model, batch, ctx, 0, precision, device)  # warm-up outside the counted region
     _sync(device)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            _step(model, batch, ctx, 0, precision, device)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
+    _, syncs = count_cuda_syncs(lambda: _step(model, batch, ctx, 0, precision, device))
     _sync(device)
     model.zero_grad(set_to_none=True)
-    # the sync debug mode's own "prototype feature" notice is not a sync: count torch's per-sync warning only
-    return sum(1 for w in caught if "called a synchronizing" in str(w.message).lower())
+    return syncs
 
 
 def busy_union_us(intervals: list[tuple[float, float]]) -> float:

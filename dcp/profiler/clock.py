@@ -14,12 +14,16 @@
 - ``auto``: ``pipelined`` on CUDA, ``wall`` elsewhere (what ``profiling.clock`` defaults to).
 
 Inside an SP group every rank holds its GPU for the same, group-agreed time, so no rank's region starts
-early and times its wait for a peer in the first all-to-all.
+early and times its wait for a peer in the first all-to-all. A region that synchronises the host with the
+GPU inside (``.item()``, a mask check of some Hugging Face models) cannot be pipelined, there or in the
+whole model: its host time would include waiting for the hold, so it costs its GPU time from start to end,
+which covers the host's work after the sync as the whole model's drained queue does.
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -56,6 +60,28 @@ class DeviceQueue(Protocol):
     def hold(self, seconds: float) -> None: ...
     def mark(self) -> Any: ...
     def elapsed_s(self, start: Any, end: Any) -> float: ...
+    def run_counting_syncs(self, fn: Callable[[], Any]) -> tuple[Any, int]: ...
+
+
+def count_cuda_syncs(fn: Callable[[], Any]) -> tuple[Any, int]:
+    """(fn's result, host-device synchronisations it made), counted with ``torch.cuda.set_sync_debug_mode``
+    ('warn': one warning per sync, recorded here; other warnings fn raises are passed on)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        previous = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            out = fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    syncs = 0
+    for w in caught:
+        # the debug mode's own "prototype feature" notice is not a sync: count torch's per-sync warning only
+        if "called a synchronizing" in str(w.message).lower():
+            syncs += 1
+        elif "sync_debug_mode" not in str(w.message).lower() and "prototype" not in str(w.message).lower():
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return out, syncs
 
 
 class CudaQueue:
@@ -90,6 +116,9 @@ class CudaQueue:
     def elapsed_s(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
         return start.elapsed_time(end) / 1e3
 
+    def run_counting_syncs(self, fn: Callable[[], Any]) -> tuple[Any, int]:
+        return count_cuda_syncs(fn)
+
 
 class RegionClock:
     """Times regions of work with one of CLOCKS (resolved on ``device``).
@@ -115,6 +144,8 @@ class RegionClock:
         """Host enqueue time of the last pipelined region (diagnostics)."""
         self.last_device_s = 0.0
         """GPU time of the last pipelined region (diagnostics)."""
+        self.synced_regions = 0
+        """Pipelined regions that synchronised inside (timed by their GPU time alone)."""
 
     def _sync(self) -> None:
         if self._queue is not None:
@@ -132,15 +163,20 @@ class RegionClock:
             self._sync()
             return self._now() - t0, out
         queue = self._queue
-        queue.hold(HOLD_FACTOR * self._lead_s.get(key, FIRST_LEAD_S) + HOLD_MARGIN_S)
+        lead_s = self._lead_s.get(key, FIRST_LEAD_S)
+        queue.hold(HOLD_FACTOR * lead_s + HOLD_MARGIN_S)
         start = queue.mark()
         t0 = self._now()
-        out = fn()
+        out, syncs = queue.run_counting_syncs(fn)
         host_s = self._now() - t0
         end = queue.mark()
         queue.sync()
         device_s = queue.elapsed_s(start, end)
-        # every rank of the group holds its GPU as long as the slowest host needs next time
-        self._lead_s[key] = self._agree([host_s])[0]
+        # every rank of the group holds its GPU as long as the slowest host needs next time (one collective
+        # on every rank, synced region or not)
+        self._lead_s[key] = self._agree([lead_s if syncs else host_s])[0]
         self.last_host_s, self.last_device_s = host_s, device_s
+        if syncs:
+            self.synced_regions += 1
+            return device_s, out
         return max(host_s, device_s), out

@@ -117,3 +117,19 @@ def test_pipelined_clock_on_cuda():
         torch.cuda.synchronize()
         chain = (time.perf_counter() - t0) / 10
         assert abs(t - chain) / chain < 0.15, (key, t, chain)
+
+
+def test_pipelined_clock_counts_a_region_that_syncs_by_its_gpu_time():
+    from dcp.profiler.clock import RegionClock
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+
+    def synced():
+        (a @ a).sum().item()  # the host waits here, behind the hold
+        a @ a
+
+    clock = RegionClock("pipelined", device)
+    times = [clock.time(synced, "synced")[0] for _ in range(3)]
+    assert clock.synced_regions == 3
+    assert max(times) < 0.5 * 0.03  # far below the 31 ms the first hold lasts: the hold is not counted

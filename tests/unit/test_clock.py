@@ -18,6 +18,7 @@ class SimStream:
         self.host = 0.0
         self.free_at = 0.0
         self.holds: list[float] = []
+        self.syncs = 0
 
     def now(self) -> float:
         return self.host
@@ -40,6 +41,15 @@ class SimStream:
 
     def elapsed_s(self, start: float, end: float) -> float:
         return end - start
+
+    def run_counting_syncs(self, fn):
+        self.syncs = 0
+        return fn(), self.syncs
+
+    def block(self) -> None:
+        """What ``.item()`` does inside a region: the host waits for the stream."""
+        self.syncs += 1
+        self.sync()
 
 
 # A layer that opens with small host-bound kernels (norms, RoPE: 30 us to launch, 5 us to run), then large
@@ -114,6 +124,27 @@ def test_a_hold_shorter_than_the_host_still_never_under_reports():
     first, _ = clock.time(lambda: run_layer(sim, kernels), "layer")
     second, _ = clock.time(lambda: run_layer(sim, kernels), "layer")
     assert first >= 30 * 2e-3 - 1e-12 and second == pytest.approx(30 * 2e-3)
+
+
+def test_a_region_that_syncs_inside_costs_its_gpu_time_and_does_not_grow_the_hold():
+    # half a layer, a host read of a GPU value, the other half: a whole model drains its queue there too
+    def synced_layer(sim):
+        run_layer(sim, LAYER[:22])
+        sim.block()
+        run_layer(sim, LAYER[22:])
+
+    n = 4
+    chain = SimStream()
+    for _ in range(n):
+        synced_layer(chain)
+    chain.sync()
+    sim = SimStream()
+    clock = RegionClock("pipelined", "cpu", queue=sim, now=sim.now)
+    times = [clock.time(lambda: synced_layer(sim), "layer")[0] for _ in range(3)]
+    assert clock.synced_regions == 3
+    assert sim.holds == pytest.approx([FIRST_LEAD_S * HOLD_FACTOR + HOLD_MARGIN_S] * 3)
+    # the host's time would have counted the 31 ms hold; the GPU's time is the region's cost in the chain
+    assert abs(n * times[-1] - chain.host) / chain.host < 0.02
 
 
 def test_barrier_runs_before_every_region():
