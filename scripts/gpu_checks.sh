@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Issue 10's checks on a machine with one GPU, its own torch and no network (../shared/GPU.md):
+#   bash scripts/gpu_checks.sh bench          # python -m dcp.cli bench gpu --no-tests --json
+#   bash scripts/gpu_checks.sh gpu-tests      # pytest tests/gpu
+#   bash scripts/gpu_checks.sh suite K N      # the K-th (0-based) of N slices of the test files, with the
+#                                             # 15 slowest tests listed: each slice fits one device call
+# DeepSpeed and its needs come from .whl/ (pure-Python wheels, built as GPU.md says) when it is there.
+# With OUT set (the device tool's output folder), each check's output is also written to $OUT/<check>.log.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+case "${1:-}" in
+  bench|gpu-tests|suite) ;;
+  *) echo "usage: bash scripts/gpu_checks.sh bench | gpu-tests | suite K N" >&2; exit 2 ;;
+esac
+export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if ! "$PY" -c "import deepspeed" 2> /dev/null && compgen -G ".whl/*.whl" > /dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+fi
+log=/dev/null
+[ -n "${OUT:-}" ] && mkdir -p "$OUT" && log="$OUT/$1${2:+-$2of${3:-}}.log"
+case "${1:-}" in
+  bench) "$PY" -m dcp.cli bench gpu --no-tests --json 2>&1 | tee "$log" ;;
+  gpu-tests) "$PY" -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tee "$log" ;;
+  suite)
+    k=${2:?slice index K}; n=${3:?slice count N}
+    mapfile -t files < <(find tests -name 'test_*.py' | sort | awk -v k="$k" -v n="$n" '(NR - 1) % n == k')
+    "$PY" -m pytest -q -p no:cacheprovider --durations=15 "${files[@]}" 2>&1 | tee "$log" ;;
+esac
