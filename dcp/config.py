@@ -17,9 +17,9 @@ from typing import Any
 
 METHODS = ("bucket", "packed", "dcp-inter", "dcp-intra", "bucket-search")
 PLAN_AHEAD = ("thread", "process")
+"""Where plans are computed ahead (planning.plan_ahead)."""
 CLOCKS = ("auto", "wall", "cpu", "pipelined")
 """profiling.clock choices (dcp.profiler.clock)."""
-"""Where plans are computed ahead (planning.plan_ahead)."""
 GIB = 1024**3
 MAX_TOKENS = 2**40
 """Largest token count (a sample length or a seq_group bound) dcp accepts anywhere, and the bound of every

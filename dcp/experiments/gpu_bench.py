@@ -245,10 +245,12 @@ def gpu_busy_fraction(model: Any, batch: Any, device: Any, precision: str, reps:
     return min(1.0, busy_union_us(kernels) / wall_us) if wall_us > 0 else float("nan")
 
 
-def host_and_gpu_ms(model: Any, batch: Any, device: Any, precision: str, reps: int = 7) -> tuple[float, float]:
+def host_and_gpu_ms(model: Any, batch: Any, device: Any, precision: str, reps: int = 7) -> tuple[float | None, float | None]:
     """(host ms, GPU ms) of one forward + backward (CUDA only), medians: the host's time to enqueue the step
     while the GPU is held by a sleep kernel, and the GPU's time for it with its queue full. The busy share
-    of a step run alone cannot exceed GPU / max(host, GPU): below 0.9 with host > GPU, the host is the limit."""
+    of a step run alone cannot exceed GPU / max(host, GPU): below 0.9 with host > GPU, the host is the limit.
+    (None, None) when the hold never covered the host (it blocked inside the step, e.g. on a full launch
+    queue), so that no such figure exists."""
     from dcp.profiler.clock import RegionClock
     from dcp.runtime.context import SPContext
 
@@ -257,10 +259,12 @@ def host_and_gpu_ms(model: Any, batch: Any, device: Any, precision: str, reps: i
     host, gpu = [], []
     for i in range(reps + 2):
         clock.time(lambda: _step(model, batch, ctx, 0, precision, device), "step")
-        if i >= 2:
+        if i >= 2 and clock.last_covered:
             host.append(clock.last_host_s * 1e3)
             gpu.append(clock.last_device_s * 1e3)
     model.zero_grad(set_to_none=True)
+    if not host:
+        return None, None
     return statistics.median(host), statistics.median(gpu)
 
 
@@ -372,7 +376,7 @@ def run(args: argparse.Namespace) -> int:
                 summary["syncs_per_micro_batch"] = syncs_per_micro_batch(model, batch, device, precision)
                 summary["gpu_busy_short"] = round(gpu_busy_fraction(model, batch, device, precision), 3)
                 host_ms, gpu_ms = host_and_gpu_ms(model, batch, device, precision)
-                summary.update(short_host_ms=round(host_ms, 3), short_gpu_ms=round(gpu_ms, 3))
+                summary.update(short_host_ms=host_ms and round(host_ms, 3), short_gpu_ms=gpu_ms and round(gpu_ms, 3))
                 del model
             elif step.startswith("sweep"):
                 with tempfile.TemporaryDirectory(prefix="dcp-bench-gpu-") as tmp:
@@ -419,8 +423,12 @@ def _print_table(rows: list[dict], summary: dict, sweeps: list[dict]) -> None:
           f" ms -> efficiency {pad['efficiency']:.3f}")
     if "syncs_per_micro_batch" in summary:
         print(f"host-device syncs per micro-batch: {summary['syncs_per_micro_batch']}; "
-              f"GPU busy share of a {SHORT_TOKENS}-token micro-batch: {summary['gpu_busy_short']:.3f} "
-              f"(host enqueues it in {summary['short_host_ms']:.2f} ms, the GPU runs it in {summary['short_gpu_ms']:.2f} ms)")
+              f"GPU busy share of a {SHORT_TOKENS}-token micro-batch: {summary['gpu_busy_short']:.3f}")
+        if summary["short_host_ms"] is None:
+            print("  host vs GPU time of that micro-batch: not measured (the host blocked inside the step)")
+        else:
+            print(f"  the host enqueues it in {summary['short_host_ms']:.2f} ms, the GPU runs it in "
+                  f"{summary['short_gpu_ms']:.2f} ms")
     else:
         print("syncs per micro-batch and GPU busy share: not measured (no CUDA)")
     for s in sweeps:

@@ -14,16 +14,22 @@
 - ``auto``: ``pipelined`` on CUDA, ``wall`` elsewhere (what ``profiling.clock`` defaults to).
 
 Inside an SP group every rank holds its GPU for the same, group-agreed time, so no rank's region starts
-early and times its wait for a peer in the first all-to-all. A region that synchronises the host with the
-GPU inside (``.item()``, a mask check of some Hugging Face models) cannot be pipelined, there or in the
-whole model: its host time would include waiting for the hold, so it costs its GPU time from start to end,
-which covers the host's work after the sync as the whole model's drained queue does.
+early and times its wait for a peer in the first all-to-all.
+
+The hold must outlast the host's enqueueing, and the clock checks that it did: if the GPU had already
+passed the hold when the host finished (its start event is complete), the host was blocked inside the
+region (a ``.item()`` or a mask check of some Hugging Face models, a full launch queue, an allocator
+``cudaFree`` near capacity) or was slower than the last time. Its host time then includes waiting for
+the hold, so the repetition counts max(host, GPU), an over-estimate, the lead grows at most
+MAX_LEAD_GROWTH-fold, and after MAX_UNCOVERED such repetitions the region is timed with the wall clock
+(a region that blocks inside cannot be pipelined inside the whole model either).
 """
 
 from __future__ import annotations
 
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -36,6 +42,12 @@ HOLD_FACTOR = 1.5
 HOLD_MARGIN_S = 0.001
 FIRST_LEAD_S = 0.02
 """Host enqueue time assumed for a region never timed before (a warm-up repetition usually comes first)."""
+MAX_LEAD_GROWTH = 2.0
+"""After a repetition the hold did not cover, the next lead is at most this many times the last one."""
+MAX_UNCOVERED = 2
+"""Repetitions of a region the hold may fail to cover before the region is timed with the wall clock."""
+SLEEP_RATES_HZ = (1e7, 1e11)
+"""Plausible range of the sleep kernel's cycles per second (GPU clocks are 1-3 GHz)."""
 
 
 def resolve_clock(name: str, device: torch.device | str) -> str:
@@ -59,13 +71,18 @@ class DeviceQueue(Protocol):
     def sync(self) -> None: ...
     def hold(self, seconds: float) -> None: ...
     def mark(self) -> Any: ...
+    def done(self, event: Any) -> bool: ...
     def elapsed_s(self, start: Any, end: Any) -> float: ...
-    def run_counting_syncs(self, fn: Callable[[], Any]) -> tuple[Any, int]: ...
+
+
+SYNC_WARNING = "called a synchronizing cuda operation"
+"""What torch's sync debug mode ('warn') says, lower-cased, once per host-device synchronisation."""
 
 
 def count_cuda_syncs(fn: Callable[[], Any]) -> tuple[Any, int]:
     """(fn's result, host-device synchronisations it made), counted with ``torch.cuda.set_sync_debug_mode``
-    ('warn': one warning per sync, recorded here; other warnings fn raises are passed on)."""
+    ('warn': one warning per sync, recorded here). For checks (``dcp bench gpu``), not for profiling: the
+    warnings fn raises otherwise are recorded too, and shown again afterwards without de-duplication."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         previous = torch.cuda.get_sync_debug_mode()
@@ -76,10 +93,10 @@ def count_cuda_syncs(fn: Callable[[], Any]) -> tuple[Any, int]:
             torch.cuda.set_sync_debug_mode(previous)
     syncs = 0
     for w in caught:
-        # the debug mode's own "prototype feature" notice is not a sync: count torch's per-sync warning only
-        if "called a synchronizing" in str(w.message).lower():
+        text = str(w.message).lower()
+        if SYNC_WARNING in text:
             syncs += 1
-        elif "sync_debug_mode" not in str(w.message).lower() and "prototype" not in str(w.message).lower():
+        elif "synchronization debug mode is a prototype feature" not in text:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return out, syncs
 
@@ -95,29 +112,38 @@ class CudaQueue:
         """Cycles the sleep kernel spins per second on this GPU (the second of two timings: the first warms up)."""
         rate = 0.0
         for _ in range(2):
-            start, end = self.mark(), None
-            torch.cuda._sleep(cycles)
+            start = self.mark()
+            self._sleep(cycles)
             end = self.mark()
             self.sync()
-            rate = cycles / max(self.elapsed_s(start, end), 1e-6)
+            rate = cycles / max(self.elapsed_s(start, end), 1e-9)
+        if not SLEEP_RATES_HZ[0] <= rate <= SLEEP_RATES_HZ[1]:
+            raise RuntimeError(
+                f"profiling.clock ('pipelined'): the GPU sleep kernel on {self.device} ran at {rate:.3g} cycles/s, "
+                f"outside {SLEEP_RATES_HZ}: its hold cannot be trusted; use profiling.clock = \"wall\""
+            )
         return rate
+
+    def _sleep(self, cycles: int) -> None:
+        with torch.cuda.device(self.device):  # the model's GPU, not whichever is current
+            torch.cuda._sleep(cycles)
 
     def sync(self) -> None:
         torch.cuda.synchronize(self.device)
 
     def hold(self, seconds: float) -> None:
-        torch.cuda._sleep(max(1, int(seconds * self.cycles_per_s)))
+        self._sleep(max(1, int(seconds * self.cycles_per_s)))
 
     def mark(self) -> torch.cuda.Event:
         event = torch.cuda.Event(enable_timing=True)
         event.record(torch.cuda.current_stream(self.device))
         return event
 
+    def done(self, event: torch.cuda.Event) -> bool:
+        return event.query()
+
     def elapsed_s(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
         return start.elapsed_time(end) / 1e3
-
-    def run_counting_syncs(self, fn: Callable[[], Any]) -> tuple[Any, int]:
-        return count_cuda_syncs(fn)
 
 
 class RegionClock:
@@ -144,8 +170,10 @@ class RegionClock:
         """Host enqueue time of the last pipelined region (diagnostics)."""
         self.last_device_s = 0.0
         """GPU time of the last pipelined region (diagnostics)."""
-        self.synced_regions = 0
-        """Pipelined regions that synchronised inside (timed by their GPU time alone)."""
+        self.last_covered = False
+        """Whether the hold covered the host's enqueueing of the last region (its host time is then clean)."""
+        self._uncovered: Counter[str] = Counter()
+        """Per region key: repetitions whose hold did not cover the host (group-agreed)."""
 
     def _sync(self) -> None:
         if self._queue is not None:
@@ -155,9 +183,10 @@ class RegionClock:
 
     def time(self, fn: Callable[[], Any], key: str = "") -> tuple[float, Any]:
         """(seconds, fn's result) of running ``fn`` as one region; ``key`` names the region across repetitions."""
+        self.last_covered = False
         self._barrier()
         self._sync()
-        if self.name != "pipelined":
+        if self.name != "pipelined" or self._uncovered[key] >= MAX_UNCOVERED:
             t0 = self._now()
             out = fn()
             self._sync()
@@ -167,16 +196,17 @@ class RegionClock:
         queue.hold(HOLD_FACTOR * lead_s + HOLD_MARGIN_S)
         start = queue.mark()
         t0 = self._now()
-        out, syncs = queue.run_counting_syncs(fn)
+        out = fn()
         host_s = self._now() - t0
+        covered = not queue.done(start)  # the GPU was still held when the host had enqueued everything
         end = queue.mark()
         queue.sync()
         device_s = queue.elapsed_s(start, end)
-        # every rank of the group holds its GPU as long as the slowest host needs next time (one collective
-        # on every rank, synced region or not)
-        self._lead_s[key] = self._agree([lead_s if syncs else host_s])[0]
-        self.last_host_s, self.last_device_s = host_s, device_s
-        if syncs:
-            self.synced_regions += 1
-            return device_s, out
+        # One collective on every rank, covered or not: the group holds as long as its slowest host needs
+        # next time, and counts a repetition as uncovered if any rank's was (so all switch to wall together).
+        lead, uncovered = self._agree([host_s if covered else min(host_s, MAX_LEAD_GROWTH * lead_s),
+                                       0.0 if covered else 1.0])
+        self._lead_s[key] = lead
+        self._uncovered[key] += int(uncovered > 0)
+        self.last_host_s, self.last_device_s, self.last_covered = host_s, device_s, covered
         return max(host_s, device_s), out

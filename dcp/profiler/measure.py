@@ -48,7 +48,7 @@ import torch
 from dcp.config import CLOCKS
 from dcp.distributed.comm import all_reduce_values
 from dcp.profiler.adapters import ModelAdapter
-from dcp.profiler.clock import RegionClock
+from dcp.profiler.clock import RegionClock, resolve_clock
 from dcp.profiler.memory import (
     AllocatorMeter,
     SavedTensorMeter,
@@ -130,7 +130,10 @@ def _barrier(ctx: Any) -> None:
 
 
 def _timed(fn: Callable[[], Any], device: torch.device, ctx: Any, clock: str = "wall") -> tuple[float, Any]:
-    """One region timed with a fresh ``clock`` (dcp.profiler.clock), the group's barrier first."""
+    """One region timed with ``clock`` 'wall' or 'cpu' (dcp.profiler.clock), the group's barrier first. A
+    pipelined region needs a RegionClock that lives across repetitions (it learns how long to hold)."""
+    if resolve_clock(clock, device) == "pipelined":
+        raise ValueError("_timed times one region with a fresh clock: use a RegionClock for 'pipelined'")
     return _region_clock(clock, device, ctx).time(fn)
 
 
@@ -226,6 +229,7 @@ def measure_candidate(
         )
     oom = out_of_memory_errors()
     device = _device_of(adapter)
+    resolve_clock(settings.clock, device)  # an impossible clock fails here, before any work
     gen = torch.Generator().manual_seed(settings.seed * 1_000_003 + seq_len * 101 + micro_batch_size)
     batch = adapter.synthetic_batch(micro_batch_size, seq_len, generator=gen)
     if hasattr(batch, "to"):
