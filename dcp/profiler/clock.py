@@ -150,14 +150,17 @@ class RegionClock:
     """Times regions of work with one of CLOCKS (resolved on ``device``).
 
     ``barrier`` runs before every region (the SP group's barrier: ranks start together); ``agree`` turns a
-    list of this rank's values into the group's element-wise MAX (identity for one rank). ``queue`` and
-    ``now`` replace the CUDA stream and the host clock in tests.
+    list of this rank's values into the group's element-wise MAX (identity for one rank). ``failures``: the
+    exception types (out of memory) a region's failure on one rank is agreed on (see ``time``). ``queue``
+    and ``now`` replace the CUDA stream and the host clock in tests.
     """
 
     def __init__(self, name: str, device: torch.device | str, *, barrier: Callable[[], None] = lambda: None,
                  agree: Callable[[list[float]], list[float]] = lambda values: values,
-                 queue: DeviceQueue | None = None, now: Callable[[], float] | None = None) -> None:
+                 queue: DeviceQueue | None = None, now: Callable[[], float] | None = None,
+                 failures: tuple[type[BaseException], ...] = ()) -> None:
         self.device = torch.device(device)
+        self._failures = failures
         self.name = resolve_clock(name, self.device) if queue is None else name
         self._barrier, self._agree = barrier, agree
         self._now = now or (time.process_time if self.name == "cpu" else time.perf_counter)
@@ -182,31 +185,53 @@ class RegionClock:
             torch.cuda.synchronize(self.device)
 
     def time(self, fn: Callable[[], Any], key: str = "") -> tuple[float, Any]:
-        """(seconds, fn's result) of running ``fn`` as one region; ``key`` names the region across repetitions."""
+        """(seconds, fn's result) of running ``fn`` as one region; ``key`` names the region across repetitions.
+
+        With ``failures`` given, a rank whose ``fn`` raises one of them (out of memory) tells its group in the
+        region's agreement, and every rank of the group raises: no rank goes on to the next region's barrier
+        while another waits in the profiler's out-of-memory agreement. (An error inside one of fn's own
+        collectives still leaves the peers waiting there until the collective timeout.)"""
         self.last_covered = False
         self._barrier()
         self._sync()
-        if self.name != "pipelined" or self._uncovered[key] >= MAX_UNCOVERED:
-            t0 = self._now()
-            out = fn()
-            self._sync()
-            return self._now() - t0, out
-        queue = self._queue
+        pipelined = self.name == "pipelined" and self._uncovered[key] < MAX_UNCOVERED
         lead_s = self._lead_s.get(key, FIRST_LEAD_S)
-        queue.hold(HOLD_FACTOR * lead_s + HOLD_MARGIN_S)
-        start = queue.mark()
+        if pipelined:
+            self._queue.hold(HOLD_FACTOR * lead_s + HOLD_MARGIN_S)
+            start = self._queue.mark()
         t0 = self._now()
-        out = fn()
+        failed: BaseException | None = None
+        try:
+            out = fn()
+        except self._failures as exc:
+            out, failed = None, exc
         host_s = self._now() - t0
-        covered = not queue.done(start)  # the GPU was still held when the host had enqueued everything
-        end = queue.mark()
-        queue.sync()
-        device_s = queue.elapsed_s(start, end)
-        # One collective on every rank, covered or not: the group holds as long as its slowest host needs
-        # next time, and counts a repetition as uncovered if any rank's was (so all switch to wall together).
-        lead, uncovered = self._agree([host_s if covered else min(host_s, MAX_LEAD_GROWTH * lead_s),
-                                       0.0 if covered else 1.0])
-        self._lead_s[key] = lead
-        self._uncovered[key] += int(uncovered > 0)
+        if pipelined:
+            covered = not self._queue.done(start)  # the GPU was still held when the host had enqueued everything
+            end = self._queue.mark()
+        self._sync()
+        elapsed_s = self._now() - t0
+        if not (pipelined or self._failures):
+            return elapsed_s, out
+        # One collective on every rank, whatever happened: whether some rank failed, and when pipelined, how
+        # long the group holds next time (its slowest host) and whether any rank's hold did not cover its
+        # host (so that all switch to the wall clock together).
+        values = [0.0 if failed is None else 1.0]
+        if pipelined:
+            covered = covered and failed is None
+            values += [host_s if covered else min(host_s, MAX_LEAD_GROWTH * lead_s), 0.0 if covered else 1.0]
+        agreed = self._agree(values)
+        if agreed[0] > 0:
+            raise failed if failed is not None else self._peer_failure(
+                f"another rank of the SP group ran out of memory in the profiler's region {key!r}")
+        if not pipelined:
+            return elapsed_s, out
+        self._lead_s[key] = agreed[1]
+        self._uncovered[key] += int(agreed[2] > 0)
+        device_s = self._queue.elapsed_s(start, end)
         self.last_host_s, self.last_device_s, self.last_covered = host_s, device_s, covered
         return max(host_s, device_s), out
+
+    def _peer_failure(self, message: str) -> BaseException:
+        oom = getattr(torch, "OutOfMemoryError", None)
+        return oom(message) if oom in self._failures else self._failures[0](message)

@@ -138,7 +138,9 @@ def _timed(fn: Callable[[], Any], device: torch.device, ctx: Any, clock: str = "
 
 
 def _region_clock(clock: str, device: torch.device, ctx: Any) -> RegionClock:
-    return RegionClock(clock, device, barrier=lambda: _barrier(ctx), agree=lambda values: group_max(values, ctx))
+    # an out-of-memory error in a timed region on one rank is agreed on by the group in that region
+    return RegionClock(clock, device, barrier=lambda: _barrier(ctx), agree=lambda values: group_max(values, ctx),
+                       failures=out_of_memory_errors())
 
 
 def group_max(values: list[float], ctx: Any) -> list[float]:
@@ -217,6 +219,8 @@ def measure_candidate(
     memory freed, and the group agrees on the outcome. ``fault`` (tests) runs at the end of the memory
     pass and may raise such an error.
 
+    An OOM that strikes a single rank in a timed region (outside the region's own collectives) is agreed
+    on in that region (dcp.profiler.clock.RegionClock), so every rank of the group reports it together.
     Limit: the ranks of a group run identical shapes, so an OOM normally strikes all of them at the same
     operation; one that strikes a single rank *inside* a Ulysses all-to-all leaves its peers waiting in
     that collective until the process group's timeout turns the wait into an error (no silent hang). The model's gradients are restored afterwards, so profiling

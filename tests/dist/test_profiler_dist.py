@@ -76,3 +76,40 @@ def test_parallel_profiling_gives_every_rank_the_same_table(tmp_path):
     plans = plan_epoch(lengths, table, config, 2)
     assert sorted(i for p in plans for i in p.sample_ids) == list(range(40))
     assert any(g.sp_size == 2 for p in plans for g in p.groups)  # long samples need both ranks
+
+
+def _oom_in_a_timed_region(rank: int, world_size: int) -> tuple[bool, int]:
+    import torch.distributed as dist
+
+    from dcp.models import build_model
+    from dcp.profiler.adapters import get_adapter
+    from dcp.profiler.measure import MeasureSettings, measure_candidate
+    from dcp.profiler.memory import EmulatedOutOfMemory
+    from dcp.runtime.context import SPContext
+
+    group = dist.new_group([0, 1])
+    ctx = SPContext(group=group, sp_size=2, sp_rank=rank, recompute_layers=0)
+    adapter = get_adapter(build_model("t1d-tiny"))
+    real, calls = adapter.run_layer, [0]
+
+    def run_layer(i, hidden, aux, c):
+        out = real(i, hidden, aux, c)  # the layer's all-to-alls complete on both ranks first
+        if i == 1:
+            calls[0] += 1
+            # the memory pass (call 1) fits; rank 1 runs out of memory in the first timed forward (call 2)
+            if rank == 1 and calls[0] == 2:
+                raise EmulatedOutOfMemory("injected out-of-memory in a timed region on rank 1")
+        return out
+
+    adapter.run_layer = run_layer
+    settings = MeasureSettings(warmup_iters=0, measure_iters=2, clock="wall")
+    m = measure_candidate(adapter, ctx, 1, 64, settings)
+    again = measure_candidate(adapter, ctx, 1, 64, settings)  # the group is in step afterwards
+    return m is None, int(again is not None)
+
+
+def test_an_out_of_memory_error_in_a_timed_region_on_one_rank_is_agreed_on():
+    # without the region's agreement rank 0 would go on to the next region's barrier while rank 1 waits in
+    # the out-of-memory agreement: a mismatched collective, a hang until the timeout
+    results = run_distributed(_oom_in_a_timed_region, 2, timeout_s=120.0, pg_timeout_s=30.0)
+    assert results == [(True, 1), (True, 1)]

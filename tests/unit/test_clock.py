@@ -114,14 +114,14 @@ def test_the_gpu_is_held_longer_than_the_last_host_enqueue_time_and_the_group_ag
 
     def agree(values: list[float]) -> list[float]:  # a slower peer: its host needed 3 ms
         agreed.append(values)
-        return [max(values[0], 3e-3), values[1]]
+        return [values[0], max(values[1], 3e-3), values[2]]
 
     clock = RegionClock("pipelined", "cpu", queue=sim, now=sim.now, agree=agree)
     clock.time(lambda: run_layer(sim), "layer")
     clock.time(lambda: run_layer(sim), "layer")
     clock.time(lambda: None, "other")
     host = sum(h for _, h in LAYER)
-    assert agreed[0] == [pytest.approx(host), 0.0]  # [lead, uncovered]: one collective per region
+    assert agreed[0] == [0.0, pytest.approx(host), 0.0]  # [failed, lead, uncovered]: one collective per region
     assert sim.holds == pytest.approx([FIRST_LEAD_S * HOLD_FACTOR + HOLD_MARGIN_S,
                                        3e-3 * HOLD_FACTOR + HOLD_MARGIN_S,
                                        FIRST_LEAD_S * HOLD_FACTOR + HOLD_MARGIN_S])
@@ -211,6 +211,48 @@ def test_count_cuda_syncs_counts_torchs_sync_warnings_and_passes_the_others_on(m
     assert (out, syncs) == (5, 2)
     assert [str(w.message) for w in shown] == ["a model's own notice"]
     assert modes == ["error", "warn", "error"]
+
+
+class FakeOOM(RuntimeError):
+    pass
+
+
+@pytest.mark.parametrize("name", ["wall", "pipelined"])
+def test_an_out_of_memory_error_on_one_rank_is_raised_on_every_rank_of_the_group(name):
+    # two ranks in lockstep: rank 1 runs out of memory in its second region; the agreement (one MAX per
+    # region) carries it, so rank 0 raises in the same region instead of moving on to the next barrier
+    sims = [SimStream(), SimStream()]
+    calls: list[list[list[float]]] = [[], []]
+    flags = {0: [0.0, 0.0, 0.0], 1: [0.0, 1.0, 0.0]}  # what rank 1 sends in each region
+
+    def agree_for(rank):
+        def agree(values):
+            calls[rank].append(values)
+            peer = flags[1 - rank][len(calls[rank]) - 1]
+            return [max(values[0], peer)] + values[1:]
+        return agree
+
+    def work(rank, region):
+        run_layer(sims[rank])
+        if rank == 1 and region == 1:
+            raise FakeOOM("out of memory on rank 1")
+
+    for rank in (0, 1):
+        clock = RegionClock(name, "cpu", queue=sims[rank], now=sims[rank].now, agree=agree_for(rank),
+                            failures=(FakeOOM,))
+        clock.time(lambda rank=rank: work(rank, 0), "layer")
+        with pytest.raises(FakeOOM, match="out of memory on rank 1" if rank else "another rank of the SP group"):
+            clock.time(lambda rank=rank: work(rank, 1), "layer")
+        assert len(calls[rank]) == 2  # both regions agreed, on both ranks
+    assert [c[0] for c in calls[1]] == [0.0, 1.0]
+
+
+def test_errors_that_are_not_failures_propagate_without_an_agreement():
+    agreed = []
+    clock = RegionClock("wall", "cpu", agree=lambda v: agreed.append(v) or v, failures=(FakeOOM,))
+    with pytest.raises(ZeroDivisionError):
+        clock.time(lambda: 1 / 0)
+    assert agreed == []
 
 
 def test_barrier_runs_before_every_region():
