@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 PADDED_LENGTHS = (8192, 6000, 4000, 2000)
+MANY_DOCS = (16, 64)
+"""(documents, tokens each) of the many-documents check: a 1024-token micro-batch of short samples."""
 SHORT_TOKENS = 1024
 # (model, [(seq_len, micro_batch_size)]) of the dual-layer check
 PAPER_CELLS = (("t1d-5b", ((2048, 2), (8192, 1))), ("t2d-1.2b", ((4096, 1), (16384, 1))))
@@ -182,6 +184,34 @@ def padded_efficiency(name: str, lengths: tuple[int, ...], device: Any, precisio
     model.zero_grad(set_to_none=True)
     tp, tu = statistics.median(t_pad), statistics.median(t_one)
     return {"lengths": list(lengths), "padded_s": tp, "unpadded_s": tu, "efficiency": tu / tp}
+
+
+def many_docs_efficiency(name: str, docs: int, doc_len: int, device: Any, precision: str, layers: int,
+                         reps: int) -> dict:
+    """Time of ``docs`` equal rows of ``doc_len`` tokens (one attention call for all) / time of the same
+    documents packed into one row (the last one token shorter, so the micro-batch has unequal lengths): what
+    running attention per document costs a short micro-batch of many samples (1.0: nothing)."""
+    import torch
+
+    from dcp.models import build_model, collate_tokens
+    from dcp.runtime.context import SPContext
+
+    model = build_model(name, num_layers=layers).to(device)
+    gen = torch.Generator().manual_seed(2)
+    lens = [doc_len] * docs
+    equal = collate_tokens([torch.randint(0, model.config.vocab_size, (n,), generator=gen) for n in lens])
+    packed = collate_tokens([torch.randint(0, model.config.vocab_size, (n,), generator=gen)
+                             for n in lens[:-1] + [doc_len - 1]])
+    if model.packs(equal) or not model.packs(packed):
+        raise RuntimeError(f"{name}: the many-documents check needs equal rows and one packed row")
+    ctx = SPContext.single(attention="auto")
+    t_eq, t_pk = [], []
+    for _ in range(reps):  # interleaved
+        t_eq.append(_timed_step(model, equal.to(device), ctx, 0, precision, device, 1))
+        t_pk.append(_timed_step(model, packed.to(device), ctx, 0, precision, device, 1))
+    model.zero_grad(set_to_none=True)
+    te, tp = statistics.median(t_eq), statistics.median(t_pk)
+    return {"docs": docs, "doc_len": doc_len, "equal_rows_s": te, "packed_s": tp, "efficiency": te / tp}
 
 
 def syncs_per_micro_batch(model: Any, batch: Any, device: Any, precision: str) -> int:
@@ -349,7 +379,7 @@ def run(args: argparse.Namespace) -> int:
     short = 32 if tiny else SHORT_TOKENS
     engines = installed_engines()
     repo = Path(__file__).resolve().parents[2]
-    steps = (["tests"] if not args.no_tests else []) + [f"dual-layer {m}" for m, _ in cells] + ["padded"]
+    steps = (["tests"] if not args.no_tests else []) + [f"dual-layer {m}" for m, _ in cells] + ["padded", "many docs"]
     steps += ["syncs + busy"] if device.type == "cuda" else []
     steps += [f"sweep {e}" for e in engines] if not args.no_sweep else []
     summary: dict[str, Any] = {"cuda": device.type == "cuda", "device": str(device), "precision": precision}
@@ -367,6 +397,9 @@ def run(args: argparse.Namespace) -> int:
                 rows += dual_layer_rows(name, dict(cells)[name], device, precision, layers, args.reps, clocks)
             elif step == "padded":
                 summary["padded"] = padded_efficiency(t1d, lengths, device, precision, layers, args.reps)
+            elif step == "many docs":
+                docs, doc_len = (8, 8) if tiny else MANY_DOCS
+                summary["many_docs"] = many_docs_efficiency(t1d, docs, doc_len, device, precision, layers, args.reps)
             elif step == "syncs + busy":
                 from dcp.models import build_model, collate_tokens
 
@@ -377,6 +410,15 @@ def run(args: argparse.Namespace) -> int:
                 summary["gpu_busy_short"] = round(gpu_busy_fraction(model, batch, device, precision), 3)
                 host_ms, gpu_ms = host_and_gpu_ms(model, batch, device, precision)
                 summary.update(short_host_ms=host_ms and round(host_ms, 3), short_gpu_ms=gpu_ms and round(gpu_ms, 3))
+                if precision == "bf16":
+                    # the same micro-batch on a bf16 module without autocast, as DeepSpeed's bf16 mode runs it:
+                    # no weight casts and no fp32 gradient accumulation in the step
+                    model.to(torch.bfloat16)
+                    busy = gpu_busy_fraction(model, batch, device, "fp32")
+                    host_ms, gpu_ms = host_and_gpu_ms(model, batch, device, "fp32")
+                    summary["bf16_module"] = {"gpu_busy_short": round(busy, 3),
+                                              "short_host_ms": host_ms and round(host_ms, 3),
+                                              "short_gpu_ms": gpu_ms and round(gpu_ms, 3)}
                 del model
             elif step.startswith("sweep"):
                 with tempfile.TemporaryDirectory(prefix="dcp-bench-gpu-") as tmp:
@@ -392,11 +434,13 @@ def run(args: argparse.Namespace) -> int:
     summary.update(
         time_err_median_pct=_median(t_errs), time_err_median_pct_by_clock=by_clock, mem_err_median_pct=_median(m_errs),
         padded_efficiency=round(summary["padded"]["efficiency"], 3),
+        many_docs_efficiency=round(summary["many_docs"]["efficiency"], 3),
         syncs_per_micro_batch=summary.get("syncs_per_micro_batch"), gpu_busy_short=summary.get("gpu_busy_short"),
         manager_runs_ok=all(s["ok"] for s in sweeps) if sweeps else None,
         engines=[s["engine"] for s in sweeps] if sweeps else engines, sweeps=sweeps,
     )
     summary.pop("padded")
+    summary.pop("many_docs")
     if args.json:
         print(json.dumps(summary))
     return 0
@@ -421,6 +465,10 @@ def _print_table(rows: list[dict], summary: dict, sweeps: list[dict]) -> None:
     pad = summary["padded"]
     print(f"padded micro-batch {pad['lengths']}: {pad['padded_s'] * 1e3:.1f} ms vs unpadded {pad['unpadded_s'] * 1e3:.1f}"
           f" ms -> efficiency {pad['efficiency']:.3f}")
+    many = summary["many_docs"]
+    print(f"{many['docs']} documents of {many['doc_len']} tokens: {many['equal_rows_s'] * 1e3:.1f} ms as equal rows, "
+          f"{many['packed_s'] * 1e3:.1f} ms packed in one row (attention per document) -> efficiency "
+          f"{many['efficiency']:.3f}")
     if "syncs_per_micro_batch" in summary:
         print(f"host-device syncs per micro-batch: {summary['syncs_per_micro_batch']}; "
               f"GPU busy share of a {SHORT_TOKENS}-token micro-batch: {summary['gpu_busy_short']:.3f}")
@@ -429,6 +477,10 @@ def _print_table(rows: list[dict], summary: dict, sweeps: list[dict]) -> None:
         else:
             print(f"  the host enqueues it in {summary['short_host_ms']:.2f} ms, the GPU runs it in "
                   f"{summary['short_gpu_ms']:.2f} ms")
+        if "bf16_module" in summary:
+            bf = summary["bf16_module"]
+            print(f"  on a bf16 module without autocast (DeepSpeed's bf16 mode): busy {bf['gpu_busy_short']:.3f}, "
+                  f"host {bf['short_host_ms']} ms, GPU {bf['short_gpu_ms']} ms")
     else:
         print("syncs per micro-batch and GPU busy share: not measured (no CUDA)")
     for s in sweeps:

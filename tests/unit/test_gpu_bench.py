@@ -25,11 +25,13 @@ def test_tiny_cpu_path_prints_the_table_and_the_summary(capsys):
     out = capsys.readouterr().out.strip().splitlines()
     summary = json.loads(out[-1])
     for key in ("time_err_median_pct", "mem_err_median_pct", "padded_efficiency", "syncs_per_micro_batch",
-                "gpu_busy_short", "manager_runs_ok", "engines"):
+                "gpu_busy_short", "manager_runs_ok", "engines", "many_docs_efficiency", "time_err_median_pct_by_clock"):
         assert key in summary
     assert summary["cuda"] is False and summary["precision"] == "fp32"
     assert summary["time_err_median_pct"] >= 0 and summary["mem_err_median_pct"] >= 0
-    assert summary["padded_efficiency"] > 0
+    assert summary["padded_efficiency"] > 0 and summary["many_docs_efficiency"] > 0
+    assert list(summary["time_err_median_pct_by_clock"]) == ["wall"]  # 'auto' is the wall clock on CPU
+    assert any(ln.startswith("8 documents of 8 tokens") for ln in out)
     assert summary["syncs_per_micro_batch"] is None and summary["gpu_busy_short"] is None  # CUDA only
     rows = [ln for ln in out if ln.startswith(("t1d-tiny", "t2d-tiny"))]
     assert [ln.split()[3] for ln in rows] == ["0", "2", "0", "2"]  # r = 0 and r = L for both models
