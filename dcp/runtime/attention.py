@@ -10,10 +10,7 @@ Layout is flash-attn's: q, k, v are [b, s, heads, head_dim]. Which tokens attend
   padding or another document, so no dense mask is ever built. Equal full-length rows run as one SDPA
   call (``is_causal``, no mask: SDPA keeps its flash kernel on CUDA); otherwise consecutive rows with the
   same documents share one SDPA call per document on slices, and with flash-attn installed (CUDA,
-  fp16/bf16) all documents of the micro-batch run as one varlen call. Causal short documents of similar
-  lengths share one call, right-padded to the longest of them (``_causal_groups``: causality keeps the
-  padded keys out of every real token's view), so a micro-batch of many short samples does not launch
-  one attention call per sample per layer.
+  fp16/bf16) all documents of the micro-batch run as one varlen call.
 - Outputs at padded positions are exactly zero and padded q, k, v get zero gradients, which is what the
   dense masked path gave, so both agree on everything the rest of the model sees.
 
@@ -26,9 +23,8 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -159,10 +155,6 @@ def local_attention(
         return _tied_zeros(q, k, v)
     if kind == "flash":
         return _flash_varlen(q, k, v, causal=causal, docs=docs)
-    if causal:
-        plan = _causal_groups(docs, s, q.device)
-        if plan is not None:
-            return _sdpa_causal_grouped(q, k, v, plan)
     return _sdpa_docs(q, k, v, causal=causal, runs=_layout(docs, b, s)[1])
 
 
@@ -189,75 +181,6 @@ def _sdpa_docs(q, k, v, *, causal: bool, runs) -> torch.Tensor:
             pieces.append(q.new_zeros(r1 - r0, s - off, *q.shape[2:]))
         blocks.append(torch.cat(pieces, dim=1) if len(pieces) > 1 else pieces[0])
     return torch.cat(blocks, dim=0) if len(blocks) > 1 else blocks[0]
-
-
-SHORT_DOC_MAX = 512
-"""Causal documents up to this many tokens share SDPA calls (``_causal_groups``); longer ones run alone."""
-LENGTH_CLASSES_PER_OCTAVE = 4
-"""Short documents share a call with those whose lengths lie in the same 2^(1/4)-wide class: a group's
-padding then adds at most 19 % to a document's length (42 % to its attention work)."""
-
-
-class _CausalGroups(NamedTuple):
-    """Host plan of one causal layout: documents alone, groups of short ones, and where outputs go."""
-
-    alone: tuple[tuple[int, int], ...]
-    """(first flat token, length) of each document run by its own SDPA call."""
-    groups: tuple[tuple[int, int, torch.Tensor, torch.Tensor], ...]
-    """Per group of short documents: (documents, padded length L, gather index [docs * L] into the flat
-    tokens, the real rows of the group's [docs * L] output)."""
-    dst: torch.Tensor
-    """Flat token index of every output row, in the order the pieces are concatenated."""
-
-
-@functools.lru_cache(maxsize=64)
-def _causal_groups(docs: DocLens, seq_len: int, device: torch.device) -> _CausalGroups | None:
-    """Group the short documents of a causal layout by length class (lengths in (2^(c-1), 2^c]), each group
-    right-padded to its longest; None when no class holds two documents (nothing to share). Built once per
-    layout and device (every layer of a micro-batch reuses it), its indices copied without a sync.
-
-    Causal attention needs no mask for this: a real query at position t < n attends keys 0..t, all real, so
-    the keys past a document's end are never seen by its real tokens. Padded rows gather token 0 (any real
-    row would do): their outputs are dropped and get no gradient, so they give q, k and v none either."""
-    flat = [(i * seq_len + off, n) for i, row in enumerate(docs) for off, n in zip(_offsets(row), row, strict=True)]
-    classes: dict[int, list[tuple[int, int]]] = {}
-    for start, n in flat:
-        if n <= SHORT_DOC_MAX:
-            classes.setdefault(int(LENGTH_CLASSES_PER_OCTAVE * math.log2(n)), []).append((start, n))
-    shared = [members for members in classes.values() if len(members) > 1]
-    if not shared:
-        return None
-    grouped = {start for members in shared for start, _ in members}
-    alone = tuple((start, n) for start, n in flat if start not in grouped)
-    order = [idx for start, n in alone for idx in range(start, start + n)]
-    groups = []
-    for members in shared:
-        L = max(n for _, n in members)
-        gather = [start + t if t < n else 0 for start, n in members for t in range(L)]
-        real = [j * L + t for j, (_, n) in enumerate(members) for t in range(n)]
-        order += [start + t for start, n in members for t in range(n)]
-        groups.append((len(members), L, _index(gather, device), _index(real, device)))
-    return _CausalGroups(alone, tuple(groups), _index(order, device))
-
-
-def _index(values: list[int], device: torch.device) -> torch.Tensor:
-    return to_device_async(torch.tensor(values, dtype=torch.long), device)
-
-
-def _sdpa_causal_grouped(q, k, v, plan: _CausalGroups) -> torch.Tensor:
-    """Causal attention of a layout's documents in few SDPA calls: one per long document, one per group of
-    short ones (``_causal_groups``), scattered back into zeros: padding stays exactly zero."""
-    b, s, h, d = q.shape
-    qf, kf, vf = (t.reshape(b * s, h, d) for t in (q, k, v))
-    pieces = [_sdpa_dense(qf[a : a + n][None], kf[a : a + n][None], vf[a : a + n][None], True)[0]
-              for a, n in plan.alone]
-    for m, L, gather, real in plan.groups:
-        qg, kg, vg = (t.index_select(0, gather).view(m, L, h, d) for t in (qf, kf, vf))
-        out_g = _sdpa_dense(qg, kg, vg, True).reshape(m * L, h, d)
-        pieces.append(out_g.index_select(0, real))
-    src = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
-    out = src.new_zeros(b * s, h, d).index_copy(0, plan.dst, src)
-    return out.reshape(b, s, h, d)
 
 
 def _sdpa_masked(q, k, v, *, causal: bool, key_padding_mask: torch.Tensor) -> torch.Tensor:

@@ -77,52 +77,6 @@ def test_full_rows_take_one_call_without_mask(monkeypatch):
     assert len(calls) == 2 and all("attn_mask" not in c for c in calls)  # rows 0-1 together, then row 2
 
 
-def _per_document(q, k, v, docs, causal):
-    ref = torch.zeros_like(q)
-    for i, row in enumerate(docs):
-        off = 0
-        for n in row:
-            sl = slice(off, off + n)
-            ref[i, sl] = local_attention(q[i:i + 1, sl], k[i:i + 1, sl], v[i:i + 1, sl], causal=causal,
-                                         backend="sdpa")[0]
-            off += n
-    return ref
-
-
-def test_short_causal_documents_share_calls_and_equal_each_document_alone(monkeypatch, request):
-    # SHORT_DOC_MAX 32 here: 40 runs alone; 17, 19 and 18 (one quarter-octave class) share a call padded to
-    # 19, the two 5s another, 3 is alone in its class
-    monkeypatch.setattr(attn_mod, "SHORT_DOC_MAX", 32)
-    attn_mod._causal_groups.cache_clear()
-    request.addfinalizer(attn_mod._causal_groups.cache_clear)  # no plan made with this bound outlives the test
-    docs = [(17, 40, 5), (19, 5, 3), (18,), ()]
-    q, k, v = _qkv(4, 62, seed=3)
-    calls = []
-    real = torch.nn.functional.scaled_dot_product_attention
-    monkeypatch.setattr(attn_mod.F, "scaled_dot_product_attention",
-                        lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))
-    out = local_attention(q, k, v, causal=True, doc_lens=docs, backend="sdpa")
-    assert sorted(calls) == [1, 1, 2, 3]
-    ref = _per_document(q, k, v, docs, causal=True)
-    torch.testing.assert_close(out, ref, **TOL)
-    for a, b in zip(_grads(out, (q, k, v)), _grads(ref, (q, k, v)), strict=True):
-        torch.testing.assert_close(a, b, **TOL)
-    assert out[3].abs().max() == 0 and out[1, 27:].abs().max() == 0 and out[2, 18:].abs().max() == 0  # zeros
-
-
-def test_non_causal_documents_still_run_one_call_each(monkeypatch):
-    # without causality the padded keys of a shared call would be seen: no grouping
-    calls = []
-    real = torch.nn.functional.scaled_dot_product_attention
-    monkeypatch.setattr(attn_mod.F, "scaled_dot_product_attention",
-                        lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))
-    q, k, v = _qkv(1, 12, seed=4)
-    docs = [(3, 4, 3)]
-    out = local_attention(q, k, v, causal=False, doc_lens=docs, backend="sdpa")
-    assert calls == [1, 1, 1]
-    torch.testing.assert_close(out, _per_document(q, k, v, docs, causal=False), **TOL)
-
-
 def test_all_padding_gives_zeros_that_still_give_every_input_a_gradient():
     # a rank whose rows are all padding must still produce (zero) gradients: DeepSpeed's ZeRO buckets go
     # out of step across ranks when a parameter's gradient is None on one of them
