@@ -8,11 +8,16 @@
 # With OUT set (the device tool's output folder), each check's output is also written to $OUT/<check>.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+usage="usage: [PYTHON=python-with-torch] bash scripts/gpu_checks.sh bench | gpu-tests | suite K N"
 case "${1:-}" in
-  bench|gpu-tests|suite) ;;
-  *) echo "usage: bash scripts/gpu_checks.sh bench | gpu-tests | suite K N" >&2; exit 2 ;;
+  bench|gpu-tests) ;;
+  suite) [[ "${2:-}" =~ ^[0-9]+$ && "${3:-}" =~ ^[1-9][0-9]*$ && "${2}" -lt "${3}" ]] \
+           || { echo "suite needs a slice K and a count N with 0 <= K < N, e.g. suite 0 4; $usage" >&2; exit 2; } ;;
+  *) echo "$usage" >&2; exit 2 ;;
 esac
+# the project's venv when there is one (CPU machines), else the machine's own python3 (a lent GPU machine)
+PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
+"$PY" -c "import torch" 2> /dev/null || { echo "$PY cannot import torch: set PYTHON to a Python with torch" >&2; exit 2; }
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if ! "$PY" -c "import deepspeed" 2> /dev/null && compgen -G ".whl/*.whl" > /dev/null; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
@@ -23,7 +28,7 @@ case "${1:-}" in
   bench) "$PY" -m dcp.cli bench gpu --no-tests --json 2>&1 | tee "$log" ;;
   gpu-tests) "$PY" -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tee "$log" ;;
   suite)
-    k=${2:?slice index K}; n=${3:?slice count N}
+    k=$2; n=$3
     mapfile -t files < <(find tests -name 'test_*.py' | sort | awk -v k="$k" -v n="$n" '(NR - 1) % n == k')
     "$PY" -m pytest -q -p no:cacheprovider --durations=15 "${files[@]}" 2>&1 | tee "$log" ;;
 esac

@@ -5,13 +5,18 @@ In one process on one GPU (and W = 1 with NCCL through the manager):
 1. the GPU tests (``pytest tests/gpu``, in a subprocess);
 2. the dual-layer profile of the paper's shapes at reduced depth (Transformer-1D 5B and Transformer-2D 1.2B
    with 8 layers, in the run's precision, bf16 on CUDA) against measured whole-model steps: time and memory
-   at r = 0 and r = L, predicted by the planner's own Eq. 4-6 from the measured rows;
+   at r = 0 and r = L, predicted by the planner's own Eq. 4-6 from the measured rows; on CUDA profiled with
+   the default clock (pipelined) and again with the wall clock (``time_err_median_pct_by_clock``);
 3. padded vs unpadded micro-batch efficiency: a Transformer-1D micro-batch of lengths [8192, 6000, 4000,
    2000] (right-padded to 8192) against the same samples run unpadded, one per micro-batch (same real tokens
-   and the same attention work): efficiency = unpadded time / padded time (1.0: padding costs nothing);
+   and the same attention work): efficiency = unpadded time / padded time (1.0: padding costs nothing); and
+   16 documents of 64 tokens as equal rows against packed in one row (attention per document):
+   ``many_docs_efficiency``;
 4. host-device synchronisations per micro-batch (``torch.cuda.set_sync_debug_mode('warn')``, counted) and the
    GPU busy fraction of a short (1 x 1024 tokens) micro-batch: union of the CUDA kernels' intervals
-   (torch.profiler) over the median wall time of the same micro-batch run without the profiler;
+   (torch.profiler) over the median wall time of the same micro-batch run without the profiler, with the
+   host's enqueue time and the GPU's time of that step (``short_host_ms``, ``short_gpu_ms``), and in bf16
+   the same on a bf16 module without autocast (``bf16_module``);
 5. a short ``dcp sweep`` (bucket, packed, DCP-inter, DCP-intra, tiny models) through the manager at W = 1
    (NCCL) with each engine whose package is installed.
 
@@ -369,6 +374,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.layers < 2:
         raise ValueError(f"--layers ({args.layers}) must be >= 2: the dual-layer profiler measures layer 1")
+    if args.reps < 1:
+        raise ValueError(f"--reps ({args.reps}) must be >= 1: the median needs at least one timed repetition")
     device = torch.device("cuda", torch.cuda.current_device()) if want != "cpu" else torch.device("cpu")
     precision = resolve_precision(args.precision, device)
     tiny = args.tiny
@@ -406,6 +413,7 @@ def run(args: argparse.Namespace) -> int:
                 model = build_model(t1d, num_layers=layers).to(device)
                 gen = torch.Generator().manual_seed(1)
                 batch = collate_tokens([torch.randint(0, model.config.vocab_size, (short,), generator=gen)]).to(device)
+                summary["short_tokens"] = short
                 summary["syncs_per_micro_batch"] = syncs_per_micro_batch(model, batch, device, precision)
                 summary["gpu_busy_short"] = round(gpu_busy_fraction(model, batch, device, precision), 3)
                 host_ms, gpu_ms = host_and_gpu_ms(model, batch, device, precision)
@@ -471,7 +479,7 @@ def _print_table(rows: list[dict], summary: dict, sweeps: list[dict]) -> None:
           f"{many['efficiency']:.3f}")
     if "syncs_per_micro_batch" in summary:
         print(f"host-device syncs per micro-batch: {summary['syncs_per_micro_batch']}; "
-              f"GPU busy share of a {SHORT_TOKENS}-token micro-batch: {summary['gpu_busy_short']:.3f}")
+              f"GPU busy share of a {summary['short_tokens']}-token micro-batch: {summary['gpu_busy_short']:.3f}")
         if summary["short_host_ms"] is None:
             print("  host vs GPU time of that micro-batch: not measured (the host blocked inside the step)")
         else:

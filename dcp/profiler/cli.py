@@ -29,7 +29,7 @@ class ProfileCLIError(ValueError):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="t1d-tiny", choices=MODELS, help="reference model to profile")
-    parser.add_argument("--config", default=None, help="TOML run config ([model] fields override the model)")
+    parser.add_argument("--config", default=None, help="TOML run config (its [model] fields replace the reference model's)")
     parser.add_argument("--nproc", type=positive_int, default=1, help="local gloo processes (the world size W)")
     parser.add_argument("--mem-capacity-gib", type=positive_float, default=None,
                         help="override planning.mem_capacity_gib")
@@ -77,6 +77,9 @@ def resolve(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
                 raise ProfileCLIError(f"--edges ({edges!r}) must be integers separated by commas: e.g. 256,512") from None
         profiling = dataclasses.replace(profiling, seq_group_edges=tuple(edges))
     config = DCPConfig(model=model_cfg.shape(), profiling=profiling, planning=planning, runtime=config.runtime)
+    from dcp.profiler.clock import resolve_clock
+
+    resolve_clock(config.profiling.clock, "cpu")  # dcp profile runs CPU processes: fail here, not in each rank
     return config, overrides
 
 

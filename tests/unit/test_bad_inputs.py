@@ -92,6 +92,15 @@ def test_config_file_errors_name_the_file_or_field(capsys, files, name, needles)
         assert_clear(code, err, *needles)
 
 
+def test_a_pipelined_clock_is_refused_before_any_process_starts(capsys, tmp_path):
+    # dcp profile runs CPU processes: the CUDA-only clock fails in the parent, one line, for any --nproc
+    path = tmp_path / "run.toml"
+    path.write_text('[profiling]\nclock = "pipelined"\n')
+    for nproc in ("1", "2"):
+        code, _, err = cli(capsys, "profile", "--config", str(path), "--nproc", nproc, "--print-config")
+        assert_clear(code, err, "profiling.clock ('pipelined') needs a CUDA device", 'clock = "auto"')
+
+
 def test_a_config_with_a_bom_is_read(capsys, files):
     code, out, err = cli(capsys, "profile", "--config", str(files["bom.toml"]), "--print-config")
     assert code == 0 and '"gmax": 3' in out, err
@@ -180,6 +189,14 @@ def test_sweep_without_a_name_is_a_clear_error(capsys, tmp_path):
     path.write_text("[sweep]\nworld_sizes = [2]\n")
     code, out, err = cli(capsys, "sweep", str(path), "--dry-run")
     assert code == 2 and "sweep.name (missing) is required" in out + err and "Traceback" not in out + err
+
+
+def test_sweep_on_cpu_refuses_the_pipelined_clock(capsys, tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text(SWEEP + '[config.profiling]\nclock = "pipelined"\n')
+    code, out, err = cli(capsys, "sweep", str(path), "--dry-run")
+    assert code == 2 and "profiling.clock ('pipelined') needs sweep.device = 'cuda'" in out + err
+    assert "Traceback" not in out + err
 
 
 def test_sweep_dry_run_warns_about_cores_and_cuda_and_refuses_a_file_as_output(capsys, tmp_path, monkeypatch):
