@@ -119,6 +119,12 @@ def _worker(rank: int, world_size: int, model_name: str, overrides: dict, config
     return (table.to_csv(), status, "not cached") if rank == 0 else None
 
 
+def _clock_of(table: Any) -> str:
+    from dcp.profiler.cache import KEY_FIELD
+
+    return str((table.meta.extra.get(KEY_FIELD) or {}).get("clock", "unrecorded"))
+
+
 def summary_lines(table: Any, config: Any, world_size: int) -> list[str]:
     """One line per seq_group: best (b, p, r) under the capacity with predicted time and memory."""
     from dcp.planner import best_settings
@@ -181,8 +187,9 @@ def run(args: argparse.Namespace) -> int:
     assert out is not None
     csv_text, status, where = out
     table = ProfileTable.from_csv(csv_text, text=True)
-    print(f"profile table: {len(table)} rows, {status}; wall {table.meta.extra.get('profile_wall_s', 0.0)} s "
-          f"(when profiled), model {table.meta.model}, world {table.meta.world_size}, {table.meta.hardware}")
+    print(f"profile table: {len(table)} rows, {status}; profiling took {table.meta.extra.get('profile_wall_s', 0.0)} s, "
+          f"timed with the {_clock_of(table)} clock; model {table.meta.model}, world {table.meta.world_size}, "
+          f"{table.meta.hardware}")
     print(f"table: {where}")
     if args.out:
         if status == "hit":
