@@ -143,3 +143,4 @@ def test_profile_prints_where_the_table_went(tmp_path, monkeypatch, capsys):
     lines = capsys.readouterr().out.splitlines()
     path = [line.split("table: ", 1)[1] for line in lines if line.startswith("table: ")]
     assert len(path) == 1 and (tmp_path / path[0]).is_file()
+    assert "profiling took" in lines[0] and "timed with the wall clock" in lines[0]  # 'auto' on CPU
