@@ -35,6 +35,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -219,10 +221,37 @@ def many_docs_efficiency(name: str, docs: int, doc_len: int, device: Any, precis
     return {"docs": docs, "doc_len": doc_len, "equal_rows_s": te, "packed_s": tp, "efficiency": te / tp}
 
 
+SYNC_WARNING = "called a synchronizing cuda operation"
+"""What torch's sync debug mode ('warn') says, lower-cased, once per host-device synchronisation."""
+
+
+def count_cuda_syncs(fn: Callable[[], Any]) -> tuple[Any, int]:
+    """(fn's result, host-device synchronisations it made), counted with ``torch.cuda.set_sync_debug_mode``
+    ('warn': one warning per sync, recorded here). The warnings fn raises otherwise are recorded too, and
+    shown again afterwards without de-duplication."""
+    import torch
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        previous = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            out = fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    syncs = 0
+    for w in caught:
+        text = str(w.message).lower()
+        if SYNC_WARNING in text:
+            syncs += 1
+        elif "synchronization debug mode is a prototype feature" not in text:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return out, syncs
+
+
 def syncs_per_micro_batch(model: Any, batch: Any, device: Any, precision: str) -> int:
     """Host-device synchronisations during one forward + backward (CUDA only), counted with the sync
     debug mode: every sync raises a warning, which is recorded instead of printed."""
-    from dcp.profiler.clock import count_cuda_syncs
     from dcp.runtime.context import SPContext
 
     ctx = SPContext.single(attention="auto")

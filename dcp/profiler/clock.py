@@ -28,7 +28,6 @@ MAX_LEAD_GROWTH-fold, and after MAX_UNCOVERED such repetitions the region is tim
 from __future__ import annotations
 
 import time
-import warnings
 from collections import Counter
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -73,32 +72,6 @@ class DeviceQueue(Protocol):
     def mark(self) -> Any: ...
     def done(self, event: Any) -> bool: ...
     def elapsed_s(self, start: Any, end: Any) -> float: ...
-
-
-SYNC_WARNING = "called a synchronizing cuda operation"
-"""What torch's sync debug mode ('warn') says, lower-cased, once per host-device synchronisation."""
-
-
-def count_cuda_syncs(fn: Callable[[], Any]) -> tuple[Any, int]:
-    """(fn's result, host-device synchronisations it made), counted with ``torch.cuda.set_sync_debug_mode``
-    ('warn': one warning per sync, recorded here). For checks (``dcp bench gpu``), not for profiling: the
-    warnings fn raises otherwise are recorded too, and shown again afterwards without de-duplication."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        previous = torch.cuda.get_sync_debug_mode()
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            out = fn()
-        finally:
-            torch.cuda.set_sync_debug_mode(previous)
-    syncs = 0
-    for w in caught:
-        text = str(w.message).lower()
-        if SYNC_WARNING in text:
-            syncs += 1
-        elif "synchronization debug mode is a prototype feature" not in text:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    return out, syncs
 
 
 class CudaQueue:

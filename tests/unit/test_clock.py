@@ -188,31 +188,6 @@ def test_a_full_launch_queue_does_not_make_the_hold_grow_without_bound():
     assert times[-1] == pytest.approx(per_region, rel=0.02)
 
 
-def test_count_cuda_syncs_counts_torchs_sync_warnings_and_passes_the_others_on(monkeypatch):
-    import warnings
-
-    from dcp.profiler.clock import count_cuda_syncs
-
-    modes = ["error"]  # the caller's mode, restored afterwards
-    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: modes[-1])
-    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: modes.append(mode))
-
-    def step():
-        warnings.warn("Synchronization debug mode is a prototype feature and does not yet detect all "
-                      "synchronizing operations", stacklevel=1)
-        for _ in range(2):
-            warnings.warn("called a synchronizing CUDA operation", stacklevel=1)
-        warnings.warn("a model's own notice", DeprecationWarning, stacklevel=1)
-        return 5
-
-    with warnings.catch_warnings(record=True) as shown:
-        warnings.simplefilter("always")
-        out, syncs = count_cuda_syncs(step)
-    assert (out, syncs) == (5, 2)
-    assert [str(w.message) for w in shown] == ["a model's own notice"]
-    assert modes == ["error", "warn", "error"]
-
-
 class FakeOOM(RuntimeError):
     pass
 

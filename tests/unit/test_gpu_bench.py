@@ -51,3 +51,26 @@ def test_busy_union_merges_overlapping_kernels():
 def test_manager_sweep_on_cpu(tmp_path):
     out = gpu_bench.manager_sweep("ddp", "cpu", str(tmp_path), models=("t1d-tiny",), methods=("bucket", "dcp-intra"))
     assert out == {"engine": "ddp", "runs": 2, "expected": 2, "ok": True, "error": ""}
+
+
+def test_count_cuda_syncs_counts_torchs_sync_warnings_and_passes_the_others_on(monkeypatch):
+    import warnings
+
+    modes = ["error"]  # the caller's mode, restored afterwards
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: modes[-1])
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: modes.append(mode))
+
+    def step():
+        warnings.warn("Synchronization debug mode is a prototype feature and does not yet detect all "
+                      "synchronizing operations", stacklevel=1)
+        for _ in range(2):
+            warnings.warn("called a synchronizing CUDA operation", stacklevel=1)
+        warnings.warn("a model's own notice", DeprecationWarning, stacklevel=1)
+        return 5
+
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        out, syncs = gpu_bench.count_cuda_syncs(step)
+    assert (out, syncs) == (5, 2)
+    assert [str(w.message) for w in shown] == ["a model's own notice"]
+    assert modes == ["error", "warn", "error"]
