@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 METHODS = ("bucket", "packed", "dcp-inter", "dcp-intra", "bucket-search")
+PEER_METHODS = ("megatron-dyncp", "flexsp")
+"""Other schedulers re-implemented as baselines (``dcp.planner.peers``): planned and simulated, not run."""
 PLAN_AHEAD = ("thread", "process")
 """Where plans are computed ahead (planning.plan_ahead)."""
 CLOCKS = ("auto", "wall", "cpu", "pipelined")
@@ -220,7 +222,8 @@ class PlanningConfig:
     """How the planner turns a stream of samples into step plans."""
 
     method: str = "dcp-intra"
-    """One of bucket, packed, dcp-inter, dcp-intra, bucket-search (bucket with its reference time searched)."""
+    """One of bucket, packed, dcp-inter, dcp-intra, bucket-search (bucket with its reference time searched), or
+    a peer for the simulator only: megatron-dyncp, flexsp (``dcp.planner.peers``)."""
     mem_capacity_gib: float = 80.0
     """Memory capacity per rank (M in Algorithm 1). On CPU it emulates a GPU's limit."""
     gmin: int = 1
@@ -251,8 +254,9 @@ class PlanningConfig:
     def __post_init__(self) -> None:
         check_fields(self, "planning", int_max={"seed": 2**63 - 1, "gmin": MAX_GA, "gmax": MAX_GA})
         sizes = self.sp_sizes
-        if self.method not in METHODS:
-            fail("planning.method", self.method, f"is not one of {list(METHODS)}", "pick one of those names")
+        if self.method not in METHODS + PEER_METHODS:
+            fail("planning.method", self.method, f"is not one of {list(METHODS + PEER_METHODS)}",
+                 "pick one of those names")
         if not self.mem_capacity_gib > 0:
             fail("planning.mem_capacity_gib", self.mem_capacity_gib, "must be > 0", "set the per-rank memory in GiB")
         if self.seed < 0:

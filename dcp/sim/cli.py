@@ -17,7 +17,7 @@ import json
 import sys
 
 from dcp.argtypes import nonneg_int, positive_int
-from dcp.config import METHODS
+from dcp.config import METHODS, PEER_METHODS
 
 DEFAULT_NUM_SAMPLES = 20000
 DEFAULT_LOOKAHEAD_PER_RANK = 0
@@ -39,7 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="TOML", help="a DCPConfig file: its model and planning sections replace "
                         "the paper model's (method and look-ahead still come from the flags)")
     parser.add_argument("--gpus", type=positive_int, default=32, help="simulated GPUs (world size)")
-    parser.add_argument("--method", default="dcp-intra", choices=(*METHODS, "all"), help="planning method")
+    parser.add_argument("--method", default="dcp-intra", choices=(*METHODS, *PEER_METHODS, "all"),
+                        help="planning method (all: every method but the peers)")
+    parser.add_argument("--tokens-per-step", type=nonneg_int, default=0,
+                        help="peers only: the global batch in tokens (0: bucket's mean tokens per step)")
     parser.add_argument("--table", metavar="FILE", help="a measured profile table (CSV/parquet) instead of the analytic "
                         "one; a table measured on one GPU (p = 1 rows only) is extended to the SP sizes with the "
                         "network model (dcp.sim.derive)")
@@ -131,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
     out = {}
     for m in methods:
         try:
-            r = simulate(lengths.tokens, table, configs[m], args.gpus, hardware=sc.hardware, shapes=lengths.shapes)
+            r = simulate(lengths.tokens, table, configs[m], args.gpus, hardware=sc.hardware, shapes=lengths.shapes,
+                         tokens_per_step=args.tokens_per_step)
         except ValueError as exc:
             print(f"dcp simulate: {m}: {exc}", file=sys.stderr)
             return 2

@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from dcp.config import DCPConfig
+from dcp.config import PEER_METHODS, DCPConfig
 from dcp.planner.analytic import GRAD_BUCKET_MIB, HardwareSpec, grad_sync_time_s, optimizer_step_time_s
 from dcp.planner.cost import micro_batch_mem_bytes
 from dcp.planner.intra import best_settings
@@ -224,15 +224,41 @@ def step_cost(plan: StepPlan, times: TimeLookup | None, rows: dict, *, sync_s: f
                       peak_mem_bytes=peak, group_idle_s=per_group)
 
 
+def merge_phases(steps: list[StepResult]) -> list[StepResult]:
+    """One StepResult per optimizer step: consecutive results of the same step index are phases of it (a peer's
+    step, ``dcp.planner.peers``) that run one after another, each as long as its slowest group, with the step's
+    gradient sync and optimizer update once, after the last phase (whose own sync and update are kept)."""
+    out: list[StepResult] = []
+    for st in steps:
+        prev = out[-1] if out else None
+        if prev is None or prev.step != st.step:
+            out.append(st)
+            continue
+        compute = prev.compute_time_s + st.compute_time_s
+        batch = ((prev.idle_ratio_batch * prev.compute_time_s + st.idle_ratio_batch * st.compute_time_s) / compute
+                 if compute > 0 else 0.0)
+        idle: dict[tuple[int, int], float] = {}
+        for first, size, s_idle in prev.group_idle_s + st.group_idle_s:  # per rank block, summed over phases
+            idle[(first, size)] = idle.get((first, size), 0.0) + s_idle
+        out[-1] = StepResult(step=st.step, compute_time_s=compute, sync_time_s=st.sync_time_s,
+                             optimizer_time_s=st.optimizer_time_s, tokens=prev.tokens + st.tokens,
+                             samples=prev.samples + st.samples, idle_gpu_s=prev.idle_gpu_s + st.idle_gpu_s,
+                             idle_ratio_batch=batch, peak_mem_bytes=max(prev.peak_mem_bytes, st.peak_mem_bytes),
+                             group_idle_s=tuple((f, n, v) for (f, n), v in idle.items()))
+    return out
+
+
 def simulate(lengths: Sequence[int], table: ProfileTable, config: DCPConfig, world_size: int, *,
              hardware: HardwareSpec | None, truth_table: ProfileTable | None = None, epoch: int = 0,
-             return_steps: bool = False, shapes: Sequence[tuple[int, int]] | None = None) -> SimResult | tuple[SimResult, list[StepResult]]:
+             return_steps: bool = False, shapes: Sequence[tuple[int, int]] | None = None,
+             tokens_per_step: float = 0.0) -> SimResult | tuple[SimResult, list[StepResult]]:
     """Plan one epoch with the real planner and simulate it.
 
     ``hardware`` gives the per-step gradient sync and optimizer time (``None``: zero, for tables whose
     T_C already includes them). ``truth_table`` (default: ``table``) times the micro-batches. ``shapes``
     ((frames, spatial tokens) per sample, 2D data) goes to the planner, which then keeps one shape per
-    micro-batch (a 2D collate pads T and S separately).
+    micro-batch (a 2D collate pads T and S separately). ``tokens_per_step``: the peers' global batch in tokens
+    (``dcp.planner.peers``; <= 0: bucket's mean tokens per step); other methods ignore it.
     """
     if world_size < 1:
         raise SimulationError(f"world_size ({world_size}) must be >= 1: pass the number of simulated GPUs")
@@ -240,7 +266,13 @@ def simulate(lengths: Sequence[int], table: ProfileTable, config: DCPConfig, wor
         raise SimulationError("lengths (empty) must hold at least one sample: pass a non-empty length list")
     truth = truth_table or table
     t0 = time.perf_counter()
-    plans = _plan_epoch()(lengths, table, config, world_size, epoch, shapes=shapes)
+    if config.planning.method in PEER_METHODS:
+        from dcp.planner.peers import plan_peer_epoch
+
+        plans = plan_peer_epoch(lengths, table, config, world_size, epoch, shapes=shapes,
+                                tokens_per_step=tokens_per_step)
+    else:
+        plans = _plan_epoch()(lengths, table, config, world_size, epoch, shapes=shapes)
     plan_s = time.perf_counter() - t0
     model = config.model
     sync = grad_sync_time_s(model, hardware, world_size) if hardware else 0.0
@@ -251,8 +283,8 @@ def simulate(lengths: Sequence[int], table: ProfileTable, config: DCPConfig, wor
     # the ddp engine overlaps the gradient all-reduce with the last backward (dcp.runtime.engines); deepspeed's
     # ZeRO-1 reduces after it
     overlap = model.num_params * model.param_bytes if config.runtime.engine == "ddp" and hardware else 0.0
-    steps = [step_cost(p, times, rows, sync_s=sync, optimizer_s=opt, edges=truth.seq_group_edges,
-                       overlap_grad_bytes=overlap) for p in plans]
+    steps = merge_phases([step_cost(p, times, rows, sync_s=sync, optimizer_s=opt, edges=truth.seq_group_edges,
+                                    overlap_grad_bytes=overlap) for p in plans])
     seen = sum(s.samples for s in steps)
     if seen != len(lengths):
         raise SimulationError(
