@@ -28,6 +28,7 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("bench", "loaders"), "dcp.loaders.bench", "padding waste and token balance of the data loaders"),
     (("bench", "gpu"), "dcp.experiments.gpu_bench", "one-GPU checks: GPU tests, profile vs steps, padding, syncs, sweeps"),
     (("bench", "padded"), "dcp.runtime.bench_padded", "predicted vs measured time of unequal-length micro-batches"),
+    (("bench", "peers"), "dcp.bench.peers", "DCP vs Megatron-style dynamic CP and FlexSP on the simulator, dataset x method"),
 )
 
 

@@ -71,6 +71,8 @@ def draw_shapes(spec: DistributionSpec, g: GridScale, num_samples: int, seed: in
             w = w[::-1]
         idx = rng.choice(len(items), size=num_samples, p=w / w.sum())
         return [items[i] for i in idx]
+    if spec.sampler == "text":
+        return [(1, int(t)) for t in _text_lengths(spec, g, num_samples, rng)]
     # lognormal: log(length) normal between log(min) and log(max), clipped to the grid
     pos = np.clip(rng.normal(spec.log_position_mean, spec.log_position_std, size=num_samples), 0.0, 1.0)
     lo, hi = math.log(g.min_tokens), math.log(g.max_tokens)
@@ -82,6 +84,28 @@ def draw_shapes(spec: DistributionSpec, g: GridScale, num_samples: int, seed: in
     totals = np.asarray([f * s for f, s in buckets], dtype=float)
     nearest = np.abs(np.log(totals)[None, :] - np.log(tokens)[:, None]).argmin(axis=1)
     return [buckets[i] for i in nearest]
+
+
+def _text_lengths(spec: DistributionSpec, g: GridScale, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Documents of a text corpus: lognormal body (mean body_mean_tokens) and a truncated Pareto tail from
+    tail_min_tokens to the grid's max, both in paper-scale tokens shrunk by ``TEXT_PAPER_MAX_TOKENS`` / max."""
+    if g.dims != "1d":
+        raise ValueError(f"distribution {spec.name}: sampler 'text' needs a 1d grid, not {spec.grid!r} (2d)")
+    shrink = g.max_tokens / TEXT_PAPER_MAX_TOKENS
+    sigma = spec.body_log_std
+    mu = math.log(spec.body_mean_tokens * shrink) - sigma * sigma / 2  # E[exp(N(mu, sigma))] = the mean
+    out = np.exp(rng.normal(mu, sigma, size=n))
+    tail = rng.random(n) < spec.tail_share
+    lo, hi = min(spec.tail_min_tokens * shrink, g.max_tokens), float(g.max_tokens)
+    # inverse CDF of a Pareto(alpha) truncated to [lo, hi]
+    u = rng.random(int(tail.sum()))
+    a = spec.tail_alpha
+    out[tail] = lo / (1.0 - u * (1.0 - (lo / hi) ** a)) ** (1.0 / a)
+    return _round_1d(g, out)
+
+
+TEXT_PAPER_MAX_TOKENS = 131072
+"""The text grid's paper-scale max: token parameters of a ``text`` spec are at this scale."""
 
 
 def _zipf_lengths_1d(g: GridScale) -> list[int]:

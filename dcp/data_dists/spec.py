@@ -5,7 +5,10 @@ split into tiers; a *distribution* (``datasets/<name>.toml``) names a grid and s
 
 - ``tiers``: one compute share per tier (dominance is defined by compute cost, paper Appendix A);
 - ``zipf``: the k-th smallest video bucket is drawn with probability ~ k^-a;
-- ``lognormal``: log(length) normal between the grid's min and max (used by the imbalance sweep).
+- ``lognormal``: log(length) normal between the grid's min and max (used by the imbalance sweep);
+- ``text``: documents of a text corpus: a lognormal body (mean ``body_mean_tokens``) and a truncated Pareto
+  tail from ``tail_min_tokens`` to the grid's max holding ``tail_share`` of the documents. Token parameters are
+  at the ``paper`` scale; other scales shrink them by the ratio of the grids' maxima.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 from dcp.config import MAX_TOKENS, fail, read_toml
 
 SCALES = ("paper", "cpu")
-SAMPLERS = ("tiers", "zipf", "lognormal")
+SAMPLERS = ("tiers", "zipf", "lognormal", "text")
 
 
 class DistributionError(ValueError):
@@ -110,6 +113,16 @@ class DistributionSpec:
     """lognormal: mean of log(length) as a position between log(min) (0) and log(max) (1)."""
     log_position_std: float = 0.2
     """lognormal: standard deviation of that position."""
+    body_mean_tokens: float = 300.0
+    """text: mean length of the lognormal body (paper-scale tokens)."""
+    body_log_std: float = 1.0
+    """text: standard deviation of log(length) in the body."""
+    tail_share: float = 0.02
+    """text: share of the documents drawn from the tail."""
+    tail_min_tokens: int = 2048
+    """text: shortest tail document (paper-scale tokens); the tail ends at the grid's max."""
+    tail_alpha: float = 1.0
+    """text: Pareto exponent of the tail (P(length > x) ~ x^-alpha)."""
 
     def __post_init__(self) -> None:
         where = f"distribution {self.name}"
@@ -124,6 +137,13 @@ class DistributionSpec:
             _fail(f"{where}: zipf_order", self.zipf_order, "is not ascending or descending", "pick one")
         if self.zipf_exponent < 0:
             _fail(f"{where}: zipf_exponent", self.zipf_exponent, "must be >= 0", "use e.g. 1.0")
+        if self.body_mean_tokens <= 0 or self.body_log_std <= 0 or self.tail_alpha <= 0:
+            _fail(f"{where}: body_mean_tokens/body_log_std/tail_alpha",
+                  (self.body_mean_tokens, self.body_log_std, self.tail_alpha), "must all be > 0",
+                  "e.g. body_mean_tokens = 300, body_log_std = 1.0, tail_alpha = 1.0")
+        if not 0 <= self.tail_share < 1 or self.tail_min_tokens < 1:
+            _fail(f"{where}: tail_share/tail_min_tokens", (self.tail_share, self.tail_min_tokens),
+                  "need 0 <= tail_share < 1 and tail_min_tokens >= 1", "e.g. tail_share = 0.02, tail_min_tokens = 2048")
         if not 0 <= self.log_position_mean <= 1 or self.log_position_std <= 0:
             _fail(f"{where}: log_position_mean/std", (self.log_position_mean, self.log_position_std),
                   "need mean in [0, 1] and std > 0", "e.g. mean 0.5, std 0.2")
@@ -220,7 +240,8 @@ def load_spec(path: Path) -> DistributionSpec:
     """Read a distribution file strictly (unknown keys fail, listing the valid ones)."""
     raw = _read_toml(path)
     valid = {"name", "description", "grid", "sampler", "compute_shares", "zipf_exponent", "zipf_order",
-             "log_position_mean", "log_position_std"}
+             "log_position_mean", "log_position_std", "body_mean_tokens", "body_log_std", "tail_share",
+             "tail_min_tokens", "tail_alpha"}
     _check_keys(str(path), raw, valid)
     for key in ("name", "grid", "sampler"):
         if key not in raw:

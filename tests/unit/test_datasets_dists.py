@@ -20,7 +20,7 @@ from dcp.data_dists import (
     sweep_names,
 )
 
-NAMED = ["t1d-short", "t1d-balanced", "t1d-long", "t2d-short", "t2d-balanced", "t2d-long", "t2d-zipf"]
+NAMED = ["t1d-short", "t1d-balanced", "t1d-long", "t2d-short", "t2d-balanced", "t2d-long", "t2d-zipf", "text"]
 
 
 def test_named_distributions_listed():
@@ -38,6 +38,26 @@ def test_deterministic_and_within_grid(name, scale):
     assert grid.min_tokens <= min(a) and max(a) <= grid.max_tokens
     if scale == "cpu":
         assert 32 <= min(a) and max(a) <= 2048  # tiny models on CPU
+
+
+def test_text_documents_far_below_their_group_bounds_with_a_long_tail():
+    import numpy as np
+
+    x = np.asarray(load_distribution("text", num_samples=30000, seed=0))
+    body = x[x < 2048]
+    assert 250 <= body.mean() <= 350  # the lognormal body's mean ~300 tokens
+    assert np.median(x) < 1024 / 4  # most documents far below the first seq_group bound (1k)
+    assert 0.01 <= (x >= 2048).mean() <= 0.04  # the tail holds ~2% of the documents
+    assert 65536 < x.max() <= 131072  # and reaches the grid's max (128k)
+
+
+def test_text_sampler_bad_fields_name_them(tmp_path):
+    from dcp.data_dists.spec import DistributionSpec
+
+    with pytest.raises(DistributionError, match="tail_share/tail_min_tokens"):
+        DistributionSpec(name="x", grid="text", sampler="text", tail_share=1.0)
+    with pytest.raises(DistributionError, match="body_mean_tokens/body_log_std/tail_alpha"):
+        DistributionSpec(name="x", grid="text", sampler="text", body_mean_tokens=0)
 
 
 def test_2d_shapes_come_from_video_buckets():

@@ -1,0 +1,1 @@
+"""Benchmarks: each ``dcp bench <name>`` lives in ``dcp/bench/<name>.py``."""

@@ -1,0 +1,119 @@
+"""``dcp bench peers``: DCP against the strongest other schedulers on the simulator, dataset x method.
+
+    dcp bench peers                      # 6 paper datasets + text, 32 simulated H200, 30k samples, seed 0
+    dcp bench peers --datasets text --methods dcp-intra,megatron-dyncp --num-samples 5000 --json
+
+Every cell plans one epoch with the real planner (the peers: ``dcp.planner.peers``) and simulates it on the
+analytic table of the dataset's paper model (t1d-5b for t1d-* and text, t2d-1.2b for t2d-*). The peers hold a
+fixed global batch: ``--tokens-per-step``, or bucket's mean tokens per step on the same data (the target
+column). Columns: tokens/s, fraction of the ideal bound, GPU-weighted idle, optimizer steps, tokens per step
+(min / median / max) and the target. With --json the last line is ``{"rows": [{"dataset", "method",
+"tokens_per_s", "ideal_fraction", "idle_ratio", "steps", "tokens_per_step_min", "tokens_per_step_median",
+"tokens_per_step_max", "target_tokens_per_step"}]}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from dcp.argtypes import nonneg_int, positive_int
+
+DATASETS = ("t1d-short", "t1d-balanced", "t1d-long", "t2d-short", "t2d-balanced", "t2d-long", "text")
+METHODS = ("bucket", "dcp-inter", "dcp-intra", "megatron-dyncp", "flexsp")
+MODEL_OF = {"t1d": "t1d-5b", "t2d": "t2d-1.2b", "text": "t1d-5b"}
+"""The paper model each dataset family trains."""
+
+
+def _names(text: str, valid: tuple[str, ...], flag: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    bad = [n for n in names if n not in valid]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"{flag} ({text!r}): {bad[0] if bad else 'empty'} is not one of "
+                                         f"{list(valid)}; pass a comma-separated list of those")
+    return names
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from dcp.config import METHODS as ALL
+    from dcp.config import PEER_METHODS
+
+    parser.add_argument("--datasets", type=lambda t: _names(t, _dataset_names(), "--datasets"),
+                        default=DATASETS, help=f"comma-separated datasets (default: {','.join(DATASETS)})")
+    parser.add_argument("--methods", type=lambda t: _names(t, ALL + PEER_METHODS, "--methods"), default=METHODS,
+                        help=f"comma-separated methods (default: {','.join(METHODS)})")
+    parser.add_argument("--num-samples", type=positive_int, default=30000, help="samples per dataset")
+    parser.add_argument("--gpus", type=positive_int, default=32, help="simulated GPUs")
+    parser.add_argument("--hardware", default="h200", choices=("h100", "h200"), help="simulated GPU")
+    parser.add_argument("--seed", type=nonneg_int, default=0, help="dataset seed and the planner's shuffle seed")
+    parser.add_argument("--tokens-per-step", type=nonneg_int, default=0,
+                        help="the peers' global batch in tokens (0: bucket's mean tokens per step per dataset)")
+    parser.add_argument("--json", action="store_true", help="print a JSON object as the last line")
+
+
+def _dataset_names() -> tuple[str, ...]:
+    from dcp.data_dists import distribution_names
+
+    return tuple(distribution_names())
+
+
+def cell(lengths, table, sc, method: str, gpus: int, seed: int, tokens_per_step: float) -> dict:
+    """One (dataset, method) row's figures."""
+    import numpy as np
+
+    from dcp.sim.cluster import simulate
+    from dcp.sim.scenario import paper_config
+
+    cfg = paper_config(sc, method, seed=seed)
+    res, steps = simulate(lengths.tokens, table, cfg, gpus, hardware=sc.hardware, shapes=lengths.shapes,
+                          return_steps=True, tokens_per_step=tokens_per_step)
+    tok = np.asarray([s.tokens for s in steps], dtype=np.int64)
+    return {"method": method, "tokens_per_s": res.tokens_per_s, "ideal_fraction": res.ideal_fraction,
+            "idle_ratio": res.idle_ratio, "steps": res.num_steps, "tokens_per_step_min": int(tok.min()),
+            "tokens_per_step_median": float(np.median(tok)), "tokens_per_step_max": int(tok.max()),
+            "mem_violations": res.mem_violations}
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm.auto import tqdm
+
+    from dcp.data_dists import get_spec, load_lengths
+    from dcp.planner.peers import bucket_tokens_per_step
+    from dcp.sim.scenario import paper_config, paper_table, scenario
+
+    rows = []
+    cells = [(d, m) for d in args.datasets for m in args.methods]
+    with tqdm(total=len(cells), desc="bench peers", unit="cell", file=sys.stderr, dynamic_ncols=True) as bar:
+        for ds in args.datasets:
+            lengths = load_lengths(ds, num_samples=args.num_samples, seed=args.seed)
+            sc = scenario(MODEL_OF[get_spec(ds).grid], args.hardware)
+            table = paper_table(sc, args.gpus, shapes=lengths.shapes)
+            target = float(args.tokens_per_step) or bucket_tokens_per_step(
+                lengths.tokens, table, paper_config(sc, "bucket", seed=args.seed), args.gpus, shapes=lengths.shapes)
+            for m in args.methods:
+                bar.set_postfix_str(f"{ds} {m}")
+                row = {"dataset": ds, **cell(lengths, table, sc, m, args.gpus, args.seed, target),
+                       "target_tokens_per_step": target}
+                rows.append(row)
+                bar.update(1)
+    print(f"# {args.num_samples} samples per dataset, {args.gpus} x {args.hardware.upper()} (simulated), seed "
+          f"{args.seed}; peers at the target tokens per step (bucket's mean unless --tokens-per-step)")
+    print(f"{'dataset':<13} {'method':<15} {'tokens/s':>10} {'ideal':>6} {'idle':>6} {'steps':>6} "
+          f"{'tok/step min':>12} {'median':>10} {'max':>10} {'target':>10}")
+    for r in rows:
+        print(f"{r['dataset']:<13} {r['method']:<15} {r['tokens_per_s']:>10.0f} {r['ideal_fraction']:>6.3f} "
+              f"{r['idle_ratio']:>6.3f} {r['steps']:>6} {r['tokens_per_step_min']:>12,} "
+              f"{r['tokens_per_step_median']:>10,.0f} {r['tokens_per_step_max']:>10,} "
+              f"{r['target_tokens_per_step']:>10,.0f}")
+    bad = [r for r in rows if r["mem_violations"]]
+    for r in bad:
+        print(f"# warning: {r['dataset']} {r['method']}: {r['mem_violations']} steps exceed the memory capacity")
+    if args.json:
+        keys = ("dataset", "method", "tokens_per_s", "ideal_fraction", "idle_ratio", "steps", "tokens_per_step_min",
+                "tokens_per_step_median", "tokens_per_step_max", "target_tokens_per_step")
+        print(json.dumps({"rows": [{k: r[k] for k in keys} for r in rows]}))
+    return 0
+
+
+__all__ = ["DATASETS", "METHODS", "add_arguments", "cell", "run"]
