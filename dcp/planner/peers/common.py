@@ -29,21 +29,27 @@ from dcp.planner.table import ProfileTable
 
 
 def cut_steps(lengths: np.ndarray, target_tokens: float) -> list[tuple[int, int]]:
-    """Consecutive [start, end) ranges of the stream (lengths in stream order), one per optimizer step, each
-    as close to ``target_tokens`` as whole samples allow: a sample joins the open step while that brings the
-    step nearer the target (a step holds at least one sample)."""
+    """Consecutive [start, end) ranges of the stream (lengths in stream order), one per optimizer step: the
+    epoch's tokens over S = round(tokens / target) steps (at least 1), step k ending at the sample boundary
+    nearest k x tokens / S. The epoch's mean is then tokens / S (within target / (2 S) of the target) and every
+    step is within one sample of it; the last step is no remainder."""
     if not target_tokens > 0:
         raise PlanningError(f"tokens per step ({target_tokens}) must be > 0: pass a positive token budget")
-    cuts: list[tuple[int, int]] = []
-    start, tok = 0, 0
-    for i, n in enumerate(lengths.tolist()):
-        if i > start and abs(tok + n - target_tokens) > abs(tok - target_tokens):
-            cuts.append((start, i))
-            start, tok = i, 0
-        tok += n
-    if len(lengths):
-        cuts.append((start, len(lengths)))
-    return cuts
+    n = len(lengths)
+    if not n:
+        return []
+    cum = np.cumsum(np.asarray(lengths, dtype=np.float64))
+    total = float(cum[-1])
+    steps = max(1, min(n, round(total / target_tokens)))
+    ends = []
+    for k in range(1, steps):
+        goal = k * total / steps
+        j = int(np.searchsorted(cum, goal))  # cum[j] >= goal: end after sample j, or before it if nearer
+        end = j + 1 if j == 0 or cum[j] - goal <= goal - cum[j - 1] else j
+        lo = (ends[-1] if ends else 0) + 1  # at least one sample per step, and room for the steps after
+        ends.append(min(max(end, lo), n - (steps - k)))
+    ends.append(n)
+    return list(zip([0, *ends[:-1]], ends, strict=True))
 
 
 @dataclass(slots=True)

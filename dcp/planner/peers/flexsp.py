@@ -56,19 +56,38 @@ def layouts(world_size: int, sizes: tuple[int, ...]) -> tuple[tuple[int, ...], .
 class PhaseProblem:
     """One phase: per-sequence times on every allowed size, minimum sizes, capacities (tokens per group)."""
 
-    def __init__(self, lens: np.ndarray, cost: PeerCost, r: int) -> None:
-        self.lens = lens
-        self.sizes = cost.sp_sizes
-        self.t = np.stack([cost.seq_times(lens, p, r) for p in self.sizes], axis=1)  # [n, sizes]
-        self.over = np.asarray([cost.overhead_s(p, r) for p in self.sizes])
-        # a group's time: its sequences' times less the per-micro-batch overhead they share (paid once)
-        self.cap = np.asarray([cost.capacity_tokens(p, r) if not cost.two_d else 2**62 for p in self.sizes])
-        if cost.two_d:
-            self.ok = np.asarray([[cost.fits(cost.group_of(n), p, r) for p in self.sizes] for n in lens.tolist()],
-                                 dtype=bool).reshape(len(lens), len(self.sizes))
-        else:
-            self.ok = lens[:, None] <= self.cap[None, :]
+    def __init__(self, lens: np.ndarray, sizes: tuple[int, ...], t: np.ndarray, over: np.ndarray, cap: np.ndarray,
+                 ok: np.ndarray) -> None:
+        """``t[s, k]``: time of sequence s alone on a group of ``sizes[k]``; ``over[k]``: the per-micro-batch
+        part of it, paid once per group; ``cap[k]``: tokens a group may hold; ``ok[s, k]``: s fits that size."""
+        self.lens = np.asarray(lens, dtype=np.int64)
+        self.sizes = tuple(sizes)
+        self.t, self.over, self.cap = np.asarray(t, dtype=np.float64), np.asarray(over), np.asarray(cap)
+        self.ok = np.asarray(ok, dtype=bool) & np.isfinite(self.t)
         self._by_present: dict[tuple[bool, ...], tuple] = {}
+
+    @classmethod
+    def of(cls, lens: np.ndarray, cost: PeerCost, r: int) -> PhaseProblem:
+        """The problem of these sequences on the cost model at recompute r."""
+        sizes = cost.sp_sizes
+        t = np.stack([cost.seq_times(lens, p, r) for p in sizes], axis=1)
+        over = np.asarray([cost.overhead_s(p, r) for p in sizes])
+        if cost.two_d:  # micro-batches run one after another: no token cap per group, each sample must fit
+            cap = np.full(len(sizes), 2**62)
+            ok = np.asarray([[cost.fits(cost.group_of(n), p, r) for p in sizes] for n in lens.tolist()],
+                            dtype=bool).reshape(len(lens), len(sizes))
+        else:
+            cap = np.asarray([cost.capacity_tokens(p, r) for p in sizes])
+            ok = lens[:, None] <= cap[None, :]
+        return cls(lens, sizes, t, over, cap, ok)
+
+    def makespan(self, kinds: list[int], where: np.ndarray) -> float:
+        """The linear model's makespan of an assignment (group g of size index kinds[g] for sequence s)."""
+        load = np.zeros(len(kinds))
+        kind = np.asarray(kinds)
+        np.add.at(load, where, self.t[np.arange(len(where)), kind[where]] - self.over[kind[where]])
+        used = np.bincount(where, minlength=len(kinds)) > 0
+        return float((load + np.where(used, self.over[kind], 0.0)).max(initial=0.0))
 
     def _present_terms(self, present: tuple[bool, ...]) -> tuple:
         """For the sizes present in a layout: the longest sequence on its fastest group, and per size q the
@@ -187,7 +206,7 @@ def plan_step(ids: np.ndarray, lens: np.ndarray, shapes: np.ndarray | None, cost
     from dcp.planner.placement import place_largest_first
 
     sizes = cost.sp_sizes
-    one = PhaseProblem(lens, cost, r)
+    one = PhaseProblem.of(lens, cost, r)
     if not one.ok.any(axis=1).all():
         return None
     work = np.where(one.ok, one.t * np.asarray(sizes)[None, :], np.inf).min(axis=1)
@@ -200,7 +219,7 @@ def plan_step(ids: np.ndarray, lens: np.ndarray, shapes: np.ndarray | None, cost
             continue
         total, phases = 0.0, []
         for part in parts:
-            sol = PhaseProblem(lens[part], cost, r).solve(world_size)
+            sol = PhaseProblem.of(lens[part], cost, r).solve(world_size)
             if sol is None:
                 break
             _, kinds, where = sol
