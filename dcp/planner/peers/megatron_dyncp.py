@@ -23,10 +23,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from dcp.planner.peers.common import PeerCost, aligned_start, cut_steps, phase_plan, power_of_two_at_least
+from dcp.planner.placement import place_largest_first
 from dcp.planner.plan import MicroBatch, StepPlan
 from dcp.planner.stream import PlanningError
 
 METHOD = "megatron-dyncp"
+
+WORK_SHARE = 0.0
+"""A round's target is max(its longest pack, this x the pending GPU-work / W)."""
 
 Phase = list[list]
 """A round's groups: [first rank, p, load s, micro-batches]."""
@@ -67,31 +71,53 @@ def _retime(mb: MicroBatch, cost: PeerCost, p: int, r: int) -> MicroBatch:
     return mb._replace(time_s=cost.times.lengths_time_s(mb.seq_group, p, r, mb.seq_lens))
 
 
-def _fill_empty(groups: Phase, free: list[bool], cost: PeerCost, r: int, rpn: int) -> None:
-    """Double the CP size of the most loaded group whose aligned buddy block is free, while ranks are free and
-    that shortens the group (Megatron's fill_empty_gpus)."""
-    W = len(free)
+def _place(groups: Phase, world_size: int, rpn: int, sizes: list[int]) -> list[int] | None:
+    """First ranks of groups of these sizes placed largest first on aligned blocks (None: they do not fit)."""
+    order = sorted(range(len(groups)), key=lambda i: -sizes[i])
+    starts, _ = place_largest_first([sizes[i] for i in order], world_size, rpn)
+    if any(st is None for st in starts):
+        return None
+    out = [0] * len(groups)
+    for i, st in zip(order, starts, strict=True):
+        out[i] = st
+    return out
+
+
+def _fill_empty(groups: Phase, world_size: int, cost: PeerCost, r: int, rpn: int) -> None:
+    """Ranks a round leaves empty: double the CP size of the most loaded group that gets shorter by it, moving
+    the groups to make room (Megatron's fill_empty_gpus), while the groups still fit the world."""
     allowed = set(cost.sp_sizes)
-    while any(free):
-        best = None
-        for g in groups:
-            s, p = g[0], g[1]
-            q = 2 * p
-            lo = s - s % q
-            if q not in allowed or q > W or lo + q > W or (q <= rpn and lo // rpn != (lo + q - 1) // rpn):
+    while True:
+        used = sum(g[1] for g in groups)
+        for g in sorted(groups, key=lambda g: -g[2]):
+            q = 2 * g[1]
+            if q not in allowed or used + g[1] > world_size:
                 continue
-            if all(free[k] for k in range(lo, lo + q) if not s <= k < s + p) and (best is None or g[2] > best[2]):
-                best = g
-        if best is None:
+            mbs = [_retime(mb, cost, q, r) for mb in g[3]]
+            load = sum(mb.time_s for mb in mbs)
+            if load >= g[2]:
+                continue
+            starts = _place(groups, world_size, rpn, [q if h is g else h[1] for h in groups])
+            if starts is None:
+                continue
+            g[1], g[2], g[3] = q, load, mbs
+            for h, st in zip(groups, starts, strict=True):
+                h[0] = st
+            break
+        else:
             return
-        q = 2 * best[1]
-        mbs = [_retime(mb, cost, q, r) for mb in best[3]]
-        load = sum(mb.time_s for mb in mbs)
-        if load >= best[2]:
-            return
-        lo = best[0] - best[0] % q
-        free[lo : lo + q] = [False] * q
-        best[0], best[1], best[2], best[3] = lo, q, load, mbs
+
+
+def _larger(groups: Phase, p: int, mb: MicroBatch, limit: float, cost: PeerCost, r: int):
+    """(the group of a larger CP size where the pack, timed there, ends earliest within the limit, the pack
+    timed there), or (None, the pack)."""
+    best, best_mb = None, mb
+    for g in groups:
+        if g[1] > p:
+            at = _retime(mb, cost, g[1], r)
+            if g[2] + at.time_s <= limit and (best is None or g[2] + at.time_s < best[2] + best_mb.time_s):
+                best, best_mb = g, at
+    return best, best_mb
 
 
 def schedule_rounds(packs: Sequence[tuple[int, MicroBatch]], world_size: int, ranks_per_node: int, cost: PeerCost,
@@ -102,26 +128,31 @@ def schedule_rounds(packs: Sequence[tuple[int, MicroBatch]], world_size: int, ra
     while pending:
         free = [True] * world_size
         groups: Phase = []
-        limit = pending[0][1].time_s * (1 + 1e-9)
+        # the round's target: its longest pack, or the pending work spread over every rank when that is longer
+        # (Megatron forms a round until its ranks are balanced, not at the first pack)
+        work = sum(p * mb.time_s for p, mb in pending) / world_size
+        limit = max(pending[0][1].time_s, work * WORK_SHARE) * (1 + 1e-9)
         left = []
         for p, mb in pending:
-            best = None
-            for g in groups:
-                if g[1] == p and g[2] + mb.time_s <= limit and (best is None or g[2] < best[2]):
-                    best = g
-            if best is None:
-                s = aligned_start(free, p, ranks_per_node)
-                if s is None:
-                    left.append((p, mb))
-                    continue
+            # earliest start: a free aligned block starts the pack now; else the least loaded group of its size
+            s = aligned_start(free, p, ranks_per_node)
+            if s is not None:
                 free[s : s + p] = [False] * p
                 best = [s, p, 0.0, []]
                 groups.append(best)
+            else:
+                best = min((g for g in groups if g[1] == p and g[2] + mb.time_s <= limit), key=lambda g: g[2],
+                           default=None)
+                if best is None:  # a larger CP group with room runs it too (Megatron raises CP sizes to fill)
+                    best, mb = _larger(groups, p, mb, limit, cost, r)
+                if best is None:
+                    left.append((p, mb))
+                    continue
             best[2] += mb.time_s
             best[3].append(mb)
         if not groups:
             raise PlanningError(f"a pack of CP size {pending[0][0]} fits no aligned block of {world_size} ranks")
-        _fill_empty(groups, free, cost, r, ranks_per_node)
+        _fill_empty(groups, world_size, cost, r, ranks_per_node)
         rounds.append(groups)
         pending = left
     return rounds
