@@ -15,7 +15,8 @@ LOOKAHEAD_PER_RANK = 0
 """Planner look-ahead window per GPU for every figure; 0 keeps the planner's default (as ``dcp simulate``)."""
 MODEL_DATASET_PREFIX = {"t1d-5b": "t1d", "t2d-1.2b": "t2d"}
 """Which distribution family each paper model trains on."""
-COLORS = {"bucket": "#7f7f7f", "packed": "#bcbd22", "dcp-inter": "#1f77b4", "dcp-intra": "#d62728"}
+COLORS = {"bucket": "#7f7f7f", "packed": "#bcbd22", "dcp-inter": "#1f77b4", "dcp-intra": "#d62728",
+          "megatron-dyncp": "#2ca02c", "flexsp": "#9467bd"}
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
