@@ -18,6 +18,8 @@ from typing import Any
 METHODS = ("bucket", "packed", "dcp-inter", "dcp-intra", "bucket-search")
 PEER_METHODS = ("megatron-dyncp", "flexsp")
 """Other schedulers re-implemented as baselines (``dcp.planner.peers``): planned and simulated, not run."""
+LR_SCALING = ("none", "linear", "sqrt")
+"""runtime.lr_scaling choices (the rules of dcp.loaders.lr_scaling)."""
 PLAN_AHEAD = ("thread", "process")
 """Where plans are computed ahead (planning.plan_ahead)."""
 CLOCKS = ("auto", "wall", "cpu", "pipelined")
@@ -87,7 +89,13 @@ def check_fields(obj: Any, section: str, *, int_max: dict[str, int] | None = Non
     for f in dataclasses.fields(obj):
         value, kind, path = getattr(obj, f.name), str(f.type), f"{section}.{f.name}"
         top = (int_max or {}).get(f.name, MAX_TOKENS)
-        if kind.startswith("tuple"):
+        if kind.startswith("tuple[float"):
+            items = tuple(value) if isinstance(value, list | tuple) else None
+            if items is None or not all(isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+                                        for v in items):
+                fail(path, value, "must be a list of finite numbers", "e.g. [0.5, 2.0]")
+            object.__setattr__(obj, f.name, tuple(float(v) for v in items))
+        elif kind.startswith("tuple"):
             items = tuple(value) if isinstance(value, list | tuple) else None
             if items is None or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in items):
                 fail(path, value, "must be a list of integers", "e.g. [1, 2, 4]")
@@ -245,6 +253,13 @@ class PlanningConfig:
     """Packed parallel only: tokens per micro-batch; 0 derives it from the table and the memory capacity."""
     bucket_sp_size: int = 0
     """Bucket/packed only: fixed SP size; 0 picks the smallest that fits the longest seq_group."""
+    tokens_per_step: int = 0
+    """The global batch in tokens: every method's optimizer steps then hold about this many tokens, each within
+    step_tokens_bounds of it and the epoch's mean within 5% of it, so methods train the same recipe. 0 keeps
+    each method's own step sizes (DCP: a step sized by Gmax x its longest micro-batch; bucket: one micro-batch
+    per SP group), as before this setting existed."""
+    step_tokens_bounds: tuple[float, float] = (0.5, 2.0)
+    """[lowest, highest] tokens of one step as fractions of tokens_per_step (used only when that is set)."""
     plan_ahead: str = "thread"
     """Where the next steps' plans are computed while a step runs: "thread" (a background thread of this
     process: hidden while the loop waits on GPU kernels, but a loop busy in Python starves it of the GIL) or
@@ -279,6 +294,13 @@ class PlanningConfig:
             fail("planning.packed_token_budget", self.packed_token_budget, "must be >= 0", "use 0 to derive it")
         if self.bucket_sp_size < 0:
             fail("planning.bucket_sp_size", self.bucket_sp_size, "must be >= 0", "use 0 to derive it")
+        if self.tokens_per_step < 0:
+            fail("planning.tokens_per_step", self.tokens_per_step, "must be >= 0",
+                 "set the global batch in tokens, or 0 for each method's own step sizes")
+        b = self.step_tokens_bounds
+        if len(b) != 2 or not 0 < b[0] <= 1 <= b[1]:
+            fail("planning.step_tokens_bounds", list(b), "must be [low, high] with 0 < low <= 1 <= high",
+                 "e.g. [0.5, 2.0] (a step holds 0.5x to 2x of tokens_per_step)")
         if self.plan_ahead not in PLAN_AHEAD:
             fail("planning.plan_ahead", self.plan_ahead, f"is not one of {list(PLAN_AHEAD)}",
                  'write plan_ahead = "thread" (or "process" for a loop busy in Python)')
@@ -317,6 +339,10 @@ class RuntimeConfig:
     """Rank 0 logs one line every this many steps; each logged step all-gathers the step's loss, token
     count and per-rank busy time (one small collective, and a synchronisation point, per logged step)."""
 
+    lr_scaling: str = "none"
+    """Scale each optimizer step's learning rate by its tokens over planning.tokens_per_step (steps vary within
+    planning.step_tokens_bounds): none, linear or sqrt (the rules of dcp.loaders.lr_scaling). Needs
+    planning.tokens_per_step."""
     stats_every: int = 0
     """Also gather those step statistics (StepStats: loss, count, per-rank busy time) every this many steps
     without logging them, e.g. 1 for experiment runs that record every step; 0: only on logged steps."""
@@ -338,6 +364,9 @@ class RuntimeConfig:
             fail("runtime.collective_timeout_s", self.collective_timeout_s, "must be > 0", "e.g. 300")
         if self.log_every < 1:
             fail("runtime.log_every", self.log_every, "must be >= 1", "set it to 1 or more")
+        if self.lr_scaling not in LR_SCALING:
+            fail("runtime.lr_scaling", self.lr_scaling, f"is not one of {list(LR_SCALING)}",
+                 'write lr_scaling = "none" (or "linear" / "sqrt" with planning.tokens_per_step)')
         if self.stats_every < 0:
             fail("runtime.stats_every", self.stats_every, "must be >= 0", "use 0 for logged steps only, 1 for every step")
 
@@ -369,6 +398,9 @@ class DCPConfig:
                 f"model.num_heads ({heads}): Ulysses shards heads across the SP group; use sizes from {ok or [1]} "
                 f"or divisors of {heads}"
             )
+        if self.runtime.lr_scaling != "none" and not self.planning.tokens_per_step:
+            fail("runtime.lr_scaling", self.runtime.lr_scaling, "needs planning.tokens_per_step (0: unset), the batch "
+                 "the learning rate was tuned for", "set planning.tokens_per_step or lr_scaling = \"none\"")
         if self.planning.bucket_sp_size and self.planning.bucket_sp_size not in self.planning.sp_sizes:
             fail(
                 "planning.bucket_sp_size",
@@ -420,6 +452,10 @@ def _build_section(name: str, cls: type, raw: Any) -> Any:
 
 def _check_type(section: str, f: dataclasses.Field, value: Any) -> None:
     expected = {"int": int, "float": (int, float), "str": str, "bool": bool}.get(str(f.type))
+    if str(f.type).startswith("tuple[float"):
+        if not isinstance(value, tuple) or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in value):
+            raise ConfigError(f"{section}.{f.name} ({value!r}) must be a list of numbers: e.g. [0.5, 2.0]")
+        return
     if str(f.type).startswith("tuple"):
         if not isinstance(value, tuple) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
             raise ConfigError(f"{section}.{f.name} ({value!r}) must be a list of integers: e.g. [1, 2, 4]")

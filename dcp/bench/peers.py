@@ -15,6 +15,7 @@ column). Columns: tokens/s, fraction of the ideal bound, GPU-weighted idle, opti
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -62,12 +63,15 @@ def cell(lengths, table, sc, method: str, gpus: int, seed: int, tokens_per_step:
     """One (dataset, method) row's figures."""
     import numpy as np
 
+    from dcp.config import PEER_METHODS
     from dcp.sim.cluster import simulate
     from dcp.sim.scenario import paper_config
 
     cfg = paper_config(sc, method, seed=seed)
+    if method in PEER_METHODS:
+        cfg = cfg.replace(planning=dataclasses.replace(cfg.planning, tokens_per_step=round(tokens_per_step)))
     res, steps = simulate(lengths.tokens, table, cfg, gpus, hardware=sc.hardware, shapes=lengths.shapes,
-                          return_steps=True, tokens_per_step=tokens_per_step)
+                          return_steps=True)
     tok = np.asarray([s.tokens for s in steps], dtype=np.int64)
     return {"method": method, "tokens_per_s": res.tokens_per_s, "ideal_fraction": res.ideal_fraction,
             "idle_ratio": res.idle_ratio, "steps": res.num_steps, "tokens_per_step_min": int(tok.min()),

@@ -42,7 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--method", default="dcp-intra", choices=(*METHODS, *PEER_METHODS, "all"),
                         help="planning method (all: every method but the peers)")
     parser.add_argument("--tokens-per-step", type=nonneg_int, default=0,
-                        help="peers only: the global batch in tokens (0: bucket's mean tokens per step)")
+                        help="planning.tokens_per_step, the global batch in tokens (0: the config's; the peers then "
+                        "take bucket's mean tokens per step)")
     parser.add_argument("--table", metavar="FILE", help="a measured profile table (CSV/parquet) instead of the analytic "
                         "one; a table measured on one GPU (p = 1 rows only) is extended to the SP sizes with the "
                         "network model (dcp.sim.derive)")
@@ -84,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
         for m in methods:
             cfg = custom or paper_config(sc, m, gmin=args.gmin, gmax=args.gmax, seed=args.seed)
             configs[m] = cfg.replace(planning=dataclasses.replace(
-                cfg.planning, method=m, lookahead_samples=args.lookahead_per_rank * args.gpus))
+                cfg.planning, method=m, lookahead_samples=args.lookahead_per_rank * args.gpus,
+                tokens_per_step=args.tokens_per_step or cfg.planning.tokens_per_step))
         if args.print_config:
             print(configs[methods[0]].to_json())
             return 0
@@ -134,8 +136,7 @@ def run(args: argparse.Namespace) -> int:
     out = {}
     for m in methods:
         try:
-            r = simulate(lengths.tokens, table, configs[m], args.gpus, hardware=sc.hardware, shapes=lengths.shapes,
-                         tokens_per_step=args.tokens_per_step)
+            r = simulate(lengths.tokens, table, configs[m], args.gpus, hardware=sc.hardware, shapes=lengths.shapes)
         except ValueError as exc:
             print(f"dcp simulate: {m}: {exc}", file=sys.stderr)
             return 2

@@ -250,15 +250,13 @@ def merge_phases(steps: list[StepResult]) -> list[StepResult]:
 
 def simulate(lengths: Sequence[int], table: ProfileTable, config: DCPConfig, world_size: int, *,
              hardware: HardwareSpec | None, truth_table: ProfileTable | None = None, epoch: int = 0,
-             return_steps: bool = False, shapes: Sequence[tuple[int, int]] | None = None,
-             tokens_per_step: float = 0.0) -> SimResult | tuple[SimResult, list[StepResult]]:
+             return_steps: bool = False, shapes: Sequence[tuple[int, int]] | None = None) -> SimResult | tuple[SimResult, list[StepResult]]:
     """Plan one epoch with the real planner and simulate it.
 
     ``hardware`` gives the per-step gradient sync and optimizer time (``None``: zero, for tables whose
     T_C already includes them). ``truth_table`` (default: ``table``) times the micro-batches. ``shapes``
     ((frames, spatial tokens) per sample, 2D data) goes to the planner, which then keeps one shape per
-    micro-batch (a 2D collate pads T and S separately). ``tokens_per_step``: the peers' global batch in tokens
-    (``dcp.planner.peers``; <= 0: bucket's mean tokens per step); other methods ignore it.
+    micro-batch (a 2D collate pads T and S separately).
     """
     if world_size < 1:
         raise SimulationError(f"world_size ({world_size}) must be >= 1: pass the number of simulated GPUs")
@@ -269,8 +267,7 @@ def simulate(lengths: Sequence[int], table: ProfileTable, config: DCPConfig, wor
     if config.planning.method in PEER_METHODS:
         from dcp.planner.peers import plan_peer_epoch
 
-        plans = plan_peer_epoch(lengths, table, config, world_size, epoch, shapes=shapes,
-                                tokens_per_step=tokens_per_step)
+        plans = plan_peer_epoch(lengths, table, config, world_size, epoch, shapes=shapes)
     else:
         plans = _plan_epoch()(lengths, table, config, world_size, epoch, shapes=shapes)
     plan_s = time.perf_counter() - t0

@@ -41,6 +41,11 @@ def test_defaults_are_valid_and_frozen():
         (PlanningConfig, {"packed_token_budget": -1}, "planning.packed_token_budget (-1) must be >= 0"),
         (PlanningConfig, {"bucket_sp_size": -2}, "planning.bucket_sp_size (-2) must be >= 0"),
         (PlanningConfig, {"plan_ahead": "fork"}, "planning.plan_ahead ('fork') is not one of ['thread', 'process']"),
+        (PlanningConfig, {"tokens_per_step": -1}, "planning.tokens_per_step (-1) must be >= 0"),
+        (PlanningConfig, {"step_tokens_bounds": (1.5, 2.0)}, "planning.step_tokens_bounds ([1.5, 2.0]) must be [low, high]"),
+        (PlanningConfig, {"step_tokens_bounds": (0.5,)}, "planning.step_tokens_bounds ([0.5]) must be [low, high]"),
+        (PlanningConfig, {"step_tokens_bounds": ("a", 2)}, "planning.step_tokens_bounds (('a', 2)) must be a list of"),
+        (RuntimeConfig, {"lr_scaling": "cube"}, "runtime.lr_scaling ('cube') is not one of ['none', 'linear', 'sqrt']"),
         (ProfilingConfig, {"seq_group_edges": ()}, "profiling.seq_group_edges (()) is empty"),
         (ProfilingConfig, {"seq_group_edges": (64, 32)}, "profiling.seq_group_edges ([64, 32]) must be positive"),
         (ProfilingConfig, {"seq_group_edges": (0, 32)}, "must be positive and strictly increasing"),
@@ -79,6 +84,17 @@ def test_bucket_sp_size_must_be_an_sp_size():
     # (sp_sizes themselves must divide the head count, so a bucket size from them does too)
     with pytest.raises(ConfigError, match=r"planning.bucket_sp_size \(4\) is not in planning.sp_sizes \(\[1, 2\]\)"):
         DCPConfig(planning=PlanningConfig(sp_sizes=(1, 2), bucket_sp_size=4))
+
+
+def test_lr_scaling_needs_tokens_per_step_and_bounds_load_from_toml(tmp_path):
+    with pytest.raises(ConfigError, match=r"runtime.lr_scaling \('sqrt'\) needs planning.tokens_per_step"):
+        DCPConfig(runtime=RuntimeConfig(lr_scaling="sqrt"))
+    path = tmp_path / "run.toml"
+    path.write_text("[planning]\ntokens_per_step = 65536\nstep_tokens_bounds = [0.75, 1.5]\n"
+                    "[runtime]\nlr_scaling = \"linear\"\n")
+    cfg = load_config(path)
+    assert cfg.planning.tokens_per_step == 65536 and cfg.planning.step_tokens_bounds == (0.75, 1.5)
+    assert cfg.runtime.lr_scaling == "linear"
 
 
 def test_capacity_below_constant_memory():

@@ -9,7 +9,7 @@ import pytest
 from test_planner_assemble import lengths_for, make
 
 from dcp.planner import PlanningError
-from dcp.planner.peers import plan_peer_epoch
+from dcp.planner.peers import bucket_tokens_per_step, plan_peer_epoch
 from dcp.planner.peers.common import PeerCost, cut_steps
 from dcp.planner.peers.flexsp import PhaseProblem, layouts
 from dcp.planner.peers.megatron_dyncp import cp_sizes
@@ -44,7 +44,8 @@ def test_layouts_cover_the_world_exactly():
 def test_peer_epoch_trains_every_sample_once_within_memory(method, world):
     cfg, table = make(world, method=method)
     lengths = lengths_for(150, seed=world)
-    plans = plan_peer_epoch(lengths, table, cfg, world, tokens_per_step=20000)
+    cfg = _cfg(cfg, tokens_per_step=20000)
+    plans = plan_peer_epoch(lengths, table, cfg, world)
     assert sorted(i for p in plans for i in p.sample_ids) == list(range(len(lengths)))
     steps = [p.step for p in plans]
     assert steps == sorted(steps) and steps[0] == 0 and set(steps) == set(range(steps[-1] + 1))
@@ -55,7 +56,7 @@ def test_peer_epoch_trains_every_sample_once_within_memory(method, world):
         for g in plan.groups:
             assert g.first_rank % g.sp_size == 0 if g.sp_size > rpn else (g.first_rank % rpn) % g.sp_size == 0
             assert g.recompute_layers in (0, table.num_layers) or not g.micro_batches
-    res = simulate(lengths, table, cfg, world, hardware=None, tokens_per_step=20000)
+    res = simulate(lengths, table, cfg, world, hardware=None)
     assert res.mem_violations == 0 and res.num_steps == steps[-1] + 1 and res.num_samples == len(lengths)
 
 
@@ -66,7 +67,7 @@ def test_peer_default_batch_is_buckets_and_plans_are_deterministic(method):
     a = plan_peer_epoch(lengths, table, cfg, 8)
     b = plan_peer_epoch(lengths, table, cfg, 8)
     assert [p.digest() for p in a] == [p.digest() for p in b]
-    bucket = plan_peer_epoch.__globals__["bucket_tokens_per_step"](lengths, table, cfg, 8)
+    bucket = bucket_tokens_per_step(lengths, table, cfg, 8)
     per_step = np.bincount([p.step for p in a], weights=[p.tokens for p in a])
     assert abs(per_step.mean() / bucket - 1) < 0.05
 
@@ -131,6 +132,6 @@ def test_peer_errors_name_the_problem():
         plan_peer_epoch([100], table, _cfg(cfg, method="dcp-intra"), 8)
     small, table_small = make(8, method="flexsp", cap_mib=12)
     with pytest.raises(PlanningError, match="fits no sp_size"):
-        plan_peer_epoch([4096], table_small, _cfg(small, sp_sizes=(1,)), 8, tokens_per_step=1000)
+        plan_peer_epoch([4096], table_small, _cfg(small, sp_sizes=(1,), tokens_per_step=1000), 8)
     with pytest.raises(PlanningError, match="world_size"):
         plan_peer_epoch([100], table, cfg, 0)

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from dcp.data_dists import load_distribution
 from dcp.planner.analytic import CPU_SMALL
 from dcp.sim import bench, cli
 
@@ -30,6 +31,17 @@ def test_simulate_dataset_json(capsys):
     assert {"tokens_per_s", "idle_ratio", "ideal_fraction"} <= set(last)
     assert last["tokens_per_s"] > 0 and 0 <= last["idle_ratio"] <= 1 and 0 < last["ideal_fraction"] <= 1
     assert any(line.startswith("dcp-intra") for line in out)
+
+
+@pytest.mark.parametrize("method", ["megatron-dyncp", "flexsp"])
+def test_simulate_a_peer_at_a_global_batch(capsys, method):
+    rc = _run(cli, ["--dataset", "text", "--num-samples", "400", "--gpus", "8", "--method", method,
+                    "--tokens-per-step", "20000", "--json"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert rc == 0
+    last = json.loads(out[-1])
+    tokens = sum(load_distribution("text", num_samples=400, seed=0))  # steps: the epoch's tokens / the batch
+    assert last["num_steps"] == round(tokens / 20000) and 0 < last["ideal_fraction"] <= 1
 
 
 def test_simulate_lengths_file_all_methods(tmp_path, capsys):

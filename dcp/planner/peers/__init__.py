@@ -34,11 +34,10 @@ def bucket_tokens_per_step(lengths: Sequence[int], table, config: DCPConfig, wor
 
 
 def plan_peer_epoch(lengths: Sequence[int], table, config: DCPConfig, world_size: int, epoch: int = 0, *,
-                    shapes: Sequence[Sequence[int]] | None = None, tokens_per_step: float = 0.0,
-                    method: str | None = None) -> list[StepPlan]:
-    """StepPlans of one epoch for a peer method (``config.planning.method`` unless ``method`` is given).
-
-    ``tokens_per_step`` <= 0: the bucket baseline's mean tokens per step on the same data."""
+                    shapes: Sequence[Sequence[int]] | None = None, method: str | None = None) -> list[StepPlan]:
+    """StepPlans of one epoch for a peer method (``config.planning.method`` unless ``method`` is given), at
+    ``planning.tokens_per_step`` tokens per step, or when that is 0, the bucket baseline's mean tokens per step
+    on the same data."""
     method = method or config.planning.method
     if method not in PEER_METHODS:
         raise PlanningError(f"method ({method!r}) is not a peer: use one of {list(PEER_METHODS)}")
@@ -47,8 +46,8 @@ def plan_peer_epoch(lengths: Sequence[int], table, config: DCPConfig, world_size
     arr, _ = seq_groups_of(lengths, table)
     shp = check_shapes(shapes, arr)
     cfg = config.planning
-    if tokens_per_step <= 0:
-        tokens_per_step = bucket_tokens_per_step(arr, table, config, world_size, epoch, shapes=shapes)
+    tokens_per_step = float(cfg.tokens_per_step) or bucket_tokens_per_step(arr, table, config, world_size, epoch,
+                                                                           shapes=shapes)
     order = shuffled_order(len(arr), cfg.seed, epoch)
     cost = PeerCost(table, cfg.mem_capacity_bytes, tuple(sorted(p for p in cfg.sp_sizes if p <= world_size)),
                     two_d=shp is not None)
