@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from dcp.experiments.launch import launch
     from dcp.experiments.plot import PLOT_NAME
-    from dcp.testing import DistributedFailure
+    from dcp.distributed.launch import DistributedFailure
 
     inside_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     if not inside_torchrun or os.environ.get("RANK") == "0":

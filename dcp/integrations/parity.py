@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     import pandas as pd
     from tqdm.auto import tqdm
 
-    from dcp.testing import run_distributed
+    from dcp.distributed.launch import run_distributed
 
     seeds, methods = _check(args)
     out = Path(args.out)

@@ -174,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
         if args.nproc == 1:
             out = _worker(0, 1, *work)
         else:
-            from dcp.testing import run_distributed
+            from dcp.distributed.launch import run_distributed
 
             timeout_s = config.runtime.collective_timeout_s
             out = run_distributed(_worker, args.nproc, *work, timeout_s=3600.0, pg_timeout_s=timeout_s)[0]

@@ -1,6 +1,7 @@
 """``dcp bench calibration FILE``: the analytic GPU model against a measured profile of the same shapes.
 
-FILE is a calibration record like ``../shared/calibration/h100-bf16-2026-11-22.json``: the project's
+FILE is a calibration record like ``dcp/sim/data/h100-bf16-2026-11-22.json``
+(committed: the H100 record the constants of ``dcp.sim.hardware.H100`` were fitted to): the project's
 dual-layer profiler run on one GPU (p = 1) on the paper's model shapes with few layers. It must hold
 
 - ``profile_rows``: ``{model: [{"s", "b", "t_f_ms", "t_b_ms", "T_C_ms", "m_act_mib", "m_inp_mib", ...}]}``
@@ -47,7 +48,6 @@ from dcp.planner.analytic import (
     attention_time_s,
     layer_linear_params,
 )
-from dcp.sim.bench import percentile
 from dcp.sim.hardware import HARDWARE, MODELS
 
 T2D_FRAMES = 16
@@ -60,6 +60,15 @@ TERMS = ("micro_batch_time", "t_f", "t_b", "t_const", "m_act", "m_inp")
 FIT_FWD_MIN_TOKENS = 8192
 """The forward/backward split enters the fit only from this many tokens per micro-batch: below it the
 profiler's forward timer also pays the host's launch backlog, so the split says little."""
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in [0, 100]) of a non-empty sequence."""
+    if not values:
+        raise ValueError("values ([]) is empty: a percentile needs at least one value")
+    s = sorted(values)
+    k = max(1, math.ceil(q / 100 * len(s)))
+    return s[k - 1]
 
 
 class CalibrationError(ValueError):
@@ -130,7 +139,7 @@ def load_calibration(path: str | Path) -> list[MeasuredRow]:
         data = json.loads(Path(p).read_text())
     except FileNotFoundError:
         raise CalibrationError(f"{p}: no such file: pass a calibration record such as "
-                               "../shared/calibration/h100-bf16-2026-11-22.json") from None
+                               "dcp/sim/data/h100-bf16-2026-11-22.json") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise CalibrationError(f"{p}: cannot read it ({exc}): pass a readable JSON file") from None
     except json.JSONDecodeError as exc:
@@ -290,7 +299,7 @@ def fitted_values(hw: HardwareSpec) -> dict[str, float]:
 # --------------------------------------------------------------------------------------------- the CLI
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="a calibration record (JSON), e.g. "
-                        "../shared/calibration/h100-bf16-2026-11-22.json")
+                        "dcp/sim/data/h100-bf16-2026-11-22.json")
     parser.add_argument("--hardware", default="h100", choices=("h100", "h200"), help="the modelled GPU")
     parser.add_argument("--fit", action="store_true",
                         help="also refit the calibrated constants on FILE and print the leave-one-model-out error")

@@ -13,8 +13,8 @@ Sources:
 - [measured] bf16 dense GEMM (large square matmuls, torch.matmul) sustains 788-798 TFLOP/s on both H100 SXM
   and H200 SXM (the project's measurement; about 80% of the 989 TFLOP/s datasheet figure); we use 790.
 - [assumed] fractions of a peak that a real kernel or collective sustains; each is named where it is used.
-- [calib] ``../shared/calibration/h100-bf16-2026-11-22.json`` (kept in the repository's shared folder, not
-  in the package): the project's dual-layer profiler on one H100 80GB HBM3, bf16, eager mode, SDPA, the
+- [calib] ``dcp/sim/data/h100-bf16-2026-11-22.json`` (committed with the package;
+  a copy of the team's shared record): the project's dual-layer profiler on one H100 80GB HBM3, bf16, eager mode, SDPA, the
   paper's shapes at 8 layers: 32 rows (20 t1d-5b, 12 t2d-1.2b) plus kernel ceilings.
 - [fit] five constants (``FITTED_*``) fitted on those 32 rows by ``dcp.sim.calibration.fit`` (``dcp bench
   calibration FILE --fit`` refits them and prints a leave-one-model-out error); everything else is measured,

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dcp.cli import main
-from dcp.experiments import gpu_bench
+from dcp.bench import gpu as gpu_bench
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer of a machine without CUDA")

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from dcp.planner.analytic import CPU_SMALL
-from dcp.sim import bench, cli
+from dcp.bench import sim as bench
+from dcp.sim import cli
 
 
 def _run(module, argv):

@@ -1,6 +1,6 @@
 """Forward+backward time of a reference model per (sequence length, SP size) on gloo CPU processes.
 
-    python -m dcp.models.bench --model t1d-tiny --seq-lens 256,1024,4096 --sp-sizes 1,2 [--json]
+    python -m dcp.bench.models --model t1d-tiny --seq-lens 256,1024,4096 --sp-sizes 1,2 [--json]
 
 One row per measurement: median step time over ``--iters`` (after one warm-up), tokens per second per
 rank (the paper's per-GPU throughput, b * s / (p * T)), and the largest difference of the summed loss
@@ -43,7 +43,7 @@ def _measure(rank: int, world_size: int, model_name: str, seq_len: int, batch_si
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dcp.testing import run_distributed
+    from dcp.distributed.launch import run_distributed
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="t1d-tiny", help="t1d-tiny, t2d-tiny, ... (dcp.models.MODEL_NAMES)")
