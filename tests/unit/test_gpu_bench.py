@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from dcp.cli import main
 from dcp.bench import gpu as gpu_bench
+from dcp.cli import main
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer of a machine without CUDA")

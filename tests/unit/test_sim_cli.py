@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from dcp.planner.analytic import CPU_SMALL
 from dcp.bench import sim as bench
+from dcp.planner.analytic import CPU_SMALL
 from dcp.sim import cli
 
 
