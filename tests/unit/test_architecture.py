@@ -317,3 +317,11 @@ def test_order_names_real_units(unit_name):
     # "data" is created by the issue 22 split (arch-runtime): allowed to be absent until it lands
     present = {unit(m) for m in MODULES}
     assert unit_name in present or unit_name == "data", f"ORDER names {unit_name!r}, which is not in dcp/"
+
+
+def test_the_architecture_page_lists_the_same_order():
+    import re
+
+    page = (DCP.parent / "docs" / "architecture.md").read_text()
+    listed = tuple(re.findall(r"^\| \d+ \| `([a-z_]+)`", page, flags=re.M))
+    assert listed == ORDER, f"docs/architecture.md lists {listed}, the test checks {ORDER}: make them one order"
