@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--edges", type=positive_int_list, default=None,
                         help="override profiling.seq_group_edges, e.g. 256,512,1024")
     parser.add_argument("--refresh", action="store_true", help="profile again even if a cached table exists")
-    parser.add_argument("--out", default=None, help="also write the table here (.csv or .parquet)")
+    parser.add_argument("--out", default=None, help="also write the table here (.csv, or .parquet with the parquet extra: pyarrow)")
     parser.add_argument("--grow-only", action="store_true", help="profile each seq_group only at its smallest p")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
