@@ -7,9 +7,10 @@ import json
 
 import pytest
 
+from dcp.bench import sim as bench
 from dcp.data_dists import load_distribution
 from dcp.planner.analytic import CPU_SMALL
-from dcp.sim import bench, cli
+from dcp.sim import cli
 
 
 def _run(module, argv):
