@@ -135,3 +135,11 @@ def test_peer_errors_name_the_problem():
         plan_peer_epoch([4096], table_small, _cfg(small, sp_sizes=(1,), tokens_per_step=1000), 8)
     with pytest.raises(PlanningError, match="world_size"):
         plan_peer_epoch([100], table, cfg, 0)
+
+
+def test_milp_without_scipy_says_which_extra(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "scipy.optimize", None)
+    with pytest.raises(PlanningError, match=r"needs scipy .*pip install 'dcp\[peers\]'"):
+        solve_phase_milp(_phase(0, n=3), 8)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dcp.planner.peers.flexsp import PhaseProblem
+from dcp.planner.stream import PlanningError
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +48,11 @@ def solve_phase_milp(prob: PhaseProblem, world_size: int, *, num_buckets: int = 
                      time_limit_s: float = 10.0) -> MilpResult | None:
     """Minimum makespan of one phase (module docstring); ``num_buckets`` 0: one bucket per sequence (exact).
     None when HiGHS finds no feasible assignment in time."""
-    from scipy.optimize import Bounds, LinearConstraint, milp
+    try:
+        from scipy.optimize import Bounds, LinearConstraint, milp
+    except ImportError:
+        raise PlanningError("the FlexSP phase MILP needs scipy (>= 1.9), which is not installed: "
+                            "pip install 'dcp[peers]' (or scipy)") from None
 
     if num_buckets:
         count, tokens, t, ok = buckets_of(prob, num_buckets)
