@@ -17,11 +17,11 @@ A round larger than ``high`` x target cannot be mended here: the planner caps it
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from dcp.planner.plan import StepPlan
+from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
 
 
 def round_token_cap(tokens_per_step: int, bounds: tuple[float, float]) -> int:
@@ -106,3 +106,51 @@ def summary(plans: Iterable[StepPlan], tokens_per_step: int = 0) -> str:
     text = (f"tokens/step min {int(tok.min()):,} / median {float(np.median(tok)):,.0f} / max {int(tok.max()):,} "
             f"(mean {float(tok.mean()):,.0f}, {len(tok)} steps)")
     return text + (f", target {tokens_per_step:,}" if tokens_per_step else "")
+
+
+def desired_tokens(step: int, done_tokens: int, tokens_per_step: int, bounds: tuple[float, float]) -> float:
+    """Tokens the next step should hold so that the epoch's running total stays on step x target: the target
+    corrected by what the steps so far missed or exceeded, within the bounds."""
+    want = (step + 1) * tokens_per_step - done_tokens
+    return float(min(max(want, bounds[0] * tokens_per_step), bounds[1] * tokens_per_step))
+
+
+def slot_steps(micro_batches: Sequence[MicroBatch], slots: Sequence[int], sp_size: int, recompute_layers: int, *,
+               world_size: int, epoch: int, method: str, tokens_per_step: int,
+               bounds: tuple[float, float]) -> Iterator[StepPlan]:
+    """A fixed-SP baseline (bucket, packed) at a global batch: its micro-batches in release order are cut into
+    steps of about ``tokens_per_step`` tokens (the running-total rule of ``desired_tokens``, never past the
+    upper bound unless one micro-batch is larger); each step's micro-batches go longest first to the slot (an
+    aligned block of ``sp_size`` ranks) that has the least work so far, so slots accumulate gradients over
+    several micro-batches (ga > 1) where the batch holds more micro-batches than slots. Ranks no slot covers idle.
+    """
+    covered = np.zeros(world_size, dtype=bool)
+    for st in slots:
+        covered[st : st + sp_size] = True
+    idle = [GroupPlan(r, 1, 0, ()) for r in np.flatnonzero(~covered).tolist()]
+    n, i, step, done = len(micro_batches), 0, 0, 0
+    low, high = bounds[0] * tokens_per_step, bounds[1] * tokens_per_step
+    rest = np.cumsum([mb.tokens for mb in micro_batches][::-1])[::-1].tolist() + [0]  # tokens from i on
+    while i < n:
+        want = desired_tokens(step, done, tokens_per_step, bounds)
+        mine, tok = [micro_batches[i]], micro_batches[i].tokens
+        i += 1
+        while i < n:
+            t = micro_batches[i].tokens
+            if rest[i] < low and tok + rest[i] <= high:
+                pass  # what is left would make a short last step: it joins this one
+            elif tok + t > high or abs(tok + t - want) > abs(tok - want):
+                break
+            mine.append(micro_batches[i])
+            tok += t
+            i += 1
+        loads = [0.0] * len(slots)
+        runs: list[list[MicroBatch]] = [[] for _ in slots]
+        for mb in sorted(mine, key=lambda m: -m.time_s):
+            j = min(range(len(slots)), key=lambda j: loads[j])
+            loads[j] += mb.time_s
+            runs[j].append(mb)
+        groups = [GroupPlan(st, sp_size, recompute_layers, tuple(run)) for st, run in zip(slots, runs, strict=True)]
+        yield StepPlan(epoch, step, world_size, method, sorted(groups + idle, key=lambda g: g.first_rank))
+        step += 1
+        done += tok

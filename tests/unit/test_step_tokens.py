@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
-from dcp.planner.step_tokens import group_rounds, round_token_cap, step_tokens, summary
+from dcp.planner.step_tokens import group_rounds, round_token_cap, slot_steps, step_tokens, summary
 
 
 def _rounds(tokens: list[int]) -> list[StepPlan]:
@@ -66,3 +66,23 @@ def test_grouping_is_lazy(target):
     next(it)
     assert len(seen) < 50  # the first step is out before the stream is read to its end
     assert np.isfinite(target)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(1, 300), min_size=40, max_size=150), st.integers(400, 900), st.sampled_from([1, 2]))
+def test_fixed_sp_baselines_at_a_global_batch(tokens, target, p):
+    mbs = [MicroBatch((k,), (t,), 0, t / 100) for k, t in enumerate(tokens)]
+    slots = list(range(0, 8 - 8 % p, p))
+    plans = list(slot_steps(mbs, slots, p, 4, world_size=8, epoch=0, method="bucket", tokens_per_step=target,
+                            bounds=(0.5, 2.0)))
+    assert sorted(i for pl in plans for i in pl.sample_ids) == list(range(len(tokens)))
+    assert [pl.step for pl in plans] == list(range(len(plans)))
+    tok = step_tokens(plans)
+    assert (tok <= 2.0 * target).all() and (tok >= 0.5 * target).all() or len(tok) == 1
+    if sum(tokens) >= 20 * target:
+        assert abs(tok.mean() / target - 1) <= 0.05
+    for pl in plans:  # every slot's ranks form one group of p; balanced longest first
+        busy = [g for g in pl.groups if g.micro_batches]
+        assert all(g.sp_size == p and g.recompute_layers == 4 for g in busy)
+        loads = sorted(g.time_s for g in pl.groups if g.sp_size == p)
+        assert loads[-1] - loads[0] <= max(mb.time_s for g in busy for mb in g.micro_batches) + 1e-9
