@@ -154,3 +154,36 @@ def slot_steps(micro_batches: Sequence[MicroBatch], slots: Sequence[int], sp_siz
         yield StepPlan(epoch, step, world_size, method, sorted(groups + idle, key=lambda g: g.first_rank))
         step += 1
         done += tok
+
+
+def micro_batch_tokens(flat_lens: np.ndarray, mb_flat: np.ndarray, mb_count: np.ndarray) -> np.ndarray:
+    """Tokens of every micro-batch whose samples are the runs ``flat_lens[mb_flat : mb_flat + mb_count]``."""
+    cs = np.concatenate([[0], np.cumsum(flat_lens, dtype=np.int64)])
+    return cs[mb_flat + mb_count] - cs[mb_flat]
+
+
+def token_target(cumw: np.ndarray, t_all: np.ndarray, tok_all: np.ndarray, world_size: int, desired: float,
+                 cap: float, window_factor: float) -> tuple[float, int, int]:
+    """A DCP step at a global batch: (T*, window length, position of the window's longest micro-batch) over
+    the scanned micro-batches in release order (cumulative GPU-work ``cumw``, times ``t_all``, tokens
+    ``tok_all``; the first is the head).
+
+    The batch is the prefix whose tokens are nearest ``desired`` (at least the head, at most ``cap``); T* is
+    its work spread over the world, at least its longest micro-batch. The window the step packs from reaches
+    on to ``window_factor`` x W x T* of work for choice, never past ``cap`` tokens, and stops before a
+    micro-batch longer than T* (the step must take the window's longest)."""
+    n = len(t_all)
+    cumtok = np.cumsum(tok_all)
+    j = min(int(np.searchsorted(cumtok, desired)), n - 1)
+    if 0 < j and desired - cumtok[j - 1] < cumtok[j] - desired:
+        j -= 1
+    while j > 0 and cumtok[j] > cap:
+        j -= 1
+    t_star = max(float(t_all[: j + 1].max()), float(cumw[j]) / world_size)
+    m = min(int(np.searchsorted(cumw, window_factor * world_size * t_star)) + 1,
+            int(np.searchsorted(cumtok, cap, side="right")), n)
+    m = max(m, j + 1)
+    over = np.flatnonzero(t_all[j + 1 : m] > t_star * (1 + 1e-9))
+    if over.size:
+        m = j + 1 + int(over[0])
+    return t_star, m, int(np.argmax(t_all[:m]))

@@ -8,7 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
-from dcp.planner.step_tokens import group_rounds, round_token_cap, slot_steps, step_tokens, summary
+from dcp.planner.step_tokens import (
+    group_rounds,
+    micro_batch_tokens,
+    round_token_cap,
+    slot_steps,
+    step_tokens,
+    summary,
+    token_target,
+)
 
 
 def _rounds(tokens: list[int]) -> list[StepPlan]:
@@ -86,3 +94,15 @@ def test_fixed_sp_baselines_at_a_global_batch(tokens, target, p):
         assert all(g.sp_size == p and g.recompute_layers == 4 for g in busy)
         loads = sorted(g.time_s for g in pl.groups if g.sp_size == p)
         assert loads[-1] - loads[0] <= max(mb.time_s for g in busy for mb in g.micro_batches) + 1e-9
+
+
+def test_micro_batch_tokens_and_token_target():
+    assert micro_batch_tokens(np.array([1, 2, 3, 4, 5]), np.array([0, 2, 4]), np.array([2, 2, 1])).tolist() == [3, 7, 5]
+    t = np.array([1.0, 1.0, 4.0, 1.0, 1.0, 9.0, 1.0])
+    tok = np.array([100, 100, 100, 100, 100, 100, 100])
+    work = np.cumsum(t * 2)  # p = 2
+    t_star, m, j_long = token_target(work, t, tok, 4, desired=300, cap=600, window_factor=1.5)
+    assert t_star == max(4.0, work[2] / 4)  # the batch is the first 3: its longest (4 s) bounds T*
+    assert m == 5 and j_long == 2  # choice up to the 9 s micro-batch (longer than T*), within 600 tokens
+    t_star, m, _ = token_target(work, t, tok, 4, desired=300, cap=150, window_factor=1.5)
+    assert m == 1 and t_star == 1.0  # the cap leaves only the head
