@@ -132,3 +132,37 @@ class BatchSizeScaledLR:
         self.last_step = int(state["last_step"])
         self._unscaled = [float(x) for x in state["unscaled"]]
         self._apply(int(state["batch_size"]))
+
+
+class StepTokensLR:
+    """The manager's per-step LR scaling at a global batch in tokens (``runtime.lr_scaling``).
+
+    ``apply(step_tokens)`` before a step's micro-batches sets every parameter group's LR to its scheduled LR x
+    the rule (``scale_lr``) of ``step_tokens / tokens_per_step``; ``restore()`` after the step's optimizer
+    update puts the scheduled LR back, so a scheduler stepped after it (ExponentialLR reads ``group['lr']``)
+    never compounds the scaling. The scheduled LR is read from the group at every ``apply``.
+    """
+
+    def __init__(self, optimizer: Any, *, tokens_per_step: int, method: str) -> None:
+        if method not in SCALING_METHODS:
+            fail_arg("method", method, f"is not one of {list(SCALING_METHODS)}", "pick one of those names")
+        if tokens_per_step < 1:
+            fail_arg("tokens_per_step", tokens_per_step, "must be >= 1", "pass the global batch the LR was tuned for")
+        if not hasattr(optimizer, "param_groups"):
+            fail_arg("optimizer", type(optimizer).__name__, "has no param_groups", "pass a torch optimizer")
+        self.optimizer, self.tokens_per_step, self.method = optimizer, tokens_per_step, method
+        self._scheduled: list[float] | None = None
+
+    def apply(self, step_tokens: int) -> None:
+        if self._scheduled is not None:
+            self.restore()  # a step that never reached its update (e.g. an idle epoch end) keeps no scaling
+        self._scheduled = [float(g["lr"]) for g in self.optimizer.param_groups]
+        for group, lr in zip(self.optimizer.param_groups, self._scheduled, strict=True):
+            group["lr"] = scale_lr(self.tokens_per_step, int(step_tokens), lr, self.method)
+
+    def restore(self) -> None:
+        if self._scheduled is None:
+            return
+        for group, lr in zip(self.optimizer.param_groups, self._scheduled, strict=True):
+            group["lr"] = lr
+        self._scheduled = None
