@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from dcp.argtypes import nonneg_int, positive_int
-from dcp.config import METHODS, DCPConfig, load_config
+from dcp.config import METHODS, PEER_METHODS, DCPConfig, load_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--table", help="profile table (.csv or .parquet); default: analytic table for the model"
     )
-    parser.add_argument("--method", choices=METHODS, help="override planning.method")
+    parser.add_argument("--method", choices=METHODS + PEER_METHODS, help="override planning.method")
     parser.add_argument("--epoch", type=nonneg_int, default=0, help="epoch index (changes the shuffle)")
     parser.add_argument("--steps", type=int, default=10, help="print the first K steps (0: none, -1: all)")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object last")
@@ -82,7 +82,21 @@ def summarize(plans: list, world_size: int) -> dict:
         "tokens_per_gpu_s": round(tokens / total_t / world_size, 3) if total_t else 0.0,
         "idle_gpu_time_weighted": round(weighted_idle, 4),
         "mean_idle_batch": round(sum(p.idle_ratio_batch for p in plans) / len(plans), 4) if plans else 0.0,
+        **_step_tokens(plans),
     }
+
+
+def _step_tokens(plans: list) -> dict:
+    """Tokens per optimizer step: min / median / max (the global batch each step trains)."""
+    import numpy as np
+
+    from dcp.planner.step_tokens import step_tokens
+
+    tok = step_tokens(plans)
+    if not len(tok):
+        return {"tokens_per_step_min": 0, "tokens_per_step_median": 0, "tokens_per_step_max": 0}
+    return {"tokens_per_step_min": int(tok.min()), "tokens_per_step_median": float(np.median(tok)),
+            "tokens_per_step_max": int(tok.max())}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -111,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
     shown = plans if args.steps < 0 else plans[: args.steps]
     rows = [step_row(p) for p in shown]
     summary = summarize(plans, world)
-    summary.update(method=config.planning.method, world_size=world)
+    summary.update(method=config.planning.method, world_size=world,
+                   tokens_per_step_target=config.planning.tokens_per_step)
     if rows:
         cols = list(rows[0])
         print("  ".join(f"{c:>12}" for c in cols))

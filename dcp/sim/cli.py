@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
 import sys
 
 from dcp.argtypes import nonneg_int, positive_int
@@ -133,30 +134,40 @@ def run(args: argparse.Namespace) -> int:
     print(f"# {n} samples, {sum(lengths.tokens):,} tokens, max {max(lengths.tokens):,}; model {configs[methods[0]].model.name}, "
           f"{sc.hardware.name}, {args.gpus} GPUs, table {args.table or 'analytic'}")
     print(f"{'method':<10} {'steps':>6} {'tokens/s':>12} {'tok/s/GPU':>10} {'idle':>6} {'idle_b':>6} "
-          f"{'idle_max':>8} {'ideal tok/s':>12} {'ideal_frac':>10} {'sync%':>6}")
-    out = {}
+          f"{'idle_max':>8} {'ideal tok/s':>12} {'ideal_frac':>10} {'sync%':>6}  tokens/step min / median / max")
+    out, per_step = {}, {}
     for m in methods:
         try:
-            r = simulate(lengths.tokens, table, configs[m], args.gpus, hardware=sc.hardware, shapes=lengths.shapes)
+            r, steps = simulate(lengths.tokens, table, configs[m], args.gpus, hardware=sc.hardware,
+                                shapes=lengths.shapes, return_steps=True)
         except ValueError as exc:
             print(f"dcp simulate: {m}: {exc}", file=sys.stderr)
             return 2
         out[m] = r
+        tok = per_step[m] = sorted(s.tokens for s in steps)
+        med = statistics.median(tok)
         print(f"{m:<10} {r.num_steps:>6} {r.tokens_per_s:>12.0f} {r.tokens_per_s / args.gpus:>10.0f} "
               f"{r.idle_ratio:>6.3f} {r.idle_ratio_batch:>6.3f} {max(r.idle_ratio_per_rank):>8.3f} "
               f"{r.ideal_tokens_per_s:>12.0f} "
-              f"{r.ideal_fraction:>10.3f} {100 * r.sync_time_s / r.total_time_s:>6.1f}")
+              f"{r.ideal_fraction:>10.3f} {100 * r.sync_time_s / r.total_time_s:>6.1f}  "
+              f"{tok[0]:,} / {med:,.0f} / {tok[-1]:,}")
+    target = configs[methods[0]].planning.tokens_per_step
+    print(f"# tokens per step: {'target ' + format(target, ',') if target else 'each method its own (no target set)'}"
+          + ("; the peers take bucket's mean" if not target and any(m in PEER_METHODS for m in methods) else ""))
     base = stronger_bucket(out)
     if base is not None:  # DCP's speedup over the stronger of the two bucket baselines
         print(f"# speedup over {base}: " + ", ".join(f"{m} {out[m].tokens_per_s / out[base].tokens_per_s:.2f}x"
                                                      for m in out if m.startswith("dcp")))
     if args.json:
-        def brief(r):
+        def brief(m):
+            r, tok = out[m], per_step[m]
             return {"tokens_per_s": r.tokens_per_s, "idle_ratio": r.idle_ratio, "ideal_fraction": r.ideal_fraction,
                     "idle_ratio_batch": r.idle_ratio_batch, "ideal_tokens_per_s": r.ideal_tokens_per_s,
-                    "idle_ratio_max_gpu": max(r.idle_ratio_per_rank), "num_steps": r.num_steps}
+                    "idle_ratio_max_gpu": max(r.idle_ratio_per_rank), "num_steps": r.num_steps,
+                    "tokens_per_step_min": tok[0], "tokens_per_step_median": statistics.median(tok),
+                    "tokens_per_step_max": tok[-1]}
         if len(methods) == 1:
-            print(json.dumps(brief(out[methods[0]])))
+            print(json.dumps(brief(methods[0])))
         else:
-            print(json.dumps({"methods": {m: brief(r) for m, r in out.items()}}))
+            print(json.dumps({"methods": {m: brief(m) for m in out}}))
     return 0

@@ -43,6 +43,8 @@ def test_simulate_a_peer_at_a_global_batch(capsys, method):
     last = json.loads(out[-1])
     tokens = sum(load_distribution("text", num_samples=400, seed=0))  # steps: the epoch's tokens / the batch
     assert last["num_steps"] == round(tokens / 20000) and 0 < last["ideal_fraction"] <= 1
+    assert 0.5 * 20000 <= last["tokens_per_step_min"] <= last["tokens_per_step_median"] <= last["tokens_per_step_max"]
+    assert last["tokens_per_step_max"] <= 2 * 20000 and "# tokens per step: target 20,000" in out
 
 
 def test_simulate_lengths_file_all_methods(tmp_path, capsys):
