@@ -115,45 +115,75 @@ def desired_tokens(step: int, done_tokens: int, tokens_per_step: int, bounds: tu
     return float(min(max(want, bounds[0] * tokens_per_step), bounds[1] * tokens_per_step))
 
 
+def cut_by_tokens(tokens: Sequence[int], tokens_per_step: float, bounds: tuple[float, float]) -> list[tuple[int, int]]:
+    """[start, end) runs of consecutive items (samples or micro-batches in release order), one per step: each
+    takes items while that brings it nearer the tokens ``desired_tokens`` asks (the running total stays on
+    step x target), never past ``high`` x target unless one item alone is larger; a remainder below ``low`` x
+    target joins the step before it when the two stay within ``high``, as does a step cut short before an item
+    larger than ``high`` (``_merge_short``)."""
+    low, high = bounds[0] * tokens_per_step, bounds[1] * tokens_per_step
+    n = len(tokens)
+    rest = np.concatenate([np.cumsum(np.asarray(tokens, dtype=np.int64)[::-1])[::-1], [0]]).tolist()
+    cuts: list[tuple[int, int]] = []
+    i, done = 0, 0
+    while i < n:
+        want = desired_tokens(len(cuts), done, int(tokens_per_step), bounds)
+        a, tok = i, tokens[i]
+        i += 1
+        while i < n:
+            t = tokens[i]
+            if not (rest[i] < low and tok + rest[i] <= high):  # else: what is left joins this step
+                if tok + t > high or abs(tok + t - want) > abs(tok - want):
+                    break
+            tok += t
+            i += 1
+        cuts.append((a, i))
+        done += tok
+    return _merge_short(cuts, rest, low, high)
+
+
+def _merge_short(cuts: list[tuple[int, int]], rest: list[int], low: float, high: float) -> list[tuple[int, int]]:
+    """A step left below ``low`` (it closed before an item larger than the upper bound) joins the step before
+    it, or else the one after it, when the two stay within ``high``."""
+    tok = [rest[a] - rest[e] for a, e in cuts]
+    k = 0
+    while k < len(cuts):
+        if tok[k] < low and len(cuts) > 1:
+            for j in (k - 1, k + 1):
+                if 0 <= j < len(cuts) and tok[j] + tok[k] <= high:
+                    lo, hi = min(j, k), max(j, k)
+                    cuts[lo : hi + 1] = [(cuts[lo][0], cuts[hi][1])]
+                    tok[lo : hi + 1] = [tok[lo] + tok[hi]]
+                    k = lo
+                    break
+            else:
+                k += 1
+            continue
+        k += 1
+    return cuts
+
+
 def slot_steps(micro_batches: Sequence[MicroBatch], slots: Sequence[int], sp_size: int, recompute_layers: int, *,
                world_size: int, epoch: int, method: str, tokens_per_step: int,
                bounds: tuple[float, float]) -> Iterator[StepPlan]:
     """A fixed-SP baseline (bucket, packed) at a global batch: its micro-batches in release order are cut into
-    steps of about ``tokens_per_step`` tokens (the running-total rule of ``desired_tokens``, never past the
-    upper bound unless one micro-batch is larger); each step's micro-batches go longest first to the slot (an
-    aligned block of ``sp_size`` ranks) that has the least work so far, so slots accumulate gradients over
-    several micro-batches (ga > 1) where the batch holds more micro-batches than slots. Ranks no slot covers idle.
-    """
+    steps by ``cut_by_tokens``; each step's micro-batches go longest first to the slot (an aligned block of
+    ``sp_size`` ranks) with the least work so far, so slots accumulate gradients over several micro-batches
+    (ga > 1) where the batch holds more micro-batches than slots. Ranks no slot covers idle."""
     covered = np.zeros(world_size, dtype=bool)
     for st in slots:
         covered[st : st + sp_size] = True
     idle = [GroupPlan(r, 1, 0, ()) for r in np.flatnonzero(~covered).tolist()]
-    n, i, step, done = len(micro_batches), 0, 0, 0
-    low, high = bounds[0] * tokens_per_step, bounds[1] * tokens_per_step
-    rest = np.cumsum([mb.tokens for mb in micro_batches][::-1])[::-1].tolist() + [0]  # tokens from i on
-    while i < n:
-        want = desired_tokens(step, done, tokens_per_step, bounds)
-        mine, tok = [micro_batches[i]], micro_batches[i].tokens
-        i += 1
-        while i < n:
-            t = micro_batches[i].tokens
-            if rest[i] < low and tok + rest[i] <= high:
-                pass  # what is left would make a short last step: it joins this one
-            elif tok + t > high or abs(tok + t - want) > abs(tok - want):
-                break
-            mine.append(micro_batches[i])
-            tok += t
-            i += 1
+    cuts = cut_by_tokens([mb.tokens for mb in micro_batches], tokens_per_step, bounds)
+    for step, (a, e) in enumerate(cuts):
         loads = [0.0] * len(slots)
         runs: list[list[MicroBatch]] = [[] for _ in slots]
-        for mb in sorted(mine, key=lambda m: -m.time_s):
+        for mb in sorted(micro_batches[a:e], key=lambda m: -m.time_s):
             j = min(range(len(slots)), key=lambda j: loads[j])
             loads[j] += mb.time_s
             runs[j].append(mb)
         groups = [GroupPlan(st, sp_size, recompute_layers, tuple(run)) for st, run in zip(slots, runs, strict=True)]
         yield StepPlan(epoch, step, world_size, method, sorted(groups + idle, key=lambda g: g.first_rank))
-        step += 1
-        done += tok
 
 
 def micro_batch_tokens(flat_lens: np.ndarray, mb_flat: np.ndarray, mb_count: np.ndarray) -> np.ndarray:

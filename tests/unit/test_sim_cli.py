@@ -41,10 +41,12 @@ def test_simulate_a_peer_at_a_global_batch(capsys, method):
     out = capsys.readouterr().out.strip().splitlines()
     assert rc == 0
     last = json.loads(out[-1])
-    tokens = sum(load_distribution("text", num_samples=400, seed=0))  # steps: the epoch's tokens / the batch
-    assert last["num_steps"] == round(tokens / 20000) and 0 < last["ideal_fraction"] <= 1
+    lens = load_distribution("text", num_samples=400, seed=0)  # steps: the epoch's tokens / the batch
+    # one 88k-token document takes a step alone (> 2 x the batch): fewer steps than tokens / batch
+    assert (sum(lens) - max(lens)) / 40000 <= last["num_steps"] <= sum(lens) / 20000 and 0 < last["ideal_fraction"] <= 1
     assert 0.5 * 20000 <= last["tokens_per_step_min"] <= last["tokens_per_step_median"] <= last["tokens_per_step_max"]
-    assert last["tokens_per_step_max"] <= 2 * 20000 and "# tokens per step: target 20,000" in out
+    # within 2 x the batch, but for a step holding one sample longer than that alone
+    assert last["tokens_per_step_max"] <= max(2 * 20000, max(lens)) and "# tokens per step: target 20,000" in out
 
 
 def test_simulate_lengths_file_all_methods(tmp_path, capsys):

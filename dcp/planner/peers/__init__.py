@@ -59,12 +59,12 @@ def plan_peer_epoch(lengths: Sequence[int], table, config: DCPConfig, world_size
 
         plans, _ = megatron_dyncp.plan_epoch(ids, lens, sh, cost, world_size=world_size,
                                              ranks_per_node=cfg.ranks_per_node, target_tokens=tokens_per_step,
-                                             epoch=epoch)
+                                             epoch=epoch, bounds=cfg.step_tokens_bounds)
         return plans
     from dcp.planner.peers import flexsp
 
     plans, _ = flexsp.plan_epoch(ids, lens, sh, cost, world_size=world_size, ranks_per_node=cfg.ranks_per_node,
-                                 target_tokens=tokens_per_step, epoch=epoch)
+                                 target_tokens=tokens_per_step, epoch=epoch, bounds=cfg.step_tokens_bounds)
     return plans
 
 

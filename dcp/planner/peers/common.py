@@ -24,32 +24,19 @@ import numpy as np
 from dcp.planner.cost import micro_batch_mem_bytes
 from dcp.planner.placement import node_bounds
 from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
+from dcp.planner.step_tokens import cut_by_tokens
 from dcp.planner.stream import PlanningError, TimeLookup
 from dcp.planner.table import ProfileTable
 
 
-def cut_steps(lengths: np.ndarray, target_tokens: float) -> list[tuple[int, int]]:
-    """Consecutive [start, end) ranges of the stream (lengths in stream order), one per optimizer step: the
-    epoch's tokens over S = round(tokens / target) steps (at least 1), step k ending at the sample boundary
-    nearest k x tokens / S. The epoch's mean is then tokens / S (within target / (2 S) of the target) and every
-    step is within one sample of it; the last step is no remainder."""
+def cut_steps(lengths: np.ndarray, target_tokens: float,
+              bounds: tuple[float, float] = (0.5, 2.0)) -> list[tuple[int, int]]:
+    """Consecutive [start, end) ranges of the stream (lengths in stream order), one per optimizer step of about
+    ``target_tokens`` (``dcp.planner.step_tokens.cut_by_tokens``: the running total on step x target, every
+    step within the bounds unless one sample alone is larger)."""
     if not target_tokens > 0:
         raise PlanningError(f"tokens per step ({target_tokens}) must be > 0: pass a positive token budget")
-    n = len(lengths)
-    if not n:
-        return []
-    cum = np.cumsum(np.asarray(lengths, dtype=np.float64))
-    total = float(cum[-1])
-    steps = max(1, min(n, round(total / target_tokens)))
-    ends = []
-    for k in range(1, steps):
-        goal = k * total / steps
-        j = int(np.searchsorted(cum, goal))  # cum[j] >= goal: end after sample j, or before it if nearer
-        end = j + 1 if j == 0 or cum[j] - goal <= goal - cum[j - 1] else j
-        lo = (ends[-1] if ends else 0) + 1  # at least one sample per step, and room for the steps after
-        ends.append(min(max(end, lo), n - (steps - k)))
-    ends.append(n)
-    return list(zip([0, *ends[:-1]], ends, strict=True))
+    return cut_by_tokens(np.asarray(lengths, dtype=np.int64).tolist(), target_tokens, bounds)
 
 
 @dataclass(slots=True)

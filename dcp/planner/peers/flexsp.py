@@ -244,9 +244,10 @@ def plan_step(ids: np.ndarray, lens: np.ndarray, shapes: np.ndarray | None, cost
 
 
 def plan_epoch(ids: np.ndarray, lens: np.ndarray, shapes: np.ndarray | None, cost: PeerCost, *, world_size: int,
-               ranks_per_node: int, target_tokens: float, epoch: int) -> tuple[list[StepPlan], dict]:
+               ranks_per_node: int, target_tokens: float, epoch: int,
+               bounds: tuple[float, float] = (0.5, 2.0)) -> tuple[list[StepPlan], dict]:
     """StepPlans (one per phase; a step's phases share its index) at the better global recompute."""
-    cuts = cut_steps(lens, target_tokens)
+    cuts = cut_steps(lens, target_tokens, bounds)
     best, choice = None, {}
     for r in (0, cost.num_layers):
         steps, total = [], 0.0

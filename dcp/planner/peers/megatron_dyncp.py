@@ -177,11 +177,12 @@ def compute_time_s(steps: list[list[Phase]]) -> float:
 
 
 def plan_epoch(ids: np.ndarray, lens: np.ndarray, shapes: np.ndarray | None, cost: PeerCost, *, world_size: int,
-               ranks_per_node: int, target_tokens: float, epoch: int) -> tuple[list[StepPlan], dict]:
+               ranks_per_node: int, target_tokens: float, epoch: int,
+               bounds: tuple[float, float] = (0.5, 2.0)) -> tuple[list[StepPlan], dict]:
     """StepPlans (one per round; a step's rounds share its index) for the best (m, r), and that choice.
 
     ``ids``, ``lens`` and ``shapes`` are in stream order."""
-    cuts = cut_steps(lens, target_tokens)
+    cuts = cut_steps(lens, target_tokens, bounds)
     best, choice = None, {}
     for r in (0, cost.num_layers):
         for m in cost.table.seq_group_edges:
