@@ -38,7 +38,7 @@ def pack_rounds(ep: EpochArrays, order: np.ndarray, t_star: float, head: int, he
     groups: list[list] = []
     kinds: dict[int, list[tuple[int, list, list[int]]]] = {}
     index: dict[tuple[int, int], list[int]] = {}
-    for p, r in _grant(ep, order, t_star, forced):
+    for p, r in zip(*_grant(ep, order, t_star, forced), strict=True):
         gids = index.get((p, r))
         if gids is None:
             gids = index[(p, r)] = []
@@ -58,17 +58,20 @@ def pack_rounds(ep: EpochArrays, order: np.ndarray, t_star: float, head: int, he
     return [gr for gr in groups if gr[3]]
 
 
-def _grant(ep: EpochArrays, order: np.ndarray, t_star: float, forced: set[int]) -> list[tuple[int, int]]:
-    """The (p, r) of every group the step gets, in grant order: each kind asks for its j-th group where its
+def _grant(ep: EpochArrays, order: np.ndarray, t_star: float, forced: set[int]) -> tuple[list[int], list[int]]:
+    """The p and r of every group the step gets, in grant order: each kind asks for its j-th group where its
     running window time passes (j - 1) x t_star; the asks that the kind can fill to OPEN_FILL (and the forced
-    window positions) first while ranks are free, then the others on ranks still free."""
+    window positions) first while ranks are free, then the others on ranks still free.
+
+    The asks are numpy columns, not a list of tuples: at 4096 ranks a step makes ~4000 asks per packing and
+    packs several times; tuples would be that many more objects for the cyclic garbage collector to track."""
     W = ep.world_size
     p_o, r_o = ep.mb_p_np[order], ep.mb_r_np[order]
     n_r = int(r_o.max()) + 1
     kind = p_o * n_r + r_o
     t_o = ep.mb_t[order]
-    events: list[tuple[int, int, int, bool]] = []
-    """(window position where the kind asks for the group, p, r, whether it may open in the first pass)"""
+    cols: list[tuple[np.ndarray, int, int, np.ndarray]] = []
+    """Per kind: (window positions where it asks for its groups, p, r, whether each may open in the first pass)"""
     for kd in np.unique(kind).tolist():
         sel = np.flatnonzero(kind == kd)
         p, r = divmod(kd, n_r)
@@ -77,24 +80,32 @@ def _grant(ep: EpochArrays, order: np.ndarray, t_star: float, forced: set[int]) 
         n_full = min(W // p, int(total / t_star + (1 - OPEN_FILL)))  # the last one filled >= OPEN_FILL
         n_all = min(W // p, math.ceil(total / t_star - 1e-9))
         asks = sel[np.minimum(np.searchsorted(cw, np.arange(n_all) * t_star, "right"), len(sel) - 1)]
-        events.extend((x, p, r, j < n_full) for j, x in enumerate(asks.tolist()))
-    events.sort()
-    free, granted, short = W, [], []
-    for x, p, r, full in events:
+        cols.append((asks, p, r, np.arange(n_all) < n_full))
+    xs = np.concatenate([c[0] for c in cols])
+    ps = np.concatenate([np.full(len(c[0]), c[1], dtype=np.int64) for c in cols])
+    rs = np.concatenate([np.full(len(c[0]), c[2], dtype=np.int64) for c in cols])
+    fulls = np.concatenate([c[3] for c in cols])
+    srt = np.lexsort((fulls, rs, ps, xs))  # by (position, p, r, full), as tuples would sort
+    free, gp, gr, sp, sr = W, [], [], [], []
+    for x, p, r, full in zip(xs[srt].tolist(), ps[srt].tolist(), rs[srt].tolist(), fulls[srt].tolist(),
+                             strict=True):
         if p > free:
             continue
         if full or x in forced:
-            granted.append((p, r))
+            gp.append(p)
+            gr.append(r)
             free -= p
             if not free:
                 break
         else:
-            short.append((p, r))
-    for p, r in short:  # ranks still free: the groups the window cannot fill, too
+            sp.append(p)
+            sr.append(r)
+    for p, r in zip(sp, sr, strict=True):  # ranks still free: the groups the window cannot fill, too
         if p <= free:
-            granted.append((p, r))
+            gp.append(p)
+            gr.append(r)
             free -= p
-    return granted
+    return gp, gr
 
 
 def place_first(ep: EpochArrays, groups: list[list], index: dict[tuple[int, int], list[int]], k: int,
