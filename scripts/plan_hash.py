@@ -101,6 +101,15 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="print {'plans': {...}, 'combined': ...} as JSON")
     ap.add_argument("--check", metavar="FILE", help="compare with a saved --json output; exit 1 on a difference")
     args = ap.parse_args(argv)
+    want: dict = {}
+    if args.check:  # read before the minute of planning, so a bad path fails at once
+        try:
+            with open(args.check) as f:
+                want = json.load(f)["plans"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"plan_hash: --check {args.check}: cannot read saved hashes ({exc}): write one with --json",
+                  file=sys.stderr)
+            return 2
     hashes = hash_all()
     total = combined(hashes)
     if args.json:
@@ -112,14 +121,6 @@ def main(argv=None) -> int:
             print(f"{k:<28} {v['sha256']}  steps {v['steps']}" + (f"  error {v['error']}" if "error" in v else ""))
         print(f"combined {total}")
     if args.check:
-        try:
-            with open(args.check) as f:
-                saved = json.load(f)
-            want = saved["plans"]
-        except (OSError, ValueError, KeyError) as exc:
-            print(f"plan_hash: --check {args.check}: cannot read saved hashes ({exc}): write one with --json",
-                  file=sys.stderr)
-            return 2
         for key in [*want, *(k for k in hashes if k not in want)]:
             got = hashes.get(key, {}).get("sha256")
             if got != want.get(key, {}).get("sha256"):
