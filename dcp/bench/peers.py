@@ -63,13 +63,11 @@ def cell(lengths, table, sc, method: str, gpus: int, seed: int, tokens_per_step:
     """One (dataset, method) row's figures."""
     import numpy as np
 
-    from dcp.config import PEER_METHODS
     from dcp.sim.cluster import simulate
     from dcp.sim.scenario import paper_config
 
     cfg = paper_config(sc, method, seed=seed)
-    if method in PEER_METHODS:
-        cfg = cfg.replace(planning=dataclasses.replace(cfg.planning, tokens_per_step=round(tokens_per_step)))
+    cfg = cfg.replace(planning=dataclasses.replace(cfg.planning, tokens_per_step=round(tokens_per_step)))
     res, steps = simulate(lengths.tokens, table, cfg, gpus, hardware=sc.hardware, shapes=lengths.shapes,
                           return_steps=True)
     tok = np.asarray([s.tokens for s in steps], dtype=np.int64)

@@ -14,11 +14,11 @@ Call order per optimizer step (never per micro-batch): ``optimizer.step(); wrapp
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 from dcp.loaders._common import fail_arg
+from dcp.planner.step_tokens import lr_factor
 
 SCALING_METHODS = ("linear", "sqrt", "none")
 
@@ -29,14 +29,9 @@ def scale_lr(reference_batch_size: int, batch_size: int, lr: float, method: str 
         fail_arg("reference_batch_size", reference_batch_size, "must be >= 1", "pass the batch size lr was tuned for")
     if batch_size < 0:
         fail_arg("batch_size", batch_size, "must be >= 0", "pass the number of samples of the step")
-    if method == "linear":
-        return lr * batch_size / reference_batch_size
-    if method == "sqrt":
-        return lr * math.sqrt(batch_size / reference_batch_size)
-    if method == "none":
-        return lr
-    fail_arg("method", method, f"is not one of {list(SCALING_METHODS)}", "pick one of those names")
-    raise AssertionError("unreachable")
+    if method not in SCALING_METHODS:
+        fail_arg("method", method, f"is not one of {list(SCALING_METHODS)}", "pick one of those names")
+    return lr * lr_factor(batch_size, reference_batch_size, method)  # the one rule, shared with the manager
 
 
 class BatchSizeScaledLR:
@@ -133,36 +128,3 @@ class BatchSizeScaledLR:
         self._unscaled = [float(x) for x in state["unscaled"]]
         self._apply(int(state["batch_size"]))
 
-
-class StepTokensLR:
-    """The manager's per-step LR scaling at a global batch in tokens (``runtime.lr_scaling``).
-
-    ``apply(step_tokens)`` before a step's micro-batches sets every parameter group's LR to its scheduled LR x
-    the rule (``scale_lr``) of ``step_tokens / tokens_per_step``; ``restore()`` after the step's optimizer
-    update puts the scheduled LR back, so a scheduler stepped after it (ExponentialLR reads ``group['lr']``)
-    never compounds the scaling. The scheduled LR is read from the group at every ``apply``.
-    """
-
-    def __init__(self, optimizer: Any, *, tokens_per_step: int, method: str) -> None:
-        if method not in SCALING_METHODS:
-            fail_arg("method", method, f"is not one of {list(SCALING_METHODS)}", "pick one of those names")
-        if tokens_per_step < 1:
-            fail_arg("tokens_per_step", tokens_per_step, "must be >= 1", "pass the global batch the LR was tuned for")
-        if not hasattr(optimizer, "param_groups"):
-            fail_arg("optimizer", type(optimizer).__name__, "has no param_groups", "pass a torch optimizer")
-        self.optimizer, self.tokens_per_step, self.method = optimizer, tokens_per_step, method
-        self._scheduled: list[float] | None = None
-
-    def apply(self, step_tokens: int) -> None:
-        if self._scheduled is not None:
-            self.restore()  # a step that never reached its update (e.g. an idle epoch end) keeps no scaling
-        self._scheduled = [float(g["lr"]) for g in self.optimizer.param_groups]
-        for group, lr in zip(self.optimizer.param_groups, self._scheduled, strict=True):
-            group["lr"] = scale_lr(self.tokens_per_step, int(step_tokens), lr, self.method)
-
-    def restore(self) -> None:
-        if self._scheduled is None:
-            return
-        for group, lr in zip(self.optimizer.param_groups, self._scheduled, strict=True):
-            group["lr"] = lr
-        self._scheduled = None

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from dcp.config import DCPConfig
+from dcp.config import PEER_METHODS, DCPConfig
 from dcp.planner.baselines import baseline_plan
 from dcp.planner.epoch import EpochArrays, EpochProgress, default_lookahead, lookahead_samples, prepare_epoch
 from dcp.planner.intra import Setting
 from dcp.planner.plan import StepPlan
 from dcp.planner.source import epoch_input
 from dcp.planner.step import plan_step
+from dcp.planner.step_tokens import desired_tokens, micro_batch_tokens
 from dcp.planner.stream import PlanningError
 from dcp.planner.table import ProfileTable
 
@@ -61,12 +62,17 @@ class EpochPlanner:
         """Look-ahead window in stream positions (DCP methods; see default_lookahead for the 0 default)."""
         self.arrays: EpochArrays | None = None
         """DCP methods: the epoch's prepared arrays (None for baselines)."""
-        if self.method in BASELINES:
+        if self.method in PEER_METHODS:  # the simulator's peers (dcp.planner.peers): planned, never run
+            from dcp.planner.peers import plan_peer_epoch
+
+            self._steps = iter(plan_peer_epoch(lengths, table, config, world_size, epoch, shapes=shapes))
+        elif self.method in BASELINES:
             self._steps, self.baseline_sp_size, self.batch_sizes = baseline_plan(inp)
         else:
             ep = self.arrays = prepare_epoch(inp)
             self.settings, self.lookahead_samples = ep.settings, ep.lookahead_samples
-            self._steps = _dcp_steps(ep)
+            cfg = config.planning
+            self._steps = _dcp_steps(ep, cfg.tokens_per_step, cfg.step_tokens_bounds)
 
     @property
     def num_samples(self) -> int:
@@ -85,18 +91,28 @@ class EpochPlanner:
         return next(self._steps)
 
 
-def _dcp_steps(ep: EpochArrays) -> Iterator[StepPlan]:
-    """DCP's steps: each starts at the first micro-batch no earlier step consumed, until none is left."""
+def _dcp_steps(ep: EpochArrays, tokens_per_step: int = 0, bounds: tuple[float, float] = (0.5, 2.0)
+               ) -> Iterator[StepPlan]:
+    """DCP's steps: each starts at the first micro-batch no earlier step consumed, until none is left. With
+    ``tokens_per_step`` (planning.tokens_per_step), each step is sized to hold the tokens that keep the epoch's
+    running total on step x target, within the bounds (``dcp.planner.step_tokens``)."""
     n = ep.num_micro_batches
     prog = EpochProgress(n)
     consumed = prog.consumed
-    head, step = 0, 0
+    head, step, done = 0, 0, 0
+    mb_tok = micro_batch_tokens(ep.flat_lens, ep.mb_flat, ep.mb_count) if tokens_per_step else None
     while True:
         while head < n and consumed[head]:
             head += 1
         if head >= n:
             return
-        yield plan_step(ep, prog, step, head)
+        budget = None
+        if mb_tok is not None:
+            budget = (desired_tokens(step, done, tokens_per_step, bounds), bounds[1] * tokens_per_step, mb_tok,
+                      bounds[0])
+        plan = plan_step(ep, prog, step, head, budget)
+        done += plan.tokens
+        yield plan
         step += 1
 
 

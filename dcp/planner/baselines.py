@@ -28,6 +28,7 @@ from dcp.planner.cost import micro_batch_time_s, min_recompute_layers
 from dcp.planner.placement import aligned_slots
 from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
 from dcp.planner.source import EpochInput
+from dcp.planner.step_tokens import slot_steps
 from dcp.planner.stream import (
     MicroBatchQueues,
     PlanningError,
@@ -231,6 +232,12 @@ def _bucket(pl: EpochInput, p: int, slots: list[int], b_of: dict[int, int]) -> I
     L = pl.table.num_layers
     mb_time = micro_batch_times(mbq, TimeLookup(pl.table), {g: (p, L) for g in b_of}).tolist()
 
+    cfg = pl.config.planning
+    if cfg.tokens_per_step:  # the user's global batch: steps cut by tokens, slots accumulate (ga > 1)
+        yield from slot_steps([mbq.micro_batch(k, mb_time[k]) for k in range(mbq.num)], slots, p, L,
+                              world_size=pl.world_size, epoch=pl.epoch, method=pl.method,
+                              tokens_per_step=cfg.tokens_per_step, bounds=cfg.step_tokens_bounds)
+        return
     step = 0
     for k0 in range(0, mbq.num, len(slots)):
         ks = range(k0, min(k0 + len(slots), mbq.num))
@@ -279,27 +286,43 @@ def _pack_steps(
     pl: EpochInput, p: int, slots: list[int], budget: int, one: dict[int, tuple[float, float]],
     sample_time: np.ndarray, pack_time: Callable[[list[int]], float] | None = None,
 ) -> Iterator[StepPlan]:
+    packs = _packs_in_order(pl, budget, one, sample_time, pack_time)
+    cfg = pl.config.planning
+    if cfg.tokens_per_step:  # the user's global batch: steps cut by tokens, slots accumulate (ga > 1)
+        yield from slot_steps(list(packs), slots, p, pl.table.num_layers, world_size=pl.world_size,
+                              epoch=pl.epoch, method=pl.method, tokens_per_step=cfg.tokens_per_step,
+                              bounds=cfg.step_tokens_bounds)
+        return
+    step, mbs = 0, []
+    for mb in packs:
+        mbs.append(mb)
+        if len(mbs) == len(slots):
+            yield _step(pl, step, p, slots, mbs)
+            step, mbs = step + 1, []
+    if mbs:
+        yield _step(pl, step, p, slots, mbs)
+
+
+def _packs_in_order(
+    pl: EpochInput, budget: int, one: dict[int, tuple[float, float]], sample_time: np.ndarray,
+    pack_time: Callable[[list[int]], float] | None,
+) -> Iterator[MicroBatch]:
+    """The packs, in stream order: greedy, a pack closes when the next sample would pass the budget."""
     order = pl.order.tolist()
     lengths = pl.lengths[pl.order].tolist()
     groups = pl.groups[pl.order].tolist()
     t_one = sample_time[pl.order].tolist()
-    n, i, step = len(order), 0, 0
+    n, i = len(order), 0
     while i < n:
-        mbs = []
-        while len(mbs) < len(slots) and i < n:
-            # Greedy in stream order: close the pack when the next sample would pass the budget.
-            ids, lens, tok, t, tc = [], [], 0, 0.0, 0.0
-            while i < n and tok + lengths[i] <= budget:
-                c = one[groups[i]][1]
-                t1 = t_one[i]
-                ids.append(order[i])
-                lens.append(lengths[i])
-                tok += lengths[i]
-                t += t1 - c
-                tc = max(tc, c)
-                i += 1
-            # One forward/backward for the whole pack: the constant part (embedding, head, loss) once.
-            t_pack = pack_time(lens) if pack_time is not None and len(lens) > 1 else t + tc
-            mbs.append(MicroBatch(tuple(ids), tuple(lens), -1, t_pack))
-        yield _step(pl, step, p, slots, mbs)
-        step += 1
+        ids, lens, tok, t, tc = [], [], 0, 0.0, 0.0
+        while i < n and tok + lengths[i] <= budget:
+            c = one[groups[i]][1]
+            ids.append(order[i])
+            lens.append(lengths[i])
+            tok += lengths[i]
+            t += t_one[i] - c
+            tc = max(tc, c)
+            i += 1
+        # One forward/backward for the whole pack: the constant part (embedding, head, loss) once.
+        t_pack = pack_time(lens) if pack_time is not None and len(lens) > 1 else t + tc
+        yield MicroBatch(tuple(ids), tuple(lens), -1, t_pack)

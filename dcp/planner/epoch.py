@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dcp.config import DCPConfig
-from dcp.planner.intra import Setting, best_settings, settings_by_sp
+from dcp.planner.intra import Setting, batch_settings, best_settings, settings_by_sp
 from dcp.planner.source import EpochInput
 from dcp.planner.stream import MicroBatchQueues, TimeLookup, micro_batch_times, no_setting_error
 from dcp.planner.tuning import DEFAULT_LOOKAHEAD_PER_RANK, LOOKAHEAD_WORK_FACTOR
@@ -145,7 +145,14 @@ def _settings(inp: EpochInput, present: list[int]) -> tuple[dict, dict]:
         if g not in best:
             raise no_setting_error(g, inp.table, inp.groups, mem_capacity_bytes=cfg.mem_capacity_bytes,
                                    sp_sizes=cfg.sp_sizes, world_size=inp.world_size)
-    return {g: best[g] for g in present}, {g: by_sp[g] for g in present}
+    best = {g: best[g] for g in present}
+    if cfg.tokens_per_step:
+        # the step time a global batch implies: its tokens at the epoch's GPU-seconds per token, over W
+        tok = np.bincount(inp.groups, weights=inp.lengths, minlength=max(present) + 1)
+        gpu_s = sum(tok[g] * s.sp_size * s.time_s / (s.micro_batch_size * s.seq_len) for g, s in best.items())
+        step_s = cfg.tokens_per_step * gpu_s / max(1.0, float(tok.sum())) / inp.world_size
+        best = batch_settings(inp.table, best, step_s, **kw)
+    return best, {g: by_sp[g] for g in present}
 
 
 def _unit_times(settings: dict[int, Setting], options: dict[int, list[Setting]],
@@ -208,7 +215,12 @@ def _lookahead(inp: EpochInput, settings: dict[int, Setting], unit_time: dict, n
     per_sample = sum(
         counts[g] * unit_primary[g] * s.sp_size / s.micro_batch_size for g, s in settings.items()
     ) / max(1, inp.num_samples)
-    return default_lookahead(inp.world_size, cfg.gmax * max(unit_primary), per_sample, inp.num_samples)
+    la = default_lookahead(inp.world_size, cfg.gmax * max(unit_primary), per_sample, inp.num_samples)
+    if cfg.tokens_per_step:
+        # A step at a global batch reads on until it has found the work of its tokens (``window.scan`` skips
+        # what earlier steps took): short micro-batches the packing left behind must not end it early.
+        la = inp.num_samples
+    return la
 
 
 def prepare_epoch(inp: EpochInput) -> EpochArrays:

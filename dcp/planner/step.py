@@ -13,12 +13,18 @@ from dcp.planner.epoch import EpochArrays, EpochProgress
 from dcp.planner.improve import idle, improve, join_head, work
 from dcp.planner.packing import pack
 from dcp.planner.plan import StepPlan
+from dcp.planner.step_tokens import token_target
 from dcp.planner.tuning import HEAD_ALONE, RETRY_IDLE, RETRY_STRETCH, SHORTER_GAIN, WINDOW_WORK_FACTOR
 from dcp.planner.window import Scan, scan, target, window
 
 
-def plan_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int) -> StepPlan:
-    """The StepPlan of step ``step``, whose head (first unconsumed micro-batch) is ``head``."""
+def plan_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
+              budget: tuple[float, float, np.ndarray, float] | None = None) -> StepPlan:
+    """The StepPlan of step ``step``, whose head (first unconsumed micro-batch) is ``head``. ``budget``:
+    (tokens wanted, most tokens, tokens of every micro-batch, the lower bound's fraction) when
+    planning.tokens_per_step is set."""
+    if budget is not None:
+        return _token_step(ep, prog, step, head, budget)
     f = WINDOW_WORK_FACTOR * ep.world_size
     sc = scan(ep, prog, head, lambda t: f * ep.gmax * t)
     t_star, m, j_long = target(ep, sc)
@@ -99,3 +105,43 @@ def _try_targets(ep: EpochArrays, prog: EpochProgress, best: tuple, sc: Scan, m:
         if alt_idle < best[1] - (SHORTER_GAIN if t_try < t_star else 1e-9):
             best = (alt, alt_idle, w_try, None)
     return best
+
+
+TOKEN_SLACK = 1.25
+"""A step at a global batch packs from a window of at most this many times the tokens it wants."""
+END_STRETCHES = 8
+"""At the epoch's end a step at a global batch stretches T* by 10% up to this many times to take all that is
+left (its packing may leave a few micro-batches that no group has room for)."""
+
+
+def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
+                budget: tuple[float, float, np.ndarray, float]) -> StepPlan:
+    """A step at the user's global batch (``dcp.planner.step_tokens.token_target``): T* from the release-order
+    batch of about the wanted tokens, the window capped in tokens; the same packing, local search and head
+    re-pack as any step, but no other targets (they would change the step's tokens) and no Gmax bound (the
+    batch decides the step's length)."""
+    want, cap, mb_tok, bounds_low = budget
+    f = WINDOW_WORK_FACTOR * ep.world_size
+    per_token = float(ep.mb_work.sum()) / max(1.0, float(mb_tok.sum()))  # GPU-s per token of the epoch
+    sc = scan(ep, prog, head, lambda t: f * max(t, want * per_token / ep.world_size))
+    left = float(mb_tok[prog.consumed_np() == 0].sum())
+    last = left <= max(cap, want + bounds_low * (want if want else 1))  # the epoch's end: take what is left
+    if last and not sc.all:
+        sc = scan(ep, prog, head, lambda t: math.inf)
+    # the window may hold a little more than the batch (choice for the packing), never past the cap
+    t_star, m, j_long = token_target(sc.cumw, ep.mb_t[sc.idx], mb_tok[sc.idx], ep.world_size,
+                                     left if last else want, left if last else min(cap, TOKEN_SLACK * want),
+                                     WINDOW_WORK_FACTOR)
+    win = window(sc.idx, m, j_long)
+    for _ in range(END_STRETCHES if last else 1):
+        groups = pack(ep, win, t_star, head)
+        if not any(head in gr[3] for gr in groups):
+            groups = pack(ep, win, t_star, head, head_first=True)
+        if sum(len(gr[3]) for gr in groups) >= len(win):
+            break
+        t_star *= 1.1
+    improve(ep, prog, win, groups, head)
+    best = _try_head_elsewhere(ep, prog, (groups, idle(groups, ep.world_size), win, None), head, t_star)
+    groups, _, win, head_t = best
+    prog.scan_hint = len(win)
+    return place_and_build(ep, prog, step, head, win, groups, t_star, head_t)

@@ -17,6 +17,7 @@ A round larger than ``high`` x target cannot be mended here: the planner caps it
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
@@ -217,3 +218,19 @@ def token_target(cumw: np.ndarray, t_all: np.ndarray, tok_all: np.ndarray, world
     if over.size:
         m = j + 1 + int(over[0])
     return t_star, m, int(np.argmax(t_all[:m]))
+
+
+LR_RULES = ("linear", "sqrt", "none")
+"""How a step's learning rate follows its batch (``runtime.lr_scaling``, ``dcp.loaders.lr_scaling``)."""
+
+
+def lr_factor(batch: float, reference: float, method: str) -> float:
+    """The LR multiplier of a step of ``batch`` (tokens or samples) for an LR tuned at ``reference``: linear
+    ``k`` (Goyal et al.), sqrt ``sqrt(k)`` (Krizhevsky), none 1, with k = batch / reference."""
+    if method == "linear":
+        return batch / reference
+    if method == "sqrt":
+        return math.sqrt(batch / reference)
+    if method == "none":
+        return 1.0
+    raise ValueError(f"lr scaling method ({method!r}) is not one of {list(LR_RULES)}: pick one of those names")

@@ -244,6 +244,9 @@ class DDPEngine(Engine):
                 copy_flat_into_grads(bucket, flat)
             self._started = []
         self.optimizer.step()
+        lr = getattr(self._manager(), "_lr", None)
+        if lr is not None:
+            lr.restore()  # runtime.lr_scaling: the scheduler steps from the scheduled LR, never the scaled one
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()  # once per optimizer step, never per micro-batch
         self.optimizer.zero_grad(set_to_none=True)

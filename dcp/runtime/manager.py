@@ -48,6 +48,7 @@ from dcp.runtime.exchange import (
     step_row,
 )
 from dcp.runtime.log import StepStats, get_logger
+from dcp.runtime.lr import step_lr
 from dcp.runtime.phases import PhaseBoard
 from dcp.runtime.recompute import checkpoint_layer
 from dcp.runtime.registry import SPGroupRegistry
@@ -123,6 +124,8 @@ class DCPManager:
                 backend="gloo", timeout=timedelta(seconds=config.runtime.plan_check_timeout_s)
             )
         engine.attach(self)
+        self._lr = step_lr(config, engine)
+        """runtime.lr_scaling: the step's LR scaled by its tokens (dcp.runtime.lr), or None."""
         self.epoch = 0
         self.step_in_epoch = 0
         self.global_step = 0
@@ -535,6 +538,8 @@ class DCPManager:
         self._group = plan.group_of(self.rank)
         self._n_step = step_normaliser(plan, self._target_counts_np, self.config.runtime.loss_weighting)
         self._step_open = True
+        if self._lr is not None:
+            self._lr.apply(plan.tokens)
         self._prev = {"plan": plan, "t0": now, "global_step": self.global_step + 1}
 
     def _epoch_digest(self, epoch: int) -> str:

@@ -1,0 +1,52 @@
+"""planning.tokens_per_step: every method trains the user's global batch (steps within the bounds, the epoch's
+mean on the target), every sample once; unset, plans are unchanged (scripts/plan_hash.py checks that)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from test_planner_assemble import check_plans, lengths_for, make
+
+from dcp.planner import plan_epoch
+from dcp.planner.step_tokens import step_tokens
+
+METHODS = ["bucket", "packed", "dcp-inter", "dcp-intra", "megatron-dyncp", "flexsp"]
+
+
+def _at(cfg, tokens_per_step, bounds=(0.5, 2.0)):
+    return cfg.replace(planning=dataclasses.replace(cfg.planning, tokens_per_step=tokens_per_step,
+                                                    step_tokens_bounds=bounds))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_holds_the_batch(method):
+    cfg, table = make(8, method=method)
+    lengths = lengths_for(400, seed=5, hi=3000)
+    target = int(lengths.sum() / 25)  # ~25 steps
+    plans = plan_epoch(lengths, table, _at(cfg, target), 8)
+    assert sorted(i for p in plans for i in p.sample_ids) == list(range(len(lengths)))
+    tok = step_tokens(plans)
+    assert abs(tok.mean() / target - 1) <= 0.05, (method, tok.mean() / target)
+    assert (tok >= 0.5 * target).all() and (tok <= 2.0 * target).all(), (method, tok.min() / target,
+                                                                        tok.max() / target)
+    if method in ("bucket", "dcp-inter", "dcp-intra"):  # one StepPlan per step, as the runtime runs them (packed: seq_group -1)
+        check_plans(plans, lengths, cfg, 8)
+
+
+@pytest.mark.parametrize("method", ["bucket", "dcp-intra"])
+def test_tighter_bounds_are_honoured(method):
+    cfg, table = make(8, method=method)
+    lengths = lengths_for(400, seed=6, hi=2000)
+    target = int(lengths.sum() / 20)
+    tok = step_tokens(plan_epoch(lengths, table, _at(cfg, target, (0.8, 1.25)), 8))
+    assert (tok >= 0.8 * target).all() and (tok <= 1.25 * target).all() and abs(tok.mean() / target - 1) <= 0.05
+
+
+def test_unset_is_unchanged():
+    cfg, table = make(8, method="dcp-intra")
+    lengths = lengths_for(300, seed=7)
+    a = [p.digest() for p in plan_epoch(lengths, table, cfg, 8)]
+    b = [p.digest() for p in plan_epoch(lengths, table, _at(cfg, 0), 8)]
+    assert a == b and np.isfinite(len(a))
