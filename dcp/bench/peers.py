@@ -4,9 +4,9 @@
     dcp bench peers --datasets text --methods dcp-intra,megatron-dyncp --num-samples 5000 --json
 
 Every cell plans one epoch with the real planner (the peers: ``dcp.planner.peers``) and simulates it on the
-analytic table of the dataset's paper model (t1d-5b for t1d-* and text, t2d-1.2b for t2d-*). The peers hold a
-fixed global batch: ``--tokens-per-step``, or bucket's mean tokens per step on the same data (the target
-column). Columns: tokens/s, fraction of the ideal bound, GPU-weighted idle, optimizer steps, tokens per step
+analytic table of the dataset's paper model (t1d-5b for t1d-* and text, t2d-1.2b for t2d-*). Every method
+trains the same global batch (``planning.tokens_per_step``): ``--tokens-per-step``, or bucket's mean tokens per
+step on the same data when bucket plans its own steps (the target column). Columns: tokens/s, fraction of the ideal bound, GPU-weighted idle, optimizer steps, tokens per step
 (min / median / max) and the target. With --json the last line is ``{"rows": [{"dataset", "method",
 "tokens_per_s", "ideal_fraction", "idle_ratio", "steps", "tokens_per_step_min", "tokens_per_step_median",
 "tokens_per_step_max", "target_tokens_per_step"}]}``.
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
                 rows.append(row)
                 bar.update(1)
     print(f"# {args.num_samples} samples per dataset, {args.gpus} x {args.hardware.upper()} (simulated), seed "
-          f"{args.seed}; peers at the target tokens per step (bucket's mean unless --tokens-per-step)")
+          f"{args.seed}; every method at the target tokens per step (bucket's own mean unless --tokens-per-step)")
     print(f"{'dataset':<13} {'method':<15} {'tokens/s':>10} {'ideal':>6} {'idle':>6} {'steps':>6} "
           f"{'tok/step min':>12} {'median':>10} {'max':>10} {'target':>10}")
     for r in rows:
