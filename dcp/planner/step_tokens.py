@@ -1,18 +1,11 @@
-"""Tokens per optimizer step as a user setting (``planning.tokens_per_step``): rounds grouped into steps.
+"""Tokens per optimizer step as a user setting (``planning.tokens_per_step``, docs/planner.md).
 
-A planner emits *rounds*: StepPlans, each one layout of SP groups over all ranks. With ``tokens_per_step`` set,
-consecutive rounds form one optimizer step (they share its step index; ``dcp.sim.cluster.merge_phases`` and the
-manager run them back to back with one gradient sync), so that every step holds about the target:
-
-- a step closes where the epoch's running total of tokens is nearest k x target (k steps so far), the rule of
-  ``dcp.planner.peers.common.cut_steps`` applied online: the epoch's mean stays on the target instead of
-  drifting by half a round per step;
-- never above ``high`` x target (it closes before a round that would pass it) and never below ``low`` x target
-  while rounds remain; the epoch's last step, when below ``low``, joins the step before it if the two stay
-  within ``high``.
-
-A round larger than ``high`` x target cannot be mended here: the planner caps its rounds' tokens
-(``round_token_cap``). Grouping is lazy (one step held back), so plans still stream.
+Every method's steps hold about the target, each within ``planning.step_tokens_bounds`` of it and the epoch's
+mean on it: ``cut_by_tokens`` cuts items (samples, micro-batches) in release order so that the running total
+stays on step x target (``desired_tokens``); ``slot_steps`` puts the fixed-SP baselines' micro-batches of a
+step on their slots; ``token_target`` sizes a DCP step for the tokens it wants. ``step_tokens`` and
+``summary`` report tokens per step; ``lr_factor`` is the LR rule of ``runtime.lr_scaling`` (shared with
+``dcp.loaders.lr_scaling``).
 """
 
 from __future__ import annotations
@@ -23,72 +16,6 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 
 from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
-
-
-def round_token_cap(tokens_per_step: int, bounds: tuple[float, float]) -> int:
-    """Most tokens one round may hold so that a step of it stays within the bounds (0: no cap, setting unset)."""
-    return int(tokens_per_step * bounds[1]) if tokens_per_step > 0 else 0
-
-
-def renumbered(plan: StepPlan, step: int) -> StepPlan:
-    """The same round as part of optimizer step ``step``."""
-    if plan.step == step:
-        return plan
-    return StepPlan.from_arrays(
-        plan.epoch, step, plan.world_size, plan.method, first_rank=plan.first_rank, sp_size=plan.sp_size,
-        recompute_layers=plan.recompute_layers, ga_steps=plan.ga_steps, mb_time_s=plan.mb_time_s,
-        mb_seq_group=plan.mb_seq_group, mb_size=plan.mb_size, sample_ids=plan.sample_id_array,
-        seq_lens=plan.seq_len_array)
-
-
-def _steps(rounds: Iterable[StepPlan], target: float, low: float, high: float) -> Iterator[list[StepPlan]]:
-    """Rounds grouped into steps (lists), before the last-step merge."""
-    cur: list[StepPlan] = []
-    cur_tok = done_tok = 0
-    k = 0  # steps closed
-    for r in rounds:
-        t = r.tokens
-        if cur:
-            goal = (k + 1) * target
-            nearer_without = abs(done_tok + cur_tok - goal) <= abs(done_tok + cur_tok + t - goal)
-            if cur_tok + t > high * target or (nearer_without and cur_tok >= low * target):
-                yield cur
-                k += 1
-                done_tok += cur_tok
-                cur, cur_tok = [], 0
-        cur.append(r)
-        cur_tok += t
-    if cur:
-        yield cur
-
-
-def group_rounds(rounds: Iterable[StepPlan], tokens_per_step: int, bounds: tuple[float, float]) -> Iterator[StepPlan]:
-    """The rounds, renumbered into optimizer steps of about ``tokens_per_step`` tokens (module docstring);
-    ``tokens_per_step`` 0: unchanged (every round its own step, as the planner numbered it)."""
-    if tokens_per_step <= 0:
-        yield from rounds
-        return
-    low, high = bounds
-    target = float(tokens_per_step)
-    # two steps held back: the last one, when short, may join the one before it
-    prev: list[StepPlan] | None = None
-    cur: list[StepPlan] | None = None
-    step = 0
-    for group in _steps(rounds, target, low, high):
-        if prev is not None:
-            yield from (renumbered(r, step) for r in prev)
-            step += 1
-        prev, cur = cur, group
-    if cur is None:
-        return
-    if prev is not None:
-        short = sum(r.tokens for r in cur) < low * target
-        if short and sum(r.tokens for r in prev + cur) <= high * target:
-            prev, cur = prev + cur, None
-        yield from (renumbered(r, step) for r in prev)
-        step += 1
-    if cur is not None:
-        yield from (renumbered(r, step) for r in cur)
 
 
 def step_tokens(plans: Iterable[StepPlan]) -> np.ndarray:
