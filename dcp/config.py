@@ -26,6 +26,11 @@ MAX_TOKENS = 2**40
 integer setting: far above any real value, small enough that sums and products stay exact in int64."""
 MAX_GA = 2**16
 """Bound of planning.gmin / gmax: beyond it ga_steps * micro-batch time overflows the planner's integers."""
+GRAD_BUCKET_MIB = 25.0
+"""The ddp engine's gradient bucket (the default of ``DDPEngine(bucket_cap_mb=...)``), shared with the cost
+model that prices it: its buckets start one by one inside the last backward, and the last one only after
+it (``dcp.sim.cluster.exposed_sync_s``). Here, below both the planner and the runtime, so neither imports
+the other for it."""
 
 
 class ConfigError(ValueError):

@@ -71,7 +71,7 @@ def first_plans(dataset: Any, table: Any, cfg: Any, world_size: int, count: int)
 
 def split_samples(batch: Any) -> list[Any]:
     """One Batch per sample, cut to its own length (no padding): how a packed micro-batch runs here."""
-    from dcp.models.common import Batch
+    from dcp.data import Batch
 
     out = []
     for i, n in enumerate(batch.seq_lens):

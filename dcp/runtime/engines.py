@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from dcp.config import GRAD_BUCKET_MIB
 from dcp.distributed.comm import all_reduce_grads_flat, check_backend_device, copy_flat_into_grads
 from dcp.distributed.device import autocast, module_device, resolve_precision
-from dcp.planner.analytic import GRAD_BUCKET_MIB
 
 if TYPE_CHECKING:
     from dcp.runtime.manager import DCPManager

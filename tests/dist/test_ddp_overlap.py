@@ -29,7 +29,8 @@ class _Manager:
 
 
 def _overlap(rank: int, world: int, idle_rank: int) -> dict:
-    from dcp.models import build_model, collate_tokens
+    from dcp.data import collate_tokens
+    from dcp.models import build_model
     from dcp.runtime.context import SPContext
     from dcp.runtime.engines import DDPEngine, EngineError
 

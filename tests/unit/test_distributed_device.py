@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from dcp.config import ConfigError, DCPConfig, RuntimeConfig, config_from_dict
+from dcp.data import collate_tokens
 from dcp.distributed import (
     autocast,
     backend_device,
@@ -23,7 +24,7 @@ from dcp.distributed import (
 )
 from dcp.distributed.comm import check_backend_device
 from dcp.distributed.device import Span, Stopwatch
-from dcp.models import T1DConfig, Transformer1D, collate_tokens
+from dcp.models import T1DConfig, Transformer1D
 from dcp.runtime.data import SyntheticTokenDataset
 from dcp.runtime.engines import DDPEngine, EngineError, check_accelerator, deepspeed_config
 from dcp.runtime.manager import DCPManager, set_manager
