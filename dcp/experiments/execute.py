@@ -254,7 +254,7 @@ def execute_manager(run: RunSpec, rank: int, world_size: int, device: Any, regis
                     model: Any) -> tuple[list[dict], dict]:
     import torch
 
-    from dcp.runtime.manager import set_manager
+    from dcp.api import set_manager
 
     sweep, cfg = run.sweep, run.config
     # Every step's StepStats (all ranks' busy times) are needed for the measured idle ratio, whatever the

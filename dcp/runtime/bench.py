@@ -44,11 +44,11 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
+    from dcp.api import set_manager
     from dcp.config import DCPConfig, RuntimeConfig
     from dcp.models import T1DConfig, Transformer1D
     from dcp.runtime.data import SyntheticTokenDataset
     from dcp.runtime.engines import all_reduce_grads_flat, copy_flat_into_grads
-    from dcp.runtime.manager import set_manager
 
     if not spec.get("log"):  # the manager still builds its records; nothing is written per step
         logging.getLogger("dcp").setLevel(logging.WARNING)
@@ -90,7 +90,7 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
         return time.perf_counter() - t0, time.process_time() - c0
 
     # time spent in the manager's per-step check/stats exchange (its only collective besides the sync)
-    begin = mgr._begin_step
+    begin = mgr._loop.begin_step
     exchange_s: list[float] = []
 
     def timed_begin(*a: Any, **k: Any) -> None:
@@ -98,7 +98,7 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
         begin(*a, **k)
         exchange_s.append(time.perf_counter() - t)
 
-    mgr._begin_step = timed_begin
+    mgr._loop.begin_step = timed_begin
     spec["pattern"] = pattern["sp2"]
     plain_round(), manager_round("sp2")  # warm-up
     exchange_s.clear()

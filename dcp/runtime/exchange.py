@@ -20,8 +20,22 @@ Row layout (14 int64 words):
 from __future__ import annotations
 
 import hashlib
+import logging
+from collections.abc import Iterable
+from contextlib import nullcontext
+from datetime import timedelta
+from typing import Any
 
+import numpy as np
 import torch
+import torch.distributed as dist
+
+from dcp.config import RuntimeConfig
+from dcp.planner.plan import StepPlan
+from dcp.runtime.log import StepStats
+from dcp.runtime.phases import PhaseBoard
+from dcp.runtime.step import FinishedStep
+from dcp.runtime.weighting import check_step_count, step_normaliser
 
 ROW_WORDS = 14
 
@@ -41,6 +55,16 @@ class DataMismatchError(PlanMismatchError):
 def digest_words(text: str) -> torch.Tensor:
     """sha256 of ``text`` as 4 int64 words."""
     return torch.frombuffer(bytearray(hashlib.sha256(text.encode()).digest()), dtype=torch.int64).clone()
+
+
+def epoch_digest(epoch: int, plans: Iterable[StepPlan]) -> str:
+    """The marker of the epoch's plan check: the number of plans and a sha256 over their digests."""
+    h = hashlib.sha256()
+    n = 0
+    for plan in plans:
+        h.update(plan.digest().encode())
+        n += 1
+    return f"epoch {epoch}: {n} plans {h.hexdigest()}"
 
 
 def step_row(marker: str, stats: tuple[torch.Tensor, torch.Tensor | None, float] | None, *, kind: int,
@@ -100,3 +124,56 @@ def check_agreement(table: torch.Tensor, where: str) -> None:
             "(planning.seed, method, sp_sizes, gmin/gmax), the profile table and the world size are the same "
             "on every rank (broadcast a table measured on rank 0 instead of profiling per rank)"
         )
+
+
+class AgreementExchange:
+    """Runs the all-gather of agreement rows and turns a logged step's table into its ``StepStats``."""
+
+    def __init__(self, runtime: RuntimeConfig, *, rank: int, world_size: int, data_words: torch.Tensor,
+                 board: PhaseBoard | None, log: logging.Logger) -> None:
+        self.runtime, self.rank, self.world_size = runtime, rank, world_size
+        self.data_words, self.board, self.log = data_words, board, log
+        self.group: Any = None
+        if dist.is_available() and dist.is_initialized() and world_size > 1:
+            # A separate gloo group with its own timeout: a rank that planned a different number of steps
+            # makes the others fail after plan_check_timeout_s instead of hanging in the gradient sync.
+            self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=runtime.plan_check_timeout_s))
+
+    def wants_stats(self, global_step: int) -> bool:
+        """Whether the step numbered ``global_step`` is exchanged (the same answer on every rank)."""
+        rt = self.runtime
+        return global_step % rt.log_every == 0 or bool(rt.stats_every and global_step % rt.stats_every == 0)
+
+    def run(self, marker: str, stats: tuple[torch.Tensor, torch.Tensor | None, float] | None, *, where: str,
+            kind: int, epoch: int, step: int) -> torch.Tensor:
+        """All-gather this rank's row and check the table (raises the same error on every rank)."""
+        row = step_row(marker, stats, kind=kind, epoch=epoch, step=step, data_words=self.data_words)
+        if self.group is None:
+            table = row[None]
+        else:
+            rows = [torch.zeros_like(row) for _ in range(self.world_size)]
+            phase = KINDS[kind].format(e=epoch, s=step)
+            ctx = (self.board.collective(phase, timeout_s=self.runtime.plan_check_timeout_s)
+                   if self.board is not None else nullcontext())
+            with ctx:
+                dist.all_gather(rows, row, group=self.group)
+            table = torch.stack(rows)
+        check_agreement(table, where)
+        return table
+
+    def step_stats(self, done: FinishedStep, table: torch.Tensor, target_counts: np.ndarray) -> StepStats:
+        """The finished step's record from the gathered table (checks the counts against the plan); rank 0
+        logs its line on log_every steps."""
+        plan = done.plan
+        loss_sum, count, busy_s = gathered_stats(table)
+        if count >= 0 and self.runtime.loss_weighting == "tokens":
+            check_step_count(plan.step, step_normaliser(plan, target_counts, "tokens"), count)
+        stats = StepStats(
+            epoch=plan.epoch, step=plan.step, global_step=done.global_step,
+            loss=loss_sum / count if count > 0 else float("nan"), count=max(count, 0),
+            tokens=plan.tokens, step_time_s=done.step_time_s, busy_s=busy_s, predicted_idle=plan.idle_ratio_gpu,
+            summary=plan.summary(),
+        )
+        if self.rank == 0 and stats.global_step % self.runtime.log_every == 0:
+            self.log.info(stats.line())
+        return stats

@@ -16,15 +16,17 @@ pytestmark = pytest.mark.dist
 
 
 class _Manager:
-    """The three things the engine asks its manager for."""
+    """The three EngineHooks (dcp.runtime.hooks) the engine calls here."""
 
-    _loss_weight = 1.0
     last = False
 
-    def _in_last_micro_batch(self) -> bool:
+    def loss_weight(self) -> float:
+        return 1.0
+
+    def in_last_micro_batch(self) -> bool:
         return self.last
 
-    def _collective(self, name: str):
+    def collective(self, name: str, timeout_s: float | None = None):
         return contextlib.nullcontext()
 
 

@@ -7,7 +7,8 @@ import time
 import pytest
 import torch
 
-from dcp.runtime.manager import PlanMismatchError, set_manager
+from dcp.api import set_manager
+from dcp.runtime.manager import PlanMismatchError
 from dcp.testing import run_distributed
 from tests.dist._runtime_cases import build, config_for, group, planner_setup, step
 

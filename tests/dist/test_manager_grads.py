@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dcp.runtime.manager import set_manager
+from dcp.api import set_manager
 from dcp.testing import run_distributed
 from tests.dist._runtime_cases import (
     bucket_like,

@@ -332,8 +332,8 @@ class _Data:
 def test_set_manager_arguments(case, error, needle):
     import torch
 
+    from dcp.api import set_manager
     from dcp.models import build_model
-    from dcp.runtime.manager import set_manager
 
     model = build_model("t1d-tiny")
     args = {"model": model, "dataset": _Data([64, 32]), "config": None, "table": None}

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import dcp
+from dcp.api import set_manager
 from dcp.config import ConfigError, DCPConfig, PlanningConfig, ProfilingConfig, config_from_dict
 from dcp.integrations import hf
 from dcp.integrations.corpus import ByteCorpus, CorpusError
@@ -17,7 +18,7 @@ from dcp.profiler.adapters import AdapterError, HFLlamaAdapter
 from dcp.profiler.dual_layer import cache_key_for
 from dcp.runtime.context import SPContext
 from dcp.runtime.data import SyntheticTokenDataset
-from dcp.runtime.manager import ManagerError, set_manager
+from dcp.runtime.manager import ManagerError
 
 transformers = pytest.importorskip("transformers")
 
