@@ -45,7 +45,6 @@ from dcp.runtime.exchange import (
     DataMismatchError,
     PlanMismatchError,
     digest_words,
-    epoch_digest,
 )
 from dcp.runtime.log import StepStats, get_logger
 from dcp.runtime.loop import StepLoop
@@ -232,14 +231,6 @@ class DCPManager:
         epoch = self.epoch
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
-        if self.config.runtime.check_plan_hash:
-            # One all-gather per epoch of a digest over ALL the epoch's step plans and of the dataset (lengths,
-            # target counts, shapes): a rank that planned differently (any step, or a different number of
-            # steps) or holds other data fails here, before the epoch's first collective.
-            self._exchange.run(epoch_digest(epoch, self.epoch_plans(epoch)), None, where=f"epoch {epoch} (its step plans)",
-                               kind=0, epoch=epoch, step=-1)
-            if self._board is not None:
-                self._board.note = ""  # every rank is back in step
         finished = False
         plans = self.epoch_plans(epoch)
         try:

@@ -3,6 +3,7 @@ and parameters after several real-planner steps vs the bucket baseline on the sa
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 
 import pytest
@@ -69,6 +70,7 @@ def check_against_bucket(rank: int, world: int, n_steps: int) -> dict:
     summaries = {}
     for method in ("dcp", "bucket"):
         model, data, config, table = planner_setup(world)
+        config = config.replace(runtime=dataclasses.replace(config.runtime, stats_every=1))  # a record per step
         opt = torch.optim.SGD(model.parameters(), lr=0.5)
         dcp_plans = None
         if method == "bucket":

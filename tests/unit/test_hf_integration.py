@@ -276,7 +276,7 @@ def test_the_example_adds_the_lines_it_claims():
     added = [line[1:] for line in difflib.unified_diff(code("hf_llama_plain.py"), code("hf_llama.py"), lineterm="", n=0)
              if line.startswith("+") and not line.startswith("+++")]
     assert added == [line for line in code("hf_llama.py") if line.rstrip().endswith("# DCP") or "# DCP:" in line]
-    assert len(added) == 15
+    assert len(added) == 16
 
 
 def test_a_padded_micro_batch_runs_only_its_real_tokens_and_equals_its_samples_one_by_one():
