@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from dcp.api import set_manager
+from dcp.distributed.launch import run_distributed
 from dcp.runtime.manager import PlanMismatchError
-from dcp.testing import run_distributed
 from tests.dist._runtime_cases import build, config_for, group, planner_setup, step
 
 pytestmark = pytest.mark.dist

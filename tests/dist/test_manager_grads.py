@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from dcp.api import set_manager
-from dcp.testing import run_distributed
+from dcp.distributed.launch import run_distributed
 from tests.dist._runtime_cases import (
     bucket_like,
     build,

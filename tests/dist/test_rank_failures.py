@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from dcp.api import set_manager
+from dcp.distributed.launch import DistributedFailure, free_port, run_distributed
 from dcp.runtime.manager import DataMismatchError, PlanMismatchError
-from dcp.testing import DistributedFailure, free_port, run_distributed
 from tests.dist._runtime_cases import planner_setup
 from tests.dist._stall_job import STALL_S, TIMEOUT_S, stall_job
 
