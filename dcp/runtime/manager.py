@@ -10,11 +10,13 @@
             with mgr.profile(batch, engine):
                 loss = engine(batch); engine.backward(loss); engine.step()
 
-Per step, every rank (1) checks that all ranks planned the same step (``dcp.runtime.exchange``: a digest
-all-gather with a timeout, which also carries the previous step's loss, counts and busy time for the log),
-(2) runs its SP group's ga_steps micro-batches with loss weight ``sync_divisor / N_step``, and (3) joins ONE
-gradient sync over all W ranks (``engine.step()`` at its last micro-batch; a rank without micro-batches
-this step joins it from inside the iterator with zero gradients).
+Per step, every rank (1) folds the step plan's digest into a running digest that the agreement exchange
+(``dcp.runtime.exchange``) compares across ranks at the first step, on logged steps and at the epoch's end
+(an all-gather with a timeout that also carries the finished step's loss, counts and busy time for the
+log; unlogged steps run none), (2) runs its SP group's ga_steps micro-batches, collated one ahead on a
+background thread, with loss weight ``sync_divisor / N_step``, and (3) joins ONE gradient sync over all W
+ranks (``engine.step()`` at its last micro-batch; a rank without micro-batches this step joins it from
+inside the iterator with zero gradients).
 
 The pieces live beside it: the open step's state (``step``), the agreement exchange (``exchange``), the
 profiling hooks (``profiling``), checkpoint state (``checkpoint``) and the protocol the engines drive it
