@@ -43,7 +43,7 @@ def _manager_run(method: str):
     from dcp.models import T1DConfig, Transformer1D
     from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
     from dcp.runtime.data import SyntheticTokenDataset
-    from dcp.runtime.manager import set_manager
+    from dcp.api import set_manager
 
     model = Transformer1D(T1DConfig.tiny())
     data = SyntheticTokenDataset([6, 9, 4, 7, 5, 3], vocab_size=model.config.vocab_size)
