@@ -39,11 +39,11 @@ def test_bad_arguments_name_them():
 
 
 def _manager_run(method: str):
+    from dcp.api import set_manager
     from dcp.config import DCPConfig, PlanningConfig, RuntimeConfig
     from dcp.models import T1DConfig, Transformer1D
     from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
     from dcp.runtime.data import SyntheticTokenDataset
-    from dcp.api import set_manager
 
     model = Transformer1D(T1DConfig.tiny())
     data = SyntheticTokenDataset([6, 9, 4, 7, 5, 3], vocab_size=model.config.vocab_size)
