@@ -64,13 +64,13 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     b = spec["mb_size"]
     fixed = _plan(0, 0, (2,), ga, seq_len, world, b)
     # default config except one log line per round (a per-step line to a pipe costs ~0.5 ms on this host)
-    config = DCPConfig(model=model.config.shape(), runtime=RuntimeConfig(log_every=steps))
+    config = DCPConfig(model=model.config.shape(), runtime=RuntimeConfig(log_every=steps, prefetch="on"))
     def plans(e: int) -> list[Any]:
         return [_plan(e, s, spec["pattern"](s), ga, seq_len, world, b) for s in range(steps)]
 
     mgr = set_manager(model, data, config, optimizer=opt, plans=plans)
     # the same manager with collation on the training thread (runtime.prefetch = false), same optimizer
-    off = config.replace(runtime=dataclasses.replace(config.runtime, prefetch=False))
+    off = config.replace(runtime=dataclasses.replace(config.runtime, prefetch="off"))
     mgr_off = set_manager(model, data, off, optimizer=opt, plans=plans)
     pattern = {"sp2": lambda s: (2,), "sp1": lambda s: (1, 1), "switch": lambda s: (2,) if s % 2 else (1, 1),
                "nopf": lambda s: (2,)}
