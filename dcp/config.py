@@ -348,9 +348,11 @@ class RuntimeConfig:
     count, per-rank busy time and the plans' running digest (one small collective on the default backend,
     and a synchronisation point, per logged step; unlogged steps run none). 1 checks every step (a
     divergent rank is then named at the next step instead of the next logged one)."""
-    prefetch: bool = True
-    """Collate (and pin, on CUDA) the next micro-batch on a background thread while the current one trains
-    (the same batches in the same order; false: collate on the training thread)."""
+    prefetch: str = "auto"
+    """Collate (and pin) the next micro-batch on a background thread while the current one trains (the same
+    batches in the same order): on, off, or auto = on when the run's device is CUDA (the host idles while
+    the GPU computes), off on CPU, where the collating thread competes with the compute for the same cores
+    (dcp bench runtime: batch_wait_ms)."""
 
     lr_scaling: str = "none"
     """Scale each optimizer step's learning rate by its tokens over planning.tokens_per_step (steps vary within
@@ -375,6 +377,9 @@ class RuntimeConfig:
             fail("runtime.plan_check_timeout_s", self.plan_check_timeout_s, "must be > 0", "e.g. 60")
         if not self.collective_timeout_s > 0:
             fail("runtime.collective_timeout_s", self.collective_timeout_s, "must be > 0", "e.g. 300")
+        if self.prefetch not in ("auto", "on", "off"):
+            fail("runtime.prefetch", self.prefetch, "is not one of ['auto', 'on', 'off']",
+                 "pick one of those (auto: on with CUDA, off on CPU)")
         if self.log_every < 1:
             fail("runtime.log_every", self.log_every, "must be >= 1", "set it to 1 or more")
         if self.lr_scaling not in LR_SCALING:

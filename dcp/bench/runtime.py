@@ -64,13 +64,13 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     b = spec["mb_size"]
     fixed = _plan(0, 0, (2,), ga, seq_len, world, b)
     # default config except one log line per round (a per-step line to a pipe costs ~0.5 ms on this host)
-    config = DCPConfig(model=model.config.shape(), runtime=RuntimeConfig(log_every=steps))
+    config = DCPConfig(model=model.config.shape(), runtime=RuntimeConfig(log_every=steps, prefetch="on"))
     def plans(e: int) -> list[Any]:
         return [_plan(e, s, spec["pattern"](s), ga, seq_len, world, b) for s in range(steps)]
 
     mgr = set_manager(model, data, config, optimizer=opt, plans=plans)
     # the same manager with collation on the training thread (runtime.prefetch = false), same optimizer
-    off = config.replace(runtime=dataclasses.replace(config.runtime, prefetch=False))
+    off = config.replace(runtime=dataclasses.replace(config.runtime, prefetch="off"))
     mgr_off = set_manager(model, data, off, optimizer=opt, plans=plans)
     pattern = {"sp2": lambda s: (2,), "sp1": lambda s: (1, 1), "switch": lambda s: (2,) if s % 2 else (1, 1),
                "nopf": lambda s: (2,)}
@@ -98,13 +98,21 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
         dist.barrier()
         t0, c0 = time.perf_counter(), time.process_time()
         m = mgr_off if name == "nopf" else mgr
-        for batch in m.get_data_iter():
+        batches, waited = m.get_data_iter(), 0.0
+        while True:  # the training thread's wait for its next micro-batch (collation, step bookkeeping)
+            t = time.perf_counter()
+            batch = next(batches, None)
+            waited += time.perf_counter() - t
+            if batch is None:
+                break
             m.train_micro_batch(batch)
+        wait_s.setdefault(name, []).append(waited / steps)
         return time.perf_counter() - t0, time.process_time() - c0
 
     # time spent in the manager's per-step check/stats exchange (its only collective besides the sync)
     begin = mgr._loop.begin_step
     exchange_s: list[float] = []
+    wait_s: dict[str, list[float]] = {}
 
     def timed_begin(*a: Any, **k: Any) -> Any:
         t = time.perf_counter()
@@ -114,8 +122,9 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
 
     mgr._loop.begin_step = timed_begin
     spec["pattern"] = pattern["sp2"]
-    plain_round(), manager_round("sp2")  # warm-up
+    plain_round(), manager_round("sp2"), manager_round("nopf")  # warm-up
     exchange_s.clear()
+    wait_s.clear()
     kinds = ["plain", "sp2", "sp1", "switch", "nopf"]
     times: dict[str, list[tuple[float, float]]] = {k: [] for k in kinds}
     from tqdm.auto import tqdm
@@ -126,6 +135,7 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, list[float]] = {k: [w / steps for w, _ in v] for k, v in times.items()}
     out.update({f"{k}_cpu": [c / steps for _, c in v] for k, v in times.items()})
     out["exchange"] = exchange_s
+    out.update({f"{k}_wait": v for k, v in wait_s.items()})
     return out
 
 
@@ -146,6 +156,8 @@ def run(args: argparse.Namespace) -> int:
     per_step = run_distributed(_worker, 2, spec, timeout_s=900)[0]
     exchange = per_step.pop("exchange")
     cpu = {k: per_step.pop(f"{k}_cpu") for k in ("plain", "sp2", "sp1", "switch", "nopf")}
+    waits = {k[:-5]: per_step.pop(k) for k in [k for k in per_step if k.endswith("_wait")]}
+    wait_ms = {k: 1e3 * statistics.median(waits[k]) for k in ("sp2", "nopf")}
     # Rounds of all kinds run back to back, so comparing within a round cancels slow drifts of the host's
     # load; the median over rounds is reported (the fastest rounds are printed too).
     best = {k: min(v) for k, v in per_step.items()}
@@ -178,11 +190,14 @@ def run(args: argparse.Namespace) -> int:
           f"fastest rounds: {overhead_best:.2f})")
     print(f"overhead_cpu_pct {overhead_cpu:.2f}  (same, process CPU time of rank 0)")
     print(f"exchange_ms {exchange_ms:.3f}  (manager bookkeeping between steps: stats all-gather on logged steps, per step; {exchange_pct:.2f} % of a step)")
+    print(f"batch_wait_ms sp2 {wait_ms['sp2']:.3f} nopf {wait_ms['nopf']:.3f}  (training thread's wait for its next "
+          "micro-batch per step: collation + step bookkeeping; median over rounds, rank 0)")
     print(f"prefetch_saving_ms {prefetch_ms:.3f}  ({prefetch_pct:.2f} %; prefetch off minus on, per step, median over rounds)")
     print(f"sp_switch_ms {switch_ms:.3f}  (alternating minus mean of fixed sizes, per switch; median over rounds)")
     if args.json:
         print(json.dumps({"overhead_pct": round(overhead_pct, 3), "sp_switch_ms": round(switch_ms, 4),
                           "overhead_cpu_pct": round(overhead_cpu, 3), "exchange_ms": round(exchange_ms, 4),
                           "prefetch_saving_ms": round(prefetch_ms, 4), "prefetch_saving_pct": round(prefetch_pct, 3),
+                          "batch_wait_ms": {k: round(v, 4) for k, v in wait_ms.items()},
                           "step_ms": {k: round(1e3 * v, 3) for k, v in best.items()}}))
     return 0

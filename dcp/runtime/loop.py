@@ -65,7 +65,9 @@ class StepLoop:
         collated on the prefetch thread while that one trains)."""
         epoch, skip, done = self.epoch, self.step_in_epoch, 0
         todo = (p for p in plans if p.step >= skip)  # replaying the deterministic planner: skip consumed steps
-        fetch = BatchPrefetcher(self.dataset, self.device, enabled=self.config.runtime.prefetch)
+        mode = self.config.runtime.prefetch
+        fetch = BatchPrefetcher(self.dataset, self.device,
+                                enabled=mode == "on" or (mode == "auto" and self.device.type == "cuda"))
         try:
             plan, first = next(todo, None), True
             while plan is not None:

@@ -58,6 +58,7 @@ def test_defaults_are_valid_and_frozen():
         (RuntimeConfig, {"loss_weighting": "mean"}, "runtime.loss_weighting ('mean') is not one of"),
         (RuntimeConfig, {"plan_check_timeout_s": 0}, "runtime.plan_check_timeout_s (0) must be > 0"),
         (RuntimeConfig, {"log_every": 0}, "runtime.log_every (0) must be >= 1"),
+        (RuntimeConfig, {"prefetch": "yes"}, "runtime.prefetch ('yes') is not one of ['auto', 'on', 'off']"),
         (RuntimeConfig, {"stats_every": -1}, "runtime.stats_every (-1) must be >= 0"),
         (ModelShapeConfig, {"num_layers": 0}, "model.num_layers (0) must be >= 1"),
         (ModelShapeConfig, {"hidden_size": 60, "num_heads": 8}, "model.hidden_size (60) is not divisible"),

@@ -28,6 +28,7 @@ def _plans(per_step: int, steps: int, lens: list[int]) -> list[StepPlan]:
 
 
 def _manager(plans_of_epoch, *, prefetch: bool = True, log_every: int = 10):
+    prefetch = "on" if prefetch else "off"
     model = Transformer1D(T1DConfig.tiny())
     data = SyntheticTokenDataset(LENGTHS, vocab_size=model.config.vocab_size)
     config = DCPConfig(model=model.config.shape(), runtime=RuntimeConfig(prefetch=prefetch, log_every=log_every))
