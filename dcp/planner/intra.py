@@ -76,7 +76,7 @@ def _rank_key(s: Setting) -> tuple[float, int, int, int]:
     return (-s.tokens_per_gpu_s, s.sp_size, -s.micro_batch_size, s.recompute_layers)
 
 
-def _candidates(
+def candidate_settings(
     table: ProfileTable,
     *,
     mem_capacity_bytes: float,
@@ -85,6 +85,7 @@ def _candidates(
     ranks_per_node: int,
     dynamic_recompute: bool,
 ) -> dict[int, list[Setting]]:
+    """Per seq_group, the setting of every profiled (b, p) that fits (p <= world_size, p in sp_sizes)."""
     if world_size < 1:
         raise ValueError(f"world_size ({world_size}) must be >= 1: pass the number of ranks")
     if ranks_per_node < 1:
@@ -118,7 +119,7 @@ def best_settings(
     dynamic_recompute: bool,
 ) -> dict[int, Setting]:
     """Per seq_group, the throughput-optimal (b, p, r). seq_groups with no fitting row are absent."""
-    cands = _candidates(
+    cands = candidate_settings(
         table,
         mem_capacity_bytes=mem_capacity_bytes,
         sp_sizes=sp_sizes,
@@ -139,7 +140,7 @@ def settings_by_sp(
     dynamic_recompute: bool,
 ) -> dict[int, dict[int, Setting]]:
     """Per seq_group, per feasible p (ascending), the best (b, r) at that p; used to fill leftover ranks."""
-    cands = _candidates(
+    cands = candidate_settings(
         table,
         mem_capacity_bytes=mem_capacity_bytes,
         sp_sizes=sp_sizes,
