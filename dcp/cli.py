@@ -30,6 +30,7 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("bench", "loaders"), "dcp.bench.loaders", "padding waste and token balance of the data loaders"),
     (("bench", "gpu"), "dcp.bench.gpu", "one-GPU checks: GPU tests, profile vs steps, padding, syncs, sweeps"),
     (("bench", "padded"), "dcp.bench.padded", "predicted vs measured time of unequal-length micro-batches"),
+    (("bench", "tokens"), "dcp.bench.tokens", "micro-batches sized in tokens vs in samples: measured vs predicted"),
     (("bench", "models"), "dcp.bench.models", "forward+backward time of a reference model per sequence length and SP size"),
     (("bench", "peers"), "dcp.bench.peers", "DCP vs Megatron-style dynamic CP and FlexSP on the simulator, dataset x method"),
 )

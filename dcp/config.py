@@ -22,6 +22,8 @@ LR_SCALING = ("none", "linear", "sqrt")
 """runtime.lr_scaling choices (the rules of dcp.loaders.lr_scaling)."""
 PLAN_AHEAD = ("thread", "process")
 """Where plans are computed ahead (planning.plan_ahead)."""
+MICRO_BATCH_TOKENS = ("off", "auto")
+"""How DCP micro-batches are sized (planning.micro_batch_tokens): by samples only, or by tokens where cheaper."""
 CLOCKS = ("auto", "wall", "cpu", "pipelined")
 """profiling.clock choices (dcp.profiler.clock)."""
 GIB = 1024**3
@@ -270,6 +272,11 @@ class PlanningConfig:
     process: hidden while the loop waits on GPU kernels, but a loop busy in Python starves it of the GIL) or
     "process" (a child process per rank, ``dcp.planner.serve``: hidden either way; costs a process start per
     epoch). The plans are the same."""
+    micro_batch_tokens: str = "off"
+    """DCP methods, 1D data: "auto" lets each seq_group whose documents sit well below its bound form its
+    micro-batches by a token budget (b x bound of the profiled row with the best predicted time per token at
+    its (p, r) within memory), run as one row of documents, where that is predicted cheaper per token than
+    b-sample micro-batches (dcp.planner.tokens); "off" keeps b samples per micro-batch everywhere."""
 
     def __post_init__(self) -> None:
         check_fields(self, "planning", int_max={"seed": 2**63 - 1, "gmin": MAX_GA, "gmax": MAX_GA})
@@ -297,6 +304,9 @@ class PlanningConfig:
             fail("planning.lookahead_samples", self.lookahead_samples, "must be >= 0", "use 0 for the default")
         if self.packed_token_budget < 0:
             fail("planning.packed_token_budget", self.packed_token_budget, "must be >= 0", "use 0 to derive it")
+        if self.micro_batch_tokens not in MICRO_BATCH_TOKENS:
+            fail("planning.micro_batch_tokens", self.micro_batch_tokens, f"is not one of {list(MICRO_BATCH_TOKENS)}",
+                 'write micro_batch_tokens = "auto" (token-packed short documents) or "off"')
         if self.bucket_sp_size < 0:
             fail("planning.bucket_sp_size", self.bucket_sp_size, "must be >= 0", "use 0 to derive it")
         if self.tokens_per_step < 0:

@@ -16,6 +16,7 @@ from dcp.planner.epoch import EpochArrays, EpochProgress
 from dcp.planner.intra import Setting
 from dcp.planner.placement import place_largest_first
 from dcp.planner.plan import MicroBatch, StepPlan
+from dcp.planner.tokens import token_runs
 
 
 def place_and_build(ep: EpochArrays, prog: EpochProgress, step: int, head: int, win: np.ndarray,
@@ -100,8 +101,9 @@ def _filler(ep: EpochArrays, local: int, room: int, rest: dict[int, list[int]], 
     for g, lst in rest.items():
         if not lst or (best_k is not None and lst[-1] >= best_k):
             continue
+        packs = g in ep.mbq.token_budget
         fits = [s for s in ep.options[g] if s.sp_size <= room and local % s.sp_size == 0
-                and unit[(g, s.sp_size)] <= limit]
+                and (_chunks_time(ep, s, lst[-1]) if packs else unit[(g, s.sp_size)]) <= limit]
         if fits:
             best_k, best = lst[-1], max(fits, key=lambda s: (s.tokens_per_gpu_s, s.sp_size))
     if best is None:
@@ -110,6 +112,12 @@ def _filler(ep: EpochArrays, local: int, room: int, rest: dict[int, list[int]], 
     t_unit = unit[(best.seq_group, best.sp_size)]
     ks = [lst.pop()]
     load = t_unit
+    if best.seq_group in ep.mbq.token_budget:  # token packs: their own chunks' times, not a full unit's
+        load = _chunks_time(ep, best, ks[0])
+        while lst and load + (t := _chunks_time(ep, best, lst[-1])) <= limit:
+            ks.append(lst.pop())
+            load += t
+        return best, ks
     while lst and load + t_unit <= limit:
         ks.append(lst.pop())
         load += t_unit
@@ -172,15 +180,32 @@ def _add_filler(ep: EpochArrays, prog: EpochProgress, cols: dict, st: int, s: Se
 
 
 def _chunked(ep: EpochArrays, g: int, s: Setting, ks: list[int]) -> list[MicroBatch]:
-    """Micro-batches of a smaller-p filler group: each primary micro-batch split into chunks of its b."""
+    """Micro-batches of a smaller-p filler group: each primary micro-batch split into chunks of its b (a token
+    pack: into packs of at most s's b x bound tokens, priced from their real lengths at s's row)."""
     mbq = ep.mbq
     ids, lens = mbq.ids_list[g], mbq.lens_list[g]
-    chunk = ep.chunk(s)
     out = []
     for k in ks:
-        a, e = mbq.start[k], ep.mb_end[k]
-        for lo in range(a, e, chunk):
-            hi = min(e, lo + chunk)
-            t = ep.times.time_s(g, s.sp_size, s.recompute_layers, hi - lo)
+        for lo, hi, t in _chunks(ep, s, k):
             out.append(MicroBatch(ids[lo:hi], lens[lo:hi], g, t))
     return out
+
+
+def _chunks(ep: EpochArrays, s: Setting, k: int) -> list[tuple[int, int, float]]:
+    """(start, end, time) of the chunks that run micro-batch k with setting s (see ``_chunked``)."""
+    mbq, g = ep.mbq, s.seq_group
+    a, e = mbq.start[k], ep.mb_end[k]
+    if g not in mbq.token_budget:
+        chunk = ep.chunk(s)
+        return [(lo, min(e, lo + chunk), ep.times.time_s(g, s.sp_size, s.recompute_layers, min(e, lo + chunk) - lo))
+                for lo in range(a, e, chunk)]
+    lens = mbq.seq_lens[g][a:e].astype(np.float64)
+    starts = token_runs(lens.astype(np.int64), s.micro_batch_size * s.seq_len)
+    t = ep.times.lengths_times_s(g, s.sp_size, s.recompute_layers, s.micro_batch_size,
+                                 np.add.reduceat(lens, starts), np.add.reduceat(lens * lens, starts))
+    ends = [*starts[1:].tolist(), e - a]
+    return [(a + lo, a + hi, float(ti)) for lo, hi, ti in zip(starts.tolist(), ends, t.tolist(), strict=True)]
+
+
+def _chunks_time(ep: EpochArrays, s: Setting, k: int) -> float:
+    return sum(t for _, _, t in _chunks(ep, s, k))

@@ -19,6 +19,7 @@ from dcp.config import DCPConfig
 from dcp.planner.intra import Setting, batch_settings, best_settings, settings_by_sp
 from dcp.planner.source import EpochInput
 from dcp.planner.stream import MicroBatchQueues, TimeLookup, micro_batch_times, no_setting_error
+from dcp.planner.tokens import token_pack_settings
 from dcp.planner.tuning import DEFAULT_LOOKAHEAD_PER_RANK, LOOKAHEAD_WORK_FACTOR
 
 
@@ -203,8 +204,10 @@ def _flat_samples(mbq: MicroBatchQueues, n_groups: int, grp: np.ndarray) -> tupl
     return flat_ids, flat_lens, base[grp] + np.asarray(mbq.start, dtype=np.int64)
 
 
-def _lookahead(inp: EpochInput, settings: dict[int, Setting], unit_time: dict, n_groups: int) -> int:
-    """planning.lookahead_samples, or for 0 the work-sized ``default_lookahead``."""
+def _lookahead(inp: EpochInput, settings: dict[int, Setting], unit_time: dict, n_groups: int,
+               mbq: MicroBatchQueues) -> int:
+    """planning.lookahead_samples, or for 0 the work-sized ``default_lookahead`` (a token-packed group's
+    samples per micro-batch: its mean, not b)."""
     cfg = inp.config.planning
     if cfg.lookahead_samples:
         return cfg.lookahead_samples
@@ -212,8 +215,9 @@ def _lookahead(inp: EpochInput, settings: dict[int, Setting], unit_time: dict, n
     for g, s in settings.items():
         unit_primary[g] = unit_time[(g, s.sp_size)]
     counts = np.bincount(inp.groups, minlength=n_groups)
+    per_mb = {g: counts[g] / max(1, len(mbq.queue.get(g, ()))) for g in mbq.token_budget}
     per_sample = sum(
-        counts[g] * unit_primary[g] * s.sp_size / s.micro_batch_size for g, s in settings.items()
+        counts[g] * unit_primary[g] * s.sp_size / per_mb.get(g, s.micro_batch_size) for g, s in settings.items()
     ) / max(1, inp.num_samples)
     la = default_lookahead(inp.world_size, cfg.gmax * max(unit_primary), per_sample, inp.num_samples)
     if cfg.tokens_per_step:
@@ -229,9 +233,11 @@ def prepare_epoch(inp: EpochInput) -> EpochArrays:
     settings, by_sp = _settings(inp, present)
     options = {g: list(by_sp[g].values()) for g in present}
     times = TimeLookup(inp.table)
+    packs = token_pack_settings(inp, settings, times)  # planning.micro_batch_tokens: {} when off
+    settings.update(packs)
     unit_time = _unit_times(settings, options, times)
     mbq = MicroBatchQueues(inp.lengths, inp.groups, inp.order, {g: s.micro_batch_size for g, s in settings.items()},
-                           shapes=inp.shapes)
+                           shapes=inp.shapes, token_budget={g: s.micro_batch_size * s.seq_len for g, s in packs.items()})
     n_groups = len(inp.table.seq_group_edges)
     primary = {g: (settings[g].sp_size, settings[g].recompute_layers) for g in present}
     mb_time = micro_batch_times(mbq, times, primary)
@@ -250,7 +256,7 @@ def prepare_epoch(inp: EpochInput) -> EpochArrays:
     return EpochArrays(
         world_size=inp.world_size, ranks_per_node=cfg.ranks_per_node, gmin=cfg.gmin, gmax=cfg.gmax,
         epoch=inp.epoch, method=inp.method, num_samples=inp.num_samples,
-        lookahead_samples=_lookahead(inp, settings, unit_time, n_groups), settings=settings, by_sp=by_sp,
+        lookahead_samples=_lookahead(inp, settings, unit_time, n_groups, mbq), settings=settings, by_sp=by_sp,
         options=options, unit_time=unit_time, times=times, mbq=mbq, mb_t=mb_time,
         mb_t_list=tuple(mb_time.tolist()), rank_desc=rank_desc, mb_p_np=mb_p_np, mb_r_np=mb_r_np,
         mb_p=tuple(mb_p_np.tolist()), mb_r=tuple(mb_r_np.tolist()), mb_work=mb_time * mb_p_np,

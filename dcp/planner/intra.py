@@ -76,7 +76,7 @@ def _rank_key(s: Setting) -> tuple[float, int, int, int]:
     return (-s.tokens_per_gpu_s, s.sp_size, -s.micro_batch_size, s.recompute_layers)
 
 
-def _candidates(
+def candidate_settings(
     table: ProfileTable,
     *,
     mem_capacity_bytes: float,
@@ -85,6 +85,7 @@ def _candidates(
     ranks_per_node: int,
     dynamic_recompute: bool,
 ) -> dict[int, list[Setting]]:
+    """Per seq_group, the setting of every profiled (b, p) that fits (p <= world_size, p in sp_sizes)."""
     if world_size < 1:
         raise ValueError(f"world_size ({world_size}) must be >= 1: pass the number of ranks")
     if ranks_per_node < 1:
@@ -118,7 +119,7 @@ def best_settings(
     dynamic_recompute: bool,
 ) -> dict[int, Setting]:
     """Per seq_group, the throughput-optimal (b, p, r). seq_groups with no fitting row are absent."""
-    cands = _candidates(
+    cands = candidate_settings(
         table,
         mem_capacity_bytes=mem_capacity_bytes,
         sp_sizes=sp_sizes,
@@ -139,7 +140,7 @@ def settings_by_sp(
     dynamic_recompute: bool,
 ) -> dict[int, dict[int, Setting]]:
     """Per seq_group, per feasible p (ascending), the best (b, r) at that p; used to fill leftover ranks."""
-    cands = _candidates(
+    cands = candidate_settings(
         table,
         mem_capacity_bytes=mem_capacity_bytes,
         sp_sizes=sp_sizes,
@@ -172,8 +173,8 @@ def batch_settings(
     world's wait when one micro-batch outlasts the step (W x (T - step)). A micro-batch that fits the step
     (within ``BATCH_STRETCH``) keeps Eq. 1's choice; a longer one gets a smaller b, or more ranks (as Megatron's dynamic CP raises a
     long sequence's CP size), where that costs less than the wait."""
-    cands = _candidates(table, mem_capacity_bytes=mem_capacity_bytes, sp_sizes=sp_sizes, world_size=world_size,
-                        ranks_per_node=ranks_per_node, dynamic_recompute=dynamic_recompute)
+    cands = candidate_settings(table, mem_capacity_bytes=mem_capacity_bytes, sp_sizes=sp_sizes, world_size=world_size,
+                               ranks_per_node=ranks_per_node, dynamic_recompute=dynamic_recompute)
 
     def cost(s: Setting) -> tuple:
         wait = world_size * max(0.0, s.time_s - step_time_s)

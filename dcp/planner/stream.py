@@ -15,6 +15,11 @@ bound (12 x 9 and 4 x 36 hold 108 and 144 tokens; together they pad to 12 x 36 =
 row would bound neither its time nor its memory. Given the shapes, micro-batches are formed as video
 training buckets them: one shape per micro-batch. A seq_group's queue then releases a micro-batch when
 b samples of one shape have arrived (FIFO within the shape); there is no padding at all.
+
+Token-packed seq_groups (1D, ``dcp.planner.tokens``): the queue releases a micro-batch when its samples' real
+lengths fill the group's token budget (greedy in FIFO order), at the stream position of its last sample; the
+last one of the stream is flushed like a partial run. Such a micro-batch is priced from its real lengths
+anchored at the budget's row, whatever its sample count.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import numpy as np
 from dcp.planner.cost import micro_batch_time_s
 from dcp.planner.plan import MicroBatch
 from dcp.planner.table import ProfileTable
+from dcp.planner.tokens import token_runs
 
 
 class PlanningError(ValueError):
@@ -143,6 +149,18 @@ def _fifo_runs(pos: np.ndarray, order: np.ndarray, shapes: np.ndarray | None, s_
     return pos, starts, cnt, ready
 
 
+def _token_fifo_runs(pos: np.ndarray, order: np.ndarray, lengths: np.ndarray, budget: int,
+                     n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``_fifo_runs`` for a token-packed seq_group: greedy packs of <= ``budget`` tokens in FIFO order, each
+    ready at its last sample; the stream's last pack is flushed at the end (n + its first position)."""
+    starts = token_runs(lengths[order[pos]], budget)
+    cnt = np.diff(np.append(starts, len(pos)))
+    ready = pos[starts + cnt - 1]
+    if len(ready):
+        ready[-1] = n + pos[starts[-1]]
+    return pos, starts, cnt, ready
+
+
 class MicroBatchQueues:
     """All micro-batches of an epoch in readiness order, with per-seq_group FIFO queues.
 
@@ -151,8 +169,13 @@ class MicroBatchQueues:
 
     def __init__(
         self, lengths: np.ndarray, groups: np.ndarray, order: np.ndarray, micro_batch_size: Mapping[int, int],
-        *, shapes: np.ndarray | None = None,
+        *, shapes: np.ndarray | None = None, token_budget: Mapping[int, int] | None = None,
     ) -> None:
+        self.token_budget: dict[int, int] = dict(token_budget or {})
+        """Per token-packed seq_group: its token budget (its micro_batch_size is the budget row's b, the price
+        anchor); the other groups form b-sample runs."""
+        self.anchor_b: dict[int, int] = {g: int(micro_batch_size[g]) for g in self.token_budget}
+        """Per token-packed seq_group: the b of the row its micro-batches are priced at."""
         n = len(order)
         stream_groups = groups[order]
         by_group = np.argsort(stream_groups, kind="stable")  # stream positions, grouped, increasing inside
@@ -174,8 +197,12 @@ class MicroBatchQueues:
         for g in range(len(counts)):
             if counts[g] == 0:
                 continue
-            pos, starts, cnt, ready = _fifo_runs(by_group[bounds[g] : bounds[g + 1]], order, shapes, s_span,
-                                                 int(micro_batch_size[g]), n)
+            if g in self.token_budget:
+                pos, starts, cnt, ready = _token_fifo_runs(by_group[bounds[g] : bounds[g + 1]], order, lengths,
+                                                           self.token_budget[g], n)
+            else:
+                pos, starts, cnt, ready = _fifo_runs(by_group[bounds[g] : bounds[g + 1]], order, shapes, s_span,
+                                                     int(micro_batch_size[g]), n)
             ids = order[pos]
             self.sample_ids[g] = ids
             self.seq_lens[g] = lengths[ids]
@@ -382,6 +409,9 @@ def micro_batch_times(mbq: MicroBatchQueues, times: TimeLookup, setting_of: Mapp
         cs2 = np.concatenate([[0.0], np.cumsum(lens * lens)])
         lo, hi = start[ks], start[ks] + count[ks]
         tokens, sq = cs[hi] - cs[lo], cs2[hi] - cs2[lo]
+        if g in mbq.token_budget:  # any sample count, priced at the budget row's b (module docstring)
+            out[ks] = times.lengths_times_s(g, p, r, mbq.anchor_b[g], tokens, sq)
+            continue
         for c in np.unique(count[ks]).tolist():
             sel = count[ks] == c
             out[ks[sel]] = times.lengths_times_s(g, p, r, c, tokens[sel], sq[sel])

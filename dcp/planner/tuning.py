@@ -70,3 +70,9 @@ Trades: planning time at large W (a Python step per swap) against the last point
 IMPROVE_MIN = 0.005
 """Groups idle for less than this share of the step are left as they are (and a step idling less than this
 is not searched at all). Trades: planning time against sub-percent idle."""
+
+# ----- micro-batches sized in tokens (dcp.planner.tokens) -----------------------------------------------
+TOKEN_PACK_GAIN = 0.02
+"""A seq_group packs its micro-batches by tokens only when that is predicted at least this much cheaper per
+token (GPU-seconds per token) than its sample-count micro-batches. Trades: a margin keeps groups whose documents
+sit near their bound on sample counts (same work, fewer plan changes) against the gain a smaller one would take."""

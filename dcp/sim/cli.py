@@ -53,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gmax", type=positive_int, default=4, help="planning.gmax")
     parser.add_argument("--lookahead-per-rank", type=nonneg_int, default=DEFAULT_LOOKAHEAD_PER_RANK,
                         help="planner look-ahead window in samples per GPU (default 0: the planner's work-sized default)")
+    parser.add_argument("--micro-batch-tokens", default="off", choices=("off", "auto"),
+                        help="planning.micro_batch_tokens: DCP micro-batches of short 1D documents sized by tokens "
+                        "where predicted cheaper (auto), or by samples only (off)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument("--json", action="store_true", help="print a JSON object as the last line")
 
@@ -88,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
             cfg = custom or paper_config(sc, m, gmin=args.gmin, gmax=args.gmax, seed=args.seed)
             configs[m] = cfg.replace(planning=dataclasses.replace(
                 cfg.planning, method=m, lookahead_samples=args.lookahead_per_rank * args.gpus,
-                tokens_per_step=args.tokens_per_step or cfg.planning.tokens_per_step))
+                tokens_per_step=args.tokens_per_step or cfg.planning.tokens_per_step,
+                micro_batch_tokens=args.micro_batch_tokens))
         if args.print_config:
             print(configs[methods[0]].to_json())
             return 0

@@ -26,10 +26,11 @@ from dataclasses import asdict, dataclass
 from dcp.config import PEER_METHODS, DCPConfig
 from dcp.planner.analytic import GRAD_BUCKET_MIB, HardwareSpec, grad_sync_time_s, optimizer_step_time_s
 from dcp.planner.cost import micro_batch_mem_bytes
-from dcp.planner.intra import best_settings
+from dcp.planner.intra import best_settings, candidate_settings
 from dcp.planner.plan import StepPlan
 from dcp.planner.stream import TimeLookup, seq_groups_of
 from dcp.planner.table import ProfileRow, ProfileTable
+from dcp.planner.tokens import best_token_pack
 
 
 class SimulationError(ValueError):
@@ -127,13 +128,19 @@ def stronger_bucket(results: dict[str, SimResult]) -> str | None:
                key=lambda m: results[m].tokens_per_s, default=None)
 
 
-def ideal_tokens_per_s(lengths: Sequence[int], table: ProfileTable, config: DCPConfig, world_size: int) -> float:
-    """Every sample at the best b*s/(p*T) of its seq_group (minimal recompute), perfectly packed on W GPUs."""
+def ideal_tokens_per_s(lengths: Sequence[int], table: ProfileTable, config: DCPConfig, world_size: int, *,
+                       two_d: bool = False) -> float:
+    """Every sample at the best b*s/(p*T) of its seq_group (minimal recompute), perfectly packed on W GPUs;
+    with planning.micro_batch_tokens on (1D), a seq_group's samples in token packs where those cost less."""
     cfg = config.planning
     best = best_settings(table, mem_capacity_bytes=cfg.mem_capacity_bytes, sp_sizes=cfg.sp_sizes,
                          world_size=world_size, ranks_per_node=cfg.ranks_per_node, dynamic_recompute=True)
     arr, groups = seq_groups_of(lengths, table)
     times = TimeLookup(table)
+    packs = None
+    if cfg.micro_batch_tokens != "off" and not two_d:
+        packs = candidate_settings(table, mem_capacity_bytes=cfg.mem_capacity_bytes, sp_sizes=cfg.sp_sizes,
+                                   world_size=world_size, ranks_per_node=cfg.ranks_per_node, dynamic_recompute=True)
     gpu_s = 0.0
     for g in sorted(set(groups.tolist())):
         if g not in best:
@@ -145,7 +152,13 @@ def ideal_tokens_per_s(lengths: Sequence[int], table: ProfileTable, config: DCPC
         s = best[g]
         # each sample at its own length (the runtime pads only to a micro-batch's longest sample)
         per_mb = times.padded_times_s(g, s.sp_size, s.recompute_layers, s.micro_batch_size, arr[groups == g])
-        gpu_s += float(per_mb.sum()) * s.sp_size / s.micro_batch_size
+        g_s = float(per_mb.sum()) * s.sp_size / s.micro_batch_size
+        if packs is not None:  # planning.micro_batch_tokens: token packs of the group's samples where cheaper
+            lens = arr[groups == g]
+            pick, per_token = best_token_pack(times, s, packs.get(g, []), lens)
+            if pick is not None:
+                g_s = min(g_s, per_token * float(lens.sum()))
+        gpu_s += g_s
     return float(arr.sum()) * world_size / gpu_s
 
 
@@ -166,7 +179,10 @@ def _mem_row(mb, sp_size: int, rows: dict, edges: Sequence[int]):
     else:
         group, size = bisect.bisect_left(edges, mb.tokens), 1
     cand = rows.get((group, sp_size), [])
-    return next((r for r in cand if r.micro_batch_size >= size), None)
+    # a token-packed micro-batch (more samples than any profiled b, one row of documents): the row whose
+    # b x bound holds its tokens
+    return next((r for r in cand if r.micro_batch_size >= size), None) or next(
+        (r for r in cand if r.micro_batch_size * r.seq_len >= mb.tokens), None)
 
 
 DDP_BUCKET_BYTES = GRAD_BUCKET_MIB * 2**20
@@ -298,7 +314,7 @@ def simulate(lengths: Sequence[int], table: ProfileTable, config: DCPConfig, wor
         for first, size, idle_s in st.group_idle_s:
             for r in range(first, first + size):
                 rank_idle[r] += idle_s
-    ideal = ideal_tokens_per_s(lengths, truth, config, world_size)
+    ideal = ideal_tokens_per_s(lengths, truth, config, world_size, two_d=shapes is not None)
     cap = config.planning.mem_capacity_bytes
     result = SimResult(
         method=config.planning.method,

@@ -5,6 +5,7 @@ one at a time (padding and packing cost nothing and change nothing). Ulysses SP 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -210,4 +211,27 @@ def test_packed_micro_batch_equals_its_documents_run_separately():
     loss.backward()
     got = (loss.detach(), int(count), {n: p.grad.clone() for n, p in model.named_parameters()})
     assert len(calls) == 1  # one forward for the whole pack
+    _assert_same(got, _alone(model, pack))
+
+
+def test_token_packed_dcp_micro_batch_equals_its_documents_run_separately():
+    """planning.micro_batch_tokens = "auto": a DCP micro-batch packed by tokens (more documents than any profiled
+    b) runs as one row of documents (one forward, recompute on) and equals its documents run one at a time."""
+    import dataclasses
+
+    from dcp.planner import plan_epoch
+    from tests.unit.test_planner_assemble import make
+    from tests.unit.test_planner_tokens import text_lengths
+
+    cfg, table = make(4, cap_mib=48)
+    cfg = cfg.replace(planning=dataclasses.replace(cfg.planning, micro_batch_tokens="auto"))
+    lengths = np.minimum(text_lengths(400, seed=2), 200)
+    plans = plan_epoch(lengths, table, cfg, 4)
+    mb = max((mb for p in plans for g in p.groups for mb in g.micro_batches), key=lambda mb: mb.size)
+    assert mb.size > max(r.micro_batch_size for r in table.rows)
+    model = build_model("t1d-tiny", num_layers=3).double()  # a pack of ~30 documents: fp32 sums differ by ~1e-6
+    g = torch.Generator().manual_seed(7)
+    pack = collate_tokens([torch.randint(0, 256, (n,), generator=g) for n in mb.seq_lens])
+    assert type(model).packs(pack)  # unequal lengths: one row of documents
+    got = _run(model, pack, SPContext.single(recompute_layers=2, attention="sdpa"))
     _assert_same(got, _alone(model, pack))

@@ -11,6 +11,7 @@ from dcp.config import DCPConfig, ModelShapeConfig, PlanningConfig, ProfilingCon
 from dcp.planner import CPU_SMALL, EpochPlanner, PlanningError, analytic_table, plan_epoch
 from dcp.planner.placement import aligned_slots, node_bounds, place_largest_first
 from dcp.planner.stream import shuffled_order
+from dcp.planner.tokens import token_runs
 
 MODEL = ModelShapeConfig(name="tiny", num_layers=4, hidden_size=64, num_heads=8, vocab_size=256)
 EDGES = (256, 512, 1024, 2048, 4096)
@@ -165,14 +166,19 @@ def check_window(plans, lengths, cfg, pl):
     groups = np.searchsorted(EDGES, lengths)
     n = len(lengths)
     mb_of, ready = np.zeros(n, dtype=np.int64), []
+    budgets = pl.arrays.mbq.token_budget if pl.arrays is not None else {}
     for sg, setting in pl.settings.items():
         members = np.flatnonzero(groups == sg)
         members = members[np.argsort(pos[members])]
         b = setting.micro_batch_size
-        for i in range(0, len(members), b):
-            chunk = members[i : i + b]
+        # token-packed seq_groups (planning.micro_batch_tokens): greedy packs by tokens, the last one flushed
+        starts = (token_runs(lengths[members], budgets[sg]) if sg in budgets
+                  else np.arange(0, len(members), b)).tolist()
+        for i, e in zip(starts, [*starts[1:], len(members)], strict=True):
+            chunk = members[i:e]
+            full = e < len(members) if sg in budgets else len(chunk) == b
             mb_of[chunk] = len(ready)
-            ready.append(int(pos[chunk[-1]]) if len(chunk) == b else n + int(pos[chunk[0]]))
+            ready.append(int(pos[chunk[-1]]) if full else n + int(pos[chunk[0]]))
     ready = np.asarray(ready)
     used = np.zeros(len(ready), dtype=bool)
     for p in plans:
