@@ -248,6 +248,56 @@ def prepare(model: Any, *, layers: Any = None, final_norm: Any = None) -> HFCaus
     return prepared
 
 
-__all__ = ["ATTENTION_NAME", "HFCausalLM", "HFCausalLMAdapter", "HFIntegrationError", "HFModelError", "TokenDataset",
+@dataclass(frozen=True)
+class ManagerParts:
+    """What ``set_manager`` takes from the HF integration for an HF model (see :func:`for_manager`)."""
+
+    config: Any
+    """The DCPConfig: the model's shape where ``[model]`` was left at its default, and the fitted defaults."""
+    forward_fn: Any
+    """The user's forward_fn, or the integration's."""
+    adapter: Any
+    """The user's adapter, or the integration's (SP-aware), or an SP-1 generic one beside a user forward_fn."""
+    integration: HFCausalLM | None
+    """The prepared model (None when the user's forward_fn drives it); ``attach(manager)`` after building."""
+
+
+def for_manager(model: Any, lengths: Any, config: Any, *, forward_fn: Any, adapter: Any,
+                world_size: int) -> ManagerParts:
+    """The forward, the profiler adapter and the config ``set_manager`` uses for an HF model.
+
+    Without ``forward_fn`` the model is prepared (:func:`prepare`; it raises, naming what to pass, for a
+    model it cannot drive). With one, the user's forward runs the model as it is (its own attention) and,
+    unless ``adapter`` is given, the profiler gets the generic adapter limited to SP 1 (its attention only
+    sees a rank's chunk). The config's settings left at the library defaults (profile edges, micro-batch
+    cap, SP sizes) are fitted to ``lengths``, the heads and the world size (:func:`fit_config`).
+    """
+    from dcp.config import DCPConfig
+
+    integration = None
+    sp_world = world_size  # SP sizes > 1 need a forward and an adapter that run Ulysses
+    if forward_fn is None:
+        integration = prepare(model)
+        forward_fn = integration.forward
+        adapter = adapter if adapter is not None else integration.adapter()
+    elif adapter is None:
+        try:
+            adapter, sp_world = HFCausalLMAdapter(model, sp_aware=False), 1
+        except HFModelError as exc:
+            raise HFIntegrationError(f"{exc}, or pass set_manager(..., adapter=<a dcp.profiler.adapters."
+                                     "ModelAdapter>) beside your forward_fn") from None
+    shape = hf_shape(model)
+    try:
+        lengths = [int(n) for n in lengths]
+    except (TypeError, ValueError):
+        lengths = []  # the manager's dataset check names the problem
+    base = DCPConfig() if config is None else config
+    derived = model_shape(model) if base.model == ModelShapeConfig() else None  # [model] left at its default
+    config = fit_config(base, lengths=lengths, num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads,
+                        world_size=sp_world, model=derived)
+    return ManagerParts(config=config, forward_fn=forward_fn, adapter=adapter, integration=integration)
+
+
+__all__ = ["ATTENTION_NAME", "HFCausalLM", "ManagerParts", "for_manager", "HFCausalLMAdapter", "HFIntegrationError", "HFModelError", "TokenDataset",
            "cached_lengths", "dataset_fingerprint", "fit_config", "hf_shape", "is_hf_model", "is_supported",
            "model_shape", "prepare", "register_attention", "sp_sizes_for", "ulysses_attention_hf"]

@@ -12,9 +12,9 @@ only where the given config still holds the library default (a value the user se
 - ``planning.sp_sizes`` (:func:`sp_sizes_for`): every p that divides the heads and the world size and
   either divides the K/V heads or is a multiple of them (each rank then holds whole K/V heads; GQA
   repeats them, never splits one);
-- ``profiling.max_micro_batch_size`` (:func:`micro_batch_cap`): at most as many samples as the longest
-  group's tokens hold of the shortest group's (a micro-batch of short samples need not carry more tokens
-  than one long sample), and at most :data:`MAX_MICRO_BATCH`, so that first-run profiling stays short.
+- ``profiling.max_micro_batch_size`` (:func:`micro_batch_cap`): a micro-batch of the shortest group's
+  samples carries at most as many tokens as one sample of the longest group (or :data:`MIN_MB_TOKENS`),
+  and at most :data:`MAX_MICRO_BATCH` samples, so that first-run profiling stays short.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from dcp.config import DCPConfig, PlanningConfig, ProfilingConfig
+from dcp.config import DCPConfig, ModelShapeConfig, PlanningConfig, ProfilingConfig
 
 MAX_GROUPS = 4
 """Most seq_groups the derived edges have (profiling time grows with each group)."""
@@ -30,6 +30,8 @@ MAX_MICRO_BATCH = 8
 """Largest derived micro-batch cap (the library default)."""
 MIN_EDGE = 16
 """Smallest derived edge in tokens."""
+MIN_MB_TOKENS = 1024
+"""Tokens a micro-batch of short samples may always reach (below it, batching short samples is cheap)."""
 
 
 def _pow2_at_least(n: int) -> int:
@@ -55,21 +57,26 @@ def sp_sizes_for(num_heads: int, num_kv_heads: int, world_size: int) -> tuple[in
 
 
 def micro_batch_cap(edges: Sequence[int]) -> int:
-    """Micro-batch cap: the longest group's tokens over the shortest group's, within [1, MAX_MICRO_BATCH]."""
-    return max(1, min(MAX_MICRO_BATCH, edges[-1] // edges[0]))
+    """Micro-batch cap: a micro-batch of the shortest group holds at most max(longest edge, MIN_MB_TOKENS)
+    tokens, within [1, MAX_MICRO_BATCH]."""
+    return max(1, min(MAX_MICRO_BATCH, max(edges[-1], MIN_MB_TOKENS) // edges[0]))
 
 
-def fit_config(config: DCPConfig, *, lengths: Sequence[int], num_heads: int, num_kv_heads: int,
-               world_size: int) -> DCPConfig:
-    """``config`` with each of the three settings above derived where it is still the library default."""
+def fit_config(config: DCPConfig, *, lengths: Sequence[int], num_heads: int, num_kv_heads: int, world_size: int,
+               model: ModelShapeConfig | None = None) -> DCPConfig:
+    """``config`` with each of the three settings above derived where it is still the library default (edges
+    and micro-batch cap only when ``lengths`` is not empty), and ``model`` as its ``[model]`` section when given
+    (in the same replace: a 4-head model's config never passes through SP size 8)."""
     prof, plan = config.profiling, config.planning
     default_prof, default_plan = ProfilingConfig(), PlanningConfig()
-    edges = edges_for(lengths) if prof.seq_group_edges == default_prof.seq_group_edges else prof.seq_group_edges
-    changes_prof = {"seq_group_edges": edges}
-    if prof.max_micro_batch_size == default_prof.max_micro_batch_size:
-        changes_prof["max_micro_batch_size"] = micro_batch_cap(edges)
+    changes_prof: dict[str, object] = {}
+    if lengths and prof.seq_group_edges == default_prof.seq_group_edges:
+        changes_prof["seq_group_edges"] = edges_for(lengths)
+    if lengths and prof.max_micro_batch_size == default_prof.max_micro_batch_size:
+        changes_prof["max_micro_batch_size"] = micro_batch_cap(changes_prof.get("seq_group_edges", prof.seq_group_edges))
     sizes = plan.sp_sizes
     if sizes == default_plan.sp_sizes:
         sizes = sp_sizes_for(num_heads, num_kv_heads, world_size)
+    sections = {"model": model} if model is not None else {}
     return dataclasses.replace(config, profiling=dataclasses.replace(prof, **changes_prof),
-                               planning=dataclasses.replace(plan, sp_sizes=sizes))
+                               planning=dataclasses.replace(plan, sp_sizes=sizes), **sections)
