@@ -137,7 +137,10 @@ def test_set_manager_with_defaults_for_a_reference_and_an_hf_model():
         mgr = dcp.set_manager(model, data)  # the paper's call: config, forward, optimizer, adapter derived
         heads = mgr.config.model.num_heads
         assert heads == (4 if hf.is_hf_model(model) else 8)
-        assert mgr.config.planning.sp_sizes == tuple(p for p in (1, 2, 4, 8) if heads % p == 0)
+        if hf.is_hf_model(model):  # fitted: SP sizes within the world size (1 process), edges up to the longest
+            assert mgr.config.planning.sp_sizes == (1,) and mgr.config.profiling.seq_group_edges == (16, 32)
+        else:
+            assert mgr.config.planning.sp_sizes == tuple(p for p in (1, 2, 4, 8) if heads % p == 0)
         assert isinstance(mgr.engine.optimizer, torch.optim.AdamW)
         mgr.table = analytic_table_for(mgr.config, 1)  # (profiling with the default edges takes minutes on CPU)
         before = [p.detach().clone() for p in model.parameters()]
