@@ -107,6 +107,15 @@ def test_lengths_are_cached_by_fingerprint_and_written_atomically(tmp_path, monk
         hf.cached_lengths(ds, cache_dir=tmp_path)
     assert count_tokens(ds) == got
 
+    def stream():  # a streaming source: one pass computes its lengths, keyed by the caller
+        yield from rows()
+
+    it = datasets.IterableDataset.from_generator(stream)
+    assert hf.cached_lengths(it, cache_dir=tmp_path / "s", key="stream-v1") == got
+    assert hf.cached_lengths(it, cache_dir=tmp_path / "s", key="stream-v1") == got  # from the file
+    with pytest.raises(HFDataError, match=r"data \(IterableDataset\) is not indexable"):
+        hf.TokenDataset(it)
+
 
 def test_defaults_fit_the_data_and_the_model():
     assert edges_for([20, 700, 1000]) == (128, 256, 512, 1024)  # never past the longest sample's group
