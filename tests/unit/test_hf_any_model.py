@@ -49,6 +49,7 @@ def test_any_architecture_matches_the_unmodified_model(arch):
     with torch.no_grad():  # the profiler's generic adapter runs the model's own embedding, layers, norm and head
         prof_sum, prof_count = integration.adapter().full_loss(batch, SPContext.single())
     torch.testing.assert_close(prof_sum / prof_count, want.detach(), rtol=1e-5, atol=1e-6)
+    assert model.config.model_type in hf.TESTED_MODEL_TYPES and set(hf.TESTED_MODEL_TYPES) == set(ARCHS)
     shape = hf.hf_shape(model)
     assert (shape.num_layers, shape.hidden_size, shape.num_heads) == (2, 64, 4)
     assert shape.num_kv_heads == (4 if arch in ("gpt_neox", "gpt2") else 2)  # GPT-NeoX ignores num_key_value_heads
