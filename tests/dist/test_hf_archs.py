@@ -7,6 +7,7 @@ manager's and the profiler adapter's) equals the unmodified model's loss and gra
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -101,7 +102,10 @@ def _job(rank: int, world: int, cache_dir: str) -> dict:
     for arch in ARCHS:
         plain_losses = plain.train(rank, world, arch, 1, SAMPLES, MAX_LEN)
         data = hf.TokenDataset(dcp_twin.byte_dataset(SAMPLES, MAX_LEN))
-        probe = dcp.set_manager(tiny_causal_lm(arch), data, dcp_config(f"{cache_dir}/{arch}-probe"))
+        probe_config = dcp_config(f"{cache_dir}/{arch}-probe")  # one sample of the longest group at SP 1 and 2
+        probe_config = probe_config.replace(profiling=dataclasses.replace(
+            probe_config.profiling, seq_group_edges=(MAX_LEN,), max_micro_batch_size=1))
+        probe = dcp.set_manager(tiny_causal_lm(arch), data, probe_config)
         probe.init_profiler()  # the measured memory of this model picks a capacity that forces SP 2
         config = dcp_config(f"{cache_dir}/{arch}", forcing_sp2_gib(probe.table))
         dcp_losses = dcp_twin.train(rank, world, arch, 1, SAMPLES, MAX_LEN, config)
@@ -142,6 +146,7 @@ def _replay(arch: str, steps: list) -> list[float]:
     return losses
 
 
+@pytest.mark.timeout(900)  # one launch for six models: 1-5 minutes on a shared 2-core machine
 def test_six_architectures_train_under_dcp_like_the_unmodified_model(tmp_path):
     out = run_distributed(_job, 2, str(tmp_path), timeout_s=600)
     assert out[0].keys() == set(ARCHS)
