@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3, help="fresh profiles to time (default: %(default)s)")
     parser.add_argument("--world-size", type=int, default=2, help="gloo processes (default: %(default)s)")
     args = parser.parse_args()
-    from dcp.testing import run_distributed
+    from dcp.distributed.launch import run_distributed
 
     for rep in range(args.reps):
         with tempfile.TemporaryDirectory() as cache_dir:
