@@ -641,15 +641,16 @@ def set_manager(model: torch.nn.Module, dataset: Any, config: DCPConfig | None =
     integration's for HF models); the profile cache key is built from it.
     """
     _check_arguments(model, config, table)
-    from dcp.integrations import hf
+    integration = None
+    if forward_fn is None:
+        from dcp.integrations import hf
 
-    integration, derived = None, None
-    if hf.is_hf_model(model):
-        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        lengths = dataset.lengths() if hasattr(dataset, "lengths") else []
-        parts = hf.for_manager(model, lengths, config, forward_fn=forward_fn, adapter=adapter, world_size=world)
-        config, forward_fn, adapter, integration = parts.config, parts.forward_fn, parts.adapter, parts.integration
-    else:
+        if hf.is_hf_model(model):
+            integration = hf.prepare(model)  # raises, naming forward_fn=, for a family it cannot drive
+            forward_fn = integration.forward
+            adapter = adapter if adapter is not None else integration.adapter()
+    derived = integration.shape() if integration is not None else None
+    if derived is None:
         shape = getattr(getattr(model, "config", None), "shape", None)
         derived = shape() if callable(shape) else None
     if config is None:
