@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from dcp.config import ModelShapeConfig
+from dcp.data import IGNORE_INDEX
 from dcp.integrations.hf_data import TokenDataset, cached_lengths, dataset_fingerprint
 from dcp.integrations.hf_defaults import fit_config, sp_sizes_for
 from dcp.integrations.hf_model import (
@@ -48,7 +49,7 @@ from dcp.integrations.hf_model import (
     hf_shape,
     model_shape,
 )
-from dcp.models.common import IGNORE_INDEX, pack_rows
+from dcp.models.common import pack_rows
 from dcp.runtime.attention import DocLens
 from dcp.runtime.context import SPContext
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from dcp.models.common import IGNORE_INDEX, Batch
+from dcp.data import IGNORE_INDEX, Batch
 
 
 class HFDataError(ValueError):

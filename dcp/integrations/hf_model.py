@@ -178,7 +178,7 @@ class HFCausalLMAdapter(ModelAdapter):
         return config_hash({**_config_dict(self.module.config), "dcp_sp_aware": self.sp_aware})
 
     def synthetic_batch(self, batch_size: int, seq_len: int, *, generator: torch.Generator) -> Any:
-        from dcp.models.common import collate_tokens
+        from dcp.data import collate_tokens
 
         ids = torch.randint(0, self.shape.vocab_size, (batch_size, seq_len), generator=generator)
         return collate_tokens(list(ids))
@@ -208,8 +208,8 @@ class HFCausalLMAdapter(ModelAdapter):
         return out[0] if isinstance(out, tuple) else out
 
     def head_loss(self, hidden: torch.Tensor, batch: Any, ctx: Any, aux: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        from dcp.data import IGNORE_INDEX
         from dcp.integrations.hf import chunk
-        from dcp.models.common import IGNORE_INDEX
 
         logits = self.head(self.norm(hidden))
         cap = getattr(self.module.config, "final_logit_softcapping", None)
