@@ -6,7 +6,9 @@
 It is examples/hf_train_plain.py (a plain DDP loop over a ``datasets.Dataset``) plus the lines marked
 ``# DCP``: `diff examples/hf_train_plain.py examples/hf_train.py` shows them all (10, dataset included).
 ``config`` (a ``dcp.DCPConfig``) overrides the defaults DCP fits to the data and the model (profiled
-lengths, SP sizes, micro-batch cap); on CPU, ``planning.mem_capacity_gib`` emulates a GPU's memory.
+lengths, SP sizes, micro-batch cap); on CPU, ``planning.mem_capacity_gib`` emulates a GPU's memory. Without
+one the example logs every step (``runtime.log_every = 1``; the library logs, and records a StepStats, every
+10th step by default) so that ``mgr.step_stats`` holds one loss per step, like the plain loop's list.
 """
 
 from __future__ import annotations
@@ -41,15 +43,15 @@ def train(rank: int, world_size: int, arch: str = "llama", epochs: int = 1, samp
     ds = byte_dataset(samples, max_len)
     model = tiny_causal_lm(arch)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    config = config or dcp.DCPConfig(runtime=dcp.config.RuntimeConfig(log_every=1))  # DCP: log every step
     mgr = dcp.set_manager(model, dcp.integrations.hf.TokenDataset(ds), config, optimizer=optimizer)  # DCP
-    model = mgr.engine  # DCP
     for epoch in range(epochs):
         for batch in mgr.get_data_iter():  # DCP: profiles the model on first use (cached), then plans
-            mgr.optimize_dynamics(batch, model)  # DCP: SP group, recompute layers, loss weight
-            with mgr.profile(batch, model):  # DCP
-                loss = model(batch)  # DCP
-                model.backward(loss)  # DCP
-                model.step()  # DCP: one gradient sync + optimizer step per DCP step
+            mgr.optimize_dynamics(batch, mgr.engine)  # DCP: SP group, recompute layers, loss weight
+            with mgr.profile(batch, mgr.engine):  # DCP
+                loss = mgr.engine(batch)  # DCP
+                mgr.engine.backward(loss)  # DCP
+                mgr.engine.step()  # DCP: one gradient sync + optimizer step per DCP step
     return [s.loss for s in mgr.step_stats]  # DCP
 
 
