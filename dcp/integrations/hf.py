@@ -45,6 +45,7 @@ from dcp.integrations.hf_defaults import fit_config, sp_sizes_for
 from dcp.integrations.hf_model import (
     HFCausalLMAdapter,
     HFModelError,
+    chunk,
     find_decoder_layers,
     hf_shape,
     model_shape,
@@ -135,13 +136,6 @@ def register_attention() -> None:
     from transformers import AttentionInterface
 
     AttentionInterface.register(ATTENTION_NAME, ulysses_attention_hf)
-
-
-def chunk(t: torch.Tensor, ctx: SPContext, value: int) -> torch.Tensor:
-    """This rank's contiguous chunk of ``[b, s]``, right-padded with ``value`` to a multiple of sp_size."""
-    s = t.shape[1]
-    start, end = ctx.shard(s)
-    return F.pad(t, (0, ctx.padded_len(s) - s), value=value)[:, start:end]
 
 
 @dataclass(frozen=True, eq=False)

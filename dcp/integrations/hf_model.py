@@ -128,6 +128,13 @@ def find_final_norm(model: nn.Module) -> nn.Module:
     )
 
 
+def chunk(t: torch.Tensor, ctx: Any, value: int) -> torch.Tensor:
+    """This rank's contiguous chunk of ``[b, s]``, right-padded with ``value`` to a multiple of sp_size."""
+    s = t.shape[1]
+    start, end = ctx.shard(s)
+    return F.pad(t, (0, ctx.padded_len(s) - s), value=value)[:, start:end]
+
+
 class _Captured(Exception):  # noqa: N818 (control flow, not an error)
     """Raised by the first decoder layer's pre-hook once its inputs are recorded."""
 
@@ -184,8 +191,6 @@ class HFCausalLMAdapter(ModelAdapter):
         return collate_tokens(list(ids))
 
     def layer_inputs(self, batch: Any, ctx: Any) -> tuple[torch.Tensor, Any]:
-        from dcp.integrations.hf import chunk
-
         device = self.head.weight.device
         ids = chunk(batch.inputs.to(device), ctx, 0)
         start, end = ctx.shard(batch.inputs.shape[1])
@@ -209,7 +214,6 @@ class HFCausalLMAdapter(ModelAdapter):
 
     def head_loss(self, hidden: torch.Tensor, batch: Any, ctx: Any, aux: Any) -> tuple[torch.Tensor, torch.Tensor]:
         from dcp.data import IGNORE_INDEX
-        from dcp.integrations.hf import chunk
 
         logits = self.head(self.norm(hidden))
         cap = getattr(self.module.config, "final_logit_softcapping", None)
