@@ -91,9 +91,10 @@ def set_manager(model: torch.nn.Module, dataset: Any, config: DCPConfig | None =
                 deepspeed_config: dict[str, Any] | None = None, adapter: Any = None) -> DCPManager:
     """Build the DCP manager for ``model`` on ``dataset`` (call on every rank after init_process_group).
 
-    ``set_manager(model, dataset)`` works with defaults for the reference models and for Hugging Face
-    Llama / Qwen2 / Mistral causal LMs (prepared by :func:`dcp.integrations.hf.prepare`: Ulysses attention,
-    forward, profiler adapter, model shape).
+    ``set_manager(model, dataset)`` works with defaults for the reference models and for any Hugging Face
+    causal LM routed through transformers' AttentionInterface (:func:`dcp.integrations.hf.for_manager`:
+    Ulysses attention, forward, profiler adapter, model shape, and profile edges, micro-batch cap and SP
+    sizes fitted to the data and the model where the config leaves them at the library defaults).
 
     config: the DCPConfig; its ``model`` section, when left at the default, is derived from the model
     (``model.config.shape()`` for the reference models, the HF config for HF models). optimizer: default
@@ -105,13 +106,15 @@ def set_manager(model: torch.nn.Module, dataset: Any, config: DCPConfig | None =
     integration's for HF models); the profile cache key is built from it.
     """
     _check_arguments(model, config, table)
-    integration = None
-    if forward_fn is None and hf.is_hf_model(model):
-        integration = hf.prepare(model)  # raises, naming forward_fn=, for a family it cannot drive
-        forward_fn = integration.forward
-        adapter = adapter if adapter is not None else integration.adapter()
-    config = _resolve_config(model, config, integration)
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    integration = None
+    if hf.is_hf_model(model):
+        # the HF integration supplies the forward and the profiler adapter (unless given) and fits the config's
+        # defaults to the model and the data (raises, naming what to pass, for a model it cannot drive)
+        lengths = dataset.lengths() if hasattr(dataset, "lengths") else []
+        parts = hf.for_manager(model, lengths, config, forward_fn=forward_fn, adapter=adapter, world_size=world)
+        config, forward_fn, adapter, integration = parts.config, parts.forward_fn, parts.adapter, parts.integration
+    config = _resolve_config(model, config, integration)
     if optimizer is None and not isinstance(engine, Engine):
         optimizer = torch.optim.AdamW(model.parameters())
         get_logger(dist.get_rank() if world > 1 else 0).info(

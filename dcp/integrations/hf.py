@@ -1,7 +1,8 @@
-"""Hugging Face ``transformers`` causal LMs under DCP: one call, :func:`prepare`.
+"""Hugging Face ``transformers`` causal LMs under DCP: one call, :func:`prepare`, and one dataset wrapper.
 
-``prepare(model)`` makes a ``LlamaForCausalLM`` (or a Qwen2 / Mistral causal LM: same ``model.model``
-layout) trainable by the DCP manager without touching its code:
+``prepare(model)`` makes any ``*ForCausalLM`` whose attention goes through transformers'
+``AttentionInterface`` (Llama, Qwen2, Qwen3, Mistral, Gemma, Gemma-2, Phi, Phi-3, GPT-NeoX, OLMo, GPT-2 ...)
+trainable by the DCP manager without touching its code and without a per-model adapter:
 
 - **Ulysses attention through transformers' attention interface.** :func:`ulysses_attention_hf` is
   registered in ``transformers.AttentionInterface`` as ``"dcp_ulysses"`` and the model is switched to it
@@ -11,23 +12,27 @@ layout) trainable by the DCP manager without touching its code:
   ``[b, s_local, heads, d]``. The context is an explicit keyword that HF forwards from
   ``model(..., dcp_ctx=ctx)`` through every decoder layer to the attention function: no global state, and
   the profiler reaches the same attention with ITS SP groups (the adapter passes its context the same way).
+  A model's own attention scale (Gemma-2's ``query_pre_attn_scalar``) is applied exactly.
 - **The forward** (:meth:`HFCausalLM.forward`, the manager's ``forward_fn``): samples of unequal lengths
   run as one row of documents (no layer computes on padding), the row is padded to a multiple of the SP
   size, this rank keeps its contiguous chunk with its GLOBAL ``position_ids`` (RoPE rotates every token as
   without SP, restarting at every document), and it returns ``(loss_sum, labelled_count)`` of the chunk.
-- **The profiler adapter** (:meth:`HFCausalLM.adapter`): ``HFLlamaAdapter(model, sp_aware=True)``, whose
-  layers receive the profiler's context, so SP-2 candidates are measured with the real all-to-all.
-- **The model shape** (:meth:`HFCausalLM.shape`) the planner needs, from the HF config.
+- **The profiler adapter, the shape and the decoder layers** come from the model itself
+  (:mod:`dcp.integrations.hf_model`): the config's sizes, the ``nn.ModuleList`` of decoder layers (where
+  the recompute switch goes) and a generic adapter that runs the model's own embedding code.
+- **The dataset** (:class:`TokenDataset`, :mod:`dcp.integrations.hf_data`): a ``datasets.Dataset`` (or any
+  sequence) of ``input_ids`` with optional ``labels`` (``-100`` ignored) in one line.
 
-``dcp.set_manager(model, dataset)`` calls :func:`prepare` itself for a supported HF model; call it
-yourself only to use the pieces elsewhere. Without a ``dcp_ctx`` (evaluation, generation) the attention
-is plain causal SDPA on what it is given (an explicit attention mask falls back to HF's SDPA).
+``dcp.set_manager(model, dataset)`` calls :func:`prepare` itself; call it yourself only to pass
+``layers=`` / ``final_norm=`` for a model where they cannot be found, or to use the pieces elsewhere.
+Without a ``dcp_ctx`` (evaluation, generation) the attention is plain causal SDPA on what it is given (an
+explicit attention mask falls back to HF's SDPA).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -35,15 +40,26 @@ import torch.nn.functional as F
 
 from dcp.config import ModelShapeConfig
 from dcp.data import IGNORE_INDEX
+from dcp.integrations.hf_data import TokenDataset, cached_lengths, dataset_fingerprint
+from dcp.integrations.hf_defaults import fit_config, sp_sizes_for
+from dcp.integrations.hf_model import (
+    HFCausalLMAdapter,
+    HFModelError,
+    chunk,
+    find_decoder_layers,
+    hf_shape,
+    model_shape,
+)
 from dcp.models.common import pack_rows
 from dcp.runtime.attention import DocLens
 from dcp.runtime.context import SPContext
 
 ATTENTION_NAME = "dcp_ulysses"
 """Name under which the Ulysses attention is registered in ``transformers.AttentionInterface``."""
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
-"""HF ``config.model_type`` values with the Llama layout (``model.model.layers``, ``embed_tokens``,
-``rotary_emb``, ``norm``, ``lm_head``) and RoPE attention that :func:`prepare` supports."""
+TESTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "phi", "phi3", "gpt_neox", "olmo",
+                      "gpt2")
+"""HF ``config.model_type`` values whose SP-2 loss is tested against the unmodified model; any other causal LM
+whose class sets ``_supports_attention_backend`` is prepared the same way."""
 
 
 class HFIntegrationError(ValueError):
@@ -59,15 +75,17 @@ def is_hf_model(model: Any) -> bool:
 
 
 def is_supported(model: Any) -> bool:
-    """True when :func:`prepare` can drive ``model`` (an HF causal LM of a supported family)."""
-    return is_hf_model(model) and getattr(model.config, "model_type", None) in SUPPORTED_MODEL_TYPES \
-        and hasattr(model, "lm_head") and hasattr(getattr(model, "model", None), "layers")
+    """True when :func:`prepare` can drive ``model``: an HF model with an LM head whose attention goes through
+    transformers' ``AttentionInterface`` (``_supports_attention_backend``)."""
+    return is_hf_model(model) and bool(getattr(model, "_supports_attention_backend", False)) \
+        and getattr(model, "get_output_embeddings", lambda: None)() is not None
 
 
 def ulysses_attention_hf(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                          attention_mask: torch.Tensor | None, *, dcp_ctx: SPContext | None = None,
                          dcp_docs: DocLens | None = None, dropout: float = 0.0, scaling: float | None = None,
-                         sliding_window: int | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+                         sliding_window: int | None = None, softcap: float | None = None,
+                         **kwargs: Any) -> tuple[torch.Tensor, None]:
     """transformers attention function: ``[b, H, s_local, d]`` q, k, v in, ``([b, s_local, H, d], None)`` out.
 
     With ``dcp_ctx`` (every DCP forward and every profiled candidate) it is Ulysses over ``dcp_ctx.group``,
@@ -82,12 +100,14 @@ def ulysses_attention_hf(module: Any, query: torch.Tensor, key: torch.Tensor, va
             f"attention dropout ({dropout}) is not supported by the DCP Ulysses attention: set the model "
             "config's attention_dropout = 0.0"
         )
-    head_dim = query.shape[-1]
-    if scaling is not None and not math.isclose(scaling, head_dim ** -0.5, rel_tol=1e-6):
+    if softcap:
         raise HFIntegrationError(
-            f"attention scaling ({scaling}) differs from 1/sqrt(head_dim) ({head_dim ** -0.5:.6g}): the DCP "
-            "Ulysses attention uses the standard scale; use a model whose attention does"
+            f"attention logit soft-capping ({softcap}) is not supported by the DCP Ulysses attention (SDPA / "
+            "flash kernels): build the model with config.attn_logit_softcapping = None"
         )
+    if kwargs.get("s_aux") is not None:
+        raise HFIntegrationError("attention sinks (s_aux) are not supported by the DCP Ulysses attention: "
+                                 "use a model without attention sinks")
     if dcp_ctx is None:
         if attention_mask is not None:
             from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -95,6 +115,10 @@ def ulysses_attention_hf(module: Any, query: torch.Tensor, key: torch.Tensor, va
             return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=0.0,
                                           scaling=scaling, **kwargs)
         dcp_ctx = SPContext.single()
+    head_dim = query.shape[-1]
+    if scaling is not None and not math.isclose(scaling, head_dim ** -0.5, rel_tol=1e-6):
+        # the kernels use 1/sqrt(d): scaling q by scaling * sqrt(d) gives the model's own q.k * scaling
+        query = query * (scaling * math.sqrt(head_dim))
     full_len = query.shape[2] * dcp_ctx.sp_size
     if sliding_window is not None and full_len > sliding_window:
         raise HFIntegrationError(
@@ -114,37 +138,16 @@ def register_attention() -> None:
     AttentionInterface.register(ATTENTION_NAME, ulysses_attention_hf)
 
 
-def model_shape(model: Any, *, name: str | None = None) -> ModelShapeConfig:
-    """The planner's ModelShapeConfig of an HF causal LM, from its config and parameter dtype."""
-    c = model.config
-    param = next(model.parameters(), None)
-    param_bytes = param.element_size() if param is not None else 4
-    hidden, heads = int(c.hidden_size), int(c.num_attention_heads)
-    return ModelShapeConfig(
-        name=name or f"{c.model_type}-hf-{_count_params(model) / 1e6:.2g}m",
-        num_layers=int(c.num_hidden_layers), hidden_size=hidden, num_heads=heads,
-        ffn_hidden_size=int(getattr(c, "intermediate_size", 0) or 0), vocab_size=int(c.vocab_size),
-        param_bytes=param_bytes,
-    )
-
-
-def _count_params(model: Any) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
-def chunk(t: torch.Tensor, ctx: SPContext, value: int) -> torch.Tensor:
-    """This rank's contiguous chunk of ``[b, s]``, right-padded with ``value`` to a multiple of sp_size."""
-    s = t.shape[1]
-    start, end = ctx.shard(s)
-    return F.pad(t, (0, ctx.padded_len(s) - s), value=value)[:, start:end]
-
-
 @dataclass(frozen=True, eq=False)
 class HFCausalLM:
     """An HF causal LM prepared for DCP (see the module docstring); build it with :func:`prepare`."""
 
     model: Any
     """The transformers model, its attention switched to ``"dcp_ulysses"``."""
+    layers: Any
+    """Its decoder layers (an ``nn.ModuleList``): the recompute switch goes on each."""
+    final_norm: Any = field(default=None)
+    """Its final norm (None: found by name when the profiler adapter is built)."""
 
     def forward(self, model: Any, batch: Any, ctx: SPContext) -> tuple[torch.Tensor, torch.Tensor]:
         """The manager's ``forward_fn``: ``(loss_sum, labelled tokens)`` over this rank's chunk of ``batch``.
@@ -154,7 +157,7 @@ class HFCausalLM:
         inside each (``dcp_docs``), so no layer computes on padding and the result is that of the samples one
         at a time, the cost the planner prices (its real lengths, not b x the longest). The layout is decided
         from ``batch.seq_lens`` (host ints), never from a tensor value."""
-        device = self.model.lm_head.weight.device
+        device = self.model.get_output_embeddings().weight.device
         inputs, targets = batch.inputs.to(device), batch.targets.to(device)
         lens, docs = batch.seq_lens, None
         if any(n != inputs.shape[1] for n in lens):
@@ -173,44 +176,123 @@ class HFCausalLM:
                                    reduction="sum")
         return loss_sum, (labels != IGNORE_INDEX).sum()
 
-    def adapter(self) -> Any:
+    def adapter(self) -> HFCausalLMAdapter:
         """The profiler adapter: the model's own layers, attention over the profiler's SP groups."""
-        from dcp.profiler.adapters import HFLlamaAdapter
-
-        return HFLlamaAdapter(self.model, sp_aware=True)
+        return HFCausalLMAdapter(self.model, layers=self.layers, final_norm=self.final_norm, sp_aware=True)
 
     def shape(self) -> ModelShapeConfig:
         """The planner's model shape (layers, width, heads, FFN, vocabulary, bytes per parameter)."""
         return model_shape(self.model)
 
+    @property
+    def num_kv_heads(self) -> int:
+        """K/V heads (the heads where the config declares none), for the default SP sizes."""
+        return hf_shape(self.model).num_kv_heads
+
     def attach(self, manager: Any) -> None:
         """Put the manager's recompute switch on every decoder layer (layer i is checkpointed when
         i < the micro-batch's recompute_layers)."""
-        manager.wrap_layers(self.model.model.layers)
+        manager.wrap_layers(self.layers)
 
 
-def prepare(model: Any) -> HFCausalLM:
+def prepare(model: Any, *, layers: Any = None, final_norm: Any = None) -> HFCausalLM:
     """Prepare an HF causal LM for DCP: register and select the Ulysses attention; return the pieces.
 
-    Raises :class:`HFIntegrationError` for a model that is not a supported causal LM.
+    ``layers`` (the model's ``nn.ModuleList`` of decoder layers) and ``final_norm`` are found in the model
+    when left out; pass them for a model where they cannot be. A second call on the same model returns the
+    first call's result (``set_manager`` calls it too). Raises :class:`HFIntegrationError` for a model
+    it cannot drive, naming what to pass instead.
     """
     if not is_hf_model(model):
         raise HFIntegrationError(
             f"model ({type(model).__name__}) is not a transformers PreTrainedModel: dcp.integrations.hf "
-            "prepares Hugging Face causal LMs; pass forward_fn= to set_manager for other models"
+            "prepares Hugging Face causal LMs; pass forward_fn= (and adapter= to profile) to set_manager"
         )
-    model_type = getattr(model.config, "model_type", None)
-    if not is_supported(model):
+    done = model.__dict__.get("_dcp_hf")
+    if done is not None and layers is None and final_norm is None:
+        return done
+    name = f"{type(model).__name__} (model_type {getattr(model.config, 'model_type', None)!r})"
+    if getattr(model, "get_output_embeddings", lambda: None)() is None:
         raise HFIntegrationError(
-            f"model_type ({model_type!r}, {type(model).__name__}) is not one of {list(SUPPORTED_MODEL_TYPES)} "
-            "causal LMs: use a *ForCausalLM of a supported family, or pass forward_fn= and adapter= "
-            "(a dcp.profiler.adapters.ModelAdapter) to set_manager"
+            f"{name} has no LM head (get_output_embeddings() is None): load the *ForCausalLM class of the model"
+        )
+    if not getattr(model, "_supports_attention_backend", False):
+        raise HFIntegrationError(
+            f"{name} does not route its attention through transformers.AttentionInterface "
+            "(_supports_attention_backend is False): pass set_manager(..., forward_fn=fn, adapter=<a "
+            "dcp.profiler.adapters.ModelAdapter>) and call mgr.wrap_layers(<its decoder layers>)"
         )
     if getattr(model.config, "attention_dropout", 0.0):
         raise HFIntegrationError(
             f"config.attention_dropout ({model.config.attention_dropout}) must be 0.0 for the DCP Ulysses "
             "attention: build the model with attention_dropout=0.0"
         )
+    if getattr(model.config, "attn_logit_softcapping", None):
+        raise HFIntegrationError(
+            f"config.attn_logit_softcapping ({model.config.attn_logit_softcapping}) is not supported by the DCP "
+            "Ulysses attention (SDPA / flash kernels): build the model with attn_logit_softcapping=None"
+        )
+    try:
+        found = find_decoder_layers(model) if layers is None else layers
+    except HFModelError as exc:
+        raise HFIntegrationError(str(exc)) from None
     register_attention()
     model.set_attn_implementation(ATTENTION_NAME)
-    return HFCausalLM(model)
+    prepared = HFCausalLM(model, found, final_norm)
+    model.__dict__["_dcp_hf"] = prepared  # not a module attribute: parameters and state_dict are unchanged
+    return prepared
+
+
+@dataclass(frozen=True)
+class ManagerParts:
+    """What ``set_manager`` takes from the HF integration for an HF model (see :func:`for_manager`)."""
+
+    config: Any
+    """The DCPConfig: the model's shape where ``[model]`` was left at its default, and the fitted defaults."""
+    forward_fn: Any
+    """The user's forward_fn, or the integration's."""
+    adapter: Any
+    """The user's adapter, or the integration's (SP-aware), or an SP-1 generic one beside a user forward_fn."""
+    integration: HFCausalLM | None
+    """The prepared model (None when the user's forward_fn drives it); ``attach(manager)`` after building."""
+
+
+def for_manager(model: Any, lengths: Any, config: Any, *, forward_fn: Any, adapter: Any,
+                world_size: int) -> ManagerParts:
+    """The forward, the profiler adapter and the config ``set_manager`` uses for an HF model.
+
+    Without ``forward_fn`` the model is prepared (:func:`prepare`; it raises, naming what to pass, for a
+    model it cannot drive). With one, the user's forward runs the model as it is (its own attention) and,
+    unless ``adapter`` is given, the profiler gets the generic adapter limited to SP 1 (its attention only
+    sees a rank's chunk). The config's settings left at the library defaults (profile edges, micro-batch
+    cap, SP sizes) are fitted to ``lengths``, the heads and the world size (:func:`fit_config`).
+    """
+    from dcp.config import DCPConfig
+
+    integration = None
+    sp_world = world_size  # SP sizes > 1 need a forward and an adapter that run Ulysses
+    if forward_fn is None:
+        integration = prepare(model)
+        forward_fn = integration.forward
+        adapter = adapter if adapter is not None else integration.adapter()
+    elif adapter is None:
+        try:
+            adapter, sp_world = HFCausalLMAdapter(model, sp_aware=False), 1
+        except HFModelError as exc:
+            raise HFIntegrationError(f"{exc}, or pass set_manager(..., adapter=<a dcp.profiler.adapters."
+                                     "ModelAdapter>) beside your forward_fn") from None
+    shape = hf_shape(model)
+    try:
+        lengths = [int(n) for n in lengths]
+    except (TypeError, ValueError):
+        lengths = []  # the manager's dataset check names the problem
+    base = DCPConfig() if config is None else config
+    derived = model_shape(model) if base.model == ModelShapeConfig() else None  # [model] left at its default
+    config = fit_config(base, lengths=lengths, num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads,
+                        world_size=sp_world, model=derived)
+    return ManagerParts(config=config, forward_fn=forward_fn, adapter=adapter, integration=integration)
+
+
+__all__ = ["ATTENTION_NAME", "HFCausalLM", "ManagerParts", "for_manager", "HFCausalLMAdapter", "HFIntegrationError", "HFModelError", "TokenDataset",
+           "cached_lengths", "dataset_fingerprint", "fit_config", "hf_shape", "is_hf_model", "is_supported",
+           "model_shape", "prepare", "register_attention", "sp_sizes_for", "ulysses_attention_hf"]

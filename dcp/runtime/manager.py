@@ -383,8 +383,8 @@ def _forward_problem(model: Any) -> ManagerError | None:
     return ManagerError(
         f"forward_fn (None) but {type(model).__name__}.forward cannot be called as model(batch, ctx): pass "
         "set_manager(..., forward_fn=fn) with fn(model, batch, ctx) -> (loss_sum, labelled_token_count) over "
-        "this rank's chunk of the batch (a Llama / Qwen2 / Mistral transformers causal LM needs none: DCP "
-        "prepares it through dcp.integrations.hf)"
+        "this rank's chunk of the batch (a transformers causal LM needs none: DCP prepares it through "
+        "dcp.integrations.hf)"
     )
 
 

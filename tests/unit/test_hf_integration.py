@@ -83,11 +83,15 @@ def test_model_shape_and_adapter_come_from_the_hf_config():
     assert (shape.num_layers, shape.hidden_size, shape.num_heads, shape.ffn_hidden_size, shape.vocab_size,
             shape.param_bytes) == (2, 32, 4, 64, 64, 4)
     adapter = integration.adapter()
-    assert isinstance(adapter, HFLlamaAdapter) and adapter.sp_aware and adapter.max_sp_size is None
-    assert adapter.name == "qwen2-hf"
+    assert isinstance(adapter, hf.HFCausalLMAdapter) and adapter.sp_aware and adapter.max_sp_size is None
+    assert adapter.name == "qwen2-hf" and adapter.layers is model.model.layers and adapter.norm is model.model.norm
+    assert integration.num_kv_heads == 2 and hf.prepare(model) is integration  # prepared once
     # the unprepared model's adapter is SP-1 only and its cache key differs (not the same measurements)
-    plain = HFLlamaAdapter(qwen2())
+    plain = hf.HFCausalLMAdapter(qwen2())
     assert plain.max_sp_size == 1 and plain.config_hash() != adapter.config_hash()
+    assert HFLlamaAdapter(qwen2()).config_hash() == plain.config_hash()  # the Llama-only adapter measures the same
+    with pytest.raises(hf.HFModelError, match="call dcp.integrations.hf.prepare"):
+        hf.HFCausalLMAdapter(qwen2(), sp_aware=True)
     with pytest.raises(AdapterError, match="call dcp.integrations.hf.prepare"):
         HFLlamaAdapter(qwen2(), sp_aware=True)
 
@@ -96,12 +100,16 @@ def test_prepare_refuses_what_it_cannot_drive():
     with pytest.raises(hf.HFIntegrationError, match="not a transformers PreTrainedModel"):
         hf.prepare(torch.nn.Linear(2, 2))
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32))
-    with pytest.raises(hf.HFIntegrationError, match=r"model_type \('gpt2'.*pass forward_fn= and adapter="):
+    gpt2._supports_attention_backend = False  # what a model with its own attention code declares
+    with pytest.raises(hf.HFIntegrationError, match=r"GPT2LMHeadModel \(model_type 'gpt2'\) does not route its "
+                                                    r"attention through .*pass set_manager\(\.\.\., forward_fn=fn, "
+                                                    r"adapter="):
         hf.prepare(gpt2)
     with pytest.raises(hf.HFIntegrationError, match="attention_dropout"):
         hf.prepare(llama(attention_dropout=0.1))
     base = transformers.LlamaModel(llama().config)  # a Llama without its LM head
-    with pytest.raises(hf.HFIntegrationError, match=r"model_type \('llama', LlamaModel\) is not one of"):
+    with pytest.raises(hf.HFIntegrationError, match=r"LlamaModel \(model_type 'llama'\) has no LM head.*"
+                                                    r"load the \*ForCausalLM class"):
         hf.prepare(base)
 
 
@@ -109,8 +117,13 @@ def test_attention_function_errors_name_the_fix():
     q = torch.zeros(1, 4, 8, 8)
     with pytest.raises(hf.HFIntegrationError, match="attention_dropout = 0.0"):
         hf.ulysses_attention_hf(None, q, q, q, None, dcp_ctx=SPContext.single(), dropout=0.1)
-    with pytest.raises(hf.HFIntegrationError, match="scaling"):
-        hf.ulysses_attention_hf(None, q, q, q, None, dcp_ctx=SPContext.single(), scaling=1.0)
+    with pytest.raises(hf.HFIntegrationError, match="attn_logit_softcapping = None"):
+        hf.ulysses_attention_hf(None, q, q, q, None, dcp_ctx=SPContext.single(), softcap=50.0)
+    # a model's own scale (Gemma-2's query_pre_attn_scalar) is applied exactly, not refused
+    g = torch.Generator().manual_seed(0)
+    x, y, z = (torch.randn(1, 4, 8, 8, generator=g) for _ in range(3))
+    want = torch.nn.functional.scaled_dot_product_attention(x, y, z, is_causal=True, scale=0.5).transpose(1, 2)
+    torch.testing.assert_close(hf.ulysses_attention_hf(None, x, y, z, None, scaling=0.5)[0], want)
     with pytest.raises(hf.HFIntegrationError, match="sliding_window"):
         hf.ulysses_attention_hf(None, q, q, q, None, dcp_ctx=SPContext.single(), sliding_window=4)
     torch.testing.assert_close(hf.ulysses_attention_hf(None, q, q, q, None, sliding_window=8)[0], q.transpose(1, 2))
@@ -125,7 +138,10 @@ def test_set_manager_with_defaults_for_a_reference_and_an_hf_model():
         mgr = dcp.set_manager(model, data)  # the paper's call: config, forward, optimizer, adapter derived
         heads = mgr.config.model.num_heads
         assert heads == (4 if hf.is_hf_model(model) else 8)
-        assert mgr.config.planning.sp_sizes == tuple(p for p in (1, 2, 4, 8) if heads % p == 0)
+        if hf.is_hf_model(model):  # fitted: SP sizes within the world size (1 process), edges up to the longest
+            assert mgr.config.planning.sp_sizes == (1,) and mgr.config.profiling.seq_group_edges == (16, 32)
+        else:
+            assert mgr.config.planning.sp_sizes == tuple(p for p in (1, 2, 4, 8) if heads % p == 0)
         assert isinstance(mgr.engine.optimizer, torch.optim.AdamW)
         mgr.table = analytic_table_for(mgr.config, 1)  # (profiling with the default edges takes minutes on CPU)
         before = [p.detach().clone() for p in model.parameters()]
@@ -160,7 +176,8 @@ def test_missing_forward_fn_is_a_clear_error():
                                            r"set_manager\(\.\.\., forward_fn=fn\)"):
         mgr.engine(batch)
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32))
-    with pytest.raises(hf.HFIntegrationError, match="pass forward_fn="):
+    gpt2._supports_attention_backend = False
+    with pytest.raises(hf.HFIntegrationError, match="pass set_manager\\(\\.\\.\\., forward_fn=fn"):
         set_manager(gpt2, SyntheticTokenDataset(LENGTHS, vocab_size=8), small_config("unused"))
 
 
