@@ -57,10 +57,12 @@ def improve(ep: EpochArrays, prog: EpochProgress, win: np.ndarray, groups: list[
     if len(groups) < 2 or idle(groups, ep.world_size) < IMPROVE_MIN:
         return
     step_t = max(gr[2] for gr in groups) * (1 + 1e-9)
-    slack = [(step_t - gr[2], i) for i, gr in enumerate(groups) if step_t - gr[2] > IMPROVE_MIN * step_t]
-    if not slack:
+    slack = step_t - np.fromiter((gr[2] for gr in groups), dtype=np.float64, count=len(groups))
+    emptiest = np.flatnonzero(slack > IMPROVE_MIN * step_t)
+    if not emptiest.size:
         return
-    slack.sort(reverse=True)
+    # most slack first, ties the later group first (numpy keys: no tuple per group for the collector)
+    emptiest = emptiest[np.lexsort((emptiest, slack[emptiest]))[::-1]][:IMPROVE_GROUPS].tolist()
     rest = _left_over(prog, win, groups)
     if not rest.size:
         return
@@ -70,7 +72,7 @@ def improve(ep: EpochArrays, prog: EpochProgress, win: np.ndarray, groups: list[
     p_rest, r_rest = ep.mb_p_np[rest], ep.mb_r_np[rest]
     claimed: set[int] = set()
     """Left-over micro-batches given to a group here: kinds of one p with different r share left-overs."""
-    for _, i in slack[:IMPROVE_GROUPS]:
+    for i in emptiest:
         p, r = groups[i][0], groups[i][1]
         if (p, r) not in spare:
             sel = rest[(p_rest == p) & (r_rest <= r)]
@@ -86,6 +88,8 @@ def _improve_group(at_r: tuple[float, ...], gr: list, ts: list[float], ids: list
                    step_t: float, head: int, swaps: bool) -> None:
     """One group of ``improve``: each micro-batch (not the head) swapped for the longest left-over that still
     fits (``swaps`` only), then the longest left-over that fits added."""
+    if swaps and not isinstance(gr[3], list):
+        gr[3] = list(gr[3])
     ks = gr[3]
     for n in range(0 if swaps else len(ks), len(ks) + 1):
         room = step_t - gr[2]
@@ -95,7 +99,7 @@ def _improve_group(at_r: tuple[float, ...], gr: list, ts: list[float], ids: list
                 gr[2] += ts.pop(j)
                 k_new = ids.pop(j)
                 claimed.add(k_new)
-                ks.append(k_new)
+                gr[3] += (k_new,)  # a list (best fit) or a tuple (numpy packer)
             break
         k = ks[n]
         if k == head:
@@ -143,5 +147,5 @@ def join_head(ep: EpochArrays, groups: list[list], head: int, t_star: float) -> 
         return None
     i, t = best
     groups[i][2] += t
-    groups[i][3].append(head)
+    groups[i][3] += (head,)
     return best
