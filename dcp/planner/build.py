@@ -85,17 +85,13 @@ def _cap_to_gmax(ep: EpochArrays, placed: list, head: int, t_star: float) -> flo
     limit = cap * (1 + 1e-9)
     for gr in placed:
         at_r = ep.time_at[gr[1]]
-        if gr[2] <= limit:
-            continue
-        drop = set()
+        ks = gr[3]
         # the shortest first, never the head
-        for k in sorted((k for k in gr[3] if k != head), key=lambda k: at_r[k]):
+        for k in sorted((k for k in ks if k != head), key=lambda k: at_r[k]):
             if gr[2] <= limit:
                 break
-            drop.add(k)
+            ks.remove(k)
             gr[2] -= at_r[k]
-        if drop:  # a list (best fit) or a tuple (numpy packer)
-            gr[3] = [k for k in gr[3] if k not in drop]
     return cap
 
 

@@ -88,8 +88,6 @@ def _improve_group(at_r: tuple[float, ...], gr: list, ts: list[float], ids: list
                    step_t: float, head: int, swaps: bool) -> None:
     """One group of ``improve``: each micro-batch (not the head) swapped for the longest left-over that still
     fits (``swaps`` only), then the longest left-over that fits added."""
-    if swaps and not isinstance(gr[3], list):
-        gr[3] = list(gr[3])
     ks = gr[3]
     for n in range(0 if swaps else len(ks), len(ks) + 1):
         room = step_t - gr[2]
@@ -99,7 +97,7 @@ def _improve_group(at_r: tuple[float, ...], gr: list, ts: list[float], ids: list
                 gr[2] += ts.pop(j)
                 k_new = ids.pop(j)
                 claimed.add(k_new)
-                gr[3] += (k_new,)  # a list (best fit) or a tuple (numpy packer)
+                ks.append(k_new)
             break
         k = ks[n]
         if k == head:
@@ -147,5 +145,5 @@ def join_head(ep: EpochArrays, groups: list[list], head: int, t_star: float) -> 
         return None
     i, t = best
     groups[i][2] += t
-    groups[i][3] += (head,)
+    groups[i][3].append(head)
     return best

@@ -7,11 +7,6 @@ kind (p, r) asks for its j-th group where its running time passes (j - 1) x t_st
 order while ranks are free and the kind's window time can fill OPEN_FILL of one more (the longest's and the
 head's first groups always), then, on ranks still free, the others. The window's longest and then the head go
 into their kinds' first groups (``place_first``); ``fill_rounds`` fills the rest.
-
-A group's micro-batches are a tuple of ints here, not a list: a step packs several times into ~4000 groups at
-4096 ranks, and a tuple of ints leaves the cyclic garbage collector's watch at the first collection it survives,
-where a list stays for every later one (``improve``, ``join_head`` and ``build`` add to a group with
-``gr[3] += (k,)``, which suits both).
 """
 
 from __future__ import annotations
@@ -49,7 +44,7 @@ def pack_rounds(ep: EpochArrays, order: np.ndarray, t_star: float, head: int, he
             gids = index[(p, r)] = []
             kinds.setdefault(p, []).append((r, [], gids))
         gids.append(len(groups))
-        groups.append([p, r, 0.0, ()])
+        groups.append([p, r, 0.0, []])
     # Before the rounds: the window's longest (T* was sized on it) and the head, each into the first group
     # of its own kind with room, else of its p with more recompute; the head first with head_first.
     longest = int(rest[0]) if len(rest) else -1
@@ -123,7 +118,7 @@ def place_first(ep: EpochArrays, groups: list[list], index: dict[tuple[int, int]
             t = ep.time_at[key[1]][k]
             if groups[g][2] + t <= limit:
                 groups[g][2] += t
-                groups[g][3] += (k,)
+                groups[g][3].append(k)
                 return True
     return False
 
@@ -162,7 +157,7 @@ def fill_rounds(ep: EpochArrays, groups: list[list], kinds: dict, items, limit: 
         flat = ks[by].tolist()
         g_arr = np.asarray(gids, dtype=np.int64)
         for a, e, g in zip([0, *cuts], [*cuts, len(flat)], g_arr[d[[0, *cuts]]].tolist(), strict=True):
-            groups[g][3] += tuple(flat[a:e])
+            groups[g][3].extend(flat[a:e])
         for g, load in zip(gids, loads.tolist(), strict=True):
             groups[g][2] = load
 
