@@ -25,7 +25,9 @@ def place_and_build(ep: EpochArrays, prog: EpochProgress, step: int, head: int, 
     ``head_t``: (group, the head's time there) when the head joined a group of another p or r."""
     W, rpn = ep.world_size, ep.ranks_per_node
     has_head = [head in gr[3] for gr in groups]
-    order = sorted(range(len(groups)), key=lambda i: (-groups[i][0], not has_head[i], i))
+    # by p descending, the head's group first among equal p, then packing order (numpy: no key tuples)
+    order = np.lexsort((np.arange(len(groups)), ~np.asarray(has_head, dtype=bool),
+                        -np.fromiter((gr[0] for gr in groups), dtype=np.int64, count=len(groups)))).tolist()
     starts, free = place_largest_first([groups[i][0] for i in order], W, rpn)
     hi = order.index(has_head.index(True))
     if starts[hi] is None:  # alignment left no slot for the head's group: drop the larger groups
@@ -33,14 +35,16 @@ def place_and_build(ep: EpochArrays, prog: EpochProgress, step: int, head: int, 
         order = [i for i in order if groups[i][0] <= p_h]
         order.sort(key=lambda i: (-groups[i][0], not has_head[i], i))
         starts, free = place_largest_first([groups[i][0] for i in order], W, rpn)
-    placed = [(st, groups[i]) for i, st in zip(order, starts, strict=True) if st is not None]
+    # the placed groups and their first ranks, as two lists (not a tuple per group for the collector)
+    placed = [groups[i] for i, st in zip(order, starts, strict=True) if st is not None]
+    firsts = [st for st in starts if st is not None]
     if len(placed) < len(groups):
         t_star = _cap_to_gmax(ep, placed, head, t_star)
     fillers: list[tuple[int, Setting, list[int]]] = []
     idle: list[int] = []
     if free:
         _fill_free(ep, win, placed, free, t_star, fillers, idle)
-    return _build(ep, prog, step, placed, fillers, idle, head, head_t)
+    return _build(ep, prog, step, firsts, placed, fillers, idle, head, head_t)
 
 
 def _fill_free(ep: EpochArrays, win: np.ndarray, placed: list, free: list[tuple[int, int]], t_star: float,
@@ -48,7 +52,7 @@ def _fill_free(ep: EpochArrays, win: np.ndarray, placed: list, free: list[tuple[
     """Fill free segments with window micro-batches not yet taken, at a smaller p if needed (``fillers``:
     (first rank, setting, micro-batches)); ranks nothing fills go to ``idle``."""
     rpn = ep.ranks_per_node
-    taken = {k for _, gr in placed for k in gr[3]}
+    taken = {k for gr in placed for k in gr[3]}
     rest: dict[int, list[int]] = {}
     grp = ep.mbq.group
     for k in win.tolist():
@@ -59,7 +63,7 @@ def _fill_free(ep: EpochArrays, win: np.ndarray, placed: list, free: list[tuple[
     # A filler runs on ranks that would idle: up to the step's time (its longest placed group), never
     # past it. T* is only the target; bounded by it, a filler group once made a t1d-long step at 32 x H200
     # last 38.5 s beside groups of 10.5 s (69% idle).
-    fill_to = min(t_star, max((gr[2] for _, gr in placed), default=t_star))
+    fill_to = min(t_star, max((gr[2] for gr in placed), default=t_star))
     for a, e in free:
         while a < e:
             pick = _filler(ep, a % rpn, e - a, rest, fill_to)
@@ -77,10 +81,10 @@ def _cap_to_gmax(ep: EpochArrays, placed: list, head: int, t_star: float) -> flo
     T* was sized on: keep the paper's Gmax bound for what is left (step time <= Gmax x the longest
     micro-batch it runs) by returning the shortest micro-batches of over-long groups to the stream.
     Returns the step's new target (the fillers' bound too)."""
-    longest = max(ep.time_at[gr[1]][k] for _, gr in placed for k in gr[3])
+    longest = max(ep.time_at[gr[1]][k] for gr in placed for k in gr[3])
     cap = min(t_star, ep.gmax * longest)
     limit = cap * (1 + 1e-9)
-    for _, gr in placed:
+    for gr in placed:
         at_r = ep.time_at[gr[1]]
         ks = gr[3]
         # the shortest first, never the head
@@ -124,14 +128,14 @@ def _filler(ep: EpochArrays, local: int, room: int, rest: dict[int, list[int]], 
     return best, ks
 
 
-def _build(ep: EpochArrays, prog: EpochProgress, step: int, placed: list, fillers: list, idle: list[int],
-           head: int, head_t: tuple[int, float] | None) -> StepPlan:
+def _build(ep: EpochArrays, prog: EpochProgress, step: int, firsts: list[int], placed: list, fillers: list,
+           idle: list[int], head: int, head_t: tuple[int, float] | None) -> StepPlan:
     """The StepPlan's arrays: placed groups in numpy (their micro-batches in release order), then the
     smaller-p fillers (a few, chunked one by one) and the idle one-rank groups."""
-    counts = [len(gr[3]) for _, gr in placed]
-    kk = np.fromiter(itertools.chain.from_iterable(gr[3] for _, gr in placed), dtype=np.int64,
+    counts = [len(gr[3]) for gr in placed]
+    kk = np.fromiter(itertools.chain.from_iterable(gr[3] for gr in placed), dtype=np.int64,
                      count=sum(counts))
-    r_of = np.asarray([gr[1] for _, gr in placed], dtype=np.int64)
+    r_of = np.asarray([gr[1] for gr in placed], dtype=np.int64)
     gidx = np.repeat(np.arange(len(placed)), counts)
     kk = kk[np.lexsort((kk, gidx))]  # release order inside each group
     r_mb = r_of[gidx]
@@ -146,7 +150,7 @@ def _build(ep: EpochArrays, prog: EpochProgress, step: int, placed: list, filler
     # the samples of every micro-batch: consecutive runs of the epoch's flat sample arrays
     offset = np.cumsum(size) - size
     pos = np.repeat(ep.mb_flat[kk] - offset, size) + np.arange(int(size.sum()))
-    cols = dict(first=[st for st, _ in placed], p=[gr[0] for _, gr in placed], r=r_of.tolist(), ga=counts,
+    cols = dict(first=firsts, p=[gr[0] for gr in placed], r=r_of.tolist(), ga=counts,
                 t=[times], g=[ep.mb_group[kk]], n=[size], ids=[ep.flat_ids[pos]], lens=[ep.flat_lens[pos]])
     for st, s, ks in fillers:
         _add_filler(ep, prog, cols, st, s, ks)

@@ -57,10 +57,12 @@ def improve(ep: EpochArrays, prog: EpochProgress, win: np.ndarray, groups: list[
     if len(groups) < 2 or idle(groups, ep.world_size) < IMPROVE_MIN:
         return
     step_t = max(gr[2] for gr in groups) * (1 + 1e-9)
-    slack = [(step_t - gr[2], i) for i, gr in enumerate(groups) if step_t - gr[2] > IMPROVE_MIN * step_t]
-    if not slack:
+    slack = step_t - np.fromiter((gr[2] for gr in groups), dtype=np.float64, count=len(groups))
+    emptiest = np.flatnonzero(slack > IMPROVE_MIN * step_t)
+    if not emptiest.size:
         return
-    slack.sort(reverse=True)
+    # most slack first, ties the later group first (numpy keys: no tuple per group for the collector)
+    emptiest = emptiest[np.lexsort((emptiest, slack[emptiest]))[::-1]][:IMPROVE_GROUPS].tolist()
     rest = _left_over(prog, win, groups)
     if not rest.size:
         return
@@ -70,7 +72,7 @@ def improve(ep: EpochArrays, prog: EpochProgress, win: np.ndarray, groups: list[
     p_rest, r_rest = ep.mb_p_np[rest], ep.mb_r_np[rest]
     claimed: set[int] = set()
     """Left-over micro-batches given to a group here: kinds of one p with different r share left-overs."""
-    for _, i in slack[:IMPROVE_GROUPS]:
+    for i in emptiest:
         p, r = groups[i][0], groups[i][1]
         if (p, r) not in spare:
             sel = rest[(p_rest == p) & (r_rest <= r)]

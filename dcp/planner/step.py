@@ -41,8 +41,7 @@ def plan_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
         t_star *= math.ceil(ep.gmin / most)
         # the rescan extends the first one (same head, same release order), so j_long still indexes it
         sc = scan(ep, prog, head, lambda t: f * t_star)
-        win = window(sc.idx, min(int(np.searchsorted(sc.cumw, f * t_star)), len(sc.idx) - 1) + 1, j_long)
-        groups = pack(ep, win, t_star, head)
+        win, groups = _repack_for_gmin(ep, sc, j_long, t_star, head, win, groups)
     improve(ep, prog, win, groups, head)
     best = (groups, idle(groups, ep.world_size), win, None)
     best = _try_head_elsewhere(ep, prog, best, head, t_star)
@@ -51,6 +50,20 @@ def plan_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
     groups, _, win, head_t = best
     prog.scan_hint = len(win)
     return place_and_build(ep, prog, step, head, win, groups, t_star, head_t)
+
+
+def _repack_for_gmin(ep: EpochArrays, sc: Scan, j_long: int, t_star: float, head: int, win: np.ndarray,
+                     groups: list[list]) -> tuple[np.ndarray, list[list]]:
+    """The Gmin re-pack of the rescanned window at the scaled ``t_star``. The step must take the head: when
+    the longer window's longest kind takes the ranks the head needed (a tiny world), the head goes first;
+    should even that leave it out, the step keeps its un-re-packed window and groups."""
+    f = WINDOW_WORK_FACTOR * ep.world_size
+    win_g = window(sc.idx, min(int(np.searchsorted(sc.cumw, f * t_star)), len(sc.idx) - 1) + 1, j_long)
+    for head_first in (False, True):
+        alt = pack(ep, win_g, t_star, head, head_first=head_first)
+        if any(head in gr[3] for gr in alt):
+            return win_g, alt
+    return win, groups
 
 
 def _try_head_elsewhere(ep: EpochArrays, prog: EpochProgress, best: tuple, head: int, t_star: float) -> tuple:
