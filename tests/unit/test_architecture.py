@@ -8,6 +8,7 @@ Pure ``ast``: nothing of dcp is imported, so this runs in milliseconds and witho
 from __future__ import annotations
 
 import ast
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -263,6 +264,33 @@ def test_no_file_over_500_lines_and_no_class_over_300():
     assert not bad, "too big:\n" + "\n".join(bad)
     stale = sorted(k for k in KNOWN_VIOLATIONS if k.startswith("size ") and k not in found)
     assert not stale, f"KNOWN_VIOLATIONS lists sizes that are now within the limits: {stale}: remove them"
+
+
+MAX_FUNCTION_LINES = 60
+"""Issue 22: a function of the planner or the runtime (docstring included) fits on one screen."""
+
+
+def long_functions(packages: tuple[str, ...] = ("planner", "runtime")) -> list[str]:
+    out = []
+    for pkg in packages:
+        for path in sorted((DCP / pkg).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                n = getattr(node, "end_lineno", 0) - getattr(node, "lineno", 0) + 1
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and n > MAX_FUNCTION_LINES:
+                    out.append(f"{path.relative_to(DCP.parent).as_posix()}:{node.lineno} {node.name}: {n} lines")
+    return out
+
+
+def test_no_function_over_60_lines_in_the_planner_and_the_runtime():
+    bad = long_functions()
+    assert not bad, f"functions over {MAX_FUNCTION_LINES} lines (split them by step):\n" + "\n".join(bad)
+
+
+def test_the_function_size_check_sees_a_long_function(tmp_path, monkeypatch):
+    (tmp_path / "planner").mkdir()
+    (tmp_path / "planner" / "x.py").write_text("def f():\n" + "    x = 1\n" * 61)
+    monkeypatch.setattr(sys.modules[__name__], "DCP", tmp_path)
+    assert long_functions(("planner",)) == [f"{tmp_path.name}/planner/x.py:1 f: 62 lines"]
 
 
 # ------------------------------------------------------------------------------------- the checker itself
