@@ -19,24 +19,26 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dcp.argtypes import positive_float, positive_int, process_count, sample_count
+
 METHODS = ("bucket", "dcp-intra")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="runs/parity", help="output folder (default: %(default)s)")
-    parser.add_argument("--samples", type=int, default=480, help="training samples (default: %(default)s)")
-    parser.add_argument("--held-out", type=int, default=64, help="held-out samples (default: %(default)s)")
-    parser.add_argument("--max-len-tokens", type=int, default=512, help="longest sample (default: %(default)s)")
-    parser.add_argument("--epochs", type=int, default=1, help="epochs per run (default: %(default)s)")
+    parser.add_argument("--samples", type=sample_count, default=480, help="training samples (default: %(default)s)")
+    parser.add_argument("--held-out", type=sample_count, default=64, help="held-out samples (default: %(default)s)")
+    parser.add_argument("--max-len-tokens", type=positive_int, default=512, help="longest sample (default: %(default)s)")
+    parser.add_argument("--epochs", type=positive_int, default=1, help="epochs per run (default: %(default)s)")
     parser.add_argument("--seeds", default="0,1", help="comma-separated seeds per method (default: %(default)s)")
     parser.add_argument("--methods", default=",".join(METHODS), help="methods (default: %(default)s)")
-    parser.add_argument("--lr", type=float, default=2e-3, help="AdamW learning rate (default: %(default)s)")
-    parser.add_argument("--mem-capacity-gib", type=float, default=0.005,
+    parser.add_argument("--lr", type=positive_float, default=2e-3, help="AdamW learning rate (default: %(default)s)")
+    parser.add_argument("--mem-capacity-gib", type=positive_float, default=0.005,
                         help="emulated per-rank memory, so that DCP mixes SP sizes (default: %(default)s)")
-    parser.add_argument("--world-size", type=int, default=2, help="gloo processes (default: %(default)s)")
+    parser.add_argument("--world-size", type=process_count, default=2, help="gloo processes (default: %(default)s)")
     parser.add_argument("--plot-only", action="store_true",
                         help="rebuild curves.csv, the verdict and the PNG from steps.csv and summary.csv in --out")
-    parser.add_argument("--gmax", type=int, default=1,
+    parser.add_argument("--gmax", type=positive_int, default=1,
                         help="planning.gmax: 1 keeps DCP's steps about as large as bucket's (ga_steps 1), so both "
                              "take optimizer steps of similar token counts (default: %(default)s)")
 

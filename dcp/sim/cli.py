@@ -16,7 +16,7 @@ import dataclasses
 import json
 import sys
 
-from dcp.argtypes import nonneg_int, positive_int
+from dcp.argtypes import nonneg_int, positive_int, sample_count, world_size
 from dcp.config import METHODS
 
 DEFAULT_NUM_SAMPLES = 20000
@@ -31,14 +31,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--lengths", metavar="FILE", help="CSV with a 'tokens' column (or 'frames' and 'spatial_tokens')")
     src.add_argument("--dataset", metavar="NAME", help="a distribution of datasets/ (e.g. t1d-short, t2d-zipf)")
     parser.add_argument("--scale", default="paper", choices=("paper", "cpu"), help="--dataset length scale")
-    parser.add_argument("--num-samples", type=positive_int, default=DEFAULT_NUM_SAMPLES, help="--dataset samples to draw")
+    parser.add_argument("--num-samples", type=sample_count, default=DEFAULT_NUM_SAMPLES, help="--dataset samples to draw")
     parser.add_argument("--seed", type=nonneg_int, default=0, help="--dataset seed and the planner's shuffle seed")
     parser.add_argument("--model", default="t1d-5b", choices=("t1d-5b", "t2d-1.2b"),
                         help="paper model shape (with --config: only its attention layout, 1d or 2d, is used)")
     parser.add_argument("--hardware", default="h200", choices=("h100", "h200", "cpu"), help="simulated device")
     parser.add_argument("--config", metavar="TOML", help="a DCPConfig file: its model and planning sections replace "
                         "the paper model's (method and look-ahead still come from the flags)")
-    parser.add_argument("--gpus", type=positive_int, default=32, help="simulated GPUs (world size)")
+    parser.add_argument("--gpus", type=world_size, default=32, help="simulated GPUs (world size)")
     parser.add_argument("--method", default="dcp-intra", choices=(*METHODS, "all"), help="planning method")
     parser.add_argument("--table", metavar="FILE", help="a measured profile table (CSV/parquet) instead of the analytic "
                         "one; a table measured on one GPU (p = 1 rows only) is extended to the SP sizes with the "

@@ -377,7 +377,7 @@ def test_profile_with_an_unwritable_cache_folder_keeps_the_table(capsys, tmp_pat
     (["bench", "runtime", "--steps", "0"], ["--steps (0) must be >= 1"]),
     (["bench", "runtime", "--rounds", "-1"], ["--rounds (-1) must be >= 1"]),
     (["bench", "planner", "--steps", "0"], ["--steps (0) must be >= 1"]),
-    (["bench", "profiler", "--nproc", "0"], ["--nproc (0)"]),
+    (["bench", "profiler", "--nproc", "0"], ["--nproc: '0' must be >= 1"]),
 ])
 def test_bench_count_flags(capsys, argv, needles):
     code, out, err = cli(capsys, *argv)
