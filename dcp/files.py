@@ -109,7 +109,8 @@ def read_json(path: str | Path, *, what: str, fix: str = "", error: type[ValueEr
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        cut = exc.pos >= len(text.rstrip())
+        # the parser ran out of text: at the end, or inside a string that never closes
+        cut = exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string")
         kind = "is truncated (it ends mid-document: a full disk or a killed writer)" if cut else \
             f"is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
         raise error(f"{what} ({str(p)!r}) {kind}: {_fix(fix)}") from None

@@ -26,7 +26,8 @@ class ForwardContractError(TypeError):
 
 def _describe(value: Any) -> str:
     if isinstance(value, torch.Tensor):
-        return f"a {value.dim()}-dim {str(value.dtype).removeprefix('torch.')} tensor of shape {tuple(value.shape)}"
+        shape = f" of shape {tuple(value.shape)}" if value.dim() else ""
+        return f"a {value.dim()}-dim {str(value.dtype).removeprefix('torch.')} tensor{shape}"
     return f"a {type(value).__name__}"
 
 
