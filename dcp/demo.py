@@ -468,7 +468,9 @@ def run(args: argparse.Namespace) -> int:
                               timeout_s=1800.0, pg_timeout_s=900.0,
                               env={"DCP_TEST_THREADS": "1", "OMP_NUM_THREADS": "1"})[0]
     except DistributedFailure as exc:
-        print(f"dcp demo: a rank failed:\n{exc}")
+        detail = str(exc) if os.environ.get("DCP_TRACEBACK") else \
+            f"{exc.summary()} (set DCP_TRACEBACK=1 for the ranks' tracebacks)"
+        print(f"dcp demo: a rank failed: {detail}")
         return 1
     wall = time.perf_counter() - t0
     rows = add_speedups(res["reps"])

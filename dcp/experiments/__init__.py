@@ -134,8 +134,10 @@ def run(args: argparse.Namespace) -> int:
         rc = launch(spec, spec_path=args.spec, nproc_per_node=args.nproc_per_node, cli_overrides=overrides)
     except DistributedFailure as exc:
         # the groups that finished before are already written; the failing rank's traceback follows
+        detail = str(exc) if os.environ.get("DCP_TRACEBACK") else \
+            f"{exc.summary()} (set DCP_TRACEBACK=1 for the ranks' tracebacks)"
         print(f"dcp sweep: a run failed (the finished runs' results are in {spec.output_dir}; the same command "
-              f"resumes after them):\n{exc}")
+              f"resumes after them): {detail}")
         rc = 1
     if (inside_torchrun and os.environ.get("RANK") != "0") or (not inside_torchrun and spec.launcher == "torchrun"):
         return rc  # other ranks write nothing; torchrun's rank 0 has already printed the report

@@ -15,6 +15,7 @@ and memory.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -182,6 +183,13 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # a child's CacheError arrives wrapped in DistributedFailure
         if "CacheError" in str(exc):
             return _fail(str(exc).strip().splitlines()[-1].partition(": ")[2])
+        from dcp.testing import DistributedFailure
+
+        if isinstance(exc, DistributedFailure) and not os.environ.get("DCP_TRACEBACK"):
+            # a rank died, stalled or raised: one line naming it and its phase (the tracebacks on request)
+            print(f"dcp profile: error: {exc.summary()} (set DCP_TRACEBACK=1 for the ranks' tracebacks)",
+                  file=sys.stderr)
+            return 1
         raise
     assert out is not None
     csv_text, status, where = out

@@ -30,7 +30,6 @@ def _spec(tmp_path, executor: str):
 
 
 @pytest.mark.dist
-@pytest.mark.timeout(120)
 def test_two_step_sweep_end_to_end(tmp_path):
     spec = _spec(tmp_path, "manager")
     outcomes = launch_local(spec, quiet=True)

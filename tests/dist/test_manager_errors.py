@@ -45,9 +45,10 @@ def test_plan_mismatch_fails_fast_on_every_rank():
         msg, seconds = res["seed"]
         assert "epoch 0 (its step plans)" in msg and "ranks [1]" in msg and "dataset.lengths()" in msg
         assert "rank 0:" in msg and "rank 1:" in msg
-        assert seconds < 10.0
+        # found by the plan check's digest exchange, not by its timeout (plan_check_timeout_s = 120 s)
+        assert seconds < 60.0
         msg, seconds = res["count"]
-        assert "ranks [1]" in msg and seconds < 10.0
+        assert "ranks [1]" in msg and seconds < 60.0
     # caught before the first step: no rank trained anything on a divergent plan
     assert all("epoch 0 (its step plans)" in r["count"][0] for r in results)
 
@@ -83,4 +84,4 @@ def test_plans_made_in_child_processes_run_and_are_checked():
     for res in results:
         assert res["same_as_local"]
         msg, seconds = res["seed"]
-        assert "epoch 0 (its step plans)" in msg and "ranks [1]" in msg and seconds < 10.0
+        assert "epoch 0 (its step plans)" in msg and "ranks [1]" in msg and seconds < 60.0

@@ -229,3 +229,17 @@ def test_a_sweep_killed_in_its_second_run_keeps_the_first_and_resumes_after_it(t
     assert json.loads((spec.output_dir / files.MARKER).read_text())["session"]["complete"] is True
     launch_local(spec, quiet=True)  # a finished sweep started again is a new session: it appends 3 more runs
     assert log == [0, 1, 2, 0, 1, 2] and len(read_runs(spec.output_dir)) == 6
+
+
+def test_a_failed_job_is_summed_up_in_one_line_naming_the_rank_and_its_phase():
+    from dcp.testing import DistributedFailure
+
+    text = ("rank 1 exited with code 3 without reporting\nrank 0 of 2 failed:\nTraceback (most recent call last):\n"
+            '  File "x.py", line 1, in <module>\nRuntimeError: Connection closed by peer\n\nThe above exception ...\n'
+            "dcp.runtime.phases.CollectiveError: rank 0: profiling seq_group 0 (s=128) b=1 p=2 failed after 0.1 s: "
+            "rank 1 is in 'profiling seq_group 0 (s=128) b=1 p=2' (since 0.2 s) and its heartbeat stopped\n")
+    line = DistributedFailure(text).summary()
+    assert line == ("rank 0 of 2 failed: CollectiveError: rank 0: profiling seq_group 0 (s=128) b=1 p=2 failed after "
+                    "0.1 s: rank 1 is in 'profiling seq_group 0 (s=128) b=1 p=2' (since 0.2 s) and its heartbeat "
+                    "stopped; rank 1 exited with code 3 without reporting")
+    assert "\n" not in DistributedFailure("ranks [1] of 2 did not finish within 5 s").summary()
