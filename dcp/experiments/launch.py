@@ -1,7 +1,7 @@
 """Launchers: the same sweep on spawned CPU processes (local) or on torchrun ranks (GPU nodes).
 
 - local: runs are grouped by (world size, model); each group runs on W freshly spawned gloo processes
-  (``dcp.testing.run_distributed``), so the profile of a (model, W) is measured once and every method
+  (``dcp.distributed.launch.run_distributed``), so the profile of a (model, W) is measured once and every method
   and dataset of the group reuses it. Results are written after every group.
 - torchrun, inside torchrun (RANK is set): this process is one rank; the runs whose world size equals
   the job's run here, rank 0 writes the results. Multi-node jobs start this way (experiments/slurm).
@@ -71,7 +71,7 @@ def launch_local(spec: SweepSpec, *, timeout_s: float = 3600.0, quiet: bool = Fa
 
     Rank 0 appends each run's rows to the results folder as soon as the run ends; a sweep that was stopped
     (a killed rank, Ctrl-C) resumes after its last finished run when the same sweep is started again."""
-    from dcp.testing import run_distributed
+    from dcp.distributed.launch import run_distributed
 
     runs = spec.expand()
     marker = claim_output(spec)

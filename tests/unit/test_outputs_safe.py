@@ -189,8 +189,8 @@ def _spec(tmp_path):
 def _fake_runner(log, fail_at=None):
     """Stands for run_distributed(run_group, ...): rank 0 writes each run's rows as it ends; the run with
     index ``fail_at`` dies (a killed rank)."""
+    from dcp.distributed.launch import DistributedFailure
     from dcp.experiments.runner import save_outcomes
-    from dcp.testing import DistributedFailure
 
     def run(fn, w, group, info, **kw):
         outcomes = []
@@ -208,18 +208,18 @@ def _fake_runner(log, fail_at=None):
 
 
 def test_a_sweep_killed_in_its_second_run_keeps_the_first_and_resumes_after_it(tmp_path, monkeypatch, capsys):
-    import dcp.testing
+    import dcp.distributed.launch as launcher
+    from dcp.distributed.launch import DistributedFailure
     from dcp.experiments.launch import launch_local
-    from dcp.testing import DistributedFailure
 
     spec = _spec(tmp_path)
     log: list[int] = []
-    monkeypatch.setattr(dcp.testing, "run_distributed", _fake_runner(log, fail_at=1))
+    monkeypatch.setattr(launcher, "run_distributed", _fake_runner(log, fail_at=1))
     with pytest.raises(DistributedFailure):
         launch_local(spec, quiet=True)
     first = read_runs(spec.output_dir)
     assert [r["method"] for r in first] == ["bucket"] and log == [0]
-    monkeypatch.setattr(dcp.testing, "run_distributed", _fake_runner(log))
+    monkeypatch.setattr(launcher, "run_distributed", _fake_runner(log))
     launch_local(spec)
     assert "resuming the unfinished sweep session" in capsys.readouterr().out
     rows = read_runs(spec.output_dir)
@@ -232,7 +232,7 @@ def test_a_sweep_killed_in_its_second_run_keeps_the_first_and_resumes_after_it(t
 
 
 def test_a_failed_job_is_summed_up_in_one_line_naming_the_rank_and_its_phase():
-    from dcp.testing import DistributedFailure
+    from dcp.distributed.launch import DistributedFailure
 
     text = ("rank 1 exited with code 3 without reporting\nrank 0 of 2 failed:\nTraceback (most recent call last):\n"
             '  File "x.py", line 1, in <module>\nRuntimeError: Connection closed by peer\n\nThe above exception ...\n'
