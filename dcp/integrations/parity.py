@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dcp.argtypes import positive_float, positive_int, process_count, sample_count
+from dcp.files import claim_dir, write_with
 
 METHODS = ("bucket", "dcp-intra")
 
@@ -138,7 +139,8 @@ def run(args: argparse.Namespace) -> int:
         if missing:
             raise ParityError(f"--out ({str(out)!r}) lacks {missing}: run `dcp parity --out {out}` first")
         return _report(pd.read_csv(out / "steps.csv"), pd.read_csv(out / "summary.csv"), out, args)
-    out.mkdir(parents=True, exist_ok=True)
+    # before any run: a folder of the user's own files, or one that cannot be written, is refused in one line
+    claim_dir(out, flag="--out", command="dcp parity", adopt=_only_parity_files)
     opts = {"samples": args.samples, "held_out": args.held_out, "max_len_tokens": args.max_len_tokens,
             "epochs": args.epochs, "lr": args.lr, "gmax": args.gmax, "mem_capacity_gib": args.mem_capacity_gib,
             "cache_dir": str(out / "profile_cache")}
@@ -155,14 +157,31 @@ def run(args: argparse.Namespace) -> int:
                         "train_wall_s": round(res["wall_s"], 2)})
     steps = pd.DataFrame(rows)
     table = pd.DataFrame(summary)
-    steps.to_csv(out / "steps.csv", index=False)
-    table.to_csv(out / "summary.csv", index=False)
+    write_with(out / "steps.csv", lambda tmp: steps.to_csv(tmp, index=False))  # atomic
+    write_with(out / "summary.csv", lambda tmp: table.to_csv(tmp, index=False))
     return _report(steps, table, out, args)
+
+
+_OWN_FILES = frozenset({"steps.csv", "summary.csv", "curves.csv", "loss_vs_tokens.png", "profile_cache"})
+
+
+def _only_parity_files(folder: Path) -> bool:
+    """True when ``folder`` holds only a parity run's files (an unmarked folder of an older dcp): its names,
+    and steps.csv / summary.csv starting with parity's method and seed columns."""
+    if not {e.name for e in folder.iterdir()} <= _OWN_FILES:
+        return False
+    for name in ("steps.csv", "summary.csv"):
+        path = folder / name
+        if path.exists():
+            with path.open(errors="replace") as f:
+                if not f.readline().startswith("method,seed,"):
+                    return False
+    return True
 
 
 def _report(steps: Any, table: Any, out: Path, args: argparse.Namespace) -> int:
     curves = binned_curves(steps)
-    curves.to_csv(out / "curves.csv", index=False)
+    write_with(out / "curves.csv", lambda tmp: curves.to_csv(tmp, index=False))
     verdict = compare(table, curves)
     plot(steps, curves, out / "loss_vs_tokens.png", args, verdict)
     print(table.to_string(index=False))
@@ -268,7 +287,7 @@ def plot(steps: Any, curves: Any, path: Path, args: argparse.Namespace, verdict:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    write_with(path, lambda tmp: fig.savefig(tmp, dpi=120))
     plt.close(fig)
 
 

@@ -243,3 +243,30 @@ def test_a_failed_job_is_summed_up_in_one_line_naming_the_rank_and_its_phase():
                     "0.1 s: rank 1 is in 'profiling seq_group 0 (s=128) b=1 p=2' (since 0.2 s) and its heartbeat "
                     "stopped; rank 1 exited with code 3 without reporting")
     assert "\n" not in DistributedFailure("ranks [1] of 2 did not finish within 5 s").summary()
+
+
+def test_figures_and_parity_refuse_a_folder_of_the_users_files_before_work(capsys, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "steps.csv").write_text("when,what\n")
+    code, text = cli(capsys, "figures", "--quick", "--only", "fig4", "--out", str(mine))
+    assert code == 2 and "non-empty folder that dcp did not make" in text
+    pytest.importorskip("pandas")
+    code, text = cli(capsys, "parity", "--out", str(mine))
+    assert code == 2 and "non-empty folder that dcp did not make" in text
+    assert (mine / "steps.csv").read_text() == "when,what\n" and sorted(p.name for p in mine.iterdir()) == ["steps.csv"]
+
+
+def test_the_committed_figures_folder_is_adopted(tmp_path):
+    from dcp.figures import _only_figures
+
+    (tmp_path / "fig4_imbalance.png").write_bytes(b"x")
+    (tmp_path / "fig10_intra_speedup.csv").write_text("a\n")
+    assert _only_figures(tmp_path)
+    (tmp_path / "notes.txt").write_text("mine")
+    assert not _only_figures(tmp_path)
+
+
+def test_bench_planner_bounds_its_world_sizes(capsys):
+    code, text = cli(capsys, "bench", "planner", "--world-sizes", "8,100000000000")
+    assert code == 2 and "--world-sizes ('8,100000000000') must be integers in [1, 131,072]" in text
