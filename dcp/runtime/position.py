@@ -171,3 +171,24 @@ class EpochPosition:
                                 f"trained other samples than the checkpoint records (e.g. sample {int(diff[0])}): "
                                 "the plan changed in a way dcp cannot see (a custom plan source?); resume with the "
                                 "same plans, or from another checkpoint")
+
+
+def plan_inputs(table: Any, config: Any, world_size: int, version: str) -> list[str]:
+    """What an epoch's plan depends on besides the data, as text for :func:`segment_key`: the table's rows
+    (another table, e.g. re-profiled on new nodes, plans differently), the planning, model and profiling
+    sections of the config, the world size and the dcp version (the planner's). ``table`` None: a custom
+    plan source (only the world size and the version count)."""
+    import dataclasses
+    import json
+
+    sections = {name: dataclasses.asdict(getattr(config, name)) for name in ("planning", "model", "profiling")}
+    rows = repr(table.rows) if table is not None else "custom plan source"
+    return [rows, json.dumps(sections, sort_keys=True, default=str), f"w{world_size}", f"dcp {version}"]
+
+
+def remapped(plans: Iterable[Any], ids: np.ndarray) -> Iterator[Any]:
+    """Plans made over the sub-dataset ``ids`` (sample k of it is dataset sample ``ids[k]``), with their sample
+    ids mapped back to the dataset's: the same groups, micro-batches and lengths."""
+    ids = np.asarray(ids, dtype=np.int64)
+    for plan in plans:
+        yield plan.with_sample_ids(ids[np.asarray(plan.sample_id_array, dtype=np.int64)])

@@ -105,3 +105,20 @@ def test_the_segment_key_covers_data_done_samples_and_inputs():
     done[1] = True
     assert k != segment_key("data", done, ["table", "w2"])
     assert segment_key("d", base, ["ab", "c"]) != segment_key("d", base, ["a", "bc"])
+
+
+def test_plans_of_the_samples_left_are_mapped_back_to_dataset_ids():
+    from dcp.config import DCPConfig, PlanningConfig
+    from dcp.planner import analytic_table_for, plan_epoch
+    from dcp.runtime.position import plan_inputs, remapped
+
+    config = DCPConfig(planning=PlanningConfig(mem_capacity_gib=0.05, sp_sizes=(1, 2), ranks_per_node=2))
+    table = analytic_table_for(config, 2, sp_sizes=(1, 2))
+    lengths = [100 + 37 * i % 900 for i in range(40)]
+    left = np.array([i for i in range(40) if i % 3])  # a third of the epoch is done
+    plans = list(remapped(plan_epoch([lengths[i] for i in left], table, config, 2), left))
+    trained = sorted(i for p in plans for i in p.sample_ids)
+    assert trained == left.tolist()  # each sample left exactly once, under its dataset id
+    assert all(int(n) == lengths[i] for p in plans for i, n in zip(p.sample_ids, p.seq_len_array, strict=True))
+    a, b = plan_inputs(table, config, 2, "1"), plan_inputs(table, config, 4, "1")
+    assert a != b and a == plan_inputs(table, config, 2, "1") and a != plan_inputs(None, config, 2, "1")
