@@ -67,8 +67,10 @@ class PhaseBoard:
             pass
 
     @contextmanager
-    def heartbeat(self, period_s: float = 1.0) -> Iterator[None]:
-        """Count this rank's heartbeat key up every ``period_s`` (a daemon thread) while the block runs."""
+    def heartbeat(self, period_s: float | None = None) -> Iterator[None]:
+        """Count this rank's heartbeat key up every ``period_s`` (a daemon thread) while the block runs. Default:
+        1 s, and 1 s per 1000 ranks beyond that, so the store serves at most ~1000 beats per second."""
+        period_s = period_s or max(1.0, self.world_size / 1000)
         stop = threading.Event()
         key = f"{self.prefix}beat/{self.rank}"
 

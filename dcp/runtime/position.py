@@ -78,6 +78,9 @@ class EpochPosition:
     """segment_key of the current segment ('' before its plan is made)."""
     steps: int = 0
     """Finished steps of the current segment's plan."""
+    legacy: bool = False
+    """Restored from a step-index checkpoint of an older dcp (same config, lengths and world size, so the same
+    plan): ``done`` is learnt from the skipped steps instead of checked against them."""
 
     @classmethod
     def start(cls, epoch: int, num_samples: int) -> EpochPosition:
@@ -128,17 +131,24 @@ class EpochPosition:
                                 "damaged; resume from another one")
         return cls(epoch, done, base, key, steps)
 
-    def resume(self, key: str, plans: Callable[[np.ndarray], Iterator[Any]]) -> tuple[Iterator[Any], int, bool]:
-        """(plans of the current segment, steps of them to skip, re-planned?) for this run's ``key``.
+    def resume(self, key_of: Callable[[np.ndarray], str],
+               plans: Callable[[np.ndarray], Iterator[Any]]) -> tuple[Iterator[Any], int, bool]:
+        """(this rank's plans of the current segment after its finished steps, steps skipped, re-planned?).
 
-        ``plans(ids)`` plans the epoch over sample ids ``ids``. Same key: the segment's plan again, its finished
-        steps skipped (checked against ``done`` as they are skipped); another key (or a fresh position): a new
-        segment over the samples not yet done."""
+        ``key_of(base)`` is this run's segment key for a segment based on ``base``; ``plans(ids)`` plans the epoch
+        over sample ids ``ids``. Same key: the segment's plan again, its finished steps skipped (checked against
+        ``done`` as they are skipped); another key: a new segment over the samples not yet done."""
+        key = key_of(self.base)
         if self.key == key or not self.key:
             self.key = key
             return self._checked(self._plans(plans), self.steps, self.done.copy()), self.steps, False
-        self.base, self.key, self.steps = self.done.copy(), key, 0
+        self.base, self.steps = self.done.copy(), 0
+        self.key = key_of(self.base)
         return self._plans(plans), 0, True
+
+    def segment_plans(self, plans: Callable[[np.ndarray], Iterator[Any]]) -> Iterator[Any]:
+        """Every plan of the current segment, its finished steps included (what the ranks' plan check digests)."""
+        return self._plans(plans)
 
     def _plans(self, plans: Callable[[np.ndarray], Iterator[Any]]) -> Iterator[Any]:
         ids = self.remaining()
@@ -148,20 +158,29 @@ class EpochPosition:
         """The plans after the first ``skip``, which must have trained exactly ``done - base`` (both taken when
         the resume began: ``record`` moves them on as the later steps finish)."""
         seen, count, verified = self.base.copy(), 0, False
-        for plan in plans:
-            if count < skip:
-                seen[np.asarray(plan.sample_id_array, dtype=np.int64)] = True
-                count += 1
-                continue
-            if not verified:
-                self._verify(seen, done, count)
-                verified = True
-            yield plan
+        try:
+            for plan in plans:
+                if count < skip:
+                    seen[np.asarray(plan.sample_id_array, dtype=np.int64)] = True
+                    count += 1
+                    continue
+                if not verified:
+                    self._adopt_or_verify(seen, done, count)
+                    verified = True
+                yield plan
+        finally:
+            _close(plans)
         if count < skip:
             raise PositionError(f"checkpoint position epoch {self.epoch} step {skip} is past the epoch's end "
                                 f"(its plan has {count} steps): the checkpoint is damaged or from another run; "
                                 "resume from another one")
         if not verified:
+            self._adopt_or_verify(seen, done, count)
+
+    def _adopt_or_verify(self, seen: np.ndarray, done: np.ndarray, count: int) -> None:
+        if self.legacy:
+            self.done, self.legacy = seen, False
+        else:
             self._verify(seen, done, count)
 
     def _verify(self, seen: np.ndarray, done: np.ndarray, count: int) -> None:
@@ -190,5 +209,15 @@ def remapped(plans: Iterable[Any], ids: np.ndarray) -> Iterator[Any]:
     """Plans made over the sub-dataset ``ids`` (sample k of it is dataset sample ``ids[k]``), with their sample
     ids mapped back to the dataset's: the same groups, micro-batches and lengths."""
     ids = np.asarray(ids, dtype=np.int64)
-    for plan in plans:
-        yield plan.with_sample_ids(ids[np.asarray(plan.sample_id_array, dtype=np.int64)])
+    try:
+        for plan in plans:
+            yield plan.with_sample_ids(ids[np.asarray(plan.sample_id_array, dtype=np.int64)])
+    finally:
+        _close(plans)
+
+
+def _close(plans: Any) -> None:
+    """Stop a plan source early (the planning thread or process of dcp.planner.ahead)."""
+    close = getattr(plans, "close", None)
+    if close is not None:
+        close()

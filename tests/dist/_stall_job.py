@@ -31,7 +31,7 @@ def stall_job(rank: int, world: int, mode: str) -> None:
     plans = [step(0, 2, group(data, 0, 1, 0, [2 * k]), group(data, 1, 1, 0, [2 * k + 1]), number=k) for k in range(2)]
 
     def forward(m, batch, ctx):
-        if rank == 1 and batch.sample_ids == (3,):  # rank 1's micro-batch of step 1
+        if rank == 1 and batch.sample_ids == (3,) and mode != "exit-in-sync":  # rank 1's micro-batch of step 1
             if mode == "exit":
                 os._exit(3)
             time.sleep(STALL_S)
@@ -39,6 +39,18 @@ def stall_job(rank: int, world: int, mode: str) -> None:
 
     mgr = set_manager(model, data, config, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                       plans=lambda e: plans, forward_fn=forward)
+    if mode == "exit-in-sync" and rank == 1:
+        # rank 1 dies inside step 1's gradient sync (after the all-reduce the backward started): its last phase
+        # is that sync, and its heartbeat stops
+        sync, calls = mgr.engine._sync_and_update, [0]
+
+        def dying_sync():
+            calls[0] += 1
+            if calls[0] == 2:
+                os._exit(3)
+            sync()
+
+        mgr.engine._sync_and_update = dying_sync
     for batch in mgr.get_data_iter():
         mgr.train_micro_batch(batch)
 

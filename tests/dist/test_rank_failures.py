@@ -49,6 +49,17 @@ def test_a_dead_rank_is_named():
     assert _failed_after(text) < TIMEOUT_S + 60.0  # by its timeout, not the stall's end (60 s: a loaded host)
 
 
+def test_a_rank_killed_in_the_gradient_sync_is_named_with_its_phase_and_stopped_heartbeat():
+    with pytest.raises(DistributedFailure) as info:
+        run_distributed(stall_job, 2, "exit-in-sync", timeout_s=240)
+    last = str(info.value).strip().splitlines()[-1]
+    # rank 0 fails in its next collective (the gradients were already reduced inside the backward, so which
+    # one depends on the engine's overlap); the line names rank 1, where it was, and that it is gone
+    assert last.startswith("dcp.runtime.phases.CollectiveError: rank 0: "), str(info.value)[-3000:]
+    assert "rank 1 is in 'gradient sync of epoch 0 step 1'" in last and "heartbeat stopped" in last
+    assert "it died or was stopped there" in last and "rank 1 exited with code 3" in str(info.value)
+
+
 def test_a_stalled_rank_is_named_under_torchrun():
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "OMP_NUM_THREADS": "1"}
@@ -66,10 +77,12 @@ def _data_differ(rank: int, world: int) -> dict[str, str]:
     out = {}
     for weighting in ("tokens", "samples"):
         model, data, config, table = planner_setup(world)
-        if rank == 1:  # same sample count, one length one token longer (in the same seq_group)
+        if rank == 1 and weighting == "tokens":  # same sample count, one length one token longer (same seq_group)
             lengths = data.lengths()
             lengths[lengths.index(309)] = 310
             data = type(data)(lengths, vocab_size=model.config.vocab_size, seed=3)
+        elif rank == 1:  # the same lengths, other tokens (the dataset's content_digest tells them apart)
+            data = type(data)(data.lengths(), vocab_size=model.config.vocab_size, seed=4)
         config = config.replace(runtime=dataclasses.replace(config.runtime, loss_weighting=weighting))
         mgr = set_manager(model, data, config, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), table=table)
         steps = 0

@@ -270,3 +270,12 @@ def test_the_committed_figures_folder_is_adopted(tmp_path):
 def test_bench_planner_bounds_its_world_sizes(capsys):
     code, text = cli(capsys, "bench", "planner", "--world-sizes", "8,100000000000")
     assert code == 2 and "--world-sizes ('8,100000000000') must be integers in [1, 131,072]" in text
+
+
+def test_readers_name_an_unreadable_or_empty_file(tmp_path):
+    (tmp_path / "config.json").mkdir()
+    with pytest.raises(files.TruncatedFileError, match=r"config.json'\) cannot be read"):
+        files.read_json(tmp_path / "config.json", what="results config")
+    (tmp_path / "runs.csv").write_text("")
+    with pytest.raises(files.TruncatedFileError, match=r"runs.csv'\) is empty \(0 bytes"):
+        files.read_csv_text(tmp_path / "runs.csv", what="results file")

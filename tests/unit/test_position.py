@@ -20,7 +20,7 @@ def chunked(step_size: int):
 
 
 def run(pos: EpochPosition, key: str, source, steps: int | None = None) -> list[list[int]]:
-    it, skip, _ = pos.resume(key, source)
+    it, skip, _ = pos.resume(lambda base: key, source)
     trained = []
     for plan in it:
         if steps is not None and len(trained) == steps:
@@ -43,7 +43,7 @@ def test_another_key_replans_the_samples_left_and_trains_each_once():
     pos = EpochPosition.start(0, 11)
     first = run(pos, "table A, W=2", chunked(4), steps=1)
     again = EpochPosition.from_state(pos.to_state(), 11)
-    it, skip, replanned = again.resume("table B, W=3", chunked(2))
+    it, skip, replanned = again.resume(lambda base: "table B, W=3", chunked(2))
     assert skip == 0 and replanned
     rest = []
     for plan in it:
@@ -53,7 +53,7 @@ def test_another_key_replans_the_samples_left_and_trains_each_once():
     assert trained == list(range(11))  # each sample exactly once
     # a second resume inside the new segment, at its own key, replays that segment
     third = EpochPosition.from_state(again.to_state(), 11)
-    assert third.resume("table B, W=3", chunked(2))[1] == len(rest)
+    assert third.resume(lambda base: "table B, W=3", chunked(2))[1] == len(rest)
 
 
 def test_a_sample_trained_twice_in_an_epoch_raises():
@@ -67,7 +67,7 @@ def test_a_position_past_the_epochs_end_is_refused():
     pos = EpochPosition.start(0, 6)
     run(pos, "k", chunked(3))
     state = pos.to_state() | {"steps": 5}
-    it, skip, _ = EpochPosition.from_state(state, 6).resume("k", chunked(3))
+    it, skip, _ = EpochPosition.from_state(state, 6).resume(lambda base: "k", chunked(3))
     with pytest.raises(PositionError, match=r"epoch 0 step 5 is past the epoch's end \(its plan has 2 steps\)"):
         list(it)
 
@@ -75,7 +75,7 @@ def test_a_position_past_the_epochs_end_is_refused():
 def test_a_position_whose_steps_trained_other_samples_is_refused():
     pos = EpochPosition.start(0, 6)
     run(pos, "k", chunked(3), steps=1)
-    it, _, _ = EpochPosition.from_state(pos.to_state(), 6).resume("k", lambda ids: chunked(3)(ids[::-1]))
+    it, _, _ = EpochPosition.from_state(pos.to_state(), 6).resume(lambda base: "k", lambda ids: chunked(3)(ids[::-1]))
     with pytest.raises(PositionError, match=r"step 1: the plan's first 1 steps trained other samples"):
         next(it)
 
