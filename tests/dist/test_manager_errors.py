@@ -109,8 +109,8 @@ def _diverge_on_an_unlogged_step(rank: int, world: int) -> dict:
     # six steps of two SP-1 groups (no collective but the gradient sync); rank 1's plan of step 4 differs
     plans = [step(0, 2, group(data, 0, 1, 0, [2 * k]), group(data, 1, 1, 0, [2 * k + 1]), number=k)
              for k in range(6)]
-    if rank == 1:
-        plans[4] = step(0, 2, group(data, 0, 1, 0, [8]), group(data, 1, 1, 0, [1]), number=4)
+    if rank == 1:  # another sample (13, not yet trained: a sample trained twice would be refused at once)
+        plans[4] = step(0, 2, group(data, 0, 1, 0, [8]), group(data, 1, 1, 0, [13]), number=4)
     cfg = config_for(model)
     cfg = cfg.replace(runtime=dataclasses.replace(cfg.runtime, log_every=3))
     mgr = set_manager(model, data, cfg, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
