@@ -85,6 +85,21 @@ def _resolve_engine(engine: str | Engine | None, model: torch.nn.Module, config:
     return eng
 
 
+def _check_table(table: Any, model: Any, adapter: Any, config: DCPConfig) -> None:
+    """The table's layer count against the model's and, where both are known, its model config hash."""
+    from dcp.planner.table import check_table_for_model
+
+    model_hash = None
+    try:
+        from dcp.profiler.adapters import get_adapter
+
+        model_hash = (adapter if adapter is not None else get_adapter(model)).config_hash()
+    except Exception:  # noqa: BLE001 - a model the profiler has no adapter for: the layer count is checked alone
+        pass
+    check_table_for_model(table, num_layers=config.model.num_layers, model_hash=model_hash,
+                          model_name=f"the model ({config.model.name})")
+
+
 def set_manager(model: torch.nn.Module, dataset: Any, config: DCPConfig | None = None, *, optimizer: Any = None,
                 lr_scheduler: Any = None, engine: str | Engine | None = None, table: Any = None,
                 plans: PlanSource | None = None, forward_fn: Callable[..., Any] | None = None,
@@ -115,6 +130,8 @@ def set_manager(model: torch.nn.Module, dataset: Any, config: DCPConfig | None =
         parts = hf.for_manager(model, lengths, config, forward_fn=forward_fn, adapter=adapter, world_size=world)
         config, forward_fn, adapter, integration = parts.config, parts.forward_fn, parts.adapter, parts.integration
     config = _resolve_config(model, config, integration)
+    if table is not None:  # a table of another model (depth, width) would price every step wrongly
+        _check_table(table, model, adapter, config)
     if optimizer is None and not isinstance(engine, Engine):
         optimizer = torch.optim.AdamW(model.parameters())
         get_logger(dist.get_rank() if world > 1 else 0).info(

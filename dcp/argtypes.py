@@ -36,6 +36,38 @@ def positive_int(text: str) -> int:
     return value
 
 
+MAX_WORLD_SIZE = 2**17
+"""Largest world size a command plans or simulates (131,072 ranks: above any cluster built; a larger value is a
+typo that would only allocate per-rank arrays until memory runs out)."""
+MAX_LOCAL_PROCESSES = 256
+"""Largest number of processes a command starts on this machine (one Python + torch process per rank)."""
+MAX_SAMPLES = 2**26
+"""Largest number of samples a command draws (67 million lengths: ~0.5 GiB per array)."""
+
+
+def _bounded(text: str, top: int, what: str, fix: str) -> int:
+    value = positive_int(text)
+    if value > top:
+        raise argparse.ArgumentTypeError(f"{text!r} is more than {top:,} {what}: {fix}")
+    return value
+
+
+def world_size(text: str) -> int:
+    """A world size to plan or simulate: an integer in [1, MAX_WORLD_SIZE]."""
+    return _bounded(text, MAX_WORLD_SIZE, "ranks", "pass a realistic world size, e.g. 32")
+
+
+def process_count(text: str) -> int:
+    """Processes to start on this machine: an integer in [1, MAX_LOCAL_PROCESSES]."""
+    return _bounded(text, MAX_LOCAL_PROCESSES, "local processes",
+                    "dcp starts one process per rank on this machine; use torchrun on a cluster beyond that")
+
+
+def sample_count(text: str) -> int:
+    """Samples to draw: an integer in [1, MAX_SAMPLES]."""
+    return _bounded(text, MAX_SAMPLES, "samples", "pass a realistic count, e.g. 2000")
+
+
 def nonneg_int(text: str) -> int:
     """An integer >= 0."""
     value = _int(text)

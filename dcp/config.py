@@ -124,6 +124,17 @@ def check_fields(obj: Any, section: str, *, int_max: dict[str, int] | None = Non
             fail(path, value, "must be true or false", f"write {f.name} = true or false")
 
 
+def _check_folder_name(path: str, value: str, example: str) -> None:
+    """A folder setting: not empty (an empty path means the current folder), no surrounding blanks (a typo
+    that makes another folder), no NUL byte or line break (no file system accepts them)."""
+    if not value.strip():
+        fail(path, value, "is empty (it would write into the current folder)", f"name a folder, e.g. {example}")
+    if value != value.strip():
+        fail(path, value, "has blanks around it (they would be part of the folder name)", f"write {value.strip()!r}")
+    if "\0" in value or "\n" in value or "\r" in value:
+        fail(path, value, "holds a NUL byte or a line break", f"name a folder, e.g. {example}")
+
+
 @dataclass(kw_only=True, slots=True, frozen=True)
 class ModelShapeConfig:
     """The shape of the model being trained; the planner and the config checks need only this."""
@@ -228,6 +239,7 @@ class ProfilingConfig:
             fail("profiling.measure_iters", self.measure_iters, "must be >= 1", "set it to 1 or more")
         if self.clock not in CLOCKS:
             fail("profiling.clock", self.clock, f"is not one of {list(CLOCKS)}", "write clock = \"auto\"")
+        _check_folder_name("profiling.cache_dir", self.cache_dir, '".dcp_cache"')
         if not isinstance(self.strict_cache, bool):
             fail("profiling.strict_cache", self.strict_cache, "must be true or false", "write strict_cache = false")
 

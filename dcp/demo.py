@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import io
 import json
 import math
 import os
@@ -43,6 +44,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from dcp.argtypes import positive_int, sample_count
+from dcp.files import OutputError, claim_dir, read_csv_text, read_json, write_text, write_with
 
 DEFAULT_OUT = "runs/demo"
 METHODS = ("bucket", "dcp-inter", "dcp-intra")
@@ -90,9 +94,9 @@ class DemoError(ValueError):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=DEFAULT_OUT, help="output folder (its cache/ subfolder holds the demo's profile)")
-    parser.add_argument("--reps", type=int, default=DEMO_SETTINGS["reps"],
+    parser.add_argument("--reps", type=positive_int, default=DEMO_SETTINGS["reps"],
                         help="timed repetitions of every method (interleaved; medians and min-max are reported)")
-    parser.add_argument("--samples", type=int, default=DEMO_SETTINGS["num_samples"],
+    parser.add_argument("--samples", type=sample_count, default=DEMO_SETTINGS["num_samples"],
                         help="samples in the epoch every method trains")
     parser.add_argument("--refresh-profile", action="store_true", help="profile again instead of using OUT/cache")
     parser.add_argument("--plot", action="store_true", help="only rebuild the table and the plot from OUT/reps.csv")
@@ -295,23 +299,45 @@ def format_reps(rows: Sequence[dict[str, Any]]) -> str:
 
 # ----- files ----------------------------------------------------------------------------------------
 def _write_csv(path: Path, columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> Path:
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(columns), lineterminator="\n")
-        w.writeheader()
-        for r in rows:
-            w.writerow({c: (f"{r[c]:.6g}" if isinstance(r[c], float) else r[c]) for c in columns})
-    return path
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(columns), lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({c: (f"{r[c]:.6g}" if isinstance(r[c], float) else r[c]) for c in columns})
+    return write_text(path, buf.getvalue())  # atomic: never a half-written CSV
+
+
+_OWN_FILES = frozenset({REPS_CSV, STEPS_CSV, SUMMARY_CSV, CONFIG_JSON, PLOT_PNG, "cache"})
+
+
+def is_demo_folder(folder: Path) -> bool:
+    """True when ``folder`` holds only a demo's files, in their shape (a demo folder of a dcp that did not mark
+    its folders): reps.csv with REP_COLUMNS, config.json with the demo's settings."""
+    names = {e.name for e in folder.iterdir()}
+    if not names <= _OWN_FILES:
+        return False
+    if REPS_CSV in names:
+        with (folder / REPS_CSV).open(newline="", errors="replace") as f:
+            if tuple(next(csv.reader(f), [])) != REP_COLUMNS:
+                return False
+    if CONFIG_JSON in names:
+        try:
+            doc = json.loads((folder / CONFIG_JSON).read_text(errors="replace"))
+        except json.JSONDecodeError:
+            return False
+        return isinstance(doc, dict) and "settings" in doc
+    return True
 
 
 def read_reps(out: Path) -> list[dict[str, Any]]:
     path = out / REPS_CSV
     if not path.exists():
         raise DemoError(f"{path} does not exist: run `dcp demo --out {out}` first")
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        if tuple(reader.fieldnames or ()) != REP_COLUMNS:
-            raise DemoError(f"{path} has columns {reader.fieldnames}, not {list(REP_COLUMNS)}: run `dcp demo` again")
-        rows = [dict(r) for r in reader]
+    text = read_csv_text(path, what="demo results", error=DemoError, fix=f"run `dcp demo --out {out}` again")
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    if tuple(reader.fieldnames or ()) != REP_COLUMNS:
+        raise DemoError(f"{path} has columns {reader.fieldnames}, not {list(REP_COLUMNS)}: run `dcp demo` again")
+    rows = [dict(r) for r in reader]
     if not rows:
         raise DemoError(f"{path} has no rows: run `dcp demo --out {out}` again")
     for r in rows:
@@ -366,7 +392,7 @@ def plot(rows: Sequence[dict[str, Any]], summary: Sequence[dict[str, Any]], path
     ax_s.legend(fontsize=8, loc="upper center", ncol=2)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    write_with(path, lambda tmp: fig.savefig(tmp, dpi=120))
     plt.close(fig)
     return path
 
@@ -401,8 +427,9 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         try:
             rows = add_speedups(read_reps(out))
-            meta = json.loads((out / CONFIG_JSON).read_text()) if (out / CONFIG_JSON).exists() else {}
-        except (DemoError, json.JSONDecodeError) as exc:
+            meta = (read_json(out / CONFIG_JSON, what="demo config", error=DemoError,
+                              fix=f"run `dcp demo --out {out}` again") if (out / CONFIG_JSON).exists() else {})
+        except DemoError as exc:
             print(f"dcp demo --plot: {exc}")
             return 2
         text, png = _report(out, rows, meta.get("title", "dcp demo"))
@@ -415,7 +442,11 @@ def run(args: argparse.Namespace) -> int:
 
     settings = {**DEMO_SETTINGS, "num_samples": args.samples, "reps": args.reps}
     lengths = _lengths(settings)
-    out.mkdir(parents=True, exist_ok=True)
+    try:  # before any work: a folder of the user's own files, or one that cannot be written, is refused
+        claim_dir(out, flag="--out", command="dcp demo", adopt=is_demo_folder)
+    except OutputError as exc:
+        print(f"dcp demo: {exc}")
+        return 2
     for name in (REPS_CSV, STEPS_CSV, SUMMARY_CSV, CONFIG_JSON, PLOT_PNG):  # a demo folder holds one demo
         (out / name).unlink(missing_ok=True)
     # the demo's own cache (never .dcp_cache/); the cache key names profiling.clock, so a wall-clock table
@@ -437,7 +468,9 @@ def run(args: argparse.Namespace) -> int:
                               timeout_s=1800.0, pg_timeout_s=900.0,
                               env={"DCP_TEST_THREADS": "1", "OMP_NUM_THREADS": "1"})[0]
     except DistributedFailure as exc:
-        print(f"dcp demo: a rank failed:\n{exc}")
+        detail = str(exc) if os.environ.get("DCP_TRACEBACK") else \
+            f"{exc.summary()} (set DCP_TRACEBACK=1 for the ranks' tracebacks)"
+        print(f"dcp demo: a rank failed: {detail}")
         return 1
     wall = time.perf_counter() - t0
     rows = add_speedups(res["reps"])
@@ -447,7 +480,7 @@ def run(args: argparse.Namespace) -> int:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
     title = (f"dcp demo: {settings['model']}, {len(lengths)} samples of {settings['distribution']}, W={w} CPU processes, "
              f"{args.reps} repetitions (git {sha})")
-    (out / CONFIG_JSON).write_text(json.dumps({
+    write_text(out / CONFIG_JSON, json.dumps({
         "settings": settings, "lengths": lengths, "git_sha": sha, "host_cpus": os.cpu_count(), "load_avg_1m": load,
         "profile_rows": res["table_rows"], "profiled_update_s": res["update_s"], "wall_s": wall, "title": title,
     }, indent=2, sort_keys=True) + "\n")

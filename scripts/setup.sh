@@ -19,3 +19,16 @@ if [ "${FORCE_SETUP:-0}" = "1" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]
   .venv/bin/pip install -q -e ".[dev]"
   echo "$WANT" > "$STAMP"
 fi
+# DeepSpeed builds its CPU shared-memory all-reduce op (deepspeed_shm_comm, C++) on first use; inside the test
+# suite that first use fell in test_exact_gradients_deepspeed_zero1 and its build (~2 min on a loaded 2-core
+# machine) ran past pytest's per-test limit. Build it here, once (torch's extension cache keeps it; a built op
+# only loads: a few seconds).
+if .venv/bin/python -c "import deepspeed" 2>/dev/null; then
+  DS_ACCELERATOR=cpu .venv/bin/python - <<'PY'
+from deepspeed.accelerator import get_accelerator
+
+builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+if builder is not None and builder.is_compatible():
+    builder.load(verbose=False)
+PY
+fi

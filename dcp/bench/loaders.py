@@ -21,14 +21,16 @@ import json
 import time
 from collections.abc import Callable, Sequence
 
+from dcp.argtypes import sample_count, world_size
+
 DISTRIBUTIONS = ("t1d-short", "t1d-balanced", "t1d-long")
 LOADERS = ("fixed", "balanced-closest", "balanced-first", "balanced-packed", "varbatch", "curriculum-varbatch",
            "curriculum-same-shape", "static-shapes")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--world-size", type=int, default=4, help="data-parallel ranks (default 4)")
-    parser.add_argument("--num-samples", type=int, default=8000, help="samples per distribution (default 8000)")
+    parser.add_argument("--world-size", type=world_size, default=4, help="data-parallel ranks (default 4)")
+    parser.add_argument("--num-samples", type=sample_count, default=8000, help="samples per distribution (default 8000)")
     parser.add_argument("--max-tokens", type=int, default=8192, help="token budget of a micro-batch (default 8192)")
     parser.add_argument("--pool-size", type=int, default=64, help="load-balanced pool size (default 64)")
     parser.add_argument("--max-shapes", type=int, default=8, help="static-shapes bucket count (default 8)")

@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from dcp.argtypes import MAX_WORLD_SIZE
 from dcp.config import METHODS, PLAN_AHEAD, DCPConfig, PlanningConfig
 
 
@@ -146,8 +147,9 @@ def run(args: argparse.Namespace) -> int:
             "e.g. 8,32,256"
         )
         return 2
-    if not sizes or min(sizes) < 1:
-        print(f"dcp bench planner: error: --world-sizes ({args.world_sizes!r}) must be integers >= 1, e.g. 8,32,256")
+    if not sizes or min(sizes) < 1 or max(sizes) > MAX_WORLD_SIZE:
+        print(f"dcp bench planner: error: --world-sizes ({args.world_sizes!r}) must be integers in [1, "
+              f"{MAX_WORLD_SIZE:,}], e.g. 8,32,256")
         return 2
     if args.step_ms < 0:
         print(f"dcp bench planner: error: --step-ms ({args.step_ms}) must be >= 0: the simulated compute per step")

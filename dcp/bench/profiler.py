@@ -26,7 +26,7 @@ import argparse
 import json
 from typing import Any
 
-from dcp.argtypes import int_list
+from dcp.argtypes import int_list, positive_int, process_count
 
 MODELS = ("t1d-tiny", "t2d-tiny")
 
@@ -39,8 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sp-sizes", default="1,2", help="SP sizes (each <= --nproc)")
     parser.add_argument("--hidden-size", type=int, default=128, help="model width of the benchmarked models")
     parser.add_argument("--num-layers", type=int, default=4, help="layers L of the benchmarked models")
-    parser.add_argument("--reps", type=int, default=5, help="alternating repetitions (medians are compared)")
-    parser.add_argument("--nproc", type=int, default=2, help="gloo processes (W)")
+    parser.add_argument("--reps", type=positive_int, default=5, help="alternating repetitions (medians are compared)")
+    parser.add_argument("--nproc", type=process_count, default=2, help="gloo processes (W)")
     parser.add_argument("--epoch-samples", type=int, default=256, help="samples of the demo epoch")
     parser.add_argument("--timing", default="checkpoint", choices=("checkpoint", "plain"),
                         help="checkpoint: t_f, t_b exact at r = 0 and r = L; plain: the paper's raw t_f, t_b")

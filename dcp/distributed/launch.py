@@ -23,6 +23,18 @@ from typing import Any
 class DistributedFailure(RuntimeError):
     """A child process raised, died or timed out; the message holds its traceback."""
 
+    def summary(self) -> str:
+        """One line for a command's user: the failing rank's exception (its traceback's last line, without
+        the module path) and the ranks that exited without reporting; the full text stays in str(self)."""
+        lines = [ln.strip() for ln in str(self).splitlines() if ln.strip()]
+        dead = [ln for ln in lines if ln.endswith("without reporting")]
+        failed = next((ln for ln in lines if " failed:" in ln and ln.startswith("rank ")), "")
+        last = lines[-1] if lines else ""
+        if failed and last != failed and not last.endswith("without reporting"):
+            kind, sep, message = last.partition(": ")
+            last = f"{failed} {kind.rpartition('.')[2]}{sep}{message}"
+        return "; ".join([last, *[d for d in dead if d != last]])
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

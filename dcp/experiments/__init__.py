@@ -119,17 +119,25 @@ def run(args: argparse.Namespace) -> int:
         print(f"{len(runs)} runs; results would go to {Path(spec.output_dir)}")
         return 0
     from dcp.distributed.launch import DistributedFailure
-    from dcp.experiments.launch import launch
+    from dcp.experiments.launch import claim_output, launch
     from dcp.experiments.plot import PLOT_NAME
 
     inside_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     if not inside_torchrun or os.environ.get("RANK") == "0":
+        try:
+            claim_output(spec)  # before any work: a foreign or read-only folder is refused in one line
+        except ValueError as exc:
+            print(f"dcp sweep: {exc}")
+            return 2
         (spec.output_dir / PLOT_NAME).unlink(missing_ok=True)  # never leave a plot of older results beside new CSVs
     try:
         rc = launch(spec, spec_path=args.spec, nproc_per_node=args.nproc_per_node, cli_overrides=overrides)
     except DistributedFailure as exc:
         # the groups that finished before are already written; the failing rank's traceback follows
-        print(f"dcp sweep: a run group failed (results of earlier groups are in {spec.output_dir}):\n{exc}")
+        detail = str(exc) if os.environ.get("DCP_TRACEBACK") else \
+            f"{exc.summary()} (set DCP_TRACEBACK=1 for the ranks' tracebacks)"
+        print(f"dcp sweep: a run failed (the finished runs' results are in {spec.output_dir}; the same command "
+              f"resumes after them): {detail}")
         rc = 1
     if (inside_torchrun and os.environ.get("RANK") != "0") or (not inside_torchrun and spec.launcher == "torchrun"):
         return rc  # other ranks write nothing; torchrun's rank 0 has already printed the report

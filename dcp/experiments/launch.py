@@ -20,9 +20,10 @@ import time
 from itertools import groupby
 from typing import Any
 
-from dcp.experiments.results import git_sha, session_stamp, write_results
+from dcp.experiments.results import RUNS_CSV, git_sha, is_results_folder, read_runs, session_stamp
 from dcp.experiments.runner import GroupInfo, run_group
 from dcp.experiments.sweep import RunSpec, SweepSpec
+from dcp.files import claim_dir, read_marker, write_marker
 
 
 def launch(spec: SweepSpec, *, spec_path: str, nproc_per_node: int = 0, cli_overrides: dict | None = None) -> int:
@@ -34,48 +35,73 @@ def launch(spec: SweepSpec, *, spec_path: str, nproc_per_node: int = 0, cli_over
     return start_torchrun(spec, spec_path, nproc_per_node, cli_overrides or {})
 
 
-def run_groups(spec: SweepSpec) -> list[list[RunSpec]]:
-    """Runs grouped by (world size, model), in sweep order; one process group serves each."""
-    runs = spec.expand()
+def run_groups(spec: SweepSpec, runs: list[RunSpec] | None = None) -> list[list[RunSpec]]:
+    """Runs (default: ``spec.expand()``) grouped by (world size, model), in sweep order; one process group
+    serves each."""
+    runs = spec.expand() if runs is None else runs
     return [list(g) for _, g in groupby(runs, key=lambda r: (r.world_size, r.model))]
 
 
-def _save(spec: SweepSpec, outcomes: list[dict[str, Any]]) -> None:
-    write_results(
-        spec.output_dir,
-        [o["run"] for o in outcomes],
-        [row for o in outcomes for row in o["steps"]],
-        sweep=spec.to_dict(),
-        run_configs={o["run"]["run_id"]: o["config"] for o in outcomes},
-    )
+def claim_output(spec: SweepSpec) -> dict[str, Any]:
+    """Claim the sweep's results folder before any work (dcp.files.claim_dir: new, empty, dcp's, or a results
+    folder of an older dcp; writable); returns its marker (with the last session's state, if any)."""
+    return claim_dir(spec.output_dir, flag="--out (sweep.out_dir)", command="dcp sweep", adopt=is_results_folder)
+
+
+def _session(spec: SweepSpec, marker: dict[str, Any], runs: list[RunSpec], quiet: bool) -> tuple[str, set[int]]:
+    """(run-id stamp, indices of finished runs): an unfinished earlier session of the same runs resumes after
+    its finished runs (their rows are in runs.csv); anything else starts a new session."""
+    hashes = [r.config_hash() for r in runs]
+    last = marker.get("session") or {}
+    stamp, done = session_stamp(), set()
+    if isinstance(last, dict) and last.get("complete") is False and last.get("hashes") == hashes:
+        stamp = str(last.get("stamp"))
+        if (spec.output_dir / RUNS_CSV).exists():
+            ids = [r["run_id"] for r in read_runs(spec.output_dir)]
+            done = {int(i.rpartition("-")[2]) for i in ids if i.startswith(stamp + "-")}
+        if not quiet:
+            print(f"resuming the unfinished sweep session {stamp}: {len(done)} of {len(runs)} runs are already in "
+                  f"{spec.output_dir} (pass a new --out to start over)", flush=True)
+    write_marker(spec.output_dir, {**marker, "session": {"stamp": stamp, "hashes": hashes, "complete": False}})
+    return stamp, done
 
 
 def launch_local(spec: SweepSpec, *, timeout_s: float = 3600.0, quiet: bool = False) -> list[dict[str, Any]]:
-    """Run the whole sweep on spawned local processes; returns every outcome (rows) and writes them."""
+    """Run the whole sweep on spawned local processes; returns the outcomes (rows) of the runs it ran.
+
+    Rank 0 appends each run's rows to the results folder as soon as the run ends; a sweep that was stopped
+    (a killed rank, Ctrl-C) resumes after its last finished run when the same sweep is started again."""
     from dcp.distributed.launch import run_distributed
 
-    info_base = dict(git_sha=git_sha(), stamp=session_stamp(), total=len(spec.expand()))
+    runs = spec.expand()
+    marker = claim_output(spec)
+    stamp, finished = _session(spec, marker, runs, quiet)
+    info_base = dict(git_sha=git_sha(), stamp=stamp, total=len(runs), out_dir=str(spec.output_dir))
     cores = os.cpu_count() or 1
-    done = 0
+    done = len(finished)
     all_outcomes: list[dict[str, Any]] = []
     t_start = time.perf_counter()
-    for group in run_groups(spec):
+    index = {id(r): i for i, r in enumerate(runs)}
+    for group in run_groups(spec, runs):
+        group = [r for r in group if index[id(r)] not in finished]
+        if not group:
+            continue
         w = group[0].world_size
         if w * spec.threads_per_rank > cores and not quiet:
             print(f"note: W={w} x {spec.threads_per_rank} thread(s) > {cores} cores: ranks share cores, so measured "
                   "times include waiting for a core and idle ratios are blurred", flush=True)
         if not quiet:
             print(f"== {group[0].model}, W={w}: {len(group)} runs (profiling first if not cached)", flush=True)
-        info = GroupInfo(first_index=done, **info_base)
+        info = GroupInfo(first_index=done, indices=tuple(index[id(r)] for r in group), **info_base)
         results = run_distributed(
             run_group, w, group, info, timeout_s=timeout_s, pg_timeout_s=spec.config.runtime.collective_timeout_s,
             backend=spec.backend,
             env={"DCP_TEST_THREADS": str(spec.threads_per_rank), "OMP_NUM_THREADS": str(spec.threads_per_rank)},
         )
-        outcomes = results[0]
-        _save(spec, outcomes)
-        all_outcomes.extend(outcomes)
+        all_outcomes.extend(results[0])  # rank 0 has written them, run by run
         done += len(group)
+    write_marker(spec.output_dir, {**read_marker(spec.output_dir), "session": {
+        "stamp": stamp, "hashes": [r.config_hash() for r in runs], "complete": True}})
     if not quiet:
         print(f"{done} runs in {time.perf_counter() - t_start:.0f}s; results in {spec.output_dir}", flush=True)
     return all_outcomes
@@ -102,14 +128,15 @@ def torchrun_worker(spec: SweepSpec) -> int:
                   "start torchrun with one of those world sizes", flush=True)
         dist.destroy_process_group()
         return 2
-    # run ids and the git sha matter on rank 0 only: it alone writes the result files
-    info_base = dict(git_sha=git_sha() if rank == 0 else "", stamp=session_stamp(), total=len(mine))
+    # run ids and the git sha matter on rank 0 only: it alone writes the result files, run by run
+    if rank == 0:
+        claim_output(spec)
+    info_base = dict(git_sha=git_sha() if rank == 0 else "", stamp=session_stamp(), total=len(mine),
+                     out_dir=str(spec.output_dir) if rank == 0 else "")
     done = 0
     for _, group in groupby(mine, key=lambda r: r.model):
         group = list(group)
-        outcomes = run_group(rank, world, group, GroupInfo(first_index=done, **info_base))
-        if rank == 0 and outcomes:
-            _save(spec, outcomes)
+        run_group(rank, world, group, GroupInfo(first_index=done, **info_base))
         done += len(group)
     if rank == 0:
         print(f"{done} runs; results in {spec.output_dir}", flush=True)

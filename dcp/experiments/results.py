@@ -21,6 +21,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from dcp.files import append_csv, read_csv_text, read_json, write_text
+
 RUN_COLUMNS = (
     "run_id", "git_sha", "config_hash", "sweep", "method", "model", "dataset", "world_size", "device",
     "steps", "samples", "tokens", "tokens_per_s", "tokens_per_s_median", "ideal_fraction", "step_time_s",
@@ -150,26 +152,8 @@ def session_stamp() -> str:
 
 # ----- files ----------------------------------------------------------------------------------------
 def _append_csv(path: Path, columns: Sequence[str], rows: Iterable[dict[str, Any]]) -> None:
-    rows = list(rows)
-    if path.exists() and path.stat().st_size > 0:
-        with path.open(newline="") as f:
-            header = next(csv.reader(f), [])
-        if tuple(header) != tuple(columns):
-            raise ResultsError(
-                f"{path} has columns {header}, not {list(columns)}: write to a new --out folder or move the old file"
-            )
-        mode = "a"
-    else:
-        mode = "w"
-    with path.open(mode, newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(columns), lineterminator="\n", extrasaction="raise")
-        if mode == "w":
-            w.writeheader()
-        for row in rows:
-            missing = [c for c in columns if c not in row]
-            if missing:
-                raise ResultsError(f"row for {path.name} lacks columns {missing}: the runner must fill every column")
-            w.writerow({c: _fmt(row[c]) for c in columns})
+    # the whole file is written again atomically: a killed or full-disk write leaves the old rows whole
+    append_csv(path, columns, rows, fmt=_fmt, error=ResultsError)
 
 
 def _fmt(v: Any) -> Any:
@@ -192,12 +176,44 @@ def write_results(
     cfg_path = out / CONFIG_JSON
     doc: dict[str, Any] = {"sweep": sweep, "runs": {}}
     if cfg_path.exists():
-        doc = json.loads(cfg_path.read_text())
-        doc.setdefault("runs", {})
+        doc = read_config(out)
         doc["sweep"] = sweep
     doc["runs"].update(run_configs)
-    cfg_path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    write_text(cfg_path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
     return out
+
+
+def read_config(results_dir: str | Path) -> dict[str, Any]:
+    """``results_dir/config.json`` as written by :func:`write_results`; an empty, truncated or foreign file
+    raises ResultsError naming it and the fix."""
+    path = Path(results_dir) / CONFIG_JSON
+    fix = "restore it from a backup, or move the folder aside and re-run the sweep (its runs.csv rows need it)"
+    doc = read_json(path, what="results config", fix=fix, error=ResultsError)
+    if not isinstance(doc, dict) or not isinstance(doc.get("runs", {}), dict):
+        raise ResultsError(f"results config ({str(path)!r}) is not a dcp results config (a JSON object with "
+                           f"'sweep' and 'runs'): {fix}")
+    doc.setdefault("runs", {})
+    return doc
+
+
+def is_results_folder(folder: Path) -> bool:
+    """True when ``folder`` holds only a sweep's result files, in their shape (runs.csv with RUN_COLUMNS,
+    config.json with 'runs'): a results folder of a dcp that did not mark its folders, safe to append to."""
+    names = {e.name for e in folder.iterdir()}
+    if not names <= {RUNS_CSV, STEPS_CSV, CONFIG_JSON, "summary.png"}:
+        return False
+    for name, columns in ((RUNS_CSV, RUN_COLUMNS), (STEPS_CSV, STEP_COLUMNS)):
+        if name in names:
+            with (folder / name).open(newline="", errors="replace") as f:
+                if tuple(next(csv.reader(f), [])) != columns:
+                    return False
+    if CONFIG_JSON in names:
+        try:
+            doc = json.loads((folder / CONFIG_JSON).read_text(errors="replace"))
+        except json.JSONDecodeError:
+            return False
+        return isinstance(doc, dict) and isinstance(doc.get("runs"), dict)
+    return True
 
 
 def read_runs(results_dir: str | Path) -> list[dict[str, Any]]:
@@ -212,7 +228,11 @@ def read_runs(results_dir: str | Path) -> list[dict[str, Any]]:
 
     from dcp.config import read_text_file
 
+    read_config(results_dir)  # an empty or truncated config.json is named here, not by a JSON parser later
     text = read_text_file(path, what="results file", error=ResultsError)
+    if not text or not text.endswith("\n"):
+        read_csv_text(path, what="results file", error=ResultsError,
+                      fix="delete its last, cut line (or re-run the sweep into a new --out folder)")
     reader = csv.DictReader(io.StringIO(text, newline=""))
     if tuple(reader.fieldnames or ()) != RUN_COLUMNS:
         raise ResultsError(f"{path} has columns {reader.fieldnames}, not {list(RUN_COLUMNS)}: re-run the sweep")

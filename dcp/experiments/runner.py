@@ -14,10 +14,11 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from dcp.experiments.execute import build_model, execute_direct, execute_manager, step_record
-from dcp.experiments.results import group_busy_s, summarize_run
+from dcp.experiments.results import group_busy_s, summarize_run, write_results
 from dcp.experiments.sweep import RunSpec
 
 __all__ = ["GroupInfo", "run_group", "step_record"]
@@ -37,6 +38,12 @@ class GroupInfo:
     """Index (in the whole sweep) of this group's first run, for progress lines and run ids."""
     total: int
     """Runs in the whole sweep."""
+    indices: tuple[int, ...] = ()
+    """Index in the whole sweep of each run given to run_group (a resumed sweep skips finished runs); empty:
+    first_index, first_index + 1, ..."""
+    out_dir: str = ""
+    """Results folder rank 0 appends each finished run's rows to as soon as it ends (a later failure keeps
+    them); empty: the caller writes the returned outcomes."""
 
 
 def run_group(rank: int, world_size: int, runs: list[RunSpec], info: GroupInfo) -> list[dict[str, Any]] | None:
@@ -81,7 +88,7 @@ def run_group(rank: int, world_size: int, runs: list[RunSpec], info: GroupInfo) 
         dist.barrier()
         if bar is None:
             continue
-        index = info.first_index + i
+        index = info.indices[i] if info.indices else info.first_index + i
         run_id = f"{info.stamp}-{index:03d}"
         update = profiled_update_s(table)
         for s in steps:
@@ -90,6 +97,8 @@ def run_group(rank: int, world_size: int, runs: list[RunSpec], info: GroupInfo) 
         outcome = _run_row(run, run_id, info, steps, extra, wall)
         outcomes.append({"run": outcome, "steps": _step_rows(run, run_id, steps),
                          "config": {**_config_doc(run), **load_doc(table, outcome["load_avg_1m"])}})
+        if info.out_dir:
+            save_outcomes(info.out_dir, run.sweep.to_dict(), outcomes[-1:])
         bar.write(
             f"[{index + 1}/{info.total}] {run.label}: {outcome['tokens_per_s']:.0f} tok/s, "
             f"step {outcome['step_time_s']:.3f}s (pred {outcome['predicted_step_time_s']:.3f}s), "
@@ -99,6 +108,12 @@ def run_group(rank: int, world_size: int, runs: list[RunSpec], info: GroupInfo) 
     if bar is not None:
         bar.close()
     return outcomes if rank == 0 else None
+
+
+def save_outcomes(out_dir: str | Path, sweep: dict[str, Any], outcomes: list[dict[str, Any]]) -> None:
+    """Append finished runs' rows to out_dir's runs.csv / steps.csv and their configs to config.json."""
+    write_results(out_dir, [o["run"] for o in outcomes], [row for o in outcomes for row in o["steps"]],
+                  sweep=sweep, run_configs={o["run"]["run_id"]: o["config"] for o in outcomes})
 
 
 def _table(model: Any, cfg: Any, rank: int, world_size: int, registry: Any, memo: dict, refresh: bool) -> Any:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dcp.argtypes import MAX_LOCAL_PROCESSES, MAX_SAMPLES, MAX_WORLD_SIZE
 from dcp.config import METHODS, ConfigError, DCPConfig, config_from_dict, fail, read_toml
 from dcp.named_models import MODEL_NAMES, MODELS
 
@@ -119,6 +120,12 @@ class SweepSpec:
         for w in self.world_sizes:
             if not isinstance(w, int) or isinstance(w, bool) or w < 1:
                 _fail("sweep.world_sizes", list(self.world_sizes), "must be positive integers", "e.g. [2, 4]")
+        top = MAX_LOCAL_PROCESSES if self.launcher == "local" else MAX_WORLD_SIZE
+        if max(self.world_sizes) > top:
+            _fail("sweep.world_sizes", list(self.world_sizes), f"holds a value above {top:,} (the {self.launcher} "
+                  "launcher's limit)", "use realistic world sizes; the local launcher starts one process per rank here")
+        if self.num_samples > MAX_SAMPLES:
+            _fail("sweep.num_samples", self.num_samples, f"is above {MAX_SAMPLES:,}", "draw a realistic count, e.g. 512")
         self._check_names("models", MODEL_NAMES)
         self._check_names("datasets", DATASET_NAMES)
         self._check_names("methods", METHODS)

@@ -16,9 +16,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import re
 import sys
 import time
 from pathlib import Path
+
+from dcp.files import claim_dir
 
 DEFAULT_OUT = "runs/figures"
 """Where ``dcp figures`` writes unless told otherwise (git-ignored)."""
@@ -54,7 +57,9 @@ def make_figures(out_dir: str | Path, *, names: list[str] | None = None, quick: 
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise FiguresError(f"--out ({str(out)!r}) is a file: pass a folder")
-    out.mkdir(parents=True, exist_ok=True)
+    # a new, empty or dcp-made folder (or one of figures only, e.g. paper_figures/out), writable: checked before
+    # the figures are computed, and a folder of the user's own files is never written into
+    claim_dir(out, flag="--out", command="dcp figures", adopt=_only_figures)
     written: list[Path] = []
     with tqdm(total=len(names), desc="figures", unit="figure", disable=not progress, file=sys.stderr) as bar:
         for n in names:
@@ -62,6 +67,11 @@ def make_figures(out_dir: str | Path, *, names: list[str] | None = None, quick: 
             written += importlib.import_module(FIGURES[n]).make(out, QUICK if quick else FULL)
             bar.update()
     return written
+
+
+def _only_figures(folder: Path) -> bool:
+    """True when ``folder`` holds only figure files (fig<N>_<name>.png / .csv) of an unmarked older run."""
+    return all(re.fullmatch(r"fig[0-9]+_[a-z0-9_]+\.(png|csv)", e.name) for e in folder.iterdir())
 
 
 def output_dir(out: str | None, update_committed: bool) -> str:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dcp.files import write_text, write_with
 from dcp.named_models import MODELS, PAPER_MODELS
 
 METHODS = ("bucket", "packed", "dcp-inter", "dcp-intra")
@@ -78,12 +80,12 @@ def simulate_methods(lengths: Sequence[int], model_name: str, hardware_name: str
 
 def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]), lineterminator="\n")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
-    return path
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+    return write_text(path, buf.getvalue())  # atomic
 
 
 def pyplot():
@@ -99,6 +101,6 @@ def pyplot():
 def save(fig: Any, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    write_with(path, lambda tmp: fig.savefig(tmp, dpi=120))  # atomic
     pyplot().close(fig)
     return path

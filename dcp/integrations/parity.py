@@ -19,24 +19,27 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dcp.argtypes import positive_float, positive_int, process_count, sample_count
+from dcp.files import claim_dir, write_with
+
 METHODS = ("bucket", "dcp-intra")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="runs/parity", help="output folder (default: %(default)s)")
-    parser.add_argument("--samples", type=int, default=480, help="training samples (default: %(default)s)")
-    parser.add_argument("--held-out", type=int, default=64, help="held-out samples (default: %(default)s)")
-    parser.add_argument("--max-len-tokens", type=int, default=512, help="longest sample (default: %(default)s)")
-    parser.add_argument("--epochs", type=int, default=1, help="epochs per run (default: %(default)s)")
+    parser.add_argument("--samples", type=sample_count, default=480, help="training samples (default: %(default)s)")
+    parser.add_argument("--held-out", type=sample_count, default=64, help="held-out samples (default: %(default)s)")
+    parser.add_argument("--max-len-tokens", type=positive_int, default=512, help="longest sample (default: %(default)s)")
+    parser.add_argument("--epochs", type=positive_int, default=1, help="epochs per run (default: %(default)s)")
     parser.add_argument("--seeds", default="0,1", help="comma-separated seeds per method (default: %(default)s)")
     parser.add_argument("--methods", default=",".join(METHODS), help="methods (default: %(default)s)")
-    parser.add_argument("--lr", type=float, default=2e-3, help="AdamW learning rate (default: %(default)s)")
-    parser.add_argument("--mem-capacity-gib", type=float, default=0.005,
+    parser.add_argument("--lr", type=positive_float, default=2e-3, help="AdamW learning rate (default: %(default)s)")
+    parser.add_argument("--mem-capacity-gib", type=positive_float, default=0.005,
                         help="emulated per-rank memory, so that DCP mixes SP sizes (default: %(default)s)")
-    parser.add_argument("--world-size", type=int, default=2, help="gloo processes (default: %(default)s)")
+    parser.add_argument("--world-size", type=process_count, default=2, help="gloo processes (default: %(default)s)")
     parser.add_argument("--plot-only", action="store_true",
                         help="rebuild curves.csv, the verdict and the PNG from steps.csv and summary.csv in --out")
-    parser.add_argument("--gmax", type=int, default=1,
+    parser.add_argument("--gmax", type=positive_int, default=1,
                         help="planning.gmax: 1 keeps DCP's steps about as large as bucket's (ga_steps 1), so both "
                              "take optimizer steps of similar token counts (default: %(default)s)")
 
@@ -136,7 +139,8 @@ def run(args: argparse.Namespace) -> int:
         if missing:
             raise ParityError(f"--out ({str(out)!r}) lacks {missing}: run `dcp parity --out {out}` first")
         return _report(pd.read_csv(out / "steps.csv"), pd.read_csv(out / "summary.csv"), out, args)
-    out.mkdir(parents=True, exist_ok=True)
+    # before any run: a folder of the user's own files, or one that cannot be written, is refused in one line
+    claim_dir(out, flag="--out", command="dcp parity", adopt=_only_parity_files)
     opts = {"samples": args.samples, "held_out": args.held_out, "max_len_tokens": args.max_len_tokens,
             "epochs": args.epochs, "lr": args.lr, "gmax": args.gmax, "mem_capacity_gib": args.mem_capacity_gib,
             "cache_dir": str(out / "profile_cache")}
@@ -153,14 +157,31 @@ def run(args: argparse.Namespace) -> int:
                         "train_wall_s": round(res["wall_s"], 2)})
     steps = pd.DataFrame(rows)
     table = pd.DataFrame(summary)
-    steps.to_csv(out / "steps.csv", index=False)
-    table.to_csv(out / "summary.csv", index=False)
+    write_with(out / "steps.csv", lambda tmp: steps.to_csv(tmp, index=False))  # atomic
+    write_with(out / "summary.csv", lambda tmp: table.to_csv(tmp, index=False))
     return _report(steps, table, out, args)
+
+
+_OWN_FILES = frozenset({"steps.csv", "summary.csv", "curves.csv", "loss_vs_tokens.png", "profile_cache"})
+
+
+def _only_parity_files(folder: Path) -> bool:
+    """True when ``folder`` holds only a parity run's files (an unmarked folder of an older dcp): its names,
+    and steps.csv / summary.csv starting with parity's method and seed columns."""
+    if not {e.name for e in folder.iterdir()} <= _OWN_FILES:
+        return False
+    for name in ("steps.csv", "summary.csv"):
+        path = folder / name
+        if path.exists():
+            with path.open(errors="replace") as f:
+                if not f.readline().startswith("method,seed,"):
+                    return False
+    return True
 
 
 def _report(steps: Any, table: Any, out: Path, args: argparse.Namespace) -> int:
     curves = binned_curves(steps)
-    curves.to_csv(out / "curves.csv", index=False)
+    write_with(out / "curves.csv", lambda tmp: curves.to_csv(tmp, index=False))
     verdict = compare(table, curves)
     plot(steps, curves, out / "loss_vs_tokens.png", args, verdict)
     print(table.to_string(index=False))
@@ -266,7 +287,7 @@ def plot(steps: Any, curves: Any, path: Path, args: argparse.Namespace, verdict:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    write_with(path, lambda tmp: fig.savefig(tmp, dpi=120))
     plt.close(fig)
 
 

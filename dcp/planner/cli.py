@@ -7,7 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from dcp.argtypes import nonneg_int, positive_int
+from dcp.argtypes import nonneg_int, sample_count, world_size
 from dcp.config import METHODS, PEER_METHODS, DCPConfig, load_config
 
 
@@ -19,8 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument(
         "--lengths", help="CSV with a 'tokens' column, or one integer per line (sample id = row)"
     )
-    src.add_argument("--synthetic", type=positive_int, metavar="N", help="N seeded synthetic lengths (default 2000)")
-    parser.add_argument("--world-size", type=positive_int, default=None,
+    src.add_argument("--synthetic", type=sample_count, metavar="N", help="N seeded synthetic lengths (default 2000)")
+    parser.add_argument("--world-size", type=world_size, default=None,
                         help="ranks W (default: the table's, else 8)")
     parser.add_argument(
         "--table", help="profile table (.csv or .parquet); default: analytic table for the model"

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dcp.config import MAX_TOKENS, read_text_file
+from dcp.files import write_text, write_with
 
 TABLE_FORMAT_VERSION = 1
 
@@ -127,6 +128,8 @@ class ProfileTable:
         layers = {r.num_layers for r in self.rows}
         if len(layers) > 1:
             raise TableError(f"rows disagree on num_layers ({sorted(layers)}): a table describes one model")
+        for r in self.rows:
+            _check_row(r, meta.seq_group_edges)
 
     # ----- lookups -----------------------------------------------------------------------------
     @property
@@ -171,7 +174,7 @@ class ProfileTable:
             w.writerow([repr(v) if isinstance(v, float) else v for v in dataclasses.astuple(r)])
         text = buf.getvalue()
         if path is not None:
-            Path(path).write_text(text)
+            write_text(path, text)  # atomic: a reader never sees half a table, a failed write keeps the old one
         return text
 
     @classmethod
@@ -223,7 +226,7 @@ class ProfileTable:
         meta["format_version"] = TABLE_FORMAT_VERSION
         tbl = pa.table({c: [getattr(r, c) for r in self.rows] for c in COLUMNS})
         tbl = tbl.replace_schema_metadata({b"dcp_meta": json.dumps(meta).encode()})
-        pq.write_table(tbl, str(path))
+        write_with(path, lambda tmp: pq.write_table(tbl, str(tmp)))
 
     @classmethod
     def from_parquet(cls, path: str | Path) -> ProfileTable:
@@ -258,6 +261,39 @@ class ProfileTable:
 
     def with_rows(self, rows: Iterable[ProfileRow]) -> ProfileTable:
         return ProfileTable(rows, self.meta)
+
+
+_NONNEG = ("t_f_s", "t_b_s", "m_act_bytes", "m_inp_bytes", "t_const_s", "m_const_bytes")
+
+
+def _check_row(r: ProfileRow, edges: tuple[int, ...]) -> None:
+    """A row's own consistency: times and bytes >= 0, seq_len inside its seq_group's interval."""
+    where = f"row (seq_group={r.seq_group}, b={r.micro_batch_size}, p={r.sp_size})"
+    for name in _NONNEG:
+        value = getattr(r, name)
+        if not value >= 0:  # also refuses nan
+            raise TableError(f"{where}: {name} ({value!r}) must be >= 0 (a time or a byte count): fix or regenerate "
+                             "the table")
+    low = edges[r.seq_group - 1] if r.seq_group > 0 else 0
+    if not low < r.seq_len <= edges[r.seq_group]:
+        raise TableError(f"{where}: seq_len ({r.seq_len}) is outside its seq_group's interval ({low}, "
+                         f"{edges[r.seq_group]}] of seq_group_edges {list(edges)}: regenerate the table with these "
+                         "edges")
+
+
+def check_table_for_model(table: ProfileTable, *, num_layers: int, model_hash: str | None = None,
+                          model_name: str = "the model") -> None:
+    """Raise TableError unless ``table`` was measured for this model: the same layer count and, where both
+    are known, the same config hash (a table of another width or depth prices every step wrongly)."""
+    if len(table) and table.num_layers != num_layers:
+        raise TableError(f"profile table of {table.meta.model!r} has num_layers ({table.num_layers}), but "
+                         f"{model_name} has {num_layers}: profile this model (mgr.init_profiler() or `dcp profile`) "
+                         "or pass its own table")
+    stored = table.meta.extra.get("model_hash")
+    if model_hash and isinstance(stored, str) and stored != model_hash:
+        raise TableError(f"profile table of {table.meta.model!r} was measured for model config hash {stored!r}, "
+                         f"but {model_name}'s is {model_hash!r} (another width, head count or vocabulary): profile "
+                         "this model (mgr.init_profiler() or `dcp profile`) or pass its own table")
 
 
 def _check_readable(path: str | Path, what: str) -> None:

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dcp.files import write_text
 from dcp.planner.table import ProfileTable, TableError
 
 KEY_FIELD = "cache_key"
@@ -149,6 +150,9 @@ class CacheKey:
 
 def cache_path(cache_dir: str | Path, key: CacheKey) -> Path:
     """``<cache_dir>/<model>-<model_hash[:8]>-w<world_size>-<digest[:12]>.csv``: one file per full key."""
+    if not str(cache_dir).strip():  # Path("") is the current folder: never scatter tables there
+        raise CacheError(f"cache_dir ({str(cache_dir)!r}) is empty: set profiling.cache_dir to a folder, e.g. "
+                         "\".dcp_cache\"")
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", key.model)
     return Path(cache_dir) / f"{safe}-{key.model_hash[:8]}-w{key.world_size}-{key.digest()[:12]}.csv"
 
@@ -290,17 +294,7 @@ def with_key(table: ProfileTable, key: CacheKey) -> ProfileTable:
 
 def _write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600 files; a cache is meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text(path, text)  # temporary file + fsync + os.replace: a reader never sees half a table
 
 
 def store(table: ProfileTable, cache_dir: str | Path, key: CacheKey, *, rank: int = 0) -> Path:

@@ -15,10 +15,12 @@ and memory.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
-from dcp.argtypes import check_output_file, positive_float, positive_int, positive_int_list
+from dcp.argtypes import positive_float, positive_int_list, process_count
+from dcp.files import check_writable_file
 
 MODELS = ("t1d-tiny", "t2d-tiny")
 
@@ -30,7 +32,7 @@ class ProfileCLIError(ValueError):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="t1d-tiny", choices=MODELS, help="reference model to profile")
     parser.add_argument("--config", default=None, help="TOML run config (its [model] fields replace the reference model's)")
-    parser.add_argument("--nproc", type=positive_int, default=1, help="local gloo processes (the world size W)")
+    parser.add_argument("--nproc", type=process_count, default=1, help="local gloo processes (the world size W)")
     parser.add_argument("--mem-capacity-gib", type=positive_float, default=None,
                         help="override planning.mem_capacity_gib")
     parser.add_argument("--edges", type=positive_int_list, default=None,
@@ -84,7 +86,7 @@ def resolve(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
 
 
 def _worker(rank: int, world_size: int, model_name: str, overrides: dict, config: Any, refresh: bool,
-            progress: bool, grow_only: bool, out: str | None = None) -> tuple[str, str, str] | None:
+            progress: bool, grow_only: bool) -> tuple[str, str, str] | None:
     from dcp.models import build_model
     from dcp.profiler import cache
     from dcp.profiler.dual_layer import _rank0_lookup, cache_key_for, profile_table
@@ -110,12 +112,10 @@ def _worker(rank: int, world_size: int, model_name: str, overrides: dict, config
             return (text, "hit", str(cache.cache_path(config.profiling.cache_dir, key))) if rank == 0 else None
         table = cache.with_key(profile_table(model, config, world_size=world_size, rank=rank, registry=registry,
                                              progress=progress), key)
-        if rank == 0 and out:
-            table.save(out)
+        # the cache first (store() falls back to a temporary folder and says so), --out after it (run() writes
+        # it, atomically): a failing --out never costs the profiled table
         where = str(cache.store(table, config.profiling.cache_dir, key, rank=rank))
         return (table.to_csv(), "profiled", where) if rank == 0 else None
-    if rank == 0 and out:
-        table.save(out)
     return (table.to_csv(), status, "not cached") if rank == 0 else None
 
 
@@ -163,13 +163,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         config, overrides = resolve(args)
         if args.out:
-            check_output_file(args.out, "--out")
+            check_writable_file(args.out, flag="--out")  # before profiling: a bad --out costs nothing
     except (ValueError, OSError) as exc:
         return _fail(exc)
     if args.print_config:
         print(config.to_json())
         return 0
-    work = (args.model, overrides, config, args.refresh, not args.quiet, args.grow_only, args.out)
+    work = (args.model, overrides, config, args.refresh, not args.quiet, args.grow_only)
     try:
         if args.nproc == 1:
             out = _worker(0, 1, *work)
@@ -183,6 +183,13 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # a child's CacheError arrives wrapped in DistributedFailure
         if "CacheError" in str(exc):
             return _fail(str(exc).strip().splitlines()[-1].partition(": ")[2])
+        from dcp.distributed.launch import DistributedFailure
+
+        if isinstance(exc, DistributedFailure) and not os.environ.get("DCP_TRACEBACK"):
+            # a rank died, stalled or raised: one line naming it and its phase (the tracebacks on request)
+            print(f"dcp profile: error: {exc.summary()} (set DCP_TRACEBACK=1 for the ranks' tracebacks)",
+                  file=sys.stderr)
+            return 1
         raise
     assert out is not None
     csv_text, status, where = out
@@ -192,8 +199,13 @@ def run(args: argparse.Namespace) -> int:
           f"{table.meta.hardware}")
     print(f"table: {where}")
     if args.out:
-        if status == "hit":
-            table.save(args.out)
+        try:
+            table.save(args.out)  # atomic: the old file stays whole if this fails
+        except OSError as exc:
+            kept = f"the table is kept at {where}" if status != "profiled (grow-only, not cached)" else \
+                "the grow-only table was not cached"
+            return _fail(f"--out ({args.out!r}) could not be written ({exc.strerror or exc}): {kept}; copy it "
+                         "from there or pass a writable --out")
         print(f"wrote {args.out}")
     print("\n".join(summary_lines(table, config, args.nproc)))
     return 0

@@ -37,6 +37,7 @@ from dcp.profiler.clock import resolve_clock
 from dcp.profiler.measure import MeasureSettings, measure_candidate
 from dcp.profiler.memory import state_bytes
 from dcp.profiler.search import BatchSearch, assign_round_robin, pending_groups, row_fits, sp_sizes_to_try
+from dcp.runtime.phases import PhaseBoard
 
 # fault(seq_group, micro_batch_size, sp_size) -> None; may raise an out-of-memory error (tests)
 FaultFn = Callable[[int, int, int], None]
@@ -110,6 +111,7 @@ def _profile_block(
     config: DCPConfig,
     fault: FaultFn | None,
     bar: Any,
+    board: Any = None,
 ) -> list[ProfileRow]:
     """The adaptive search of one block over its seq_groups (ascending); same decisions on every rank
     of the block because every decision uses group-agreed measurements."""
@@ -125,7 +127,8 @@ def _profile_block(
         )
         while (b := search.next_b()) is not None:
             hook = (lambda g=g, b=b: fault(g, b, p)) if fault is not None else None
-            m = measure_candidate(adapter, ctx, b, s, settings, fault=hook)
+            with _phase(board, f"profiling seq_group {g} (s={s}) b={b} p={p}"):
+                m = measure_candidate(adapter, ctx, b, s, settings, fault=hook)
             row = _row(g, s, b, p, L, m)
             search.record(row)
             rows.append(row)
@@ -137,6 +140,11 @@ def _profile_block(
             # Memory grows with length: the longer seq_groups of this block cannot fit at this p either.
             break
     return rows
+
+
+def _phase(board: Any, phase: str) -> Any:
+    """The board's collective phase (a rank that dies or stalls inside it is named), or nothing at W = 1."""
+    return board.collective(phase, comm_only=True) if board is not None else contextlib.nullcontext()
 
 
 def _gather(rows: list[ProfileRow], world_size: int) -> list[ProfileRow]:
@@ -228,9 +236,14 @@ def profile_table(
     # Measured in the run's precision (bf16: autocast over the fp32 module, as the ddp engine runs it; no cast
     # cache across passes, so every layer forward pays and keeps its weight casts as in training).
     amp = contextlib.ExitStack()
+    # every rank's phase on the rendezvous store, and a heartbeat: the ranks of an SP group meet in every
+    # all-to-all, so a rank killed inside one is told from its peers by its stopped heartbeat (dcp.runtime.phases)
+    board = PhaseBoard.for_default_group() if world_size > 1 else None
     try:
         rng.__enter__()
         amp.enter_context(autocast(precision, device, cache=False))
+        if board is not None:
+            amp.enter_context(board.heartbeat())
         for p in sizes:
             blocks = [first for first, q in registry.blocks if q == p]
             pending = pending_groups(len(edges), rows, p, config.planning.mem_capacity_bytes, grow_only=grow_only)
@@ -242,10 +255,11 @@ def profile_table(
                         group=registry.get(first, p), sp_size=p, sp_rank=rank - first,
                         recompute_layers=adapter.num_layers, attention=config.runtime.attention,
                     )
-                    found = _profile_block(adapter, ctx, share[k], edges, settings, config, fault, bar)
+                    found = _profile_block(adapter, ctx, share[k], edges, settings, config, fault, bar, board)
                     # one copy per block: its first rank reports, the others hold the same rows
                     mine = found if rank == first else []
-            rows.extend(_gather(mine, world_size))
+            with _phase(board, f"gathering the profile rows of SP size {p}"):
+                rows.extend(_gather(mine, world_size))
             searched += len(edges)  # pending ones were searched (or skipped: longer than what fits), the rest fit at a smaller p
             if bar is not None:
                 bar.update(searched - bar.n)
@@ -258,8 +272,9 @@ def profile_table(
     # once-per-step costs (gradient all-reduce, optimizer update) on the same ranks, for the simulator
     from dcp.profiler.update import measure_step_update
 
-    update = measure_step_update(adapter.module, world_size=world_size, optimizer=optimizer,
-                                 engine=config.runtime.engine, iters=max(3, prof.measure_iters))
+    with _phase(board, "profiling the step update (gradient all-reduce, optimizer)"):
+        update = measure_step_update(adapter.module, world_size=world_size, optimizer=optimizer,
+                                     engine=config.runtime.engine, iters=max(3, prof.measure_iters))
     wall_s = time.perf_counter() - t0
     # The host's 1-minute load average at the end of profiling: on a shared CPU host the rows scale with
     # it, so a table taken under other load than the runs it prices mispredicts them (docs/simulator.md).

@@ -128,6 +128,11 @@ class SyntheticTokenDataset:
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def content_digest(self) -> str:
+        """What the tokens are drawn from besides the lengths (the manager's data check compares it across ranks
+        and with a checkpoint's): another seed or vocabulary is other data under the same lengths."""
+        return f"synthetic tokens: seed {self.seed}, vocab {self.vocab_size}"
+
     def __getitem__(self, index: int) -> tuple[int, torch.Tensor]:
         gen = sample_generator(self.seed, self.epoch, index)
         return index, torch.randint(0, self.vocab_size, (self._lengths[index],), generator=gen)
@@ -174,6 +179,10 @@ class SyntheticVideoDataset:
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+
+    def content_digest(self) -> str:
+        """What the latents are drawn from besides the shapes (see SyntheticTokenDataset.content_digest)."""
+        return f"synthetic video: seed {self.seed}, channels {self.channels}"
 
     def __getitem__(self, index: int) -> tuple[int, torch.Tensor, torch.Tensor]:
         t, s = self.shapes[index]

@@ -113,8 +113,8 @@ def check_agreement(table: torch.Tensor, where: str, first_step: str = "") -> No
         listing = ", ".join(f"rank {r}: {d[:16]}" for r, d in enumerate(data))
         raise DataMismatchError(
             f"{where}: the ranks' datasets differ (ranks {bad} disagree with rank 0 on the digest of "
-            f"dataset.lengths(), target_counts() and sample_shapes(); digests {listing}): every rank must "
-            "hold the same samples in the same order (same files, filters and seed; dcp plans over the whole "
+            f"dataset.lengths(), target_counts(), sample_shapes() and content_digest(); digests {listing}): every "
+            "rank must hold the same samples in the same order (same files, filters and seed; dcp plans over the whole "
             "dataset on every rank, do not shard it yourself)"
         )
     digests = [bytes(r[:4].numpy().tobytes()).hex() for r in table]

@@ -3,14 +3,16 @@
 For each step plan of the epoch the loop closes the previous step (exchanging its stats when it is a
 logged step), opens the new one (``OpenStep``: this rank's group, N_step), and yields this rank's
 micro-batches collated on the run's device; a rank without micro-batches in a step joins the step's
-gradient sync from here (``engine.idle_step``). The position (epoch, steps of it done, optimizer steps)
-is what a checkpoint saves.
+gradient sync from here (``engine.idle_step``). Each finished step marks its samples trained in the epoch's
+``EpochPosition`` (dcp.runtime.position), which is what a checkpoint saves, with the optimizer steps. While an
+epoch runs the rank's heartbeat beats (dcp.runtime.phases), so a rank killed in a collective is named.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -22,6 +24,7 @@ from dcp.planner.plan import StepPlan
 from dcp.runtime.exchange import AgreementExchange, PlanMismatchError
 from dcp.runtime.log import StepStats
 from dcp.runtime.phases import PhaseBoard
+from dcp.runtime.position import EpochPosition
 from dcp.runtime.prefetch import BatchPrefetcher
 from dcp.runtime.profiling import Measurements
 from dcp.runtime.step import FinishedStep, ManagerError, OpenStep, StepTally
@@ -39,9 +42,8 @@ class StepLoop:
                  timings: Measurements) -> None:
         self.config, self.rank, self.world_size, self.dataset, self.device = config, rank, world_size, dataset, device
         self.target_counts, self.exchange, self.board, self.timings = target_counts, exchange, board, timings
-        self.epoch = 0
-        self.step_in_epoch = 0
-        """Steps of ``epoch`` already done (a resumed run skips them)."""
+        self.position = EpochPosition.start(0, len(target_counts))
+        """Which samples of the current epoch are trained, and the plan segment (dcp.runtime.position)."""
         self.global_step = 0
         """Optimizer steps taken since the manager was created (or since the checkpoint it resumed from)."""
         self.step: OpenStep | None = None
@@ -53,18 +55,48 @@ class StepLoop:
         self.lr: Any = None
         """runtime.lr_scaling: scales the LR of each step by its tokens as it opens (dcp.runtime.lr), or None."""
 
+    @property
+    def epoch(self) -> int:
+        return self.position.epoch
+
+    @property
+    def step_in_epoch(self) -> int:
+        """Finished steps of the current plan segment (of the epoch, unless a resume re-planned its rest)."""
+        return self.position.steps
+
     def phase(self, what: str) -> str:
         plan = self.step.plan if self.step is not None else None
         return f"{what} of epoch {self.epoch} step {plan.step}" if plan is not None else f"{what} of epoch {self.epoch}"
 
     def run_epoch(self, plans: Iterator[StepPlan], engine: Any, max_steps: int | None) -> Iterator[Any]:
-        """This rank's micro-batches of the epoch's remaining steps (from ``step_in_epoch``).
+        """This rank's micro-batches of ``plans``, the epoch's steps not yet done (EpochPosition.resume).
 
         Plans are pulled one at a time: the first is checked across ranks before it runs, and the next
         one only when this rank's last micro-batch of a step is yielded (its first micro-batch is then
         collated on the prefetch thread while that one trains)."""
-        epoch, skip, done = self.epoch, self.step_in_epoch, 0
-        todo = (p for p in plans if p.step >= skip)  # replaying the deterministic planner: skip consumed steps
+        self._check_not_left_mid_step()
+        with self.board.heartbeat() if self.board is not None else nullcontext():
+            yield from self._run(iter(plans), engine, max_steps)
+
+    def _check_not_left_mid_step(self) -> None:
+        """A get_data_iter() left inside a step whose forward ran (a break) cannot be restarted: that step's
+        gradients are partly accumulated, and the new iterator would run the step again from its start."""
+        step = self.step
+        if step is None or not step.open:
+            return
+        if step.forwards == 0:
+            self.step = None  # left before any forward of the step: nothing was accumulated, start it again
+            return
+        n = len(step.group.micro_batches)
+        raise ManagerError(
+            f"get_data_iter() was called again after the previous one was left inside epoch {self.epoch} step "
+            f"{step.plan.step} (after micro-batch {step.mb_index + 1}/{n}, before the step's engine.step()): that "
+            "step's gradients are partly accumulated and it would run again from its first micro-batch; leave the "
+            "loop at a step boundary (get_data_iter(max_steps=N)), or build a new manager and restore the model "
+            "and optimizer from a checkpoint")
+
+    def _run(self, todo: Iterator[StepPlan], engine: Any, max_steps: int | None) -> Iterator[Any]:
+        epoch, done = self.epoch, 0
         mode = self.config.runtime.prefetch
         fetch = BatchPrefetcher(self.dataset, self.device,
                                 enabled=mode == "on" or (mode == "auto" and self.device.type == "cuda"))
@@ -96,7 +128,7 @@ class StepLoop:
                             ahead = upcoming.group_of(self.rank).micro_batches
                             if ahead:
                                 fetch.ahead(ahead[0].sample_ids)
-                    step.mb_index, step.pending, step.applied = i, mb, False
+                    step.start_micro_batch(i, mb)
                     if self.board is not None:
                         self.board.enter(self.phase(f"micro-batch {i + 1}/{len(mbs)}"))
                     yield batch
@@ -110,7 +142,7 @@ class StepLoop:
             self.prefetched += fetch.prefetched
             fetch.close()
         self.begin_step(None)  # flush the last step's stats; all ranks must end the epoch together
-        self.epoch, self.step_in_epoch = epoch + 1, 0
+        self.position = EpochPosition.start(epoch + 1, self.position.num_samples)
 
     def begin_step(self, plan: StepPlan | None, *, pause_step: int | None = None,
                    first: bool = False) -> OpenStep | None:
@@ -151,10 +183,20 @@ class StepLoop:
         if done is not None:
             self.step_stats.append(self.exchange.step_stats(done, table, self.target_counts))
 
+    def forward_done(self, loss: torch.Tensor, count: Any, *, idle: StepTally) -> None:
+        """A forward ran on the pending micro-batch: counted into the step (one with gradients per micro-batch;
+        a no-grad forward, e.g. for logging, is not counted); outside any step into ``idle``."""
+        step = self.step
+        if step is None:
+            idle.add(loss, count)
+        elif torch.is_grad_enabled():
+            step.count_forward(self.phase(f"micro-batch {step.mb_index + 1}/{len(step.group.micro_batches)}"))
+            step.tally.add(loss, count)
+
     def step_done(self, sync: Span | float) -> None:
         """The open step's gradient sync + update ran: close it and count it."""
         step = self.step
         step.tally.syncs.append(sync if isinstance(sync, Span) else Span(seconds=float(sync)))
         step.open = False
-        self.step_in_epoch = step.plan.step + 1
+        self.position.record(step.plan.sample_id_array, step.plan.step)  # every sample once per epoch
         self.global_step += 1

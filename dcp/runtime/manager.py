@@ -40,6 +40,7 @@ from dcp.distributed.device import Span, Stopwatch, module_device, resolve_preci
 from dcp.planner.plan import StepPlan
 from dcp.runtime import checkpoint as ckpt
 from dcp.runtime.context import SPContext
+from dcp.runtime.contracts import check_forward_output
 from dcp.runtime.data import check_dataset, target_counts
 from dcp.runtime.engines import Engine
 from dcp.runtime.exchange import (
@@ -52,6 +53,7 @@ from dcp.runtime.log import StepStats, get_logger
 from dcp.runtime.loop import StepLoop
 from dcp.runtime.lr import step_lr
 from dcp.runtime.phases import PhaseBoard
+from dcp.runtime.position import remapped
 from dcp.runtime.profiling import Measurements, ProfileSource, TableLoader
 from dcp.runtime.recompute import run_layer, wrap_layers
 from dcp.runtime.registry import SPGroupRegistry
@@ -113,8 +115,8 @@ class DCPManager:
         self.registry = registry or SPGroupRegistry.for_config(
             config, self.world_size, [p for p in config.planning.sp_sizes if p <= self.world_size]
         )
-        data_words = digest_words(
-            f"{self.lengths!r}|{self.target_counts!r}|{[tuple(x) for x in self.shapes] if self.shapes else None!r}")
+        self._data = ckpt.data_digest(dataset, self.lengths, self.target_counts, self.shapes)  # ranks and resumes check it
+        data_words = digest_words(self._data)
         self._exchange = AgreementExchange(config.runtime, rank=self.rank, world_size=self.world_size,
                                            data_words=data_words, board=self._board, log=self.log)
         self._tables = TableLoader(profiler, config, self.world_size, self.rank, self.log)
@@ -210,23 +212,24 @@ class DCPManager:
                 self._timings.add((mb.seq_group, mb.size, step.group.sp_size, step.group.recompute_layers), span)
 
     # ----- data (paper step 2) -------------------------------------------------------------------
-    def epoch_plans(self, epoch: int) -> Iterator[StepPlan]:
-        """The StepPlans of ``epoch`` (deterministic: the same on every rank and on every replay)."""
+    def epoch_plans(self, epoch: int, ids: Any = None) -> Iterator[StepPlan]:
+        """The StepPlans of ``epoch`` over sample ids ``ids`` (None: all; deterministic: the same on every rank
+        and on every replay); a custom plan source takes no ids (it cannot re-plan a resumed epoch's rest)."""
         if self._plans is not None:
-            return iter(self._plans(epoch))
+            return iter(self._plans(epoch)) if ids is None or len(ids) == len(self.lengths) else _no_replan(epoch)
         if self.table is None:
             self.init_profiler()
         from dcp.planner.ahead import planned_ahead
 
         # planned a few steps ahead on a background thread, or in a child process that the thread reads
-        # (same plans, same order: dcp.planner.ahead)
-        kwargs = dict(lengths=self.lengths, table=self.table, config=self.config, world_size=self.world_size,
-                      epoch=epoch, shapes=self.shapes)
-        return planned_ahead(kwargs, self.config.planning.plan_ahead)
+        # (same plans, same order: dcp.planner.ahead); a resumed epoch's rest is planned as a smaller dataset
+        ids = np.arange(len(self.lengths)) if ids is None else ids
+        kwargs = dict(lengths=[self.lengths[i] for i in ids], table=self.table, config=self.config, epoch=epoch,
+                      world_size=self.world_size, shapes=[self.shapes[i] for i in ids] if self.shapes else None)
+        return remapped(planned_ahead(kwargs, self.config.planning.plan_ahead), ids)
 
     def get_data_iter(self, max_steps: int | None = None) -> Iterator[Any]:
-        """This rank's micro-batches (Batch objects) of the current epoch, resuming mid-epoch if restored.
-
+        """This rank's micro-batches (Batch objects) of the current epoch's untrained samples (see state_dict).
         Every rank of an SP group yields the same full micro-batches; a rank idle in a step yields nothing
         for it but joins the step's gradient sync here. The epoch counter advances when it is exhausted.
         ``max_steps`` stops after that many steps (all ranks at the same step boundary: the safe point to
@@ -236,8 +239,11 @@ class DCPManager:
         epoch = self.epoch
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
+        if self.table is None and self._plans is None:
+            self.init_profiler()
+        plans = ckpt.resume(self._loop.position, self._data, self.table, self.config, self.world_size,
+                            lambda ids: self.epoch_plans(epoch, ids), self.log if self.rank == 0 else None)
         finished = False
-        plans = self.epoch_plans(epoch)
         try:
             yield from self._loop.run_epoch(plans, self.engine, max_steps)
             finished = True
@@ -321,19 +327,15 @@ class DCPManager:
         return float(loss.detach())
 
     # ----- checkpointing (dcp.runtime.checkpoint) --------------------------------------------------
-    def _fingerprint(self) -> str:
-        return ckpt.fingerprint(self.config, self.lengths, self.world_size, self.shapes)
-
     def state_dict(self) -> dict[str, Any]:
-        """Position in the data (epoch, finished steps of it) plus a fingerprint of config and lengths.
-        Model, optimizer and scheduler states are saved by the caller (or the DeepSpeed engine)."""
-        position = ckpt.Position(epoch=self.epoch, step_in_epoch=self.step_in_epoch, global_step=self.global_step)
-        return ckpt.state_dict(position, self._fingerprint())
+        """Position in the data: the epoch and which of its samples are trained (dcp.runtime.checkpoint), valid
+        under another table or world size. Model, optimizer and scheduler states are the caller's to save."""
+        return ckpt.state_dict(self._loop.position, self.global_step, self._data)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        position = ckpt.load_state_dict(state, self._fingerprint())
-        loop = self._loop
-        loop.epoch, loop.step_in_epoch, loop.global_step = position.epoch, position.step_in_epoch, position.global_step
+        legacy = ckpt.legacy_fingerprint(self.config, self.lengths, self.world_size, self.shapes)
+        self._loop.position, self._loop.global_step = ckpt.load_state_dict(
+            state, data=self._data, num_samples=len(self.lengths), legacy_fp=legacy)
 
     # ----- EngineHooks: what the engines call (dcp.runtime.hooks) ----------------------------------
     def before_forward(self, batch: Any) -> SPContext:
@@ -345,8 +347,8 @@ class DCPManager:
         return self._ctx
 
     def after_forward(self, out: Any) -> torch.Tensor:
-        loss, count = (out[0], out[1]) if isinstance(out, tuple | list) else (out, None)
-        (self._step.tally if self._step is not None else self._idle_tally).add(loss, count)
+        loss, count = check_forward_output(out)  # (loss_sum, token_count), or a one-line refusal with the fix
+        self._loop.forward_done(loss, count, idle=self._idle_tally)
         return loss
 
     def loss_weight(self) -> float:
@@ -386,6 +388,13 @@ def _forward_problem(model: Any) -> ManagerError | None:
         "this rank's chunk of the batch (a transformers causal LM needs none: DCP prepares it through "
         "dcp.integrations.hf)"
     )
+
+
+def _no_replan(epoch: int) -> Iterator[StepPlan]:
+    raise ManagerError(f"epoch {epoch}: the checkpoint's position needs the epoch's untrained samples planned again "
+                       "(another world size, or a custom plan source), which a custom plans= source cannot do: "
+                       "resume with the world size the checkpoint was saved at, or without plans=")
+    yield  # a generator: raises when the loop asks for its first plan
 
 
 __all__ = ["DCPManager", "DataMismatchError", "ManagerError", "PlanMismatchError"]

@@ -8,11 +8,18 @@ re-raised as :class:`CollectiveError` naming every rank that is not in the same 
 reported and how long ago: the rank that stalled (or died) and where.
 
 One ``store.set`` per phase change (a few per micro-batch at most): a small TCP message, no device sync.
+
+A rank killed (or stopped) inside a collective leaves the same phase as its peers on the board; so a board can
+also beat: :meth:`PhaseBoard.heartbeat` counts up a per-rank key every ``period_s`` from a daemon thread while
+the work runs (the profiler's search, whose ranks share every all-to-all). On a failure the survivors read the
+counters twice, ``3 * period_s`` apart: a rank whose counter stood still is named as dead or stopped, with its
+last phase. Counters, not clocks, so the hosts' clocks need not agree.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,6 +41,8 @@ class PhaseBoard:
         self.phase = "start"
         self.note = ""
         """Appended to every phase from now on (e.g. that this rank left get_data_iter() early)."""
+        self.beat_period_s = 0.0
+        """Period of this rank's heartbeat while :meth:`heartbeat` runs (0: no heartbeat)."""
 
     @classmethod
     def for_default_group(cls, *, job: str = "") -> PhaseBoard | None:
@@ -56,6 +65,54 @@ class PhaseBoard:
             self.store.set(f"{self.prefix}{self.rank}", json.dumps({"phase": self.phase, "t": time.time()}))
         except Exception:  # noqa: BLE001 - the board only helps diagnose; it must never fail a step
             pass
+
+    @contextmanager
+    def heartbeat(self, period_s: float | None = None) -> Iterator[None]:
+        """Count this rank's heartbeat key up every ``period_s`` (a daemon thread) while the block runs. Default:
+        1 s, and 1 s per 1000 ranks beyond that, so the store serves at most ~1000 beats per second."""
+        period_s = period_s or max(1.0, self.world_size / 1000)
+        stop = threading.Event()
+        key = f"{self.prefix}beat/{self.rank}"
+
+        def beat() -> None:
+            while not stop.is_set():
+                try:
+                    self.store.add(key, 1)
+                except Exception:  # noqa: BLE001 - a gone store: the failure is reported by the collective
+                    pass
+                stop.wait(period_s)
+
+        thread = threading.Thread(target=beat, name=f"dcp-heartbeat-{self.rank}", daemon=True)
+        self.beat_period_s = period_s
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(timeout=5 * period_s)
+            self.beat_period_s = 0.0
+
+    def silent(self) -> set[int]:
+        """Other ranks whose heartbeat stood still over ``3 * beat_period_s`` (waited here): dead or stopped.
+        Empty without a heartbeat, and for ranks that never beat (they did not run one)."""
+        if not self.beat_period_s:
+            return set()
+
+        def counts() -> dict[int, int]:
+            out = {}
+            for r in range(self.world_size):
+                key = f"{self.prefix}beat/{r}"
+                try:
+                    if r != self.rank and self.store.check([key]):
+                        out[r] = int(self.store.add(key, 0))
+                except Exception:  # noqa: BLE001 - a gone store: nothing is known
+                    pass
+            return out
+
+        before = counts()
+        time.sleep(3 * self.beat_period_s)
+        after = counts()
+        return {r for r, n in before.items() if after.get(r) == n}
 
     def others(self) -> dict[int, tuple[str, float] | None]:
         """Every other rank's last (phase, seconds ago); None for a rank that never reported; ("", -1.0) when
@@ -82,10 +139,11 @@ class PhaseBoard:
         head = (f"rank {self.rank}: {phase} failed after {elapsed_s:.1f} s{limit}: "
                 f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
         try:
+            silent = self.silent()
             others = self.others()
         except Exception:  # noqa: BLE001
-            others = {}
-        elsewhere = {r: v for r, v in others.items() if v is None or v[0] != self.phase}
+            silent, others = set(), {}
+        elsewhere = {r: v for r, v in others.items() if v is None or v[0] != self.phase or r in silent}
         if not others:
             return head + ": the other ranks' phases are unavailable (the rendezvous store is gone): check their logs"
         if not elsewhere:
@@ -93,7 +151,10 @@ class PhaseBoard:
                     "killed inside it): check the ranks' logs")
         lines = []
         for r, v in sorted(elsewhere.items()):
-            if v is None:
+            if r in silent and v is not None and v[1] >= 0:
+                lines.append(f"rank {r} is in '{v[0]}' (since {v[1]:.1f} s) and its heartbeat stopped "
+                             f"{3 * self.beat_period_s:g} s ago or more: it died or was stopped there")
+            elif v is None:
                 lines.append(f"rank {r} never reported a phase")
             elif v[1] < 0:
                 lines.append(f"rank {r}'s phase is unknown (the rendezvous store did not answer)")
@@ -106,8 +167,9 @@ class PhaseBoard:
                 "runtime.collective_timeout_s (runtime.plan_check_timeout_s for the plan check)")
 
     @contextmanager
-    def collective(self, phase: str, *, timeout_s: float | None = None) -> Iterator[None]:
-        """Run a collective in ``phase``; a RuntimeError from it becomes a CollectiveError naming the culprit."""
+    def collective(self, phase: str, *, timeout_s: float | None = None, comm_only: bool = False) -> Iterator[None]:
+        """Run a collective in ``phase``; a RuntimeError from it becomes a CollectiveError naming the culprit.
+        ``comm_only``: only errors of the communication backend (a block that also computes keeps its own)."""
         self.enter(phase)
         t0 = time.perf_counter()
         try:
@@ -115,4 +177,19 @@ class PhaseBoard:
         except CollectiveError:
             raise
         except RuntimeError as exc:
+            if comm_only and not is_comm_failure(exc):
+                raise
             raise CollectiveError(self.diagnose(self.phase, exc, time.perf_counter() - t0, timeout_s)) from exc
+
+
+_COMM_WORDS = ("connection closed", "connection reset", "broken pipe", "timed out", "timeout", "gloo", "nccl",
+               "socket", "peer")
+
+
+def is_comm_failure(exc: BaseException) -> bool:
+    """True for an error of the communication backend (torch's DistError family, or gloo / NCCL / socket
+    wording), False for a computation's own error (a shape mismatch, an out-of-memory)."""
+    import torch.distributed as dist
+
+    family = tuple(c for c in (getattr(dist, "DistError", None),) if c is not None)
+    return (bool(family) and isinstance(exc, family)) or any(w in str(exc).lower() for w in _COMM_WORDS)

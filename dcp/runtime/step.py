@@ -77,6 +77,24 @@ class OpenStep:
     """False once the step's gradient sync ran (engine.step at the boundary, or the idle rank's)."""
     loss_weight: float = 0.0
     """The weight engine.backward applies to the pending micro-batch's loss_sum."""
+    forwards: int = 0
+    """Forwards with gradients this rank ran in the step so far."""
+    mb_forwards: int = 0
+    """Forwards with gradients of the pending micro-batch (one is the contract)."""
+
+    def start_micro_batch(self, index: int, mb: MicroBatch) -> None:
+        self.mb_index, self.pending, self.applied, self.mb_forwards = index, mb, False, 0
+
+    def count_forward(self, where: str) -> None:
+        """A forward with gradients ran on the pending micro-batch; a second one raises (its loss and tokens
+        would count twice in the step, and its backward twice in the gradients)."""
+        self.forwards += 1
+        self.mb_forwards += 1
+        if self.mb_forwards > 1:
+            raise ManagerError(
+                f"{where} ran its forward twice with gradients: DCP counts every forward's loss_sum and tokens "
+                "into the step (and its backward into the gradients); run one forward and one backward per "
+                "micro-batch (an extra forward for logging belongs under torch.no_grad(), which is not counted)")
 
     def in_last_micro_batch(self) -> bool:
         """True from the forward to the step() of this rank's last micro-batch of the step: its backward

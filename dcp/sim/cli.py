@@ -17,7 +17,7 @@ import json
 import statistics
 import sys
 
-from dcp.argtypes import nonneg_int, positive_int
+from dcp.argtypes import nonneg_int, positive_int, sample_count, world_size
 from dcp.config import METHODS, PEER_METHODS
 from dcp.named_models import PAPER_MODELS
 
@@ -33,14 +33,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--lengths", metavar="FILE", help="CSV with a 'tokens' column (or 'frames' and 'spatial_tokens')")
     src.add_argument("--dataset", metavar="NAME", help="a distribution of datasets/ (e.g. t1d-short, t2d-zipf)")
     parser.add_argument("--scale", default="paper", choices=("paper", "cpu"), help="--dataset length scale")
-    parser.add_argument("--num-samples", type=positive_int, default=DEFAULT_NUM_SAMPLES, help="--dataset samples to draw")
+    parser.add_argument("--num-samples", type=sample_count, default=DEFAULT_NUM_SAMPLES, help="--dataset samples to draw")
     parser.add_argument("--seed", type=nonneg_int, default=0, help="--dataset seed and the planner's shuffle seed")
     parser.add_argument("--model", default="t1d-5b", choices=PAPER_MODELS,
                         help="paper model shape (with --config: only its attention layout, 1d or 2d, is used)")
     parser.add_argument("--hardware", default="h200", choices=("h100", "h200", "cpu"), help="simulated device")
     parser.add_argument("--config", metavar="TOML", help="a DCPConfig file: its model and planning sections replace "
                         "the paper model's (method and look-ahead still come from the flags)")
-    parser.add_argument("--gpus", type=positive_int, default=32, help="simulated GPUs (world size)")
+    parser.add_argument("--gpus", type=world_size, default=32, help="simulated GPUs (world size)")
     parser.add_argument("--method", default="dcp-intra", choices=(*METHODS, *PEER_METHODS, "all"),
                         help="planning method (all: every method but the peers)")
     parser.add_argument("--tokens-per-step", type=nonneg_int, default=0,

@@ -10,8 +10,11 @@ import time
 
 import torch
 
-TIMEOUT_S = 3.0
-STALL_S = 300.0
+TIMEOUT_S = 5.0
+"""runtime.collective_timeout_s of the job: the survivor's gradient sync gives up after it."""
+STALL_S = 900.0
+"""How long the stalled rank sleeps: far beyond any bound the tests assert, so a pass proves no rank waited
+for it."""
 
 
 def stall_job(rank: int, world: int, mode: str) -> None:
@@ -22,12 +25,13 @@ def stall_job(rank: int, world: int, mode: str) -> None:
 
     model, data = build("t1d")
     config = config_for(model)
+    # the plan check at the epoch's start waits for ranks that a loaded host started late: a generous timeout
     config = config.replace(runtime=dataclasses.replace(config.runtime, collective_timeout_s=TIMEOUT_S,
-                                                        plan_check_timeout_s=TIMEOUT_S))
+                                                        plan_check_timeout_s=120.0))
     plans = [step(0, 2, group(data, 0, 1, 0, [2 * k]), group(data, 1, 1, 0, [2 * k + 1]), number=k) for k in range(2)]
 
     def forward(m, batch, ctx):
-        if rank == 1 and batch.sample_ids == (3,):  # rank 1's micro-batch of step 1
+        if rank == 1 and batch.sample_ids == (3,) and mode != "exit-in-sync":  # rank 1's micro-batch of step 1
             if mode == "exit":
                 os._exit(3)
             time.sleep(STALL_S)
@@ -35,6 +39,18 @@ def stall_job(rank: int, world: int, mode: str) -> None:
 
     mgr = set_manager(model, data, config, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                       plans=lambda e: plans, forward_fn=forward)
+    if mode == "exit-in-sync" and rank == 1:
+        # rank 1 dies inside step 1's gradient sync (after the all-reduce the backward started): its last phase
+        # is that sync, and its heartbeat stops
+        sync, calls = mgr.engine._sync_and_update, [0]
+
+        def dying_sync():
+            calls[0] += 1
+            if calls[0] == 2:
+                os._exit(3)
+            sync()
+
+        mgr.engine._sync_and_update = dying_sync
     for batch in mgr.get_data_iter():
         mgr.train_micro_batch(batch)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 
@@ -30,7 +31,6 @@ def _spec(tmp_path, executor: str):
 
 
 @pytest.mark.dist
-@pytest.mark.timeout(120)
 def test_two_step_sweep_end_to_end(tmp_path):
     spec = _spec(tmp_path, "manager")
     outcomes = launch_local(spec, quiet=True)
@@ -66,3 +66,58 @@ def test_two_step_sweep_end_to_end(tmp_path):
         assert tuple(next(csv.reader(f))) == RUN_COLUMNS
     # the profile was cached: a second sweep reuses it (its rows carry the same table source)
     assert list((tmp_path / "cache").glob("t1d-tiny-*-w2-*.csv"))
+
+
+def _rank_processes(parent: int) -> list[int]:
+    """Pids of the spawned rank processes of ``parent`` (multiprocessing's resource tracker excluded)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmd = (stat.parent / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if int(fields[1]) == parent and "spawn_main" in cmd and "resource_tracker" not in cmd:
+            out.append(int(stat.parent.name))
+    return sorted(out)
+
+
+@pytest.mark.dist
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the rank processes through /proc")
+def test_a_sweep_killed_in_its_second_run_keeps_the_first_and_a_rerun_resumes(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    spec_file = tmp_path / "sweep.toml"
+    spec_file.write_text(
+        '[sweep]\nname = "killed"\nworld_sizes = [2]\nmodels = ["t1d-tiny"]\ndatasets = ["balanced"]\n'
+        'methods = ["bucket", "dcp-intra"]\nsteps = 1\nwarmup_steps = 0\nnum_samples = 32\nscale = "cpu"\n'
+        f'out_dir = "{tmp_path / "out"}"\n'
+        f'[config.profiling]\nseq_group_edges = [256, 1024, 2048]\nmax_micro_batch_size = 1\nwarmup_iters = 0\n'
+        f'measure_iters = 1\ncache_dir = "{tmp_path / "cache"}"\n'
+        '[config.planning]\nmem_capacity_gib = 0.016\nsp_sizes = [1, 2]\nranks_per_node = 2\n'
+        '[config.runtime]\nattention = "sdpa"\nlog_every = 1000\n')
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    cmd = [sys.executable, "-m", "dcp.cli", "sweep", str(spec_file)]
+    runs_csv = tmp_path / "out" / "runs.csv"
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 240
+    while not runs_csv.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ranks = _rank_processes(proc.pid)
+    assert runs_csv.exists() and len(ranks) == 2, proc.communicate(timeout=60)[0][-3000:]
+    os.kill(ranks[-1], signal.SIGKILL)  # one rank of the second run
+    text = proc.communicate(timeout=240)[0]
+    assert proc.returncode != 0, text[-3000:]
+    assert "a run failed (the finished runs' results are in" in text and "exited with code -9" in text, text[-3000:]
+    first = read_runs(tmp_path / "out")
+    assert [r["method"] for r in first] == ["bucket"]  # the finished first run was kept
+    again = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=240)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    assert "resuming the unfinished sweep session" in again.stdout and "1 of 2 runs are already in" in again.stdout
+    rows = read_runs(tmp_path / "out")
+    assert [r["method"] for r in rows] == ["bucket", "dcp-intra"] and rows[0]["run_id"] == first[0]["run_id"]

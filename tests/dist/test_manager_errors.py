@@ -52,10 +52,10 @@ def test_plan_mismatch_fails_fast_on_every_rank():
         msg, seconds = res["seed"]
         assert "epoch 0 (its step plans)" in msg and "ranks [1]" in msg and "dataset.lengths()" in msg
         assert "rank 0:" in msg and "rank 1:" in msg
-        assert seconds < 10.0
+        assert seconds < 60.0
         assert "from epoch 0 step 0 on" in msg  # the first differing step is named
         msg, seconds = res["count"]
-        assert "rank 0 at the end of epoch 0, rank 1 at the start of epoch 0 step 1" in msg and seconds < 10.0
+        assert "rank 0 at the end of epoch 0, rank 1 at the start of epoch 0 step 1" in msg and seconds < 60.0
     # the same message on every rank; only step 0, the same on both ranks, ran before it
     assert results[0]["count"][0] == results[1]["count"][0]
 
@@ -91,7 +91,7 @@ def test_plans_made_in_child_processes_run_and_are_checked():
     for res in results:
         assert res["same_as_local"]
         msg, seconds = res["seed"]
-        assert "epoch 0 (its step plans)" in msg and "ranks [1]" in msg and seconds < 10.0
+        assert "epoch 0 (its step plans)" in msg and "ranks [1]" in msg and seconds < 60.0
 
 
 def _diverge_on_an_unlogged_step(rank: int, world: int) -> dict:
@@ -109,8 +109,8 @@ def _diverge_on_an_unlogged_step(rank: int, world: int) -> dict:
     # six steps of two SP-1 groups (no collective but the gradient sync); rank 1's plan of step 4 differs
     plans = [step(0, 2, group(data, 0, 1, 0, [2 * k]), group(data, 1, 1, 0, [2 * k + 1]), number=k)
              for k in range(6)]
-    if rank == 1:
-        plans[4] = step(0, 2, group(data, 0, 1, 0, [8]), group(data, 1, 1, 0, [1]), number=4)
+    if rank == 1:  # another sample (13, not yet trained: a sample trained twice would be refused at once)
+        plans[4] = step(0, 2, group(data, 0, 1, 0, [8]), group(data, 1, 1, 0, [13]), number=4)
     cfg = config_for(model)
     cfg = cfg.replace(runtime=dataclasses.replace(cfg.runtime, log_every=3))
     mgr = set_manager(model, data, cfg, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),

@@ -57,7 +57,7 @@ def _w2(rank: int, world: int, cache_dir: str) -> dict:
         profiling=ProfilingConfig(seq_group_edges=(8, 16, 32), max_micro_batch_size=2, cache_dir=cache_dir,
                                   warmup_iters=0, measure_iters=1),
         planning=PlanningConfig(sp_sizes=(1, 2), ranks_per_node=8, mem_capacity_gib=1.0, gmax=2),
-        runtime=RuntimeConfig(plan_check_timeout_s=20.0),
+        runtime=RuntimeConfig(plan_check_timeout_s=120.0),
     )
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     mgr = set_manager(model, data, cfg, optimizer=opt)

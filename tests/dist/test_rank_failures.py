@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _failed_after(text: str) -> float:
-    m = re.search(r"gradient sync of epoch 0 step 1 failed after ([0-9.]+) s \(timeout 3 s\)", text)
+    m = re.search(r"gradient sync of epoch 0 step 1 failed after ([0-9.]+) s \(timeout 5 s\)", text)
     assert m, text
     return float(m.group(1))
 
@@ -34,10 +34,10 @@ def test_a_stalled_rank_is_named_within_the_timeout():
     with pytest.raises(DistributedFailure) as info:
         run_distributed(stall_job, 2, "sleep", timeout_s=STALL_S)
     text = str(info.value)
-    assert time.monotonic() - t0 < STALL_S / 3  # it did not wait for the stalled rank
+    assert time.monotonic() - t0 < STALL_S / 4  # it did not wait for the stalled rank (loaded-host margin)
     assert "CollectiveError" in text and "rank 0: gradient sync of epoch 0 step 1" in text
     assert "rank 1 is in 'micro-batch 1/1 of epoch 0 step 1'" in text and "stalled or died" in text
-    assert _failed_after(text) < TIMEOUT_S + 5.0
+    assert _failed_after(text) < TIMEOUT_S + 60.0  # by its timeout, not the stall's end (60 s: a loaded host)
 
 
 def test_a_dead_rank_is_named():
@@ -46,7 +46,18 @@ def test_a_dead_rank_is_named():
     text = str(info.value)
     assert "rank 1 is in 'micro-batch 1/1 of epoch 0 step 1'" in text
     assert "rank 1 exited with code 3 without reporting" in text
-    assert _failed_after(text) < TIMEOUT_S + 5.0
+    assert _failed_after(text) < TIMEOUT_S + 60.0  # by its timeout, not the stall's end (60 s: a loaded host)
+
+
+def test_a_rank_killed_in_the_gradient_sync_is_named_with_its_phase_and_stopped_heartbeat():
+    with pytest.raises(DistributedFailure) as info:
+        run_distributed(stall_job, 2, "exit-in-sync", timeout_s=240)
+    last = str(info.value).strip().splitlines()[-1]
+    # rank 0 fails in its next collective (the gradients were already reduced inside the backward, so which
+    # one depends on the engine's overlap); the line names rank 1, where it was, and that it is gone
+    assert last.startswith("dcp.runtime.phases.CollectiveError: rank 0: "), str(info.value)[-3000:]
+    assert "rank 1 is in 'gradient sync of epoch 0 step 1'" in last and "heartbeat stopped" in last
+    assert "it died or was stopped there" in last and "rank 1 exited with code 3" in str(info.value)
 
 
 def test_a_stalled_rank_is_named_under_torchrun():
@@ -55,21 +66,23 @@ def test_a_stalled_rank_is_named_under_torchrun():
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
            str(free_port()), str(ROOT / "tests/dist/_stall_job.py"), "sleep"]
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=STALL_S / 2)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
     text = proc.stdout + proc.stderr
-    assert proc.returncode != 0 and time.monotonic() - t0 < STALL_S / 3, text[-3000:]
+    assert proc.returncode != 0 and time.monotonic() - t0 < STALL_S / 4, text[-3000:]
     assert "rank 1 is in 'micro-batch 1/1 of epoch 0 step 1'" in text, text[-3000:]
-    assert _failed_after(text) < TIMEOUT_S + 5.0
+    assert _failed_after(text) < TIMEOUT_S + 60.0  # by its timeout, not the stall's end (60 s: a loaded host)
 
 
 def _data_differ(rank: int, world: int) -> dict[str, str]:
     out = {}
     for weighting in ("tokens", "samples"):
         model, data, config, table = planner_setup(world)
-        if rank == 1:  # same sample count, one length one token longer (in the same seq_group)
+        if rank == 1 and weighting == "tokens":  # same sample count, one length one token longer (same seq_group)
             lengths = data.lengths()
             lengths[lengths.index(309)] = 310
             data = type(data)(lengths, vocab_size=model.config.vocab_size, seed=3)
+        elif rank == 1:  # the same lengths, other tokens (the dataset's content_digest tells them apart)
+            data = type(data)(data.lengths(), vocab_size=model.config.vocab_size, seed=4)
         config = config.replace(runtime=dataclasses.replace(config.runtime, loss_weighting=weighting))
         mgr = set_manager(model, data, config, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), table=table)
         steps = 0
@@ -116,3 +129,31 @@ def test_a_rank_leaving_the_loop_early_gets_the_same_accurate_message_on_every_r
     assert msgs[0] == msgs[1]
     assert "rank 0 at the start of epoch 0 step 1" in msgs[0] and "rank 1 at the plan check of epoch 0" in msgs[0]
     assert "left get_data_iter() early" in msgs[0] and "target_counts" not in msgs[0]
+
+
+def _killed_mid_profile(rank: int, world: int, cache_dir: str) -> None:
+    from dcp.models import build_model
+    from dcp.profiler import profile_table
+    from dcp.runtime.registry import SPGroupRegistry
+    from tests.dist.test_profiler_dist import _config
+
+    def fault(seq_group: int, micro_batch_size: int, sp_size: int) -> None:
+        # rank 1 dies inside a candidate it measures together with rank 0 (they share every all-to-all, so
+        # both last reported the same phase: only its stopped heartbeat tells it from the survivor)
+        if rank == 1 and (seq_group, micro_batch_size, sp_size) == (0, 1, 2):
+            os._exit(3)
+
+    profile_table(build_model("t1d-tiny"), _config(cache_dir), world, SPGroupRegistry(world, 2, (1, 2)),
+                  rank=rank, progress=False, fault=fault)
+
+
+def test_a_rank_killed_mid_profile_is_named_with_its_phase(tmp_path):
+    with pytest.raises(DistributedFailure) as info:
+        run_distributed(_killed_mid_profile, 2, str(tmp_path), timeout_s=240, pg_timeout_s=120)
+    text = str(info.value)
+    assert "rank 1 exited with code 3 without reporting" in text
+    last = text.strip().splitlines()[-1]
+    assert last.startswith("dcp.runtime.phases.CollectiveError: rank 0: profiling seq_group 0 (s=128) b=1 p=2 "
+                           "failed after"), text[-3000:]
+    assert "rank 1 is in 'profiling seq_group 0 (s=128) b=1 p=2'" in last and "heartbeat stopped" in last
+    assert "it died or was stopped there" in last

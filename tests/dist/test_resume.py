@@ -58,3 +58,66 @@ def _resume(rank: int, world: int) -> dict:
 def test_resume_mid_epoch_same_order_and_parameters():
     out = run_distributed(_resume, 2, timeout_s=240)
     assert out[0]["steps"] >= 3 and out[0]["first"] > 0 and out[0]["rest"] > 0
+
+
+def _steps_seen(mgr, max_steps=None) -> dict[int, list[int]]:
+    """step -> its sample ids, for the steps this rank ran a micro-batch of (an idle rank sees none)."""
+    seen: dict[int, list[int]] = {}
+    for batch in mgr.get_data_iter(max_steps=max_steps):
+        seen[mgr.plan.step] = list(mgr.plan.sample_ids)
+        mgr.train_micro_batch(batch)
+    return seen
+
+
+def _elastic_first(rank: int, world: int) -> dict:
+    """W = 2: train 2 steps, checkpoint; then resume that checkpoint with a re-profiled (other) table."""
+    from tests.unit.test_resume_exactly_once import other_table
+
+    model, data, config, table = planner_setup(world)
+    mgr = set_manager(model, data, config, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), table=table)
+    first = _steps_seen(mgr, max_steps=2)
+    state = mgr.state_dict()
+    model, data, config, table = planner_setup(world)
+    again = set_manager(model, data, config, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                        table=other_table(table))
+    again.load_state_dict(state)
+    rest = _steps_seen(again)
+    return {"first": first, "state": state, "other_table": rest, "epoch": again.epoch}
+
+
+def _elastic_resume(rank: int, world: int, state: dict) -> dict:
+    model, data, config, table = planner_setup(world)
+    mgr = set_manager(model, data, config, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), table=table)
+    mgr.load_state_dict(state)
+    return {"rest": _steps_seen(mgr), "epoch": mgr.epoch}
+
+
+def _merged(per_rank: list[dict[int, list[int]]]) -> list[int]:
+    steps: dict[int, list[int]] = {}
+    for seen in per_rank:
+        steps.update(seen)
+    return [i for _, ids in sorted(steps.items()) for i in ids]
+
+
+def test_a_resume_at_another_table_or_world_size_trains_every_sample_exactly_once():
+    from tests.dist._runtime_cases import PLANNER_LENGTHS
+
+    everything = list(range(len(PLANNER_LENGTHS)))
+    out = run_distributed(_elastic_first, 2, timeout_s=280)
+    first = _merged([o["first"] for o in out])
+    state = out[0]["state"]
+    assert 0 < len(first) == state["samples_done"] < len(everything)
+    for label, rest, epochs in [
+        ("W=2, another table", _merged([o["other_table"] for o in out]), {o["epoch"] for o in out}),
+        ("W=3", *(lambda r: (_merged([x["rest"] for x in r]), {x["epoch"] for x in r}))(
+            run_distributed(_elastic_resume, 3, state, timeout_s=280))),
+    ]:
+        assert epochs == {1}, label
+        assert sorted(first + rest) == everything, label  # each sample exactly once over the two runs
+    # W = 2 -> 1 (this process), with the memory a single rank needs (another config: re-planned too)
+    from tests.unit.test_resume_exactly_once import manager
+
+    single = manager()
+    single.load_state_dict(state)
+    rest = [i for ids in _steps_seen(single).values() for i in ids]
+    assert sorted(first + rest) == everything and single.epoch == 1

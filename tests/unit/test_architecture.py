@@ -16,6 +16,7 @@ DCP = Path(__file__).resolve().parents[2] / "dcp"
 
 ORDER = (
     "config",
+    "files",  # atomic writes and output folders (stdlib only): the planner's tables, results, the cache use it
     "dcp",  # the root package: its eager imports are config only; its lazy facade (set_manager) is resolved below
     "argtypes",
     "named_models",

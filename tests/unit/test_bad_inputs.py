@@ -379,7 +379,7 @@ def test_profile_with_an_unwritable_cache_folder_keeps_the_table(capsys, tmp_pat
     (["bench", "runtime", "--mb-size", "0"], ["--mb-size (0) must be >= 1"]),
     (["bench", "runtime", "--mb-size", "60", "--ga-steps", "2"], ["--mb-size x --ga-steps (120) must be <= 100"]),
     (["bench", "planner", "--steps", "0"], ["--steps (0) must be >= 1"]),
-    (["bench", "profiler", "--nproc", "0"], ["--nproc (0)"]),
+    (["bench", "profiler", "--nproc", "0"], ["--nproc: '0' must be >= 1"]),
 ])
 def test_bench_count_flags(capsys, argv, needles):
     code, out, err = cli(capsys, *argv)

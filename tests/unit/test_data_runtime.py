@@ -295,7 +295,9 @@ def test_state_dict_round_trip_and_fingerprint():
     fresh.load_state_dict(state)
     assert (fresh.epoch, fresh.step_in_epoch, fresh.global_step) == (1, 0, 1)
     other, _ = _one_rank(lengths=(6, 9, 4, 8))
-    with pytest.raises(ManagerError, match="fingerprint"):
+    from dcp.runtime.position import PositionError
+
+    with pytest.raises(PositionError, match=r"checkpoint was saved on another dataset .* resume with the dataset"):
         other.load_state_dict(state)
 
 

@@ -90,12 +90,21 @@ def test_plot_with_foreign_columns_is_refused(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--reps", "0"], "--reps (0) must be >= 1"),
     (["--samples", "4"], "--samples (4) must be >= 8"),
 ])
 def test_bad_options_get_one_line(tmp_path, capsys, argv, message):
     assert demo.run(_args(tmp_path, *argv)) == 2
     assert message in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--reps", "0"], "argument --reps: '0' must be >= 1"),
+    (["--samples", "100000000000"], "argument --samples: '100000000000' is more than 67,108,864 samples"),
+])
+def test_bad_counts_are_refused_by_the_parser(tmp_path, capsys, argv, message):
+    with pytest.raises(SystemExit):
+        _args(tmp_path, *argv)
+    assert message in capsys.readouterr().err
 
 
 def test_out_that_is_a_file_is_refused(tmp_path, capsys):

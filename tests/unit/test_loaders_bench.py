@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from dcp.bench import loaders as bench
 
 
@@ -28,8 +30,11 @@ def test_bench_rows_and_json(capsys):
 def test_bench_rejects_bad_flags(capsys):
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
-    assert bench.run(parser.parse_args(["--world-size", "0"])) == 2
-    assert "--world-size (0)" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--world-size", "0"])
+    assert "argument --world-size: '0' must be >= 1" in capsys.readouterr().err
+    assert bench.run(parser.parse_args(["--world-size", "9", "--num-samples", "8"])) == 2
+    assert "--world-size (9), --num-samples (8)" in capsys.readouterr().out
 
 
 def test_bench_module_imports_without_torch():

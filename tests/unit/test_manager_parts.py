@@ -81,13 +81,28 @@ def test_open_step_knows_its_last_micro_batch_and_finishes_into_a_value():
 
 
 def test_checkpoint_position_round_trips_and_refuses_another_run():
+    import numpy as np
+
+    from dcp.runtime.position import EpochPosition, PositionError
+
+    position = EpochPosition.start(1, 5)
+    position.record(np.array([0, 3]), 0)
+    data = ckpt.data_digest(None, [5, 6, 7, 8, 9], [4, 5, 6, 7, 8], None)
+    state = ckpt.state_dict(position, 9, data)
+    assert state["samples_done"] == 2 and state["step_in_epoch"] == 1
+    back, global_step = ckpt.load_state_dict(state, data=data, num_samples=5, legacy_fp="")
+    assert global_step == 9 and back.epoch == 1 and back.done.tolist() == [True, False, False, True, False]
+    other = ckpt.data_digest(None, [5, 6, 7, 8, 10], [4, 5, 6, 7, 9], None)
+    with pytest.raises(PositionError, match="checkpoint was saved on another dataset"):
+        ckpt.load_state_dict(state, data=other, num_samples=5, legacy_fp="")
+    # an older dcp's step index is honoured only under its own fingerprint (the same plan)
     cfg = DCPConfig()
-    fp = ckpt.fingerprint(cfg, [5, 6], 2, None)
-    state = ckpt.state_dict(ckpt.Position(epoch=1, step_in_epoch=3, global_step=9), fp)
-    assert ckpt.load_state_dict(state, fp) == ckpt.Position(epoch=1, step_in_epoch=3, global_step=9)
-    other = ckpt.fingerprint(cfg, [5, 6], 4, None)
-    with pytest.raises(ManagerError, match="checkpoint fingerprint .* differs from this run's"):
-        ckpt.load_state_dict(state, other)
+    fp = ckpt.legacy_fingerprint(cfg, [5, 6], 2, None)
+    legacy = {"epoch": 1, "step_in_epoch": 3, "global_step": 9, "fingerprint": fp}
+    back, _ = ckpt.load_state_dict(legacy, data=data, num_samples=2, legacy_fp=fp)
+    assert back.legacy and back.steps == 3
+    with pytest.raises(PositionError, match="checkpoint fingerprint .* differs from this run's"):
+        ckpt.load_state_dict(legacy, data=data, num_samples=2, legacy_fp=ckpt.legacy_fingerprint(cfg, [5, 6], 4, None))
 
 
 class _Stale(ValueError):

@@ -105,3 +105,24 @@ def test_registry_for_config_takes_the_configs_node_size_and_collective_timeout(
     cfg = DCPConfig(planning=PlanningConfig(ranks_per_node=1), runtime=RuntimeConfig(collective_timeout_s=7.0))
     reg = SPGroupRegistry.for_config(cfg, 1, [1])
     assert (reg.world_size, reg.ranks_per_node, reg.sp_sizes, reg.timeout_s) == (1, 1, (1,), 7.0)
+
+
+def test_a_rank_whose_heartbeat_stopped_is_named_even_in_the_same_phase():
+    b0, b1, b2 = boards(3)
+    phase = "profiling seq_group 0 (s=128) b=1 p=2"
+    for b in (b1, b2):
+        b.enter(phase)
+    with b1.heartbeat(period_s=0.05):
+        pass  # rank 1 beat, then stopped (killed): its counter stands still
+    with b0.heartbeat(period_s=0.05), b2.heartbeat(period_s=0.05):
+        msg = fail_in(b0, phase)
+    assert "rank 1 is in 'profiling seq_group 0 (s=128) b=1 p=2'" in msg and "heartbeat stopped" in msg
+    assert "it died or was stopped there" in msg and "rank 2" not in msg  # rank 2 still beats
+    assert b0.beat_period_s == 0.0  # the heartbeat ends with its block
+
+
+def test_is_comm_failure_tells_the_backend_from_the_computation():
+    from dcp.runtime.phases import is_comm_failure
+
+    assert is_comm_failure(RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer"))
+    assert not is_comm_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x8 and 16x8)"))

@@ -113,7 +113,9 @@ def test_many_identical_groups_merge_and_stay_fast():
     caps = [3, 4] * 1000 + [2] * 2000 + [1] * 96
     t0 = time.perf_counter()
     g = solve_ga_steps(times, sps, gmin=1, gmax=4, caps=caps)
-    assert time.perf_counter() - t0 < 0.5
+    # a bound no loaded host misses (it takes ~0.05 s); the unmerged 4096-group search would not finish in it.
+    # Its real speed is `dcp bench planner`'s figure, not a unit test's.
+    assert time.perf_counter() - t0 < 30.0
     assert len(g) == len(times) and all(1 <= gi <= c for gi, c in zip(g, caps, strict=True))
     # Same answer as brute force over the 4 kinds, each weighted by its total ranks.
     kinds = [(1.0, 3, 1000), (1.0, 4, 1000), (0.3, 2, 2000), (2.5, 1, 768)]

@@ -62,3 +62,14 @@ def test_stamp_is_the_hash_of_pyproject(checkout):
 
     out = subprocess.run(["bash", "scripts/setup_stamp.sh"], cwd=checkout, check=True, capture_output=True, text=True)
     assert out.stdout.strip() == hashlib.sha256((checkout / "pyproject.toml").read_bytes()).hexdigest()
+
+
+def test_setup_builds_deepspeeds_cpu_op_so_no_test_builds_it_under_its_time_limit(checkout):
+    # the fake python records what it is asked to run (its stdin for `python -`)
+    py = checkout / ".venv" / "bin" / "python"
+    py.write_text(f'#!/usr/bin/env bash\nif [ "$1" = "-" ]; then cat >> "{checkout}/py.log"; '
+                  f'echo "DS_ACCELERATOR=$DS_ACCELERATOR" >> "{checkout}/py.log"; fi\nexit 0\n')
+    _setup(checkout)
+    log = (checkout / "py.log").read_text()
+    assert 'create_op_builder("ShareMemCommBuilder")' in log and "builder.load(" in log
+    assert "DS_ACCELERATOR=cpu" in log
