@@ -15,6 +15,7 @@ from pathlib import Path
 DCP = Path(__file__).resolve().parents[2] / "dcp"
 
 ORDER = (
+    "validate",  # the config checks' message shape, strict file/TOML reading, field type checks (stdlib only)
     "config",
     "files",  # atomic writes and output folders (stdlib only): the planner's tables, results, the cache use it
     "dcp",  # the root package: its eager imports are config only; its lazy facade (set_manager) is resolved below

@@ -1,0 +1,103 @@
+"""The shape of every configuration check: the ConfigError, the one-line message ``path (value) rule: fix``,
+strict reading of text and TOML files, and the type and range check of a config dataclass's fields.
+
+Below ``dcp.config`` (which holds the sections themselves) so both it and the modules that validate their own
+arguments share one message shape; stdlib only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import tomllib
+from pathlib import Path
+from typing import Any
+
+MAX_TOKENS = 2**40
+"""Largest token count (a sample length or a seq_group bound) dcp accepts anywhere, and the bound of every
+integer setting: far above any real value, small enough that sums and products stay exact in int64."""
+
+class ConfigError(ValueError):
+    """A configuration value breaks a rule; the message says which and how to fix it."""
+
+
+def fail(path: str, value: Any, rule: str, fix: str, *, error: type[ValueError] = ConfigError) -> None:
+    """Raise ``error`` with the project's message shape ``path (value) rule: fix`` (every module's config
+    and argument errors go through here, each with its own ValueError subclass)."""
+    raise error(f"{path} ({value!r}) {rule}: {fix}")
+
+
+def read_text_file(
+    path: str | Path, *, what: str, missing_fix: str = "check the path", error: type[ValueError] = ConfigError
+) -> str:
+    """A UTF-8 text file (a leading BOM is dropped); a missing file, a directory, an unreadable file or
+    non-UTF-8 content raises ``error`` naming the file (and the line of the first bad byte)."""
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise error(f"{what} ({str(p)!r}) does not exist: {missing_fix}") from None
+    except IsADirectoryError:
+        raise error(f"{what} ({str(p)!r}) is a directory: pass the path of a file") from None
+    except OSError as exc:
+        raise error(f"{what} ({str(p)!r}) cannot be read ({exc.strerror or exc}): check the path and its "
+                    "permissions") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise error(f"{what} ({str(p)!r}) line {line} is not UTF-8 text ({exc.reason} at byte {exc.start}): "
+                    "save the file as UTF-8") from None
+    return text.removeprefix("\ufeff")
+
+
+def read_toml(
+    path: str | Path,
+    *,
+    what: str = "config file",
+    missing_fix: str = "pass the path of a TOML file",
+    error: type[ValueError] = ConfigError,
+) -> dict[str, Any]:
+    """Parse a TOML file; a missing or unreadable file or bad syntax raises ``error`` naming the file."""
+    path = Path(path)
+    text = read_text_file(path, what=what, missing_fix=missing_fix, error=error)
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise error(f"{what} ({str(path)!r}) is not valid TOML ({exc}): fix the syntax") from None
+
+
+def check_fields(obj: Any, section: str, *, int_max: dict[str, int] | None = None) -> None:
+    """Type and range of every field of a config dataclass, from its annotations: integers (not bools) in
+    [-MAX_TOKENS, MAX_TOKENS] (or ``int_max[name]``), finite floats, strings, bools, tuples of integers
+    (stored back as plain ints). Called first by every section's __post_init__, for TOML and Python alike."""
+    for f in dataclasses.fields(obj):
+        value, kind, path = getattr(obj, f.name), str(f.type), f"{section}.{f.name}"
+        top = (int_max or {}).get(f.name, MAX_TOKENS)
+        if kind.startswith("tuple[float"):
+            items = tuple(value) if isinstance(value, list | tuple) else None
+            if items is None or not all(isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+                                        for v in items):
+                fail(path, value, "must be a list of finite numbers", "e.g. [0.5, 2.0]")
+            object.__setattr__(obj, f.name, tuple(float(v) for v in items))
+        elif kind.startswith("tuple"):
+            items = tuple(value) if isinstance(value, list | tuple) else None
+            if items is None or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in items):
+                fail(path, value, "must be a list of integers", "e.g. [1, 2, 4]")
+            if any(abs(int(v)) > top for v in items):
+                fail(path, list(items), f"holds a value beyond {top}", "use realistic sizes")
+            object.__setattr__(obj, f.name, tuple(int(v) for v in items))
+        elif kind == "int":
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+                fail(path, value, "must be an integer", f"write {f.name} = <whole number>")
+            if abs(int(value)) > top:
+                fail(path, value, f"is beyond {top}", "use a realistic value")
+            object.__setattr__(obj, f.name, int(value))
+        elif kind == "float":
+            if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value):
+                fail(path, value, "must be a finite number", f"write {f.name} = <number>, not inf or nan")
+        elif kind == "str" and not isinstance(value, str):
+            fail(path, value, "must be a string", f'write {f.name} = "..."')
+        elif kind == "bool" and not isinstance(value, bool):
+            fail(path, value, "must be true or false", f"write {f.name} = true or false")
