@@ -28,6 +28,7 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("bench", "loaders"), "dcp.loaders.bench", "padding waste and token balance of the data loaders"),
     (("bench", "gpu"), "dcp.experiments.gpu_bench", "one-GPU checks: GPU tests, profile vs steps, padding, syncs, sweeps"),
     (("bench", "padded"), "dcp.runtime.bench_padded", "predicted vs measured time of unequal-length micro-batches"),
+    (("bench", "scale"), "dcp.bench.scale", "one rank of a 64-4096 rank job under a fake process group: start-up, groups, collectives, host ms"),
 )
 
 

@@ -1,0 +1,1 @@
+"""Benchmarks that print figures (``dcp bench ...``); each module provides add_arguments(parser) and run(args)."""
