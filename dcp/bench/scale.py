@@ -14,8 +14,9 @@ timed is the runtime around the model. A census (``dcp.bench.census``) counts ev
 Reported per (W, rank): start-up seconds (set_manager, with the registry's new_group time, and the time to
 the first micro-batch, with the first plans), process groups the rank asked torch for, collectives per
 step by kind / group size / bytes (the gradient sync apart from the control plane), the manager's host ms
-per step (wall time of a step minus the model's forward, backward, optimizer step, the device stand-in,
-the exposed planning wait and the census's own work), planning CPU per step (CPU of threads other than the
+per step (CPU time of the training thread in a step minus its CPU time in the model's forward, backward
+and optimizer step and the census's own work; waiting for the GIL, a plan or other processes on a shared
+host is not counted; ``host_wall_ms_per_step`` is the wall-clock version, which counts them), planning CPU per step (CPU of threads other than the
 training thread) and its exposed part (time the training thread waited for a plan), and the steps planned
 before step 0 ran. Steps 1.. are used (step 0 starts inside start-up). ``--json``: the last line is
 ``{"rows": [...]}``.
@@ -90,8 +91,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"# W {row['world_size']} rank {row['rank']} per step: " + "; ".join(
             f"{c['tag'] or 'control'} {c['kind']} x{c['per_step']:g} over {c['group_size']} ranks, {c['bytes']} B"
             for c in row["collectives"]))
-    print("# measured on this host's CPU under the fake process group (no data moves); host_ms excludes the "
-          "model, the device stand-in and the exposed planning wait (plan_exposed_ms)")
+    print("# measured on this host's CPU under the fake process group (no data moves); host_ms: training-thread "
+          "CPU outside the model; wall_ms: wall time outside the model, the device stand-in and the exposed "
+          "planning wait (plan_exp_ms), so it also counts waiting for the GIL and for other processes")
     if args.json:
         print(json.dumps({"rows": rows}))
     return 0
@@ -100,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
 def _line(row: dict[str, Any], header: bool = True) -> str:
     cols = [("W", "world_size", 6), ("rank", "rank", 6), ("startup_s", "startup_s", 10), ("groups", "process_groups", 7),
             ("world_ctl/unlogged", "world_collectives_unlogged_step", 19), ("world_ctl/logged", "world_collectives_logged_step", 17),
-            ("host_ms", "host_ms_per_step", 8), ("collate_ms", "collate_ms_per_step", 11),
+            ("host_ms", "host_ms_per_step", 8), ("wall_ms", "host_wall_ms_per_step", 8), ("collate_ms", "collate_ms_per_step", 11),
             ("plan_cpu_ms", "plan_cpu_ms_per_step", 12), ("plan_exp_ms", "plan_exposed_ms", 12),
             ("planned<0", "planned_before_step0", 10)]
 
@@ -185,6 +187,8 @@ class _Probe:
     def __init__(self) -> None:
         self.mgr: Any = None
         self.model_s: Counter = Counter()
+        self.model_cpu_s: Counter = Counter()
+        """Training-thread CPU seconds inside the model (forward, backward, optimizer step), per tick."""
         self.plan_wait_s: Counter = Counter()
         self.plans_taken = 0
         self.step_start: dict[int, tuple[float, float, float]] = {}
@@ -201,7 +205,7 @@ class _Probe:
     def timed(self, fn: Any, census: Any = None, tag: str = "") -> Any:
         """``fn`` with its wall time filed as model time (and its collectives under ``tag``)."""
         def call(*args: Any, **kwargs: Any) -> Any:
-            tick, t0 = self.tick(), time.perf_counter()
+            tick, t0, c0 = self.tick(), time.perf_counter(), time.thread_time()
             if census is not None:
                 census.tag = tag
             try:
@@ -210,6 +214,7 @@ class _Probe:
                 if census is not None:
                     census.tag = ""
                 self.model_s[tick] += time.perf_counter() - t0
+                self.model_cpu_s[tick] += time.thread_time() - c0
                 self.mark()  # engine.step() / idle_step() end a step: the next one starts here
 
         return call
@@ -245,13 +250,14 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     data.clock = probe.tick
 
     def forward(model: Any, batch: Any, ctx: Any) -> Any:
-        tick, t0 = probe.tick(), time.perf_counter()
+        tick, t0, c0 = probe.tick(), time.perf_counter(), time.thread_time()
         logits = model(batch.inputs[:, :16])
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch.targets[:, :16].flatten(),
                                                  ignore_index=-100, reduction="sum")
         if mb_s:
             time.sleep(mb_s)  # the device's compute: the plan-ahead thread runs meanwhile
         probe.model_s[tick] += time.perf_counter() - t0
+        probe.model_cpu_s[tick] += time.thread_time() - c0
         return loss  # no count: the model sees 16 tokens, not the planned ones (the count check is skipped)
 
     census = Census(dist, clock=probe.tick, agreeing_world=True)
@@ -292,14 +298,18 @@ def _row(spec: dict[str, Any], census: Any, probe: _Probe, data: _TokenDataset, 
     ticks = [t for t in marks if t >= 1 and t + 1 in probe.step_start] or [t for t in marks if t >= 0]
     nxt = {t: probe.step_start.get(t + 1, end) for t in ticks}
     by_tick = census.by_tick()
-    host, plan_cpu, world_unlogged, world_logged = [], [], [], []
+    host, wall, plan_cpu, world_unlogged, world_logged, host_logged, host_unlogged = [], [], [], [], [], [], []
     for t in ticks:
         (w0, p0, th0), (w1, p1, th1) = probe.step_start[t], nxt[t]
-        work = probe.model_s[t] + probe.plan_wait_s[t] + census.own_s.get(t, 0.0)
-        host.append(1e3 * (w1 - w0 - work))
+        own = census.own_s.get(t, 0.0)
+        # the training thread's CPU outside the model: waiting (for the GIL, a plan, other processes on the
+        # host) is not work, so this is what the runtime costs the host per step whatever else runs
+        host.append(1e3 * ((th1 - th0) - probe.model_cpu_s[t] - own))
+        wall.append(1e3 * (w1 - w0 - probe.model_s[t] - probe.plan_wait_s[t] - own))
         plan_cpu.append(1e3 * ((p1 - p0) - (th1 - th0)))  # CPU of the other threads: the plan-ahead thread
         n_world = sum(n for (tag, _, size, _), n in by_tick.get(t, Counter()).items() if size == w and tag == "")
         (world_logged if t in logged else world_unlogged).append(n_world)
+        (host_logged if t in logged else host_unlogged).append(host[-1])
     per_step: Counter = Counter()
     for t in ticks:
         per_step.update(by_tick.get(t, Counter()))
@@ -322,6 +332,9 @@ def _row(spec: dict[str, Any], census: Any, probe: _Probe, data: _TokenDataset, 
         "collate_ms_per_step": round(statistics.median(1e3 * data.collate_s[t] for t in ticks), 3),
         "plan_cpu_ms_per_step": round(statistics.median(plan_cpu), 3),
         "host_ms_max": round(max(host), 3),
+        "host_ms_logged": round(statistics.median(host_logged), 3) if host_logged else None,
+        "host_ms_unlogged": round(statistics.median(host_unlogged), 3) if host_unlogged else None,
+        "host_wall_ms_per_step": round(statistics.median(wall), 3),
         "steps_timed": len(ticks), "logged_steps_timed": len(world_logged),
         "collectives": collectives,
         "samples": spec["samples_per_rank"] * w * (spec["steps"] + 2), "mb_ms": spec["mb_ms"],
