@@ -5,8 +5,10 @@
     dcp simulate --dataset t1d-balanced --scale cpu --config run.toml --table .dcp_cache/t.csv --hardware cpu --gpus 2
 
 Prints one row per method (throughput, idle ratios, ideal bound); with --json the last line is a JSON
-object ``{"tokens_per_s": .., "idle_ratio": .., "ideal_fraction": ..}`` (per method under "methods" for
---method all).
+object ``{"tokens_per_s": .., "idle_ratio": .., "ideal_fraction": .., "control_plane_share": ..}`` (per
+method under "methods" for --method all); control_plane_share is the runtime's control plane (host time per
+step measured by ``dcp bench scale``, its collectives priced on the simulated fabric: dcp.sim.control) as a
+share of the epoch's time, at the config's runtime.log_every.
 """
 
 from __future__ import annotations
@@ -127,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"# {n} samples, {sum(lengths.tokens):,} tokens, max {max(lengths.tokens):,}; model {configs[methods[0]].model.name}, "
           f"{sc.hardware.name}, {args.gpus} GPUs, table {args.table or 'analytic'}")
     print(f"{'method':<10} {'steps':>6} {'tokens/s':>12} {'tok/s/GPU':>10} {'idle':>6} {'idle_b':>6} "
-          f"{'idle_max':>8} {'ideal tok/s':>12} {'ideal_frac':>10} {'sync%':>6}")
+          f"{'idle_max':>8} {'ideal tok/s':>12} {'ideal_frac':>10} {'sync%':>6} {'ctl%':>5}")
     out = {}
     for m in methods:
         try:
@@ -139,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{m:<10} {r.num_steps:>6} {r.tokens_per_s:>12.0f} {r.tokens_per_s / args.gpus:>10.0f} "
               f"{r.idle_ratio:>6.3f} {r.idle_ratio_batch:>6.3f} {max(r.idle_ratio_per_rank):>8.3f} "
               f"{r.ideal_tokens_per_s:>12.0f} "
-              f"{r.ideal_fraction:>10.3f} {100 * r.sync_time_s / r.total_time_s:>6.1f}")
+              f"{r.ideal_fraction:>10.3f} {100 * r.sync_time_s / r.total_time_s:>6.1f} "
+              f"{100 * r.control_plane_share:>5.2f}")
     base = stronger_bucket(out)
     if base is not None:  # DCP's speedup over the stronger of the two bucket baselines
         print(f"# speedup over {base}: " + ", ".join(f"{m} {out[m].tokens_per_s / out[base].tokens_per_s:.2f}x"
@@ -148,7 +151,8 @@ def run(args: argparse.Namespace) -> int:
         def brief(r):
             return {"tokens_per_s": r.tokens_per_s, "idle_ratio": r.idle_ratio, "ideal_fraction": r.ideal_fraction,
                     "idle_ratio_batch": r.idle_ratio_batch, "ideal_tokens_per_s": r.ideal_tokens_per_s,
-                    "idle_ratio_max_gpu": max(r.idle_ratio_per_rank), "num_steps": r.num_steps}
+                    "idle_ratio_max_gpu": max(r.idle_ratio_per_rank), "num_steps": r.num_steps,
+                    "control_plane_share": r.control_plane_share}
         if len(methods) == 1:
             print(json.dumps(brief(out[methods[0]])))
         else:
