@@ -25,6 +25,7 @@ before step 0 ran. Steps 1.. are used (step 0 starts inside start-up). ``--json`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import subprocess
@@ -49,6 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", default="t1d-balanced", help="paper-scale length distribution (datasets/)")
     parser.add_argument("--samples-per-rank", type=int, default=40,
                         help="samples per rank and step to draw (a paper-scale step holds ~40 per rank)")
+    parser.add_argument("--log-every", type=int, default=0,
+                        help="runtime.log_every of the run (0: the config's default)")
     parser.add_argument("--json", action="store_true", help='print a last line {"rows": [...]}')
 
 
@@ -78,13 +81,15 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("steps", "samples_per_rank"):
         if getattr(args, flag) < 2:
             raise ValueError(f"--{flag.replace('_', '-')} ({getattr(args, flag)}) must be >= 2: one step is start-up")
+    if args.log_every < 0:
+        raise ValueError(f"--log-every ({args.log_every}) must be >= 0: 0 keeps the config's runtime.log_every")
     if not args.mb_ms >= 0:
         raise ValueError(f"--mb-ms ({args.mb_ms}) must be >= 0: 0 runs the model without a device stand-in")
     jobs = [(w, r) for w in sizes for r in _ranks(args.ranks, w)]
     rows = []
     for w, r in jobs:
         spec = {"world_size": w, "rank": r, "steps": args.steps, "mb_ms": args.mb_ms, "dataset": args.dataset,
-                "samples_per_rank": args.samples_per_rank}
+                "samples_per_rank": args.samples_per_rank, "log_every": args.log_every}
         rows.append(run_worker(spec))
         print(_line(rows[-1]), flush=True) if len(rows) == 1 else print(_line(rows[-1], header=False), flush=True)
     for row in rows:
@@ -245,6 +250,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=w)
     sc = scenario("t1d-5b", "h200")
     config, table = paper_config(sc, "dcp-intra"), paper_table(sc, w)
+    if spec.get("log_every"):
+        config = config.replace(runtime=dataclasses.replace(config.runtime, log_every=spec["log_every"]))
     lengths = load_lengths(spec["dataset"], scale="paper", num_samples=spec["samples_per_rank"] * w * (steps + 2))
     data, model, probe = _TokenDataset(lengths.tokens), _tiny_model(), _Probe()
     data.clock = probe.tick
@@ -288,11 +295,12 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         end = (time.perf_counter(), time.process_time(), time.thread_time())
     logged = {s.global_step for s in mgr.step_stats}
     return _row(spec, census, probe, data, end, logged, manager_s=manager_s, groups_s=groups_s,
-                first_s=first_s, before0=before0)
+                first_s=first_s, before0=before0, config_log_every=config.runtime.log_every)
 
 
 def _row(spec: dict[str, Any], census: Any, probe: _Probe, data: _TokenDataset, end: tuple, logged: set[int], *,
-         manager_s: float, groups_s: float, first_s: float | None, before0: int | None) -> dict[str, Any]:
+         manager_s: float, groups_s: float, first_s: float | None, before0: int | None,
+         config_log_every: int) -> dict[str, Any]:
     w = spec["world_size"]
     marks = sorted(probe.step_start)
     ticks = [t for t in marks if t >= 1 and t + 1 in probe.step_start] or [t for t in marks if t >= 0]
@@ -338,6 +346,7 @@ def _row(spec: dict[str, Any], census: Any, probe: _Probe, data: _TokenDataset, 
         "steps_timed": len(ticks), "logged_steps_timed": len(world_logged),
         "collectives": collectives,
         "samples": spec["samples_per_rank"] * w * (spec["steps"] + 2), "mb_ms": spec["mb_ms"],
+        "log_every": config_log_every,
     }
 
 

@@ -53,20 +53,22 @@ def test_registry_creates_one_group_per_sp_size_at_4096_ranks(rank):
 
 def _args(**kw) -> argparse.Namespace:
     base = dict(world_sizes="16", ranks="0,15", steps=3, mb_ms=0.0, dataset="t1d-balanced", samples_per_rank=40,
-                json=True)
+                log_every=0, json=True)
     base.update(kw)
     return argparse.Namespace(**base)
 
 
 def test_bench_scale_rows_at_16_ranks(capsys):
-    assert scale.run(_args()) == 0
+    assert scale.run(_args(steps=4, log_every=2)) == 0
     rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"]
     assert [(r["world_size"], r["rank"]) for r in rows] == [(16, 0), (16, 15)]
     for r in rows:
         assert list(r)[: len(scale.ROW_KEYS)] == list(scale.ROW_KEYS)
         assert 0 < r["startup_s"] and r["host_ms_per_step"] > 0 and r["plan_exposed_ms"] >= 0
         assert r["process_groups"] <= 2 * len(SIZES) + 2  # one per SP size + the manager's own
-        assert r["planned_before_step0"] >= 1 and r["steps_timed"] >= 1
+        assert r["planned_before_step0"] >= 1 and r["steps_timed"] >= 2 and r["log_every"] == 2
+        # unlogged steps issue no world-wide control collective; a logged one gathers the agreement row
+        assert r["world_collectives_unlogged_step"] == 0 and r["world_collectives_logged_step"] >= 1
         # the census holds the step's gradient sync: one all-reduce over all 16 ranks of the model's gradients
         sync = [c for c in r["collectives"] if c["tag"] == "grad-sync" and c["kind"] == "all_reduce"]
         assert sync and sync[0]["group_size"] == 16 and sync[0]["bytes"] == 4 * (1000 * 16 + 16 * 1000 + 1000)
@@ -78,6 +80,7 @@ def test_bench_scale_rows_at_16_ranks(capsys):
     (dict(ranks="16"), r"--ranks \(16\) holds \[16\], outside \[0, 16\)"),
     (dict(steps=1), r"--steps \(1\) must be >= 2"),
     (dict(mb_ms=-1.0), r"--mb-ms \(-1.0\) must be >= 0"),
+    (dict(log_every=-1), r"--log-every \(-1\) must be >= 0"),
 ])
 def test_bench_scale_refuses_bad_flags(kw, match):
     with pytest.raises(ValueError, match=match):
