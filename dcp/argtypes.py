@@ -83,3 +83,17 @@ def int_list(text: str, flag: str) -> list[int]:
     if not vals or min(vals) < 1:
         raise ValueError(f"{flag} ({text!r}) must list positive integers: e.g. 1,2")
     return vals
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` shows every option's default: appended as "(default: X)" unless the help text already names
+    its default (e.g. "default: the sweep's value") or there is nothing to show (flags, options without one)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text.lower() or action.nargs == 0 or action.default is argparse.SUPPRESS:
+            return text
+        if action.default is None:
+            # "override sweep.steps" and the like: unset means the config's or the sweep file's value
+            return text + " (default: the configured value)" if "overrid" in text else text
+        return text + " (default: %(default)s)"

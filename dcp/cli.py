@@ -11,6 +11,8 @@ import importlib
 import os
 import sys
 
+from dcp.argtypes import HelpFormatter
+
 # (command words, owning module, one-line help)
 COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("demo",), "dcp.demo", "main job: DCP vs bucket parallel on 2 CPU processes, interleaved repetitions; table + plot"),
@@ -20,30 +22,17 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("figures",), "dcp.figures", "regenerate every paper figure (PNG + CSV)"),
     (("sweep",), "dcp.experiments", "run an experiment sweep (real CPU runs or simulated clusters)"),
     (("parity",), "dcp.integrations.parity", "train a small HF Llama with bucket and DCP-intra: loss vs tokens"),
-    (("bench", "planner"), "dcp.planner.bench", "planning time per step for several world sizes"),
-    (("bench", "runtime"), "dcp.runtime.bench", "manager overhead per step and SP switch cost"),
-    (("bench", "profiler"), "dcp.profiler.bench", "dual-layer prediction error vs measured steps"),
-    (("bench", "simulator"), "dcp.sim.bench", "simulator step time vs measured CPU runs"),
+    (("bench", "planner"), "dcp.bench.planner", "planning time per step for several world sizes"),
+    (("bench", "runtime"), "dcp.bench.runtime", "manager overhead per step and SP switch cost"),
+    (("bench", "profiler"), "dcp.bench.profiler", "dual-layer prediction error vs measured steps"),
+    (("bench", "simulator"), "dcp.bench.sim", "simulator step time vs measured CPU runs"),
     (("bench", "calibration"), "dcp.sim.calibration", "analytic GPU model vs a measured calibration file"),
-    (("bench", "loaders"), "dcp.loaders.bench", "padding waste and token balance of the data loaders"),
-    (("bench", "gpu"), "dcp.experiments.gpu_bench", "one-GPU checks: GPU tests, profile vs steps, padding, syncs, sweeps"),
-    (("bench", "padded"), "dcp.runtime.bench_padded", "predicted vs measured time of unequal-length micro-batches"),
+    (("bench", "loaders"), "dcp.bench.loaders", "padding waste and token balance of the data loaders"),
+    (("bench", "gpu"), "dcp.bench.gpu", "one-GPU checks: GPU tests, profile vs steps, padding, syncs, sweeps"),
+    (("bench", "padded"), "dcp.bench.padded", "predicted vs measured time of unequal-length micro-batches"),
+    (("bench", "models"), "dcp.bench.models", "forward+backward time of a reference model per sequence length and SP size"),
     (("bench", "scale"), "dcp.bench.scale", "one rank of a 64-4096 rank job under a fake process group: start-up, groups, collectives, host ms"),
 )
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """``--help`` shows every option's default: appended as "(default: X)" unless the help text already names
-    its default (e.g. "default: the sweep's value") or there is nothing to show (flags, options without one)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if "default" in text.lower() or action.nargs == 0 or action.default is argparse.SUPPRESS:
-            return text
-        if action.default is None:
-            # "override sweep.steps" and the like: unset means the config's or the sweep file's value
-            return text + " (default: the configured value)" if "overrid" in text else text
-        return text + " (default: %(default)s)"
 
 
 def _env(args: argparse.Namespace) -> int:

@@ -410,8 +410,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"plot: {png}")
         return 0
 
+    from dcp.distributed.launch import DistributedFailure, run_distributed
     from dcp.experiments.results import git_sha
-    from dcp.testing import DistributedFailure, run_distributed
 
     settings = {**DEMO_SETTINGS, "num_samples": args.samples, "reps": args.reps}
     lengths = _lengths(settings)

@@ -62,7 +62,7 @@ def main() -> None:
             print(f"steps {len(losses)} first loss {losses[0]:.4f} last loss {losses[-1]:.4f}")
         dist.destroy_process_group()
         return
-    from dcp.testing import run_distributed
+    from dcp.distributed.launch import run_distributed
 
     losses = run_distributed(train, args.world_size, args.epochs, args.samples, timeout_s=600)[0]
     print(f"steps {len(losses)} first loss {losses[0]:.4f} last loss {losses[-1]:.4f}")

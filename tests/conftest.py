@@ -2,7 +2,7 @@
 
 DeepSpeed picks its accelerator once, at its first import: the CPU/gloo tests (unit and dist) need its CPU
 accelerator even on a machine with a GPU, or DeepSpeed places rank r's model on cuda:r. Processes spawned by
-``dcp.testing.run_distributed`` with the gloo backend set the same default themselves; the GPU tests run
+``dcp.distributed.launch.run_distributed`` with the gloo backend set the same default themselves; the GPU tests run
 DeepSpeed in processes of their own with ``DS_ACCELERATOR=cuda``.
 """
 

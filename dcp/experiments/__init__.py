@@ -118,9 +118,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"[{i + 1}/{len(runs)}] {r.label} config_hash={r.config_hash()}")
         print(f"{len(runs)} runs; results would go to {Path(spec.output_dir)}")
         return 0
+    from dcp.distributed.launch import DistributedFailure
     from dcp.experiments.launch import launch
     from dcp.experiments.plot import PLOT_NAME
-    from dcp.testing import DistributedFailure
 
     inside_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     if not inside_torchrun or os.environ.get("RANK") == "0":

@@ -1,7 +1,7 @@
 """Launchers: the same sweep on spawned CPU processes (local) or on torchrun ranks (GPU nodes).
 
 - local: runs are grouped by (world size, model); each group runs on W freshly spawned gloo processes
-  (``dcp.testing.run_distributed``), so the profile of a (model, W) is measured once and every method
+  (``dcp.distributed.launch.run_distributed``), so the profile of a (model, W) is measured once and every method
   and dataset of the group reuses it. Results are written after every group.
 - torchrun, inside torchrun (RANK is set): this process is one rank; the runs whose world size equals
   the job's run here, rank 0 writes the results. Multi-node jobs start this way (experiments/slurm).
@@ -52,7 +52,7 @@ def _save(spec: SweepSpec, outcomes: list[dict[str, Any]]) -> None:
 
 def launch_local(spec: SweepSpec, *, timeout_s: float = 3600.0, quiet: bool = False) -> list[dict[str, Any]]:
     """Run the whole sweep on spawned local processes; returns every outcome (rows) and writes them."""
-    from dcp.testing import run_distributed
+    from dcp.distributed.launch import run_distributed
 
     info_base = dict(git_sha=git_sha(), stamp=session_stamp(), total=len(spec.expand()))
     cores = os.cpu_count() or 1

@@ -28,15 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from dcp.config import METHODS, ConfigError, DCPConfig, config_from_dict, fail, read_toml
+from dcp.named_models import MODEL_NAMES, MODELS
 
-# Models a sweep may name -> (family, constructor of dcp.models' config). "tiny" ones run on CPU processes;
-# t1d-5b and t2d-1.2b are Table 1 of the paper (42 layers / 3072 / 48 heads; 28 layers / 1152 / 16 heads).
-MODEL_NAMES: dict[str, tuple[str, str]] = {
-    "t1d-tiny": ("t1d", "tiny"),
-    "t2d-tiny": ("t2d", "tiny"),
-    "t1d-5b": ("t1d", "paper_5b"),
-    "t2d-1.2b": ("t2d", "paper_1_2b"),
-}
 DATASET_NAMES = ("short", "balanced", "long")
 LAUNCHERS = ("local", "torchrun")
 DEVICES = ("cpu", "cuda")
@@ -52,12 +45,9 @@ def model_config(name: str) -> Any:
     """The dcp.models config (T1DConfig / T2DConfig) of a model name; imports torch."""
     if name not in MODEL_NAMES:
         _fail("model", name, f"is not one of {sorted(MODEL_NAMES)}", "use one of those names")
-    family, ctor = MODEL_NAMES[name]
-    if family == "t1d":
-        from dcp.models.t1d import T1DConfig as cls
-    else:
-        from dcp.models.t2d import T2DConfig as cls
-    return getattr(cls, ctor)()
+    from dcp.models import build_config
+
+    return build_config(name)
 
 
 class SweepError(ConfigError):
@@ -76,7 +66,7 @@ class SweepSpec:
     world_sizes: tuple[int, ...] = (2,)
     """W of every run (ranks per run). The local launcher starts W CPU processes per run group."""
     models: tuple[str, ...] = ("t1d-tiny",)
-    """Model names (keys of MODEL_NAMES): t1d-tiny, t2d-tiny, t1d-5b, t2d-1.2b."""
+    """Model names (dcp.named_models.MODEL_NAMES): t1d-tiny, t2d-tiny, t1d-5b, t2d-1.2b."""
     datasets: tuple[str, ...] = ("balanced",)
     """Length distributions (dcp.datasets.load_distribution): short, balanced, long."""
     methods: tuple[str, ...] = METHODS
@@ -223,7 +213,7 @@ class RunSpec:
     sweep: SweepSpec
     """The sweep the run belongs to (steps, seeds, device, base config)."""
     model: str
-    """Model name (key of MODEL_NAMES)."""
+    """Model name (one of dcp.named_models.MODEL_NAMES)."""
     dataset: str
     """Length distribution name."""
     method: str
@@ -269,7 +259,7 @@ class RunSpec:
     @property
     def distribution(self) -> str:
         """Name of the length distribution in dcp.data_dists: <model family>-<dataset>, e.g. t1d-balanced."""
-        return f"{MODEL_NAMES[self.model][0]}-{self.dataset}"
+        return f"{MODELS[self.model].family}-{self.dataset}"
 
     @property
     def label(self) -> str:

@@ -76,7 +76,7 @@ def output_dir(out: str | None, update_committed: bool) -> str:
 
 def main_for(name: str, argv: list[str] | None = None) -> int:
     """Entry point of one ``paper_figures/<figure>.py`` script: ``--out DIR`` and ``--quick`` as for all figures."""
-    from dcp.cli import HelpFormatter
+    from dcp.argtypes import HelpFormatter
 
     parser = argparse.ArgumentParser(description=f"regenerate paper figure {name} (PNG + CSV)",
                                      formatter_class=HelpFormatter)

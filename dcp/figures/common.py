@@ -10,10 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dcp.named_models import MODELS, PAPER_MODELS
+
 METHODS = ("bucket", "packed", "dcp-inter", "dcp-intra")
 LOOKAHEAD_PER_RANK = 0
 """Planner look-ahead window per GPU for every figure; 0 keeps the planner's default (as ``dcp simulate``)."""
-MODEL_DATASET_PREFIX = {"t1d-5b": "t1d", "t2d-1.2b": "t2d"}
+MODEL_DATASET_PREFIX = {name: MODELS[name].family for name in PAPER_MODELS}
 """Which distribution family each paper model trains on."""
 COLORS = {"bucket": "#7f7f7f", "packed": "#bcbd22", "dcp-inter": "#1f77b4", "dcp-intra": "#d62728"}
 

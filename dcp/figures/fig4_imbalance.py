@@ -10,11 +10,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dcp.figures.common import Sizes, progress, pyplot, save, simulate_methods, write_csv
+from dcp.figures.common import (
+    MODEL_DATASET_PREFIX,
+    Sizes,
+    progress,
+    pyplot,
+    save,
+    simulate_methods,
+    write_csv,
+)
 
 WORLD_SIZE = 32
 HARDWARE = "h200"
-GRID_MODEL = {"t1d": "t1d-5b", "t2d": "t2d-1.2b"}
+GRID_MODEL = {family: name for name, family in MODEL_DATASET_PREFIX.items()}
+"""The paper model each distribution grid (family) runs on."""
 
 
 def make(out_dir: Path, sizes: Sizes) -> list[Path]:

@@ -120,10 +120,14 @@ def train_one(rank: int, world_size: int, method: str, seed: int, opts: dict[str
 
 
 def run(args: argparse.Namespace) -> int:
-    import pandas as pd
+    try:
+        import pandas as pd
+    except ImportError:
+        raise ValueError("dcp parity needs pandas (not installed) for its loss curves: "
+                         "pip install 'dcp[hf,parity]'") from None
     from tqdm.auto import tqdm
 
-    from dcp.testing import run_distributed
+    from dcp.distributed.launch import run_distributed
 
     seeds, methods = _check(args)
     out = Path(args.out)

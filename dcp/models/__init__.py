@@ -12,19 +12,18 @@ from typing import Any
 from dcp.models.common import Batch, collate_tokens, collate_video
 from dcp.models.t1d import T1DConfig, Transformer1D
 from dcp.models.t2d import T2DConfig, Transformer2D
+from dcp.named_models import MODELS, named_model
 
-MODEL_NAMES = {
-    "t1d-tiny": (T1DConfig.tiny, Transformer1D),
-    "t1d-5b": (T1DConfig.paper_5b, Transformer1D),
-    "t2d-tiny": (T2DConfig.tiny, Transformer2D),
-    "t2d-1.2b": (T2DConfig.paper_1_2b, Transformer2D),
-}
+_FAMILIES = {"t1d": (T1DConfig, Transformer1D), "t2d": (T2DConfig, Transformer2D)}
+"""Config and model class of each family of dcp.named_models."""
+
+MODEL_NAMES = {name: (getattr(_FAMILIES[m.family][0], m.preset), _FAMILIES[m.family][1]) for name, m in MODELS.items()}
+"""Every name of dcp.named_models.MODELS -> (config constructor, model class)."""
 
 
 def build_config(name: str, **overrides: Any) -> T1DConfig | T2DConfig:
-    """The named config (t1d-tiny, t1d-5b, t2d-tiny, t2d-1.2b) with field overrides."""
-    if name not in MODEL_NAMES:
-        raise ValueError(f"model name ({name!r}) is not one of {sorted(MODEL_NAMES)}: pick one of those")
+    """The named config (a name of dcp.named_models: t1d-tiny, t1d-5b, t2d-tiny, t2d-1.2b) with field overrides."""
+    named_model(name)  # ValueError naming the valid names
     return MODEL_NAMES[name][0](**overrides)
 
 

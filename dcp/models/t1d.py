@@ -93,8 +93,10 @@ class T1DConfig:
     def paper_5b(cls, **overrides: Any) -> T1DConfig:
         """The paper's Transformer-1D (Table 4): 42 layers, hidden 3072, 48 heads; ~4.95B parameters with
         SwiGLU width 8192 and a 32000-token vocabulary (Llama-style; the paper does not give these two)."""
-        base = dict(name="t1d-5b", num_layers=42, hidden_size=3072, num_heads=48, ffn_hidden_size=8192,
-                    vocab_size=32000)
+        from dcp.named_models import T1D_5B as s  # the shape numbers are written once, there
+
+        base = dict(name=s.name, num_layers=s.num_layers, hidden_size=s.hidden_size, num_heads=s.num_heads,
+                    ffn_hidden_size=s.ffn_hidden_size, vocab_size=s.vocab_size)
         return cls(**{**base, **overrides})
 
     def replace(self, **changes: Any) -> T1DConfig:

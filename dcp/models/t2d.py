@@ -114,8 +114,10 @@ class T2DConfig:
         """The paper's Transformer-2D (Table 4): 28 layers, hidden 1152, 16 heads, ~1.19B parameters.
         One block holds two attentions (8 h^2) and a SwiGLU of width 8 h (24 h^2), the parameter count of
         an STDiT-style spatial block + temporal block; 16 input channels (4 latent channels, 2x2 patches)."""
-        base = dict(name="t2d-1.2b", num_layers=28, hidden_size=1152, num_heads=16, ffn_hidden_size=8 * 1152,
-                    in_channels=16, synthetic_frames=16)
+        from dcp.named_models import T2D_1B2 as s  # the shape numbers are written once, there
+
+        base = dict(name=s.name, num_layers=s.num_layers, hidden_size=s.hidden_size, num_heads=s.num_heads,
+                    ffn_hidden_size=s.ffn_hidden_size, in_channels=16, synthetic_frames=16)
         return cls(**{**base, **overrides})
 
     def replace(self, **changes: Any) -> T2DConfig:

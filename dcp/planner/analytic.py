@@ -82,7 +82,7 @@ excluded; tests/unit/test_sim_calibration.py re-counts them with ``torch.autogra
 - 2d: spatial norm output 1 + qkv 3 + output 1; temporal norm input 1 + its transposed output 1 + qkv 3 +
   output 1 + the transposed output copy the projection saves 1; MLP-norm input 1 + output 1 = 14.
 
-Checked against the H100 measurement (../shared/calibration/h100-bf16-2026-11-22.json, profile_rows,
+Checked against the H100 measurement (dcp/sim/data/h100-bf16-2026-11-22.json, profile_rows,
 allocator meter): t1d-5b 60,516 two-byte units per token counted and measured; t2d-1.2b 53,062 counted
 against 53,190 measured (0.24% under)."""
 ACT_F = 4

@@ -96,6 +96,17 @@ class TableMeta:
         object.__setattr__(self, "seq_group_edges", tuple(int(e) for e in self.seq_group_edges))
 
 
+def _pyarrow(path: str | Path) -> tuple[Any, Any]:
+    """(pyarrow, pyarrow.parquet); a TableError naming the extra to install when pyarrow is missing."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise TableError(f"profile table ({str(path)!r}) is a .parquet file, which needs pyarrow (not installed): "
+                         "pip install 'dcp[parquet]', or use a .csv table") from None
+    return pa, pq
+
+
 class ProfileTable:
     """Rows indexed by seq_group, plus metadata. Immutable once built."""
 
@@ -207,23 +218,16 @@ class ProfileTable:
 
     # ----- parquet -----------------------------------------------------------------------------
     def to_parquet(self, path: str | Path) -> None:
-        import pandas as pd
-
-        df = pd.DataFrame([dataclasses.asdict(r) for r in self.rows], columns=list(COLUMNS))
+        pa, pq = _pyarrow(path)
         meta = dataclasses.asdict(self.meta)
         meta["format_version"] = TABLE_FORMAT_VERSION
-        df.attrs["dcp_meta"] = meta
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        tbl = pa.Table.from_pandas(df, preserve_index=False)
-        tbl = tbl.replace_schema_metadata({**(tbl.schema.metadata or {}), b"dcp_meta": json.dumps(meta).encode()})
+        tbl = pa.table({c: [getattr(r, c) for r in self.rows] for c in COLUMNS})
+        tbl = tbl.replace_schema_metadata({b"dcp_meta": json.dumps(meta).encode()})
         pq.write_table(tbl, str(path))
 
     @classmethod
     def from_parquet(cls, path: str | Path) -> ProfileTable:
-        import pyarrow.parquet as pq
-
+        _pa, pq = _pyarrow(path)
         _check_readable(path, "profile table")
         try:
             tbl = pq.read_table(str(path))

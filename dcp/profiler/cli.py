@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--edges", type=positive_int_list, default=None,
                         help="override profiling.seq_group_edges, e.g. 256,512,1024")
     parser.add_argument("--refresh", action="store_true", help="profile again even if a cached table exists")
-    parser.add_argument("--out", default=None, help="also write the table here (.csv or .parquet)")
+    parser.add_argument("--out", default=None, help="also write the table here (.csv, or .parquet with the parquet extra: pyarrow)")
     parser.add_argument("--grow-only", action="store_true", help="profile each seq_group only at its smallest p")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
@@ -174,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
         if args.nproc == 1:
             out = _worker(0, 1, *work)
         else:
-            from dcp.testing import run_distributed
+            from dcp.distributed.launch import run_distributed
 
             timeout_s = config.runtime.collective_timeout_s
             out = run_distributed(_worker, args.nproc, *work, timeout_s=3600.0, pg_timeout_s=timeout_s)[0]

@@ -1,10 +1,11 @@
 """``dcp bench calibration FILE``: the analytic GPU model against a measured profile of the same shapes.
 
-FILE is a calibration record like ``../shared/calibration/h100-bf16-2026-11-22.json``: the project's
+FILE is a calibration record like ``dcp/sim/data/h100-bf16-2026-11-22.json``
+(committed: the H100 record the constants of ``dcp.sim.hardware.H100`` were fitted to): the project's
 dual-layer profiler run on one GPU (p = 1) on the paper's model shapes with few layers. It must hold
 
 - ``profile_rows``: ``{model: [{"s", "b", "t_f_ms", "t_b_ms", "T_C_ms", "m_act_mib", "m_inp_mib", ...}]}``
-  with model one of ``dcp.sim.hardware.MODELS`` (t1d-5b, t2d-1.2b);
+  with model one of ``dcp.named_models.PAPER_MODELS`` (t1d-5b, t2d-1.2b);
 - the layer count the rows were measured with: ``num_layers`` (an int, or per model), or the
   ``num_layers`` column of ``profile_tables_csv[model]`` (the profiler's CSV).
 
@@ -38,6 +39,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from dcp.config import ModelShapeConfig
+from dcp.named_models import MODELS, PAPER_MODELS
 from dcp.planner.analytic import (
     ELEMENTWISE_F,
     ELEMENTWISE_H,
@@ -47,8 +50,7 @@ from dcp.planner.analytic import (
     attention_time_s,
     layer_linear_params,
 )
-from dcp.sim.bench import percentile
-from dcp.sim.hardware import HARDWARE, MODELS
+from dcp.sim.hardware import HARDWARE
 
 T2D_FRAMES = 16
 """Frames of the profiler's synthetic t2d-1.2b samples (T2DConfig.paper_1_2b synthetic_frames)."""
@@ -62,6 +64,23 @@ FIT_FWD_MIN_TOKENS = 8192
 profiler's forward timer also pays the host's launch backlog, so the split says little."""
 
 
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in [0, 100]) of a non-empty sequence."""
+    if not values:
+        raise ValueError("values ([]) is empty: a percentile needs at least one value")
+    s = sorted(values)
+    k = max(1, math.ceil(q / 100 * len(s)))
+    return s[k - 1]
+
+
+def _shape(name: str) -> tuple[ModelShapeConfig, str]:
+    """(paper shape, attention layout) of a paper model name (checked by load_calibration)."""
+    named = MODELS[name]
+    if named.paper_shape is None:
+        raise CalibrationError(f"model ({name!r}) has no paper shape: use one of {sorted(PAPER_MODELS)}")
+    return named.paper_shape, named.attention
+
+
 class CalibrationError(ValueError):
     """The calibration file is missing or malformed; the message names the file, the field and a fix."""
 
@@ -71,7 +90,7 @@ class MeasuredRow:
     """One measured (model, s, b) row at p = 1."""
 
     model: str
-    """A name of dcp.sim.hardware.MODELS."""
+    """A name of dcp.named_models.PAPER_MODELS."""
     seq_len: int
     """Tokens per sample (s)."""
     micro_batch_size: int
@@ -130,7 +149,7 @@ def load_calibration(path: str | Path) -> list[MeasuredRow]:
         data = json.loads(Path(p).read_text())
     except FileNotFoundError:
         raise CalibrationError(f"{p}: no such file: pass a calibration record such as "
-                               "../shared/calibration/h100-bf16-2026-11-22.json") from None
+                               "dcp/sim/data/h100-bf16-2026-11-22.json") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise CalibrationError(f"{p}: cannot read it ({exc}): pass a readable JSON file") from None
     except json.JSONDecodeError as exc:
@@ -139,11 +158,11 @@ def load_calibration(path: str | Path) -> list[MeasuredRow]:
     if not isinstance(data, dict) or not isinstance(data.get("profile_rows"), dict) or not data["profile_rows"]:
         got = type(data.get("profile_rows")).__name__ if isinstance(data, dict) else type(data).__name__
         raise _fail(p, "profile_rows", got, "must be an object {model: [rows]}",
-                    f"add measured rows of the models {sorted(MODELS)}")
+                    f"add measured rows of the models {sorted(PAPER_MODELS)}")
     out: list[MeasuredRow] = []
     for model, rows in data["profile_rows"].items():
-        if model not in MODELS:
-            raise _fail(p, "profile_rows model", model, f"is not one of {sorted(MODELS)}",
+        if model not in PAPER_MODELS:
+            raise _fail(p, "profile_rows model", model, f"is not one of {sorted(PAPER_MODELS)}",
                         "calibrate the paper's model shapes")
         layers = data.get("num_layers")
         if isinstance(layers, dict):
@@ -180,7 +199,7 @@ def load_calibration(path: str | Path) -> list[MeasuredRow]:
 
 def model_row(row: MeasuredRow, hardware: HardwareSpec):
     """The analytic ProfileRow of the measured row's shape (p = 1, bf16)."""
-    shape, attention = MODELS[row.model]
+    shape, attention = _shape(row.model)
     shape = dataclasses.replace(shape, num_layers=row.num_layers)
     return analytic_row(shape, 0, row.seq_len, row.micro_batch_size, 1, world_size=1, hardware=hardware,
                         dtype_bytes=BF16_BYTES, attention=attention,
@@ -241,7 +260,7 @@ def fit(rows: Sequence[MeasuredRow], base: HardwareSpec) -> HardwareSpec:
                                const_h_tensors=0.0)
     feats = []
     for r in rows:
-        shape, attention = MODELS[r.model]
+        shape, attention = _shape(r.model)
         d, n = BF16_BYTES, r.micro_batch_size * r.seq_len
         lin0 = 2.0 * n * layer_linear_params(shape, attention) / base.matmul_flops_per_s
         elem = (ELEMENTWISE_H * shape.hidden_size + ELEMENTWISE_F * shape.ffn_size) * n * d / base.mem_bandwidth_bytes_per_s
@@ -274,7 +293,7 @@ def fit(rows: Sequence[MeasuredRow], base: HardwareSpec) -> HardwareSpec:
     hw = best[1]
     a, y = [], []
     for r, *_ in feats:
-        shape, _att = MODELS[r.model]
+        shape, _att = _shape(r.model)
         n = r.micro_batch_size * r.seq_len
         known = model_row(r, hw).t_const_s
         a.append([1.0 / r.t_const_s, n * shape.hidden_size * BF16_BYTES / hw.mem_bandwidth_bytes_per_s / r.t_const_s])
@@ -290,7 +309,7 @@ def fitted_values(hw: HardwareSpec) -> dict[str, float]:
 # --------------------------------------------------------------------------------------------- the CLI
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="a calibration record (JSON), e.g. "
-                        "../shared/calibration/h100-bf16-2026-11-22.json")
+                        "dcp/sim/data/h100-bf16-2026-11-22.json")
     parser.add_argument("--hardware", default="h100", choices=("h100", "h200"), help="the modelled GPU")
     parser.add_argument("--fit", action="store_true",
                         help="also refit the calibrated constants on FILE and print the leave-one-model-out error")

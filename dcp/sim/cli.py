@@ -20,6 +20,7 @@ import sys
 
 from dcp.argtypes import nonneg_int, positive_int
 from dcp.config import METHODS
+from dcp.named_models import PAPER_MODELS
 
 DEFAULT_NUM_SAMPLES = 20000
 DEFAULT_LOOKAHEAD_PER_RANK = 0
@@ -35,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scale", default="paper", choices=("paper", "cpu"), help="--dataset length scale")
     parser.add_argument("--num-samples", type=positive_int, default=DEFAULT_NUM_SAMPLES, help="--dataset samples to draw")
     parser.add_argument("--seed", type=nonneg_int, default=0, help="--dataset seed and the planner's shuffle seed")
-    parser.add_argument("--model", default="t1d-5b", choices=("t1d-5b", "t2d-1.2b"),
+    parser.add_argument("--model", default="t1d-5b", choices=PAPER_MODELS,
                         help="paper model shape (with --config: only its attention layout, 1d or 2d, is used)")
     parser.add_argument("--hardware", default="h200", choices=("h100", "h200", "cpu"), help="simulated device")
     parser.add_argument("--config", metavar="TOML", help="a DCPConfig file: its model and planning sections replace "

@@ -1,4 +1,4 @@
-"""The simulated clusters (H100, H200) and the paper's two model shapes.
+"""The simulated clusters (H100, H200); the paper's two model shapes are in ``dcp.named_models``.
 
 The formulas live in ``dcp.planner.analytic`` (FLOPs and bytes per layer, Ulysses all-to-all, ZeRO-1 sync,
 optimizer step); this module only supplies the numbers, each with its source.
@@ -13,8 +13,8 @@ Sources:
 - [measured] bf16 dense GEMM (large square matmuls, torch.matmul) sustains 788-798 TFLOP/s on both H100 SXM
   and H200 SXM (the project's measurement; about 80% of the 989 TFLOP/s datasheet figure); we use 790.
 - [assumed] fractions of a peak that a real kernel or collective sustains; each is named where it is used.
-- [calib] ``../shared/calibration/h100-bf16-2026-11-22.json`` (kept in the repository's shared folder, not
-  in the package): the project's dual-layer profiler on one H100 80GB HBM3, bf16, eager mode, SDPA, the
+- [calib] ``dcp/sim/data/h100-bf16-2026-11-22.json`` (committed with the package;
+  a copy of the team's shared record): the project's dual-layer profiler on one H100 80GB HBM3, bf16, eager mode, SDPA, the
   paper's shapes at 8 layers: 32 rows (20 t1d-5b, 12 t2d-1.2b) plus kernel ceilings.
 - [fit] five constants (``FITTED_*``) fitted on those 32 rows by ``dcp.sim.calibration.fit`` (``dcp bench
   calibration FILE --fit`` refits them and prints a leave-one-model-out error); everything else is measured,
@@ -23,7 +23,6 @@ Sources:
 
 from __future__ import annotations
 
-from dcp.config import ModelShapeConfig
 from dcp.planner.analytic import CPU_SMALL, HardwareSpec
 
 GB = 1e9
@@ -121,43 +120,6 @@ H200 = HardwareSpec(
 
 HARDWARE = {"h100": H100, "h200": H200, "cpu": CPU_SMALL}
 """Names accepted by ``dcp simulate --hardware`` (cpu: the planner's 2-core CPU model, for measured CPU tables)."""
-
-T1D_5B = ModelShapeConfig(
-    name="t1d-5b",
-    num_layers=42,  # [paper] Appendix B, Table 1
-    hidden_size=3072,
-    num_heads=48,
-    # Gated MLP of width 8192 (= 8/3 h, Llama style) gives 12 h^2 per layer like a 4h plain MLP:
-    # 42 * 12 * 3072^2 + embeddings = 4.95e9 parameters, the paper's "5B".
-    ffn_hidden_size=8192,
-    vocab_size=32000,
-    param_bytes=2,  # bf16 weights and gradients
-    optimizer_bytes_per_param=12,  # Adam in mixed precision: fp32 master weights + 2 moments, ZeRO-1 sharded
-)
-"""Transformer-1D of the paper: 5B parameters, LLM-like (Dubey et al., 2024)."""
-
-T2D_1B2 = ModelShapeConfig(
-    name="t2d-1.2b",
-    num_layers=28,  # [paper] Appendix B, Table 1
-    hidden_size=1152,
-    num_heads=16,
-    # An Open-Sora STDiT layer holds a spatial and a temporal block, each with self-attention, cross-attention
-    # and a 4h MLP: 32 h^2 per layer. The planner counts 2 self-attentions (8 h^2) + a gated MLP (3 h f), so
-    # f = 8h = 9216 folds the cross-attentions in: 28 * 32 * 1152^2 = 1.19e9 parameters, the paper's "1.2B",
-    # both in analytic.layer_linear_params(model, "2d") (FLOPs) and in ModelShapeConfig.num_params (memory, sync).
-    ffn_hidden_size=9216,
-    attentions_per_layer=2,
-    vocab_size=64,  # patch-embedding input (2x2 patches of 16 latent channels); negligible next to the layers
-    param_bytes=2,
-    optimizer_bytes_per_param=12,
-)
-"""Transformer-2D of the paper: 1.2B parameters, spatial then temporal attention (video DiT)."""
-
-MODELS = {"t1d-5b": (T1D_5B, "1d"), "t2d-1.2b": (T2D_1B2, "2d")}
-"""Names accepted by ``dcp simulate --model``: (shape, attention layout)."""
-
-SP_SIZES = {"t1d-5b": (1, 2, 4, 8, 16), "t2d-1.2b": (1, 2, 4, 8, 16)}
-"""SP sizes the planner may use: powers of two dividing the head count (48 and 16)."""
 
 T1D_SEQ_GROUP_EDGES = tuple(2**k for k in range(10, 20))
 """Transformer-1D seq_groups: 1k, 2k, ..., 512k tokens (the length range of the paper's Figure 10)."""

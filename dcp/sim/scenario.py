@@ -10,9 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dcp.config import DCPConfig, ModelShapeConfig, PlanningConfig, ProfilingConfig
+from dcp.named_models import MODELS, PAPER_MODELS
 from dcp.planner.analytic import HardwareSpec, analytic_table
 from dcp.planner.table import ProfileTable
-from dcp.sim.hardware import HARDWARE, MODELS, SP_SIZES, T1D_SEQ_GROUP_EDGES, T2D_SEQ_GROUP_EDGES
+from dcp.sim.hardware import HARDWARE, T1D_SEQ_GROUP_EDGES, T2D_SEQ_GROUP_EDGES
 
 MAX_MICRO_BATCH_SIZE = 256
 """Largest b the analytic table lists; rows stop earlier where b no longer fits 80 GB with full recompute
@@ -44,14 +45,15 @@ class Scenario:
 
 
 def scenario(model_name: str, hardware_name: str) -> Scenario:
-    if model_name not in MODELS:
-        raise ScenarioError(f"model ({model_name!r}) is not one of {sorted(MODELS)}: pick one of those")
+    if model_name not in PAPER_MODELS:
+        raise ScenarioError(f"model ({model_name!r}) is not one of {sorted(PAPER_MODELS)}: pick one of those")
     if hardware_name not in HARDWARE:
         raise ScenarioError(f"hardware ({hardware_name!r}) is not one of {sorted(HARDWARE)}: pick one of those")
-    model, attention = MODELS[model_name]
+    named = MODELS[model_name]
+    model, attention = named.paper_shape, named.attention
     edges = T1D_SEQ_GROUP_EDGES if attention == "1d" else T2D_SEQ_GROUP_EDGES
     return Scenario(model_name=model_name, model=model, attention=attention, hardware=HARDWARE[hardware_name],
-                    seq_group_edges=edges, sp_sizes=SP_SIZES[model_name])
+                    seq_group_edges=edges, sp_sizes=named.sp_sizes)
 
 
 def frames_per_group(edges: Sequence[int], shapes: Sequence[tuple[int, int]]) -> list[int | None]:

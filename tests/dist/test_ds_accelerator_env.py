@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from dcp.testing import run_distributed
+from dcp.distributed.launch import run_distributed
 
 pytestmark = pytest.mark.dist
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dcp.testing import run_distributed
+from dcp.distributed.launch import run_distributed
 from tests.dist.test_manager_grads import check_exact
 
 pytestmark = pytest.mark.dist

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dcp.testing import run_distributed
+from dcp.distributed.launch import run_distributed
 
 NUM_SAMPLES = 3000
 

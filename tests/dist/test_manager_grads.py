@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from dcp.runtime.manager import set_manager
-from dcp.testing import run_distributed
+from dcp.distributed.launch import run_distributed
 from tests.dist._runtime_cases import (
     bucket_like,
     build,

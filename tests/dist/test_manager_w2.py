@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dcp.config import DCPConfig, PlanningConfig, ProfilingConfig, RuntimeConfig
-from dcp.testing import run_distributed
+from dcp.distributed.launch import run_distributed
 from tests.dist._runtime_cases import build, config_for, group, reference_grads, step
 
 pytestmark = pytest.mark.dist

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dcp.planner import ProfileTable, plan_epoch
-from dcp.testing import run_distributed
+from dcp.distributed.launch import run_distributed
 
 pytestmark = pytest.mark.dist
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from dcp.runtime.manager import DataMismatchError, PlanMismatchError, set_manager
-from dcp.testing import DistributedFailure, free_port, run_distributed
+from dcp.distributed.launch import DistributedFailure, free_port, run_distributed
 from tests.dist._runtime_cases import planner_setup
 from tests.dist._stall_job import STALL_S, TIMEOUT_S, stall_job
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dcp.runtime.manager import set_manager
-from dcp.testing import run_distributed
+from dcp.distributed.launch import run_distributed
 from tests.dist._runtime_cases import planner_setup
 
 pytestmark = pytest.mark.dist

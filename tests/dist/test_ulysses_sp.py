@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dcp.testing import run_distributed
+from dcp.distributed.launch import run_distributed
 
 pytestmark = pytest.mark.dist
 

@@ -10,7 +10,7 @@ import importlib.util
 import pytest
 import torch
 
-from dcp.testing import run_distributed
+from dcp.distributed.launch import run_distributed
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from dcp.runtime import bench_padded
+from dcp.bench import padded as bench_padded
 
 
 def _args(*argv: str) -> argparse.Namespace:

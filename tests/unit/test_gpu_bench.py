@@ -8,8 +8,9 @@ import json
 import pytest
 import torch
 
+from dcp.bench import gpu as gpu_bench
+from dcp.bench import gpu_steps
 from dcp.cli import main
-from dcp.experiments import gpu_bench
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer of a machine without CUDA")
@@ -43,8 +44,8 @@ def test_bad_layers_is_refused(capsys):
 
 
 def test_busy_union_merges_overlapping_kernels():
-    assert gpu_bench.busy_union_us([]) == 0.0
-    assert gpu_bench.busy_union_us([(0, 10), (5, 12), (20, 25), (21, 22)]) == 17.0
+    assert gpu_steps.busy_union_us([]) == 0.0
+    assert gpu_steps.busy_union_us([(0, 10), (5, 12), (20, 25), (21, 22)]) == 17.0
 
 
 @pytest.mark.slow
@@ -70,7 +71,7 @@ def test_count_cuda_syncs_counts_torchs_sync_warnings_and_passes_the_others_on(m
 
     with warnings.catch_warnings(record=True) as shown:
         warnings.simplefilter("always")
-        out, syncs = gpu_bench.count_cuda_syncs(step)
+        out, syncs = gpu_steps.count_cuda_syncs(step)
     assert (out, syncs) == (5, 2)
     assert [str(w.message) for w in shown] == ["a model's own notice"]
     assert modes == ["error", "warn", "error"]

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from dcp.loaders import bench
+from dcp.bench import loaders as bench
 
 
 def test_bench_rows_and_json(capsys):
@@ -33,6 +33,6 @@ def test_bench_rejects_bad_flags(capsys):
 
 
 def test_bench_module_imports_without_torch():
-    code = "import sys, dcp.loaders.bench, dcp.loaders; print('torch' in sys.modules)"
+    code = "import sys, dcp.bench.loaders, dcp.loaders; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

@@ -100,3 +100,12 @@ def test_readme_paper_snippet_runs_as_written(tmp_path, monkeypatch):
     exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 - the documented snippet itself
     mgr = scope["mgr"]
     assert mgr.epoch == 2 and len(mgr.step_stats) >= 2 and mgr.table is not None
+
+
+def test_parity_without_pandas_names_the_extra(monkeypatch):
+    # pandas is an extra (dcp[parity]): dcp parity says which, in one line, before any work
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pandas", None)
+    with pytest.raises(ValueError, match=r"dcp parity needs pandas \(not installed\).*pip install 'dcp\[hf,parity\]'"):
+        parity.run(argparse.Namespace())

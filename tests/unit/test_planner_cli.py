@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from dcp.planner import bench, cli
+from dcp.bench import planner as bench
+from dcp.planner import cli
 from dcp.planner.lengths import synthetic_lengths
 
 
@@ -98,7 +99,7 @@ def test_bench_bad_world_sizes(capsys):
 def test_bench_planner_rejects_bad_arguments(capsys):
     import argparse
 
-    from dcp.planner import bench
+    from dcp.bench import planner as bench
 
     for world_sizes, steps, step_ms, needle in (
         ("8,x", 5, 200.0, "must be comma-separated integers"),

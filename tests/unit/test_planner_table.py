@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -130,3 +131,15 @@ def test_parquet_wrong_version(table, tmp_path):
     pq.write_table(tbl.replace_schema_metadata({b"dcp_meta": json.dumps(meta).encode()}), str(path))
     with pytest.raises(TableError, match=r"format_version \(0\)"):
         ProfileTable.load(path)
+
+
+def test_parquet_without_pyarrow_names_the_extra(table, tmp_path, monkeypatch):
+    # pyarrow is an extra (dcp[parquet]): without it a .parquet path is one clear line, a .csv still works
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    (tmp_path / "old.parquet").write_bytes(b"PAR1")
+    for call in (lambda: table.save(tmp_path / "t.parquet"), lambda: ProfileTable.load(tmp_path / "old.parquet")):
+        with pytest.raises(TableError, match=r"needs pyarrow \(not installed\): pip install 'dcp\[parquet\]'"):
+            call()
+    table.save(tmp_path / "t.csv")
+    assert ProfileTable.load(tmp_path / "t.csv") == table

@@ -7,8 +7,9 @@ import json
 
 import pytest
 
+from dcp.bench import sim as bench
 from dcp.planner.analytic import CPU_SMALL
-from dcp.sim import bench, cli
+from dcp.sim import cli
 
 
 def _run(module, argv):

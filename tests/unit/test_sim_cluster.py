@@ -7,9 +7,10 @@ import dataclasses
 import pytest
 
 from dcp.data_dists import load_distribution
+from dcp.named_models import T1D_5B, T2D_1B2
 from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
 from dcp.sim.cluster import SimulationError, ideal_tokens_per_s, simulate, step_cost
-from dcp.sim.hardware import H100, H200, T1D_5B, T2D_1B2
+from dcp.sim.hardware import H100, H200
 from dcp.sim.scenario import ScenarioError, paper_config, paper_table, scenario
 
 METHODS = ("bucket", "packed", "dcp-inter", "dcp-intra")

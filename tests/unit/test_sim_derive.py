@@ -7,9 +7,10 @@ import dataclasses
 import pytest
 
 from dcp.cli import main
+from dcp.named_models import T1D_5B, T2D_1B2
 from dcp.planner.analytic import analytic_table
 from dcp.sim.derive import DeriveError, derive_sp_table
-from dcp.sim.hardware import H100, T1D_5B, T2D_1B2
+from dcp.sim.hardware import H100
 
 
 def _table(model, attention, sp_sizes, world_size, frames=None):

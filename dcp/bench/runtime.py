@@ -116,7 +116,7 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dcp.testing import run_distributed
+    from dcp.distributed.launch import run_distributed
 
     for flag in ("steps", "rounds", "seq_len", "ga_steps"):  # before starting processes
         if getattr(args, flag) < 1:

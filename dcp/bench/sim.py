@@ -16,13 +16,13 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from dcp.planner.analytic import CPU_SMALL
+from dcp.sim.calibration import percentile
 
 DEFAULT_GLOB = "experiments/results/**/steps.csv"
 
@@ -43,15 +43,6 @@ class ErrorStats:
     """90th-percentile error (nearest-rank)."""
     mean_signed_pct: float
     """Mean of (predicted - measured) / measured: > 0 when the simulator over-predicts."""
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in [0, 100]) of a non-empty sequence."""
-    if not values:
-        raise BenchError("values ([]) is empty: a percentile needs at least one value")
-    s = sorted(values)
-    k = max(1, math.ceil(q / 100 * len(s)))
-    return s[k - 1]
 
 
 def compare_step_times(pairs: Sequence[tuple[float, float]]) -> ErrorStats:

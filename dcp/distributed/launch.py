@@ -1,4 +1,5 @@
-"""Run a function on N local processes joined by a gloo process group (tests and benchmarks on CPU).
+"""Run a function on N local processes joined by a process group: the multi-process launcher of ``dcp demo``,
+``dcp parity``, the local sweeps, the benchmarks and the multi-process tests (gloo on CPU by default).
 
 ``run_distributed(fn, world_size, *args)`` spawns N processes, each initialises ``torch.distributed`` with
 a free TCP port, calls ``fn(rank, world_size, *args)`` and sends its return value back. The parent

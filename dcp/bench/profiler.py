@@ -167,7 +167,7 @@ def _err(pred: float, meas: float) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dcp.testing import run_distributed
+    from dcp.distributed.launch import run_distributed
 
     spec = {
         "models": [m for m in args.models.split(",") if m],

@@ -1,6 +1,7 @@
 """Forward+backward time of a reference model per (sequence length, SP size) on gloo CPU processes.
 
-    python -m dcp.models.bench --model t1d-tiny --seq-lens 256,1024,4096 --sp-sizes 1,2 [--json]
+    dcp bench models --model t1d-tiny --seq-lens 256,1024,4096 --sp-sizes 1,2 [--json]
+    python -m dcp.bench.models ...        (the same)
 
 One row per measurement: median step time over ``--iters`` (after one warm-up), tokens per second per
 rank (the paper's per-GPU throughput, b * s / (p * T)), and the largest difference of the summed loss
@@ -13,6 +14,9 @@ import argparse
 import json
 import statistics
 import time
+
+from dcp.argtypes import int_list, positive_int
+from dcp.named_models import MODEL_NAMES
 
 
 def _measure(rank: int, world_size: int, model_name: str, seq_len: int, batch_size: int, iters: int) -> dict:
@@ -42,21 +46,24 @@ def _measure(rank: int, world_size: int, model_name: str, seq_len: int, batch_si
     return {"step_s": statistics.median(times), "loss_sum": float(loss_total), "tokens": batch.tokens}
 
 
-def main(argv: list[str] | None = None) -> int:
-    from dcp.testing import run_distributed
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="t1d-tiny", help="t1d-tiny, t2d-tiny, ... (dcp.models.MODEL_NAMES)")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="t1d-tiny", choices=MODEL_NAMES, help="a named reference model")
     parser.add_argument("--seq-lens", default="256,1024,4096", help="comma-separated token counts")
     parser.add_argument("--sp-sizes", default="1,2", help="comma-separated SP sizes (one process per rank)")
-    parser.add_argument("--batch-size", type=int, default=1)
-    parser.add_argument("--iters", type=int, default=3)
+    parser.add_argument("--batch-size", type=positive_int, default=1, help="samples per micro-batch")
+    parser.add_argument("--iters", type=positive_int, default=3, help="timed iterations after one warm-up")
     parser.add_argument("--json", action="store_true", help="last line: a JSON object with every row")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    seq_lens = int_list(args.seq_lens, "--seq-lens")  # before any process starts: a bad flag fails at once
+    sp_sizes = int_list(args.sp_sizes, "--sp-sizes")
+    from dcp.distributed.launch import run_distributed
+
     rows = []
-    for seq_len in (int(x) for x in args.seq_lens.split(",")):
+    for seq_len in seq_lens:
         base = None
-        for p in (int(x) for x in args.sp_sizes.split(",")):
+        for p in sp_sizes:
             out = run_distributed(_measure, p, args.model, seq_len, args.batch_size, args.iters)[0]
             base = out["loss_sum"] if base is None else base
             row = {
@@ -70,6 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps({"rows": rows}))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dcp bench models", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

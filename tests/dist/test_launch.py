@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from dcp.testing import DistributedFailure, run_distributed
+from dcp.distributed.launch import DistributedFailure, run_distributed
 
 pytestmark = pytest.mark.dist
 

@@ -203,9 +203,12 @@ def run(args: argparse.Namespace) -> int:
           f"{sum(eff_lens) // len(eff_lens)} unpadded {eff['unpadded_ms']:.1f} ms: real tokens/s ratio "
           f"{eff['padded_efficiency']:.3f}")
     if args.csv:
-        import pandas as pd
+        import csv
 
-        pd.DataFrame(out).to_csv(args.csv, index=False)
+        with open(args.csv, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(out[0]) if out else [])
+            writer.writeheader()
+            writer.writerows(out)
         print(f"wrote {args.csv}")
     if args.json:
         print(json.dumps(summary))
