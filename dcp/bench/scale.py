@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
 def _line(row: dict[str, Any], header: bool = True) -> str:
     cols = [("W", "world_size", 6), ("rank", "rank", 6), ("startup_s", "startup_s", 10), ("groups", "process_groups", 7),
             ("world_ctl/unlogged", "world_collectives_unlogged_step", 19), ("world_ctl/logged", "world_collectives_logged_step", 17),
-            ("host_ms", "host_ms_per_step", 8), ("wall_ms", "host_wall_ms_per_step", 8), ("collate_ms", "collate_ms_per_step", 11),
+            ("host_ms", "host_ms_per_step", 8), ("wall_ms", "host_wall_ms_per_step", 8), ("mbs", "micro_batches_per_step", 5), ("collate_ms", "collate_ms_per_step", 11),
             ("plan_cpu_ms", "plan_cpu_ms_per_step", 12), ("plan_exp_ms", "plan_exposed_ms", 12),
             ("planned<0", "planned_before_step0", 10)]
 
@@ -196,6 +196,8 @@ class _Probe:
         """Training-thread CPU seconds inside the model (forward, backward, optimizer step), per tick."""
         self.plan_wait_s: Counter = Counter()
         self.plans_taken = 0
+        self.micro_batches: Counter = Counter()
+        """Micro-batches this rank ran, per tick (host time grows with them: collation, phase, engine)."""
         self.step_start: dict[int, tuple[float, float, float]] = {}
         """tick -> (wall, process CPU, training-thread CPU) when the manager reached it."""
 
@@ -286,6 +288,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
                 first_s, before0 = time.perf_counter() - t1, probe.plans_taken
                 probe.mgr = mgr
                 probe.mark()
+            probe.micro_batches[probe.tick()] += 1
             mgr.optimize_dynamics(batch, eng)
             with mgr.profile(batch, eng):
                 loss = eng(batch)
@@ -343,6 +346,8 @@ def _row(spec: dict[str, Any], census: Any, probe: _Probe, data: _TokenDataset, 
         "host_ms_logged": round(statistics.median(host_logged), 3) if host_logged else None,
         "host_ms_unlogged": round(statistics.median(host_unlogged), 3) if host_unlogged else None,
         "host_wall_ms_per_step": round(statistics.median(wall), 3),
+        "micro_batches_per_step": statistics.median(probe.micro_batches[t] for t in ticks),
+        "host_ms_per_micro_batch": round(sum(host) / max(1, sum(probe.micro_batches[t] for t in ticks)), 3),
         "steps_timed": len(ticks), "logged_steps_timed": len(world_logged),
         "collectives": collectives,
         "samples": spec["samples_per_rank"] * w * (spec["steps"] + 2), "mb_ms": spec["mb_ms"],

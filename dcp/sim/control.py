@@ -34,14 +34,16 @@ AGREEMENT_ROW_BYTES = 14 * 8
 """[counted] dcp.runtime.exchange.ROW_WORDS int64 words per rank, what the census saw per logged step."""
 
 HOST_MS_BY_WORLD: tuple[tuple[int, float, float], ...] = (
-    (64, 12.0, 12.0),
-    (512, 20.0, 20.0),
-    (4096, 60.0, 60.0),
+    (64, 12.4, 21.5),
+    (512, 41.3, 14.8),
+    (4096, 46.2, 103.3),
 )
-"""[measured] (W, host ms per unlogged step, host ms per logged step): median over ranks 0, W/2, W-1 of
-``dcp bench scale`` host_ms (training-thread CPU outside the model), rounded up; see docs/scale.md for the
-run. Replaced when the bench is rerun."""
-
+"""[measured] (W, host ms per unlogged step, host ms per logged step): the median over ranks 0, W/2, W-1 of
+``dcp bench scale`` host_ms (the training thread's CPU outside the model) on this project's 2-core shared
+host, 2026-11-25 at b9517b7: logged from ``dcp bench scale --json`` (log_every 1: every step logged),
+unlogged from ``dcp bench scale --log-every 3 --steps 7 --json``. A rank's host time follows how many
+micro-batches it runs in a step (~1 ms each) as much as whether the step is logged, so the two columns
+are not ordered at every W; docs/scale.md has the runs."""
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ControlCollective:
