@@ -139,6 +139,8 @@ class _TokenDataset:
         self._lengths = [int(n) for n in lengths]
         self._buf = torch.arange(max(self._lengths), dtype=torch.long) % 1000
         self.collate_s: Counter = Counter()
+        self.offthread_cpu_s: Counter = Counter()
+        """CPU of collations run off the training thread (a prefetch thread), per tick: not planning."""
         self.clock = lambda: 0
 
     def __len__(self) -> int:
@@ -154,11 +156,15 @@ class _TokenDataset:
         return index, self._buf[: self._lengths[index]]
 
     def collate(self, samples: Any) -> Any:
+        import threading
+
         from dcp.models.common import collate_tokens
 
-        t0 = time.perf_counter()
+        tick, t0, c0 = self.clock(), time.perf_counter(), time.thread_time()
         batch = collate_tokens([s for _, s in samples], [i for i, _ in samples])
-        self.collate_s[self.clock()] += time.perf_counter() - t0
+        self.collate_s[tick] += time.perf_counter() - t0
+        if threading.current_thread() is not threading.main_thread():
+            self.offthread_cpu_s[tick] += time.thread_time() - c0
         return batch
 
 
@@ -241,9 +247,9 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    from dcp import set_manager
     from dcp.bench.census import Census
     from dcp.data_dists import load_lengths
-    from dcp.runtime.manager import set_manager
     from dcp.sim.scenario import paper_config, paper_table, scenario
 
     torch.set_num_threads(1)
@@ -317,7 +323,8 @@ def _row(spec: dict[str, Any], census: Any, probe: _Probe, data: _TokenDataset, 
         # host) is not work, so this is what the runtime costs the host per step whatever else runs
         host.append(1e3 * ((th1 - th0) - probe.model_cpu_s[t] - own))
         wall.append(1e3 * (w1 - w0 - probe.model_s[t] - probe.plan_wait_s[t] - own))
-        plan_cpu.append(1e3 * ((p1 - p0) - (th1 - th0)))  # CPU of the other threads: the plan-ahead thread
+        # CPU of the other threads: the plan-ahead thread (a prefetch thread's collation taken out)
+        plan_cpu.append(1e3 * ((p1 - p0) - (th1 - th0) - data.offthread_cpu_s[t]))
         n_world = sum(n for (tag, _, size, _), n in by_tick.get(t, Counter()).items() if size == w and tag == "")
         (world_logged if t in logged else world_unlogged).append(n_world)
         (host_logged if t in logged else host_unlogged).append(host[-1])
@@ -341,6 +348,7 @@ def _row(spec: dict[str, Any], census: Any, probe: _Probe, data: _TokenDataset, 
         "first_batch_s": round(first_s or 0.0, 3),
         "startup_collectives": len(startup),
         "collate_ms_per_step": round(statistics.median(1e3 * data.collate_s[t] for t in ticks), 3),
+        "collate_offthread_ms_per_step": round(statistics.median(1e3 * data.offthread_cpu_s[t] for t in ticks), 3),
         "plan_cpu_ms_per_step": round(statistics.median(plan_cpu), 3),
         "host_ms_max": round(max(host), 3),
         "host_ms_logged": round(statistics.median(host_logged), 3) if host_logged else None,
