@@ -75,6 +75,15 @@ def local_sync_safe(blocks: list[tuple[int, int]]) -> bool:
     return True
 
 
+def splits_world_communicator() -> bool:
+    """True when new groups are split from the world's communicator (a default group bound to a device, as
+    ``init_process_group(device_id=...)`` makes): every rank must then take part in every group's creation."""
+    import torch.distributed as dist
+
+    group = dist.distributed_c10d._get_default_group()
+    return getattr(group, "bound_device_id", None) is not None
+
+
 class SPGroupRegistry:
     """This rank's SP process groups; construct it on all ranks after ``init_process_group``."""
 
@@ -119,7 +128,7 @@ class SPGroupRegistry:
             self.local = True
             return
         rank = dist.get_rank()
-        self.local = local_sync_safe(self.blocks)
+        self.local = local_sync_safe(self.blocks) and not splits_world_communicator()
         """True: only this rank's blocks were created (members only); False: every block, on every rank."""
         for first, p in self.blocks:
             mine = first <= rank < first + p

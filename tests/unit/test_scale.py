@@ -22,6 +22,9 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from dcp.bench.census import Census
 from dcp.runtime.registry import SPGroupRegistry
 w, rank = int(sys.argv[1]), int(sys.argv[2])
+if len(sys.argv) > 3:  # a world bound to a device (NCCL's eager mode): every rank must join every split
+    import dcp.runtime.registry as registry
+    registry.splits_world_communicator = lambda: True
 dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=w)
 with Census(dist, agreeing_world=True) as census:
     reg = SPGroupRegistry(w, 8, [1, 2, 4, 8, 16])
@@ -49,6 +52,14 @@ def test_registry_creates_one_group_per_sp_size_at_4096_ranks(rank):
     assert got["local"] and got["new_groups"] == len(SIZES) == got["members"]
     assert got["own"] == {str(p): [rank // p * p, p] for p in SIZES}
     assert got["other"]
+
+
+def test_registry_creates_every_block_where_groups_split_from_the_world():
+    out = subprocess.run([sys.executable, "-c", FAKE_REGISTRY, "64", "9", "eager"], capture_output=True, text=True,
+                         check=True, timeout=120)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not got["local"] and got["new_groups"] == len(sp_blocks(64, 8, SIZES)) and got["members"] == len(SIZES)
+    assert got["own"] == {str(p): [9 // p * p, p] for p in SIZES}
 
 
 def _args(**kw) -> argparse.Namespace:
