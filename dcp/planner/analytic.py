@@ -388,25 +388,10 @@ def optimizer_step_time_s(model: ModelShapeConfig, hardware: HardwareSpec, world
     return model.num_params * per_param / max(1, world_size) / hardware.mem_bandwidth_bytes_per_s
 
 
-def analytic_table(
-    model: ModelShapeConfig,
-    seq_group_edges: Sequence[int],
-    *,
-    sp_sizes: Sequence[int],
-    max_micro_batch_size: int,
-    world_size: int,
-    hardware: HardwareSpec,
-    dtype_bytes: int = 4,
-    attention: str = "1d",
-    frames_per_sample: int | Sequence[int] | None = None,
-    mem_capacity_bytes: float | None = None,
-) -> ProfileTable:
-    """Rows for every seq_group edge, p in sp_sizes (p <= world_size) and b = 1, 2, 4, ... <= max.
-
-    ``frames_per_sample`` (2d only): T per sample, one value or one per seq_group; None splits
-    s = S x T as a square. A row whose memory at r = L exceeds ``mem_capacity_bytes`` is kept with
-    feasible=False and larger b at that (seq_group, p) are not generated (memory grows with b).
-    """
+def _table_args(model: ModelShapeConfig, seq_group_edges: Sequence[int], *, sp_sizes: Sequence[int],
+                max_micro_batch_size: int, world_size: int, dtype_bytes: int, attention: str,
+                frames_per_sample: int | Sequence[int] | None) -> tuple[tuple[int, ...], list]:
+    """``analytic_table``'s arguments checked (one clear error each): the edges and the frames per seq_group."""
     _attentions(attention)
     edges = tuple(int(e) for e in seq_group_edges)
     if not edges or any(e < 1 for e in edges) or any(b <= a for a, b in zip(edges, edges[1:], strict=False)):
@@ -436,6 +421,31 @@ def analytic_table(
                 f"frames_per_sample ({frames}) has {len(frames)} entries for {len(edges)} seq_groups: "
                 "give one value or one per seq_group"
             )
+    return edges, frames
+
+
+def analytic_table(
+    model: ModelShapeConfig,
+    seq_group_edges: Sequence[int],
+    *,
+    sp_sizes: Sequence[int],
+    max_micro_batch_size: int,
+    world_size: int,
+    hardware: HardwareSpec,
+    dtype_bytes: int = 4,
+    attention: str = "1d",
+    frames_per_sample: int | Sequence[int] | None = None,
+    mem_capacity_bytes: float | None = None,
+) -> ProfileTable:
+    """Rows for every seq_group edge, p in sp_sizes (p <= world_size) and b = 1, 2, 4, ... <= max.
+
+    ``frames_per_sample`` (2d only): T per sample, one value or one per seq_group; None splits
+    s = S x T as a square. A row whose memory at r = L exceeds ``mem_capacity_bytes`` is kept with
+    feasible=False and larger b at that (seq_group, p) are not generated (memory grows with b).
+    """
+    edges, frames = _table_args(model, seq_group_edges, sp_sizes=sp_sizes, max_micro_batch_size=max_micro_batch_size,
+                                world_size=world_size, dtype_bytes=dtype_bytes, attention=attention,
+                                frames_per_sample=frames_per_sample)
     rows = []
     for g, s in enumerate(edges):
         for p in sorted(set(sp_sizes)):
@@ -443,23 +453,9 @@ def analytic_table(
                 continue
             b = 1
             while b <= max_micro_batch_size:
-                row = analytic_row(
-                    model,
-                    g,
-                    s,
-                    b,
-                    p,
-                    world_size=world_size,
-                    hardware=hardware,
-                    dtype_bytes=dtype_bytes,
-                    attention=attention,
-                    frames=frames[g],
-                )
-                fits = (
-                    mem_capacity_bytes is None
-                    or micro_batch_mem_bytes(row, row.num_layers) <= mem_capacity_bytes
-                )
-                if not fits:
+                row = analytic_row(model, g, s, b, p, world_size=world_size, hardware=hardware,
+                                   dtype_bytes=dtype_bytes, attention=attention, frames=frames[g])
+                if not (mem_capacity_bytes is None or micro_batch_mem_bytes(row, row.num_layers) <= mem_capacity_bytes):
                     rows.append(dataclasses.replace(row, feasible=False))
                     break
                 rows.append(row)

@@ -20,13 +20,14 @@ group on every aligned block of p ranks (``placement.aligned_slots``); ranks no 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 import numpy as np
 
 from dcp.planner.cost import micro_batch_time_s, min_recompute_layers
 from dcp.planner.placement import aligned_slots
 from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
+from dcp.planner.source import EpochInput
 from dcp.planner.stream import (
     MicroBatchQueues,
     PlanningError,
@@ -35,9 +36,6 @@ from dcp.planner.stream import (
     no_setting_error,
 )
 from dcp.planner.table import ProfileRow, ProfileTable
-
-if TYPE_CHECKING:
-    from dcp.planner.assemble import EpochPlanner
 
 
 def _fits_full_recompute(row: ProfileRow, cap: float) -> bool:
@@ -144,12 +142,24 @@ def packed_token_budget(table: ProfileTable, sp_size: int, mem_capacity_bytes: f
     return max(fits)
 
 
-def baseline_steps(pl: EpochPlanner) -> Iterator[StepPlan]:
+class BaselinePlan(NamedTuple):
+    """A baseline's plans of one epoch and the choices they were made with."""
+
+    steps: Iterator[StepPlan]
+    """The StepPlans, made as they are iterated."""
+    sp_size: int
+    """The one SP size p (0 for an empty epoch)."""
+    batch_sizes: dict[int, int]
+    """Bucket methods: micro-batch size per seq_group ({} for packed)."""
+
+
+def baseline_plan(pl: EpochInput) -> BaselinePlan:
+    """The epoch's plans for planning.method bucket, bucket-search or packed."""
     cfg = pl.config.planning
     cap = cfg.mem_capacity_bytes
     present = np.unique(pl.groups).tolist()
     if not present:
-        return iter(())
+        return BaselinePlan(iter(()), 0, {})
     p = fixed_sp_size(
         pl.table,
         sp_sizes=cfg.sp_sizes,
@@ -159,18 +169,17 @@ def baseline_steps(pl: EpochPlanner) -> Iterator[StepPlan]:
         mem_capacity_bytes=cap,
     )
     slots = aligned_slots(p, pl.world_size, cfg.ranks_per_node)
-    pl.baseline_sp_size = p
     if pl.method == "bucket":
-        pl.batch_sizes = bucket_batch_sizes(pl.table, p, present, cap, pl.groups)
-        return _bucket(pl, p, slots, pl.batch_sizes)
+        b_of = bucket_batch_sizes(pl.table, p, present, cap, pl.groups)
+        return BaselinePlan(_bucket(pl, p, slots, b_of), p, b_of)
     if pl.method == "bucket-search":
-        pl.batch_sizes = searched_batch_sizes(pl, p, slots, present, cap)
-        return _bucket(pl, p, slots, pl.batch_sizes)
+        b_of = searched_batch_sizes(pl, p, slots, present, cap)
+        return BaselinePlan(_bucket(pl, p, slots, b_of), p, b_of)
     budget = packed_token_budget(pl.table, p, cap, cfg.packed_token_budget)
-    return _packed(pl, p, slots, budget)
+    return BaselinePlan(_packed(pl, p, slots, budget), p, {})
 
 
-def searched_batch_sizes(pl: EpochPlanner, p: int, slots: list[int], present: list[int], cap: float) -> dict[int, int]:
+def searched_batch_sizes(pl: EpochInput, p: int, slots: list[int], present: list[int], cap: float) -> dict[int, int]:
     """Batch sizes of the bucket rule for the reference time that maximises predicted epoch throughput.
 
     Candidates: every full-recompute time of a fitting row at p of a present seq_group (each b assignment the
@@ -202,7 +211,7 @@ def searched_batch_sizes(pl: EpochPlanner, p: int, slots: list[int], present: li
     return best
 
 
-def _step(pl: EpochPlanner, step: int, p: int, slots: list[int], mbs: list[MicroBatch | None]) -> StepPlan:
+def _step(pl: EpochInput, step: int, p: int, slots: list[int], mbs: list[MicroBatch | None]) -> StepPlan:
     L = pl.table.num_layers
     groups = []
     covered = set()
@@ -217,7 +226,7 @@ def _step(pl: EpochPlanner, step: int, p: int, slots: list[int], mbs: list[Micro
     return StepPlan(pl.epoch, step, pl.world_size, pl.method, tuple(groups))
 
 
-def _bucket(pl: EpochPlanner, p: int, slots: list[int], b_of: dict[int, int]) -> Iterator[StepPlan]:
+def _bucket(pl: EpochInput, p: int, slots: list[int], b_of: dict[int, int]) -> Iterator[StepPlan]:
     mbq = MicroBatchQueues(pl.lengths, pl.groups, pl.order, b_of, shapes=pl.shapes)
     L = pl.table.num_layers
     mb_time = micro_batch_times(mbq, TimeLookup(pl.table), {g: (p, L) for g in b_of}).tolist()
@@ -230,7 +239,7 @@ def _bucket(pl: EpochPlanner, p: int, slots: list[int], b_of: dict[int, int]) ->
         step += 1
 
 
-def _packed(pl: EpochPlanner, p: int, slots: list[int], budget: int) -> Iterator[StepPlan]:
+def _packed(pl: EpochInput, p: int, slots: list[int], budget: int) -> Iterator[StepPlan]:
     L = pl.table.num_layers
     cap = pl.config.planning.mem_capacity_bytes
     one: dict[int, tuple[float, float]] = {}  # seq_group -> (b=1 time at r = L, its T_C)
@@ -267,7 +276,7 @@ def _packed(pl: EpochPlanner, p: int, slots: list[int], budget: int) -> Iterator
 
 
 def _pack_steps(
-    pl: EpochPlanner, p: int, slots: list[int], budget: int, one: dict[int, tuple[float, float]],
+    pl: EpochInput, p: int, slots: list[int], budget: int, one: dict[int, tuple[float, float]],
     sample_time: np.ndarray, pack_time: Callable[[list[int]], float] | None = None,
 ) -> Iterator[StepPlan]:
     order = pl.order.tolist()

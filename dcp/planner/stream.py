@@ -124,6 +124,25 @@ def _runs(pos: np.ndarray, b: int, n: int) -> tuple[np.ndarray, np.ndarray, np.n
     return starts, cnt, ready
 
 
+def _fifo_runs(pos: np.ndarray, order: np.ndarray, shapes: np.ndarray | None, s_span: int, b: int,
+               n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One seq_group's stream positions ``pos`` (increasing) as FIFOs (2D: one per shape, a stable sort by shape
+    keeping stream order inside each) and their b-sample runs: (positions in FIFO order, run starts into them,
+    run sample counts, run ready positions)."""
+    if shapes is None:
+        return (pos, *_runs(pos, b, n))
+    key = shapes[order[pos], 0] * s_span + shapes[order[pos], 1]
+    by_shape = np.argsort(key, kind="stable")
+    pos, key = pos[by_shape], key[by_shape]
+    cuts = np.flatnonzero(np.diff(key)) + 1  # where one shape's FIFO ends and the next begins
+    parts = [_runs(part, b, n) for part in np.split(pos, cuts)]
+    offsets = np.concatenate([[0], cuts])
+    starts = np.concatenate([st + off for (st, _, _), off in zip(parts, offsets, strict=True)])
+    cnt = np.concatenate([c for _, c, _ in parts])
+    ready = np.concatenate([r for _, _, r in parts])
+    return pos, starts, cnt, ready
+
+
 class MicroBatchQueues:
     """All micro-batches of an epoch in readiness order, with per-seq_group FIFO queues.
 
@@ -155,27 +174,13 @@ class MicroBatchQueues:
         for g in range(len(counts)):
             if counts[g] == 0:
                 continue
-            pos = by_group[bounds[g] : bounds[g + 1]]
-            if shapes is not None:
-                # one FIFO per shape: a stable sort by shape keeps stream order inside each shape
-                key = shapes[order[pos], 0] * s_span + shapes[order[pos], 1]
-                by_shape = np.argsort(key, kind="stable")
-                pos, key = pos[by_shape], key[by_shape]
+            pos, starts, cnt, ready = _fifo_runs(by_group[bounds[g] : bounds[g + 1]], order, shapes, s_span,
+                                                 int(micro_batch_size[g]), n)
             ids = order[pos]
             self.sample_ids[g] = ids
             self.seq_lens[g] = lengths[ids]
             self.ids_list[g] = tuple(ids.tolist())
             self.lens_list[g] = tuple(self.seq_lens[g].tolist())
-            b = int(micro_batch_size[g])
-            if shapes is None:
-                starts, cnt, ready = _runs(pos, b, n)
-            else:
-                cuts = np.flatnonzero(np.diff(key)) + 1  # where one shape's FIFO ends and the next begins
-                parts = [_runs(part, b, n) for part in np.split(pos, cuts)]
-                offsets = np.concatenate([[0], cuts])
-                starts = np.concatenate([st + off for (st, _, _), off in zip(parts, offsets, strict=True)])
-                cnt = np.concatenate([c for _, c, _ in parts])
-                ready = np.concatenate([r for _, _, r in parts])
             # padded tokens per sample: the longest sample (2D: one shape per micro-batch, so its T x S)
             padded = np.maximum.reduceat(self.seq_lens[g], starts)
             mb_group.append(np.full(len(ready), g, dtype=np.int64))
@@ -183,6 +188,11 @@ class MicroBatchQueues:
             mb_start.append(starts)
             mb_count.append(cnt)
             mb_padded.append(padded)
+        self._index(mb_group, mb_ready, mb_start, mb_count, mb_padded)
+        self.num = len(self.group)
+
+    def _index(self, mb_group: list, mb_ready: list, mb_start: list, mb_count: list, mb_padded: list) -> None:
+        """The global micro-batch index over every seq_group's runs, in readiness order."""
         if mb_ready:
             ready_all = np.concatenate(mb_ready)
             srt = np.argsort(ready_all, kind="stable")
@@ -203,7 +213,6 @@ class MicroBatchQueues:
             g: tuple(np.flatnonzero(grp_all == g).tolist()) for g in self.sample_ids
         }
         """Per seq_group: global micro-batch indices in FIFO order."""
-        self.num = len(self.group)
 
     def micro_batch(self, k: int, time_s: float, lo: int = 0, hi: int | None = None) -> MicroBatch:
         """MicroBatch of global micro-batch k (optionally only its samples lo:hi)."""

@@ -194,13 +194,13 @@ def test_window_order_by_rank_is_the_stable_longest_first_order():
     cfg, table = make(12, rpn=4)
     planner = EpochPlanner(lengths_for(3000, seed=5), table, cfg, 12)
     next(planner)  # the epoch's preparation
-    t = planner._mb_t
+    t = planner.arrays.mb_t
     assert len(np.unique(t)) < len(t)  # ties exist, so their order is checked too
     rng = np.random.default_rng(0)
     for size in (1, 7, len(t) // 3, len(t)):
         win = np.sort(rng.choice(len(t), size, replace=False))
         want = win[np.argsort(-t[win], kind="stable")]
-        np.testing.assert_array_equal(win[np.argsort(planner._rank_desc[win])], want)
+        np.testing.assert_array_equal(win[np.argsort(planner.arrays.rank_desc[win])], want)
 
 
 @pytest.mark.parametrize("method", ["dcp-intra", "dcp-inter"])
@@ -208,17 +208,17 @@ def test_large_world_rounds_packing(method, monkeypatch):
     """From BULK_MIN_RANKS ranks the numpy packer (group counts per kind, then longest-first rounds) plans the
     steps: every sample once, node-aligned cover, Gmax, the same plans twice, and full steps balanced within
     the same tolerances as the one-by-one best fit at small worlds."""
-    from dcp.planner import assemble
+    from dcp.planner import packing, tuning
 
-    world = assemble.BULK_MIN_RANKS
+    world = tuning.BULK_MIN_RANKS
     calls = []
-    real = EpochPlanner._pack_rounds
+    real = packing.pack_rounds
 
-    def spy(self, *args, **kwargs):
+    def spy(*args, **kwargs):
         calls.append(1)
-        return real(self, *args, **kwargs)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(EpochPlanner, "_pack_rounds", spy)
+    monkeypatch.setattr(packing, "pack_rounds", spy)
     cfg, table = make(world, method=method, cap_mib=48)
     lengths = _long_tailed(200 * world, seed=7)
     pl = EpochPlanner(lengths, table, cfg, world)
@@ -237,19 +237,21 @@ def test_large_world_rounds_packing(method, monkeypatch):
 def test_rounds_fill_each_kind_with_its_own_work_first():
     """A group of more recompute may take micro-batches of less (timed at its r), but only after its own
     kind's: else it takes the short-recompute work and leaves the work it was granted for in the stream."""
-    pl = EpochPlanner.__new__(EpochPlanner)
+    from types import SimpleNamespace
+
+    from dcp.planner.rounds import fill_rounds
+
     # micro-batches 0-3: p = 1, r = 0 (1.0 s at r = 0, 1.5 s at r = 4); 4-5: p = 1, r = 4 (1.2 s)
-    pl._mb_p_np = np.ones(6, dtype=np.int64)
-    pl._mb_r_np = np.array([0, 0, 0, 0, 4, 4])
-    pl._time_at_np = {0: np.array([1.0, 1.0, 1.0, 1.0, np.nan, np.nan]),
-                      4: np.array([1.5, 1.5, 1.5, 1.5, 1.2, 1.2])}
+    ep = SimpleNamespace(mb_p_np=np.ones(6, dtype=np.int64), mb_r_np=np.array([0, 0, 0, 0, 4, 4]),
+                         time_at_np={0: np.array([1.0, 1.0, 1.0, 1.0, np.nan, np.nan]),
+                                     4: np.array([1.5, 1.5, 1.5, 1.5, 1.2, 1.2])})
     groups = [[1, 0, 0.0, []], [1, 4, 0.0, []]]
-    pl._fill_rounds(groups, {1: [(0, [], [0]), (4, [], [1])]}, [0, 1, 2, 3, 4, 5], limit=4.0)
+    fill_rounds(ep, groups, {1: [(0, [], [0]), (4, [], [1])]}, [0, 1, 2, 3, 4, 5], limit=4.0)
     assert sorted(groups[1][3]) == [4, 5] and groups[1][2] == pytest.approx(2.4)  # its own two, not two 1.5 s
     assert sorted(groups[0][3]) == [0, 1, 2, 3] and groups[0][2] == 4.0
     # room left after its own: a more-recompute group takes less-recompute left-overs, at its own r's time
     groups = [[1, 0, 0.0, []], [1, 4, 0.0, []]]
-    pl._fill_rounds(groups, {1: [(0, [], [0]), (4, [], [1])]}, [0, 1, 2, 3, 4], limit=3.6)
+    fill_rounds(ep, groups, {1: [(0, [], [0]), (4, [], [1])]}, [0, 1, 2, 3, 4], limit=3.6)
     assert sorted(groups[0][3]) == [0, 1, 2] and groups[0][2] == 3.0
     assert sorted(groups[1][3]) == [3, 4] and groups[1][2] == pytest.approx(2.7)
 
@@ -272,9 +274,9 @@ def test_large_world_head_never_displaces_the_longest(gmax):
     """The step's target is sized on the window's longest micro-batch. When the head shares its p with more
     recompute, the head once took the longest's group and pushed it to a later step: the step then ran
     longer than Gmax x its own longest micro-batch (found in review at 512 ranks)."""
-    from dcp.planner import assemble
+    from dcp.planner import tuning
 
-    world = assemble.BULK_MIN_RANKS
+    world = tuning.BULK_MIN_RANKS
     cfg, table = make(world, method="dcp-intra", cap_mib=8, gmax=gmax)
     lengths = np.random.default_rng(0).integers(50, 250, 40 * world)
     order = shuffled_order(len(lengths), cfg.planning.seed, 0)

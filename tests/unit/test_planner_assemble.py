@@ -354,7 +354,7 @@ def test_head_joins_a_larger_group_on_long_tail():
             for mb in g.micro_batches:
                 if g.sp_size > planner.settings[mb.seq_group].sp_size:
                     joined += 1
-                    s = planner._by_sp[mb.seq_group][g.sp_size]
+                    s = planner.arrays.by_sp[mb.seq_group][g.sp_size]
                     assert s.micro_batch_size >= mb.size and s.recompute_layers <= g.recompute_layers
                     want = times.lengths_time_s(mb.seq_group, g.sp_size, g.recompute_layers, mb.seq_lens)
                     assert mb.time_s == pytest.approx(want)

@@ -1,0 +1,186 @@
+"""Step 4 of a DCP step: placement of the packed groups on ranks, fillers for free ranks, and the StepPlan.
+
+Placement is ``placement.place_largest_first`` (aligned inside a node unless p exceeds one). Free ranks are
+filled with smaller-p settings of left-over window micro-batches (``_filler``); idle one-rank groups stand for
+what nothing fills. Micro-batches not taken stay for later steps. Building marks the step's micro-batches
+consumed in the ``EpochProgress``.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from dcp.planner.epoch import EpochArrays, EpochProgress
+from dcp.planner.intra import Setting
+from dcp.planner.placement import place_largest_first
+from dcp.planner.plan import MicroBatch, StepPlan
+
+
+def place_and_build(ep: EpochArrays, prog: EpochProgress, step: int, head: int, win: np.ndarray,
+                    groups: list[list], t_star: float, head_t: tuple[int, float] | None) -> StepPlan:
+    """Place ``groups`` (the head's first among equal p), fill free ranks and build the step's plan.
+    ``head_t``: (group, the head's time there) when the head joined a group of another p or r."""
+    W, rpn = ep.world_size, ep.ranks_per_node
+    has_head = [head in gr[3] for gr in groups]
+    order = sorted(range(len(groups)), key=lambda i: (-groups[i][0], not has_head[i], i))
+    starts, free = place_largest_first([groups[i][0] for i in order], W, rpn)
+    hi = order.index(has_head.index(True))
+    if starts[hi] is None:  # alignment left no slot for the head's group: drop the larger groups
+        p_h = groups[order[hi]][0]
+        order = [i for i in order if groups[i][0] <= p_h]
+        order.sort(key=lambda i: (-groups[i][0], not has_head[i], i))
+        starts, free = place_largest_first([groups[i][0] for i in order], W, rpn)
+    placed = [(st, groups[i]) for i, st in zip(order, starts, strict=True) if st is not None]
+    if len(placed) < len(groups):
+        t_star = _cap_to_gmax(ep, placed, head, t_star)
+    fillers: list[tuple[int, Setting, list[int]]] = []
+    idle: list[int] = []
+    if free:
+        _fill_free(ep, win, placed, free, t_star, fillers, idle)
+    return _build(ep, prog, step, placed, fillers, idle, head, head_t)
+
+
+def _fill_free(ep: EpochArrays, win: np.ndarray, placed: list, free: list[tuple[int, int]], t_star: float,
+               fillers: list, idle: list[int]) -> None:
+    """Fill free segments with window micro-batches not yet taken, at a smaller p if needed (``fillers``:
+    (first rank, setting, micro-batches)); ranks nothing fills go to ``idle``."""
+    rpn = ep.ranks_per_node
+    taken = {k for _, gr in placed for k in gr[3]}
+    rest: dict[int, list[int]] = {}
+    grp = ep.mbq.group
+    for k in win.tolist():
+        if k not in taken:
+            rest.setdefault(grp[k], []).append(k)
+    for lst in rest.values():
+        lst.reverse()  # pop() from the end yields release order
+    # A filler runs on ranks that would idle: up to the step's time (its longest placed group), never
+    # past it. T* is only the target; bounded by it, a filler group once made a t1d-long step at 32 x H200
+    # last 38.5 s beside groups of 10.5 s (69% idle).
+    fill_to = min(t_star, max((gr[2] for _, gr in placed), default=t_star))
+    for a, e in free:
+        while a < e:
+            pick = _filler(ep, a % rpn, e - a, rest, fill_to)
+            if pick is None:
+                idle.append(a)
+                a += 1
+                continue
+            s, ks = pick
+            fillers.append((a, s, ks))
+            a += s.sp_size
+
+
+def _cap_to_gmax(ep: EpochArrays, placed: list, head: int, t_star: float) -> float:
+    """The groups dropped for want of aligned ranks may have held the step's longest micro-batch, which
+    T* was sized on: keep the paper's Gmax bound for what is left (step time <= Gmax x the longest
+    micro-batch it runs) by returning the shortest micro-batches of over-long groups to the stream.
+    Returns the step's new target (the fillers' bound too)."""
+    longest = max(ep.time_at[gr[1]][k] for _, gr in placed for k in gr[3])
+    cap = min(t_star, ep.gmax * longest)
+    limit = cap * (1 + 1e-9)
+    for _, gr in placed:
+        at_r = ep.time_at[gr[1]]
+        ks = gr[3]
+        # the shortest first, never the head
+        for k in sorted((k for k in ks if k != head), key=lambda k: at_r[k]):
+            if gr[2] <= limit:
+                break
+            ks.remove(k)
+            gr[2] -= at_r[k]
+    return cap
+
+
+def _filler(ep: EpochArrays, local: int, room: int, rest: dict[int, list[int]], t_star: float):
+    """A smaller-p group for a free aligned slot: the earliest left-over window micro-batch with a setting
+    whose p fits, then more of its seq_group while the group stays within t_star. None: nothing fits."""
+    best_k, best = None, None
+    limit = t_star * (1 + 1e-9)
+    unit = ep.unit_time
+    for g, lst in rest.items():
+        if not lst or (best_k is not None and lst[-1] >= best_k):
+            continue
+        fits = [s for s in ep.options[g] if s.sp_size <= room and local % s.sp_size == 0
+                and unit[(g, s.sp_size)] <= limit]
+        if fits:
+            best_k, best = lst[-1], max(fits, key=lambda s: (s.tokens_per_gpu_s, s.sp_size))
+    if best is None:
+        return None
+    lst = rest[best.seq_group]
+    t_unit = unit[(best.seq_group, best.sp_size)]
+    ks = [lst.pop()]
+    load = t_unit
+    while lst and load + t_unit <= limit:
+        ks.append(lst.pop())
+        load += t_unit
+    return best, ks
+
+
+def _build(ep: EpochArrays, prog: EpochProgress, step: int, placed: list, fillers: list, idle: list[int],
+           head: int, head_t: tuple[int, float] | None) -> StepPlan:
+    """The StepPlan's arrays: placed groups in numpy (their micro-batches in release order), then the
+    smaller-p fillers (a few, chunked one by one) and the idle one-rank groups."""
+    counts = [len(gr[3]) for _, gr in placed]
+    kk = np.fromiter(itertools.chain.from_iterable(gr[3] for _, gr in placed), dtype=np.int64,
+                     count=sum(counts))
+    r_of = np.asarray([gr[1] for _, gr in placed], dtype=np.int64)
+    gidx = np.repeat(np.arange(len(placed)), counts)
+    kk = kk[np.lexsort((kk, gidx))]  # release order inside each group
+    r_mb = r_of[gidx]
+    times = np.empty(len(kk))
+    for r in np.unique(r_of).tolist():
+        sel = r_mb == r
+        times[sel] = ep.time_at_np[r][kk[sel]]
+    if head_t is not None:  # the head joined a group of another p or r (``improve.join_head``): its time there
+        times[kk == head] = head_t[1]
+    prog.consumed_np()[kk] = 1
+    size = ep.mb_count[kk]
+    # the samples of every micro-batch: consecutive runs of the epoch's flat sample arrays
+    offset = np.cumsum(size) - size
+    pos = np.repeat(ep.mb_flat[kk] - offset, size) + np.arange(int(size.sum()))
+    cols = dict(first=[st for st, _ in placed], p=[gr[0] for _, gr in placed], r=r_of.tolist(), ga=counts,
+                t=[times], g=[ep.mb_group[kk]], n=[size], ids=[ep.flat_ids[pos]], lens=[ep.flat_lens[pos]])
+    for st, s, ks in fillers:
+        _add_filler(ep, prog, cols, st, s, ks)
+    cols["first"].extend(idle)
+    cols["p"].extend([1] * len(idle))
+    cols["r"].extend([0] * len(idle))
+    cols["ga"].extend([0] * len(idle))
+    return StepPlan.from_arrays(
+        ep.epoch, step, ep.world_size, ep.method, first_rank=cols["first"], sp_size=cols["p"],
+        recompute_layers=cols["r"], ga_steps=cols["ga"], mb_time_s=np.concatenate(cols["t"]),
+        mb_seq_group=np.concatenate(cols["g"]), mb_size=np.concatenate(cols["n"]),
+        sample_ids=np.concatenate(cols["ids"]), seq_lens=np.concatenate(cols["lens"]),
+    )
+
+
+def _add_filler(ep: EpochArrays, prog: EpochProgress, cols: dict, st: int, s: Setting, ks: list[int]) -> None:
+    """Append a filler group (first rank st, setting s, primary micro-batches ks) to the plan's columns."""
+    ks.sort()
+    for k in ks:
+        prog.consumed[k] = 1
+    mbs = _chunked(ep, s.seq_group, s, ks)
+    cols["first"].append(st)
+    cols["p"].append(s.sp_size)
+    cols["r"].append(s.recompute_layers)
+    cols["ga"].append(len(mbs))
+    cols["t"].append(np.asarray([mb.time_s for mb in mbs]))
+    cols["g"].append(np.asarray([mb.seq_group for mb in mbs], dtype=np.int64))
+    cols["n"].append(np.asarray([len(mb.sample_ids) for mb in mbs], dtype=np.int64))
+    cols["ids"].append(np.asarray([i for mb in mbs for i in mb.sample_ids], dtype=np.int64))
+    cols["lens"].append(np.asarray([n for mb in mbs for n in mb.seq_lens], dtype=np.int64))
+
+
+def _chunked(ep: EpochArrays, g: int, s: Setting, ks: list[int]) -> list[MicroBatch]:
+    """Micro-batches of a smaller-p filler group: each primary micro-batch split into chunks of its b."""
+    mbq = ep.mbq
+    ids, lens = mbq.ids_list[g], mbq.lens_list[g]
+    chunk = ep.chunk(s)
+    out = []
+    for k in ks:
+        a, e = mbq.start[k], ep.mb_end[k]
+        for lo in range(a, e, chunk):
+            hi = min(e, lo + chunk)
+            t = ep.times.time_s(g, s.sp_size, s.recompute_layers, hi - lo)
+            out.append(MicroBatch(ids[lo:hi], lens[lo:hi], g, t))
+    return out

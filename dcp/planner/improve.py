@@ -1,0 +1,147 @@
+"""After packing a DCP step: the local search (``improve``), the head joining another group (``join_head``),
+and the measures both are judged by (``idle``, ``work``). Groups are ``[p, r, load, items]``."""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+
+import numpy as np
+
+from dcp.planner.epoch import EpochArrays, EpochProgress
+from dcp.planner.tuning import BULK_MIN_RANKS, IMPROVE_GROUPS, IMPROVE_MIN
+
+
+def idle(groups: list[list], world_size: int) -> float:
+    """GPU-weighted idle of packed groups over the world, at their longest load."""
+    t = max((gr[2] for gr in groups), default=0.0)
+    if t <= 0:
+        return 1.0
+    return 1.0 - sum(gr[0] * gr[2] for gr in groups) / (world_size * t)
+
+
+def work(groups: list[list]) -> float:
+    """GPU-seconds of work in packed groups."""
+    return sum(gr[0] * gr[2] for gr in groups)
+
+
+def _unclaimed(ts: list[float], ids: list[int], claimed: set[int], bound: float) -> int:
+    """Index of the longest entry of ``ts`` (ascending) at most ``bound`` whose id is not claimed (-1: none);
+    claimed entries met on the way are dropped."""
+    j = bisect.bisect_right(ts, bound) - 1
+    while j >= 0 and ids[j] in claimed:
+        ts.pop(j)
+        ids.pop(j)
+        j -= 1
+    return j
+
+
+def _left_over(prog: EpochProgress, win: np.ndarray, groups: list[list]) -> np.ndarray:
+    """The window's micro-batches no group holds, in window order."""
+    taken = np.fromiter(itertools.chain.from_iterable(gr[3] for gr in groups), dtype=np.int64,
+                        count=sum(len(gr[3]) for gr in groups))
+    mark = prog.mark  # all False between calls
+    mark[taken] = True
+    rest = win[~mark[win]]
+    mark[taken] = False
+    return rest
+
+
+def improve(ep: EpochArrays, prog: EpochProgress, win: np.ndarray, groups: list[list], head: int) -> None:
+    """Local search: in the emptiest groups (at most IMPROVE_GROUPS), swap a micro-batch for a longer one
+    left in the window (same p, recompute at most the group's) while the group stays within the step's
+    time (its longest group, not T*), and add left-over micro-batches that fit. The head stays. From
+    BULK_MIN_RANKS ranks only the adding: the rounds leave groups of many short micro-batches, whose swaps
+    cost a Python step each for little (t2d-balanced at 512 GPUs: 0.990 -> 0.980 of the ideal bound
+    without any local search)."""
+    if len(groups) < 2 or idle(groups, ep.world_size) < IMPROVE_MIN:
+        return
+    step_t = max(gr[2] for gr in groups) * (1 + 1e-9)
+    slack = [(step_t - gr[2], i) for i, gr in enumerate(groups) if step_t - gr[2] > IMPROVE_MIN * step_t]
+    if not slack:
+        return
+    slack.sort(reverse=True)
+    rest = _left_over(prog, win, groups)
+    if not rest.size:
+        return
+    swaps = ep.world_size < BULK_MIN_RANKS
+    spare: dict[tuple[int, int], tuple[list[float], list[int]]] = {}
+    """Per (p, group r): left-over micro-batches that may join, (times at that r ascending, ids)."""
+    p_rest, r_rest = ep.mb_p_np[rest], ep.mb_r_np[rest]
+    claimed: set[int] = set()
+    """Left-over micro-batches given to a group here: kinds of one p with different r share left-overs."""
+    for _, i in slack[:IMPROVE_GROUPS]:
+        p, r = groups[i][0], groups[i][1]
+        if (p, r) not in spare:
+            sel = rest[(p_rest == p) & (r_rest <= r)]
+            ts_np = ep.time_at_np[r][sel]
+            o = np.argsort(ts_np, kind="stable")
+            spare[(p, r)] = (ts_np[o].tolist(), sel[o].tolist())
+        ts, ids = spare[(p, r)]
+        if ts:
+            _improve_group(ep.time_at[r], groups[i], ts, ids, claimed, step_t, head, swaps)
+
+
+def _improve_group(at_r: tuple[float, ...], gr: list, ts: list[float], ids: list[int], claimed: set[int],
+                   step_t: float, head: int, swaps: bool) -> None:
+    """One group of ``improve``: each micro-batch (not the head) swapped for the longest left-over that still
+    fits (``swaps`` only), then the longest left-over that fits added."""
+    ks = gr[3]
+    for n in range(0 if swaps else len(ks), len(ks) + 1):
+        room = step_t - gr[2]
+        if n == len(ks):  # add what still fits
+            j = _unclaimed(ts, ids, claimed, room)
+            if j >= 0:
+                gr[2] += ts.pop(j)
+                k_new = ids.pop(j)
+                claimed.add(k_new)
+                ks.append(k_new)
+            break
+        k = ks[n]
+        if k == head:
+            continue
+        t_k = at_r[k]
+        j = _unclaimed(ts, ids, claimed, t_k + room)
+        if j >= 0 and ts[j] > t_k:
+            t_new, k_new = ts.pop(j), ids.pop(j)
+            claimed.add(k_new)
+            claimed.discard(k)
+            at_j = bisect.bisect_right(ts, t_k)
+            ts.insert(at_j, t_k)
+            ids.insert(at_j, k)
+            ks[n] = k_new
+            gr[2] += t_new - t_k
+
+
+def join_head(ep: EpochArrays, groups: list[list], head: int, t_star: float) -> tuple[int, float] | None:
+    """Put the head (left out of ``groups``) into the fullest group it fits within t_star: a group of its
+    primary p whose r is at least its own, or of a larger p where its seq_group has a setting whose b holds
+    it and whose r is at most the group's (the same memory rule as for smaller-p fillers). Returns (the
+    group's index, the head's time there), or None when no group has room."""
+    mbq = ep.mbq
+    g, p_h, r_h = mbq.group[head], ep.mb_p[head], ep.mb_r[head]
+    lens = mbq.lens_list[g][mbq.start[head] : ep.mb_end[head]]
+    limit = t_star * (1 + 1e-9)
+    best, best_load = None, -1.0
+    memo: dict[tuple[int, int], float] = {}
+    for i, (p, r, load, _) in enumerate(groups):
+        if p < p_h or load <= best_load:
+            continue
+        if p == p_h:
+            if r < r_h:
+                continue
+        else:
+            s = ep.by_sp[g].get(p)
+            if s is None or s.micro_batch_size < len(lens) or s.recompute_layers > r:
+                continue
+        t = memo.get((p, r))
+        if t is None:
+            t = memo[(p, r)] = ep.times.lengths_time_s(g, p, r, lens) if p != p_h else ep.time_at[r][head]
+        if load + t <= limit:
+            best, best_load = (i, t), load
+    if best is None:
+        return None
+    i, t = best
+    groups[i][2] += t
+    groups[i][3].append(head)
+    return best

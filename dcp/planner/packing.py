@@ -1,0 +1,115 @@
+"""Step 3 of a DCP step: packing the window's micro-batches into SP groups of at most T* each.
+
+A group is a list ``[p, r, load, items]`` (mutable: the local search and the head's join change it). Longest
+first, best fit: a micro-batch joins the open group of its p (and at least its recompute) with the most load
+that still fits T*, or opens a group on free ranks when its p's window work can fill one (the head and the
+longest always do); a second pass uses ranks still free. From BULK_MIN_RANKS ranks the packing runs in numpy
+(``dcp.planner.rounds``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import operator
+
+import numpy as np
+
+from dcp.planner.epoch import EpochArrays
+from dcp.planner.rounds import pack_rounds
+from dcp.planner.tuning import BULK_MIN_RANKS, OPEN_FILL
+
+_FIRST = operator.itemgetter(0)
+
+
+def pack(ep: EpochArrays, win: np.ndarray, t_star: float, head: int, head_first: bool = False,
+         defer_head: bool = False) -> list[list]:
+    """Longest-first best-fit of the window's micro-batches into SP groups of at most t_star each.
+
+    A group is [p, r, load, items]; a micro-batch joins a group of its primary p whose r is at least its
+    own (more recompute fits the same memory), timed at the group's r. It opens a new group when none has
+    room, ranks are free and its p's unassigned window work can fill one more group (the head, and the
+    window's longest micro-batch, always open one). A second pass opens groups for what is left while
+    ranks are free. Returns the groups in opening order. From BULK_MIN_RANKS ranks: ``rounds.pack_rounds``.
+    ``head_first``: the head opens the first group; ``defer_head``: the head is left out (it joins later).
+    """
+    order_np = win[np.argsort(ep.rank_desc[win])]  # longest first, ties in release order
+    if ep.world_size >= BULK_MIN_RANKS:
+        return pack_rounds(ep, order_np, t_star, head, head_first, defer_head)
+    order = order_np.tolist()
+    if defer_head:  # the head is placed afterwards (``improve.join_head``)
+        order.remove(head)
+    elif order[0] != head:  # the head opens a group right after the longest (or first), before ranks run out
+        order.remove(head)
+        order.insert(0 if head_first else 1, head)
+    pw = np.bincount(ep.mb_p_np[win], weights=ep.mb_t[win])
+    pool: dict[int, float] = {int(q): float(pw[q]) for q in np.flatnonzero(pw)}
+    """Per p: window time (at the primary setting) not yet in a group."""
+    if defer_head:
+        pool[ep.mb_p[head]] -= ep.mb_t_list[head]
+    forced = {order[0]} if defer_head else {head} if head_first else {head, order[0]}
+    return _best_fit(ep, order, t_star, pool, forced)
+
+
+def _best_fit(ep: EpochArrays, order: list[int], t_star: float, pool: dict[int, float],
+              forced: set[int]) -> list[list]:
+    """The best-fit passes of ``pack`` over ``order`` (``forced``: micro-batches that always open a group)."""
+    t_of, p_of, r_of, at = ep.mb_t_list, ep.mb_p, ep.mb_r, ep.time_at
+    limit = t_star * (1 + 1e-9)
+    deficit = dict.fromkeys(pool, 0.0)
+    """Per p: time the open groups of that p still lack to reach t_star."""
+    open_need = OPEN_FILL * t_star
+    groups: list[list] = []
+    kinds: dict[int, list[tuple[int, list[float], list[int]]]] = {}
+    """Per p: (r, group loads ascending, group ids in the same order), by ascending r."""
+    free = ep.world_size
+    left: list[int] = []
+    bisect_right, insert_at = bisect.bisect_right, list.insert
+    for second in (False, True):
+        todo, left = (left, []) if second else (order, [])
+        for k in todo:
+            p, r, t = p_of[k], r_of[k], t_of[k]
+            best_load, best = -1.0, None
+            for r2, loads, gids in kinds.get(p, ()):
+                if r2 < r:
+                    continue
+                t2 = t if r2 == r else at[r2][k]
+                i = bisect_right(loads, limit - t2) - 1
+                if i >= 0 and loads[i] > best_load:
+                    best_load, best = loads[i], (loads, gids, i, t2)
+            if best is not None:
+                loads, gids, i, t2 = best
+                gid = gids.pop(i)
+                load = loads.pop(i) + t2
+                gr = groups[gid]
+                gr[2] = load
+                gr[3].append(k)
+                j = bisect_right(loads, load)
+                insert_at(loads, j, load)
+                insert_at(gids, j, gid)
+                deficit[p] -= t2
+                pool[p] -= t
+            elif p <= free and t <= limit and (second or k in forced or pool[p] - deficit[p] >= open_need):
+                free -= p
+                _open(groups, kinds, k, p, r, t)
+                deficit[p] += t_star - t
+                pool[p] -= t
+            else:
+                left.append(k)
+        if not free or not left:
+            break
+    return groups
+
+
+def _open(groups: list[list], kinds: dict, k: int, p: int, r: int, t: float) -> None:
+    """Open a group [p, r, t, [k]] and enter it in ``kinds`` (per p, per r: loads ascending, group ids)."""
+    gid = len(groups)
+    groups.append([p, r, t, [k]])
+    ks = kinds.setdefault(p, [])
+    entry = next((e for e in ks if e[0] == r), None)
+    if entry is None:
+        entry = (r, [], [])
+        ks.append(entry)
+        ks.sort(key=_FIRST)
+    j = bisect.bisect_right(entry[1], t)
+    entry[1].insert(j, t)
+    entry[2].insert(j, gid)

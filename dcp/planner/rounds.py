@@ -1,0 +1,182 @@
+"""Packing for large worlds (from BULK_MIN_RANKS ranks), in numpy: count the groups, then fill them in
+longest-first rounds. Same result shape as ``dcp.planner.packing.pack``: groups ``[p, r, load, items]``.
+
+The one-by-one best fit would place nearly every micro-batch of such a step in a Python loop (20,000-80,000 at
+4096 ranks, ~90 ms). Here, walking the window longest first (the head right after the longest, or first), a
+kind (p, r) asks for its j-th group where its running time passes (j - 1) x t_star; groups are granted in that
+order while ranks are free and the kind's window time can fill OPEN_FILL of one more (the longest's and the
+head's first groups always), then, on ranks still free, the others. The window's longest and then the head go
+into their kinds' first groups (``place_first``); ``fill_rounds`` fills the rest.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import numpy as np
+
+from dcp.planner.epoch import EpochArrays
+from dcp.planner.tuning import OPEN_FILL
+
+_FIRST = operator.itemgetter(0)
+
+
+def pack_rounds(ep: EpochArrays, order: np.ndarray, t_star: float, head: int, head_first: bool,
+                defer_head: bool) -> list[list]:
+    """``packing.pack`` for large worlds; ``order``: the window longest first (ties in release order)."""
+    limit = t_star * (1 + 1e-9)
+    rest = order[order != head]
+    if defer_head:  # the head is placed afterwards (``improve.join_head``): it asks for no group here
+        order, forced = rest, {0}
+    else:  # the head right after the longest (or first): it always gets a group
+        at = 0 if head_first or not len(rest) else 1
+        order = np.concatenate([rest[:at], [head], rest[at:]])
+        forced = {at} if head_first else {0, at}  # window positions whose group always opens
+    if not len(order):
+        return []
+    groups: list[list] = []
+    kinds: dict[int, list[tuple[int, list, list[int]]]] = {}
+    index: dict[tuple[int, int], list[int]] = {}
+    for p, r in zip(*_grant(ep, order, t_star, forced), strict=True):
+        gids = index.get((p, r))
+        if gids is None:
+            gids = index[(p, r)] = []
+            kinds.setdefault(p, []).append((r, [], gids))
+        gids.append(len(groups))
+        groups.append([p, r, 0.0, []])
+    # Before the rounds: the window's longest (T* was sized on it) and the head, each into the first group
+    # of its own kind with room, else of its p with more recompute; the head first with head_first.
+    longest = int(rest[0]) if len(rest) else -1
+    first = [head, longest] if head_first else [longest, head]
+    for k in first:
+        if k < 0 or (k == head and defer_head):
+            continue
+        if not place_first(ep, groups, index, k, limit) and k == head:
+            return [gr for gr in groups if gr[3]]  # no group for the head: the caller retries head first
+    fill_rounds(ep, groups, kinds, rest[rest != longest] if longest >= 0 else rest, limit)
+    return [gr for gr in groups if gr[3]]
+
+
+def _grant(ep: EpochArrays, order: np.ndarray, t_star: float, forced: set[int]) -> tuple[list[int], list[int]]:
+    """The p and r of every group the step gets, in grant order: each kind asks for its j-th group where its
+    running window time passes (j - 1) x t_star; the asks that the kind can fill to OPEN_FILL (and the forced
+    window positions) first while ranks are free, then the others on ranks still free.
+
+    The asks are numpy columns, not a list of tuples: at 4096 ranks a step makes ~4000 asks per packing and
+    packs several times; tuples would be that many more objects for the cyclic garbage collector to track."""
+    W = ep.world_size
+    p_o, r_o = ep.mb_p_np[order], ep.mb_r_np[order]
+    n_r = int(r_o.max()) + 1
+    kind = p_o * n_r + r_o
+    t_o = ep.mb_t[order]
+    cols: list[tuple[np.ndarray, int, int, np.ndarray]] = []
+    """Per kind: (window positions where it asks for its groups, p, r, whether each may open in the first pass)"""
+    for kd in np.unique(kind).tolist():
+        sel = np.flatnonzero(kind == kd)
+        p, r = divmod(kd, n_r)
+        cw = np.cumsum(t_o[sel])
+        total = float(cw[-1])
+        n_full = min(W // p, int(total / t_star + (1 - OPEN_FILL)))  # the last one filled >= OPEN_FILL
+        n_all = min(W // p, math.ceil(total / t_star - 1e-9))
+        asks = sel[np.minimum(np.searchsorted(cw, np.arange(n_all) * t_star, "right"), len(sel) - 1)]
+        cols.append((asks, p, r, np.arange(n_all) < n_full))
+    xs = np.concatenate([c[0] for c in cols])
+    ps = np.concatenate([np.full(len(c[0]), c[1], dtype=np.int64) for c in cols])
+    rs = np.concatenate([np.full(len(c[0]), c[2], dtype=np.int64) for c in cols])
+    fulls = np.concatenate([c[3] for c in cols])
+    srt = np.lexsort((fulls, rs, ps, xs))  # by (position, p, r, full), as tuples would sort
+    free, gp, gr, sp, sr = W, [], [], [], []
+    for x, p, r, full in zip(xs[srt].tolist(), ps[srt].tolist(), rs[srt].tolist(), fulls[srt].tolist(),
+                             strict=True):
+        if p > free:
+            continue
+        if full or x in forced:
+            gp.append(p)
+            gr.append(r)
+            free -= p
+            if not free:
+                break
+        else:
+            sp.append(p)
+            sr.append(r)
+    for p, r in zip(sp, sr, strict=True):  # ranks still free: the groups the window cannot fill, too
+        if p <= free:
+            gp.append(p)
+            gr.append(r)
+            free -= p
+    return gp, gr
+
+
+def place_first(ep: EpochArrays, groups: list[list], index: dict[tuple[int, int], list[int]], k: int,
+                limit: float) -> bool:
+    """Put micro-batch k into the first group (in grant order) of its own (p, r) with room for it, else
+    of its p with more recompute (timed there); False when none has room."""
+    p_k, r_k = ep.mb_p[k], ep.mb_r[k]
+    for key in sorted((key for key in index if key[0] == p_k and key[1] >= r_k), key=lambda q: q[1]):
+        for g in index[key]:
+            t = ep.time_at[key[1]][k]
+            if groups[g][2] + t <= limit:
+                groups[g][2] += t
+                groups[g][3].append(k)
+                return True
+    return False
+
+
+def fill_rounds(ep: EpochArrays, groups: list[list], kinds: dict, items, limit: float) -> None:
+    """Longest-first filling of the groups in vectorised rounds.
+
+    Per (p, r) kind: the window's remaining micro-batches of exactly that kind, longest first, in rounds
+    of one per group: the i-th longest of the round goes to the group with the i-th most room if it fits
+    (LPT's choice, made for a whole round at once). Then, in the same way, what is left of the same p
+    with less recompute (timed at the group's r, which fits the same memory): a kind's own work first,
+    so a group of more recompute never takes the work its own kind's groups were granted for. What does
+    not fit stays for later steps. Reads only ``ep.mb_p_np``, ``ep.mb_r_np`` and ``ep.time_at_np``.
+    """
+    arr = np.asarray(items, dtype=np.int64)
+    p_arr, r_arr = ep.mb_p_np[arr], ep.mb_r_np[arr]
+    free_item = np.ones(len(arr), dtype=bool)
+    passes = [(exact, p, r, gids) for exact in (True, False) for p, entries in kinds.items()
+              for r, _, gids in sorted(entries, key=_FIRST, reverse=True)]
+    for exact, p, r, gids in passes:
+        sel = np.flatnonzero(free_item & (p_arr == p) & ((r_arr == r) if exact else (r_arr < r)))
+        if not sel.size or not gids:
+            continue
+        ks = arr[sel]
+        tt = ep.time_at_np[r][ks]
+        srt = np.argsort(-tt, kind="stable")
+        sel, ks, tt = sel[srt], ks[srt], tt[srt]
+        dest, loads = _rounds(np.asarray([groups[g][2] for g in gids]), tt, limit)
+        got = np.flatnonzero(dest >= 0)
+        if not got.size:
+            continue
+        free_item[sel[got]] = False
+        by = got[np.argsort(dest[got], kind="stable")]
+        d = dest[by]
+        cuts = (np.flatnonzero(np.diff(d)) + 1).tolist()
+        flat = ks[by].tolist()
+        g_arr = np.asarray(gids, dtype=np.int64)
+        for a, e, g in zip([0, *cuts], [*cuts, len(flat)], g_arr[d[[0, *cuts]]].tolist(), strict=True):
+            groups[g][3].extend(flat[a:e])
+        for g, load in zip(gids, loads.tolist(), strict=True):
+            groups[g][2] = load
+
+
+def _rounds(loads: np.ndarray, tt: np.ndarray, limit: float) -> tuple[np.ndarray, np.ndarray]:
+    """Rounds of one item per group over items of times ``tt`` (longest first): the i-th of a round goes to
+    the group with the i-th least load when it fits ``limit``. Returns each item's group position (-1: none)
+    and the loads after."""
+    n, G, pos = len(tt), len(loads), 0
+    dest = np.full(n, -1, dtype=np.int64)
+    while pos < n:
+        m = min(G, n - pos)
+        tgt = np.argsort(loads, kind="stable")[:m]
+        t_round = tt[pos : pos + m]
+        ok = loads[tgt] + t_round <= limit
+        if ok.any():
+            loads[tgt[ok]] += t_round[ok]
+            dest[pos : pos + m][ok] = tgt[ok]
+        pos += m
+        if limit - loads.min() < tt[-1]:
+            break  # no group has room for even the shortest left
+    return dest, loads

@@ -1,0 +1,72 @@
+"""The step assembler's tuned constants, in one place.
+
+Each trades plan quality (GPU-weighted idle of a step, what ``dcp simulate`` reports as idle) against planning
+time (``dcp bench planner``) or step count. They were set by hand against the simulator's paper scenarios
+(t1d-*/t2d-* distributions on the analytic H100/H200 tables, ``dcp simulate``) and the planner benchmark; the
+figures quoted are the ones recorded in the commits and docs that introduced them (docs/planner.md,
+docs/benchmarks.md). None of them changes which plans are valid, only which valid plan is chosen: the unit
+tests check validity (every sample once, rank cover, Gmax) for any value, and ``scripts/plan_hash.py`` pins
+the plans these values give.
+"""
+
+from __future__ import annotations
+
+# ----- the window (dcp.planner.window) -------------------------------------------------------------------
+DEFAULT_LOOKAHEAD_PER_RANK = 32
+"""Minimum look-ahead samples per rank when planning.lookahead_samples is 0 (4 * world_size * 8).
+Trades: a floor on the window for light-tailed data, where the work-sized bound would be tiny."""
+
+LOOKAHEAD_WORK_FACTOR = 4.0
+"""Default hard window bound: this many times the samples whose GPU-time fills the longest step Gmax allows
+(Gmax x the longest micro-batch) on every rank; the work-sized window normally ends well before it.
+Trades: a larger bound lets a step reach further for work to fill a long step (less idle on heavy tails),
+at the cost of reordering the stream more (samples trained further from their shuffled position)."""
+
+WINDOW_WORK_FACTOR = 1.5
+"""A step's window holds this many times the GPU-work of the step (W x T*), so packing has choice.
+Trades: more choice (less idle) against packing time, which grows with the window (1.5: half a step spare)."""
+
+LONG_IDLE = 0.04
+"""T* = k x T_long (k <= Gmax) only if the group of the longest micro-batch, filled with the window's work of
+its kind, would leave at most this share of the step's GPU-time (W x T*) idle.
+Trades: longer targets (fewer steps, fewer gradient syncs) against idle of a rarely-filled longest group
+(docs/planner.md, step 2)."""
+
+# ----- packing (dcp.planner.packing, dcp.planner.rounds) ---------------------------------------------------
+OPEN_FILL = 0.8
+"""A micro-batch opens a new SP group only if its p's unassigned window work, less what the open groups of
+that p still lack, is at least this fraction of the target time (else the group would idle).
+Trades: fewer, fuller groups (lower idle) against leaving ranks free for the second pass and fillers."""
+
+BULK_MIN_RANKS = 512
+"""From this world size a step is packed in numpy (``dcp.planner.rounds``: group counts per kind, then
+longest-first rounds); below it, one micro-batch at a time by best fit, whose Python loop is cheaper than
+numpy's per-call cost for the few thousand micro-batches of a step there.
+Trades: planning time at large W (best fit ~90 ms per step at 4096 ranks) against the best fit's slightly
+tighter packing; the crossover was picked with ``dcp bench planner``."""
+
+# ----- re-packing and local search (dcp.planner.step, dcp.planner.improve) ---------------------------------
+RETRY_IDLE = 0.03
+"""A packed step idling more than this share (GPU-weighted) is re-packed with the longer targets below.
+Trades: each retry is a full packing (the p99 planning time, docs/benchmarks.md) against idle above 3%."""
+
+RETRY_STRETCH = (0.05, 0.1, 0.15, 0.2, 0.3)
+"""Relative stretches of T* tried (within Gmax x the step's longest micro-batch) besides the k x T_long
+multiples. With them t1d-long DCP-intra went from 5.0% to 2.8% idle at 32 H200 GPUs (commit d1979ee)."""
+
+SHORTER_GAIN = 0.05
+"""A shorter target replaces T* only if it idles this much less (GPU-weighted share).
+Trades: a shorter step pays the gradient sync and optimizer step more often; 5 points pays for it."""
+
+HEAD_ALONE = 0.8
+"""The head is packed again without its own group (``dcp.planner.improve.join_head``) only when that group
+holds less than this share of the step's time: its kind lacks work in the window, and its ranks may serve a
+larger group better. t1d-long DCP-intra idle 10.4% -> 5.0% at 32 H200 GPUs (commit 3ae9c5d)."""
+
+IMPROVE_GROUPS = 256
+"""Local search visits at most this many of the emptiest groups per step.
+Trades: planning time at large W (a Python step per swap) against the last points of idle."""
+
+IMPROVE_MIN = 0.005
+"""Groups idle for less than this share of the step are left as they are (and a step idling less than this
+is not searched at all). Trades: planning time against sub-percent idle."""
