@@ -18,7 +18,7 @@ __all__ = ["ConfigError", "DCPConfig", "load_config", "set_manager", "__version_
 
 def __getattr__(name: str) -> Any:
     if name == "set_manager":
-        from dcp.runtime.manager import set_manager
+        from dcp.api import set_manager
 
         return set_manager
     raise AttributeError(f"module 'dcp' has no attribute {name!r}")

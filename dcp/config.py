@@ -26,6 +26,11 @@ MAX_TOKENS = 2**40
 integer setting: far above any real value, small enough that sums and products stay exact in int64."""
 MAX_GA = 2**16
 """Bound of planning.gmin / gmax: beyond it ga_steps * micro-batch time overflows the planner's integers."""
+GRAD_BUCKET_MIB = 25.0
+"""The ddp engine's gradient bucket (the default of ``DDPEngine(bucket_cap_mb=...)``), shared with the cost
+model that prices it: its buckets start one by one inside the last backward, and the last one only after
+it (``dcp.sim.cluster.exposed_sync_s``). Here, below both the planner and the runtime, so neither imports
+the other for it."""
 
 
 class ConfigError(ValueError):
@@ -300,18 +305,26 @@ class RuntimeConfig:
     loss_weighting: str = "tokens"
     """Loss normalisation over the whole step: tokens or samples (all-reduced counts, never 1/ga_steps)."""
     check_plan_hash: bool = True
-    """Before each epoch, all-gather a digest of all its step plans and fail fast when ranks disagree (any
-    step, or the number of steps), before the epoch's first collective."""
+    """Check that all ranks run the same step plans and data: every step's plan digest is folded into a
+    running digest, compared at the first step of each get_data_iter() call (with the data's digest, before
+    any other collective), at every logged step and at the end of the epoch (or a pause); a mismatch names
+    the first step that differs. No extra planning pass and no collective on unlogged steps."""
     plan_check_timeout_s: float = 60.0
-    """Collective timeout used for the plan-hash check, so a divergent rank fails instead of hanging."""
+    """Timeout of the agreement exchange's own process group (the plan / data / position checks and the
+    logged steps' stats), so a divergent rank fails instead of hanging."""
     collective_timeout_s: float = 300.0
     """Timeout of every other collective dcp creates or uses (the SP groups, the world group's gradient sync):
     a rank that stalls or dies makes the others fail after this long, naming it and the phase it was in
     (see dcp.runtime.phases), instead of torch's default of 30 minutes. Raise it when one micro-batch or a
     checkpoint save between steps can take longer."""
-    log_every: int = 1
+    log_every: int = 10
     """Rank 0 logs one line every this many steps; each logged step all-gathers the step's loss, token
-    count and per-rank busy time (one small collective, and a synchronisation point, per logged step)."""
+    count, per-rank busy time and the plans' running digest (one small collective on the default backend,
+    and a synchronisation point, per logged step; unlogged steps run none). 1 checks every step (a
+    divergent rank is then named at the next step instead of the next logged one)."""
+    prefetch: bool = True
+    """Collate (and pin, on CUDA) the next micro-batch on a background thread while the current one trains
+    (the same batches in the same order; false: collate on the training thread)."""
 
     stats_every: int = 0
     """Also gather those step statistics (StepStats: loss, count, per-rank busy time) every this many steps

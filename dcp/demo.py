@@ -132,11 +132,11 @@ def _epoch(method: str, cfg: Any, lengths: list[int], table: Any, rank: int, dev
     """Train one epoch (or ``max_steps`` steps) through dcp's manager; returns (StepStats, StepPlan) per step."""
     import torch
 
+    from dcp.api import set_manager
     from dcp.experiments.execute import build_model
     from dcp.experiments.sweep import model_config
     from dcp.planner import EpochPlanner
     from dcp.runtime.data import SyntheticTokenDataset
-    from dcp.runtime.manager import set_manager
 
     cfg = cfg.replace(planning=dataclasses.replace(cfg.planning, method=method))
     torch.manual_seed(cfg.planning.seed)

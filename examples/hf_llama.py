@@ -32,7 +32,8 @@ def train(rank: int, world_size: int, epochs: int = 1, samples: int = 48) -> lis
     model = tiny_llama()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     config = dcp.DCPConfig(profiling=dcp.config.ProfilingConfig(seq_group_edges=(128, 256, 512), max_micro_batch_size=4),  # DCP
-                           planning=dcp.config.PlanningConfig(sp_sizes=(1, 2), mem_capacity_gib=0.005))  # DCP: emulated memory
+                           planning=dcp.config.PlanningConfig(sp_sizes=(1, 2), mem_capacity_gib=0.005),  # DCP: emulated memory
+                           runtime=dcp.config.RuntimeConfig(log_every=1))  # DCP: a log line and loss record every step
     mgr = dcp.set_manager(model, dataset, config, optimizer=optimizer)  # DCP: Ulysses attention, forward, profiler
     engine = mgr.engine  # DCP
     for _ in range(epochs):  # DCP: the manager tracks the epoch

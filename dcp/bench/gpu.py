@@ -155,7 +155,8 @@ def padded_efficiency(name: str, lengths: tuple[int, ...], device: Any, precisio
     """Unpadded time (each sample alone) / padded time (one right-padded micro-batch) for the same samples."""
     import torch
 
-    from dcp.models import build_model, collate_tokens
+    from dcp.data import collate_tokens
+    from dcp.models import build_model
     from dcp.runtime.context import SPContext
 
     model = build_model(name, num_layers=layers).to(device)
@@ -180,7 +181,8 @@ def many_docs_efficiency(name: str, docs: int, doc_len: int, device: Any, precis
     running attention per document costs a short micro-batch of many samples (1.0: nothing)."""
     import torch
 
-    from dcp.models import build_model, collate_tokens
+    from dcp.data import collate_tokens
+    from dcp.models import build_model
     from dcp.runtime.context import SPContext
 
     model = build_model(name, num_layers=layers).to(device)
@@ -306,7 +308,8 @@ def run(args: argparse.Namespace) -> int:
                 docs, doc_len = (8, 8) if tiny else MANY_DOCS
                 summary["many_docs"] = many_docs_efficiency(t1d, docs, doc_len, device, precision, layers, args.reps)
             elif step == "syncs + busy":
-                from dcp.models import build_model, collate_tokens
+                from dcp.data import collate_tokens
+                from dcp.models import build_model
 
                 model = build_model(t1d, num_layers=layers).to(device)
                 gen = torch.Generator().manual_seed(1)

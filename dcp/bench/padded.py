@@ -92,7 +92,7 @@ def padded_efficiency(model: Any, lens: list[int], ctx: Any, *, reps: int, clock
     costs nothing; the dense-mask path gave 0.36 on CPU for [1024, 700, 400, 200]."""
     import torch
 
-    from dcp.models import collate_tokens
+    from dcp.data import collate_tokens
 
     gen = torch.Generator().manual_seed(seed)
     vocab = model.config.vocab_size
@@ -115,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
 
-    from dcp.models import build_model, collate_tokens
+    from dcp.data import collate_tokens
+    from dcp.models import build_model
     from dcp.planner.cost import micro_batch_time_s
     from dcp.planner.stream import TimeLookup
     from dcp.planner.table import ProfileRow, ProfileTable, TableMeta

@@ -2,7 +2,8 @@
 
 Layering (imports go downward only): ``dcp.distributed`` imports nothing from dcp;
 the runtime's SP primitives (``dcp.runtime.context``, ``registry``, ``ulysses``, ``attention``,
-``recompute``) import it; the profiler imports those; the manager and the engines import the profiler.
+``recompute``) import it; the profiler imports those; the manager receives the profiler by injection
+(``dcp.api.set_manager``), never by import.
 ``tests/unit/test_distributed_device.py`` checks that no module import cycle exists in the package.
 """
 

@@ -71,7 +71,7 @@ def first_plans(dataset: Any, table: Any, cfg: Any, world_size: int, count: int)
 
 def split_samples(batch: Any) -> list[Any]:
     """One Batch per sample, cut to its own length (no padding): how a packed micro-batch runs here."""
-    from dcp.models.common import Batch
+    from dcp.data import Batch
 
     out = []
     for i, n in enumerate(batch.seq_lens):
@@ -254,7 +254,7 @@ def execute_manager(run: RunSpec, rank: int, world_size: int, device: Any, regis
                     model: Any) -> tuple[list[dict], dict]:
     import torch
 
-    from dcp.runtime.manager import set_manager
+    from dcp.api import set_manager
 
     sweep, cfg = run.sweep, run.config
     # Every step's StepStats (all ranks' busy times) are needed for the measured idle ratio, whatever the

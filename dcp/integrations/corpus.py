@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from dcp.models.common import Batch, collate_tokens
+from dcp.data import Batch, collate_tokens
 
 _SKIP = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
 _SPLIT = re.compile(rb"\n(?=(?:def |class |async def |@))")

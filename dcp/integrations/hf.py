@@ -34,7 +34,8 @@ import torch
 import torch.nn.functional as F
 
 from dcp.config import ModelShapeConfig
-from dcp.models.common import IGNORE_INDEX, pack_rows
+from dcp.data import IGNORE_INDEX
+from dcp.models.common import pack_rows
 from dcp.runtime.attention import DocLens
 from dcp.runtime.context import SPContext
 

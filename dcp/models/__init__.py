@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dcp.models.common import Batch, collate_tokens, collate_video
+from dcp.data import Batch, collate_tokens, collate_video
 from dcp.models.t1d import T1DConfig, Transformer1D
 from dcp.models.t2d import T2DConfig, Transformer2D
 from dcp.named_models import MODELS, named_model

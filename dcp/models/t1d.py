@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from dcp.config import ModelShapeConfig, fail
-from dcp.models.common import IGNORE_INDEX, Batch, SwiGLU, collate_tokens, init_weights, pack_rows
+from dcp.data import IGNORE_INDEX, Batch, collate_tokens
+from dcp.models.common import SwiGLU, init_weights, pack_rows
 from dcp.runtime.attention import DocLens
 from dcp.runtime.context import SPContext
 from dcp.runtime.recompute import checkpoint_layer

@@ -28,7 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from dcp.config import ModelShapeConfig, fail
-from dcp.models.common import Batch, SwiGLU, collate_video, init_weights, length_mask, sinusoid
+from dcp.data import Batch, collate_video
+from dcp.models.common import SwiGLU, init_weights, length_mask, sinusoid
 from dcp.runtime.attention import DocLens, local_attention
 from dcp.runtime.context import SPContext
 from dcp.runtime.recompute import checkpoint_layer

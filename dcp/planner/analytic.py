@@ -54,7 +54,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dcp.config import DCPConfig, ModelShapeConfig
+from dcp.config import GRAD_BUCKET_MIB, DCPConfig, ModelShapeConfig  # noqa: F401 (GRAD_BUCKET_MIB: dcp.sim reads it here)
 from dcp.planner.cost import micro_batch_mem_bytes
 from dcp.planner.table import ProfileRow, ProfileTable, TableMeta
 
@@ -364,9 +364,7 @@ def analytic_row(
     )
 
 
-GRAD_BUCKET_MIB = 25.0
-"""The ddp engine's gradient bucket (the default of ``DDPEngine(bucket_cap_mb=...)``): its buckets start one by one
-inside the last backward, and the last one only after it (``dcp.sim.cluster.exposed_sync_s``)."""
+
 
 
 def grad_sync_time_s(model: ModelShapeConfig, hardware: HardwareSpec, world_size: int) -> float:

@@ -20,7 +20,7 @@ __all__ = ["set_manager", "profile_table", "load_or_profile", "need_profile", "c
 
 # name -> (module, attribute); attribute None means the module itself
 _LAZY: dict[str, tuple[str, str | None]] = {
-    "set_manager": ("dcp.runtime.manager", "set_manager"),
+    "set_manager": ("dcp.api", "set_manager"),
     "profile_table": ("dcp.profiler.dual_layer", "profile_table"),
     "load_or_profile": ("dcp.profiler.dual_layer", "load_or_profile"),
     "need_profile": ("dcp.profiler.dual_layer", "need_profile"),

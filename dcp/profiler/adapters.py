@@ -189,7 +189,7 @@ class HFLlamaAdapter(ModelAdapter):
         return None if self.sp_aware else 1
 
     def synthetic_batch(self, batch_size: int, seq_len: int, *, generator: torch.Generator) -> Any:
-        from dcp.models.common import collate_tokens
+        from dcp.data import collate_tokens
 
         ids = torch.randint(0, int(self.module.config.vocab_size), (batch_size, seq_len), generator=generator)
         return collate_tokens(list(ids))
@@ -226,7 +226,7 @@ class HFLlamaAdapter(ModelAdapter):
         return out[0] if isinstance(out, tuple) else out
 
     def head_loss(self, hidden: torch.Tensor, batch: Any, ctx: Any, aux: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        from dcp.models.common import IGNORE_INDEX
+        from dcp.data import IGNORE_INDEX
 
         logits = self.module.lm_head(self.module.model.norm(hidden))
         targets = self._chunk(batch.targets.to(logits.device), ctx, IGNORE_INDEX)

@@ -20,7 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from dcp.models.common import Batch, collate_tokens, collate_video
+from dcp.data import Batch, collate_tokens, collate_video
 
 
 class DatasetError(ValueError):
@@ -51,7 +51,7 @@ class DCPDataset(Protocol):
         ...
 
     def collate(self, samples: Sequence[Any]) -> Batch:
-        """One Batch (dcp.models.common.Batch) from the samples of a micro-batch, in the given order."""
+        """One Batch (dcp.data.Batch) from the samples of a micro-batch, in the given order."""
         ...
 
     # Optional, for 2D data whose collate pads frames and spatial tokens separately:

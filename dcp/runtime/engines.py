@@ -35,12 +35,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from dcp.config import GRAD_BUCKET_MIB
 from dcp.distributed.comm import all_reduce_grads_flat, check_backend_device, copy_flat_into_grads
 from dcp.distributed.device import autocast, module_device, resolve_precision
-from dcp.planner.analytic import GRAD_BUCKET_MIB
 
 if TYPE_CHECKING:
-    from dcp.runtime.manager import DCPManager
+    from dcp.runtime.hooks import EngineHooks
 
 ENGINES = ("ddp", "deepspeed")
 __all__ = ["ENGINES", "DDPEngine", "DeepSpeedEngine", "Engine", "EngineError", "all_reduce_grads_flat",
@@ -66,12 +66,13 @@ class Engine:
         """Where the module computes (its first parameter's device); the manager accumulates there."""
         self.precision = resolve_precision(precision, self.device)
         """'bf16' or 'fp32' (runtime.precision resolved on ``device``)."""
-        self._mgr: DCPManager | None = None
+        self._mgr: EngineHooks | None = None
         self.optimizer_steps = 0
         """Optimizer updates applied so far (one per DCP step, whatever the ranks' ga_steps)."""
 
     # ----- what the manager calls ----------------------------------------------------------------
-    def attach(self, manager: DCPManager) -> None:
+    def attach(self, manager: EngineHooks) -> None:
+        """The manager this engine runs for (``dcp.runtime.hooks.EngineHooks``: the only calls it makes)."""
         self._mgr = manager
 
     @property
@@ -86,7 +87,7 @@ class Engine:
         raise NotImplementedError
 
     # ----- the paper's loop ----------------------------------------------------------------------
-    def _manager(self) -> DCPManager:
+    def _manager(self) -> EngineHooks:
         if self._mgr is None:
             raise EngineError("engine is not attached to a manager: build it through dcp.set_manager(...)")
         return self._mgr
@@ -94,10 +95,10 @@ class Engine:
     def __call__(self, batch: Any) -> torch.Tensor:
         """Forward of this rank's part of ``batch``; returns the (unweighted) loss_sum."""
         mgr = self._manager()
-        ctx = mgr._before_forward(batch)
+        ctx = mgr.before_forward(batch)
         with self._autocast():
             out = mgr.forward_fn(self.forward_model, batch, ctx)
-        return mgr._after_forward(out)
+        return mgr.after_forward(out)
 
     def _autocast(self) -> Any:
         """The forward's precision context (backward runs outside it, as torch.autocast recommends)."""
@@ -105,7 +106,7 @@ class Engine:
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of ``loss * weight``: weight = sync_divisor / N_step (see dcp.runtime.weighting)."""
-        self._backward(loss * self._manager()._loss_weight)
+        self._backward(loss * self._manager().loss_weight())
 
     def step(self) -> bool:
         """Sync gradients over all ranks and update, only after this rank's last micro-batch of the step.
@@ -113,11 +114,12 @@ class Engine:
         Returns True when the optimizer stepped, False on a non-boundary micro-batch (nothing happens).
         """
         mgr = self._manager()
-        if not mgr._at_boundary():
+        if not mgr.at_boundary():
             return False
-        token = mgr._watch.start()
+        watch = mgr.watch()
+        token = watch.start()
         self._sync_step()
-        mgr._step_done(mgr._watch.stop(token))
+        mgr.step_done(watch.stop(token))
         return True
 
     def idle_step(self) -> None:
@@ -128,7 +130,7 @@ class Engine:
         """The step's gradient sync and update, busy rank or idle: one phase name on every rank, so a failure
         or timeout names only the rank that is elsewhere (an idle rank is not a suspect)."""
         self._fill_missing_grads()
-        with self._manager()._collective("gradient sync"):
+        with self._manager().collective("gradient sync"):
             self._sync_and_update()
         self.optimizer_steps += 1
 
@@ -203,7 +205,7 @@ class DDPEngine(Engine):
 
     def _backward(self, loss: torch.Tensor) -> None:
         mgr = self._manager()
-        if not (self._distributed and mgr._in_last_micro_batch()):
+        if not (self._distributed and mgr.in_last_micro_batch()):
             loss.backward()
             return
         # the rank's last backward of the step: each bucket's all-reduce starts inside it (_on_final_grad)

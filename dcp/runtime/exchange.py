@@ -1,15 +1,23 @@
-"""The per-step agreement row every rank all-gathers, and the checks on the gathered table.
+"""The agreement exchange: one row per rank, all-gathered at a few points, and the checks on the table.
 
-Once per logged step (and at the epoch's ends) each rank contributes one int64 row on the gloo plan-check
-group: where it is in the training loop, a digest of its data, a digest of its step plan, and the finished
-step's loss, count and busy time. Every rank checks the same table in the same order (position, data,
-plans), so a mismatch raises the same error everywhere instead of a hang in the next collective.
+At the first step of every ``get_data_iter()`` call, at every logged step (``runtime.log_every`` /
+``stats_every``) and at the end of the epoch (or a pause), each rank contributes one int64 row: where it is
+in the training loop, a digest of its data, a running digest of every step plan it ran since the previous
+exchange, and the finished step's loss, count and busy time. Every rank checks the same table in the same
+order (position, data, plans), so a mismatch raises the same error everywhere instead of a hang in the next
+collective; when the plans differ, a second (failure-only) gather names the first step that differs.
+Unlogged steps run no collective here: the plan digests are folded in as the steps are planned, so no
+plan is computed twice and nothing beyond the first step's plan before it runs.
+
+The rows travel on the exchange's own process group of the DEFAULT backend (NCCL on GPUs, gloo on CPU),
+with its own timeout (``runtime.plan_check_timeout_s``): never matched against a gradient collective of a
+rank that is elsewhere in the loop, and without a gloo ring over the whole world.
 
 Row layout (14 int64 words):
 
 | words | what |
 |---|---|
-| 0-3 | sha256 of the marker (the step plan's digest, or an end-of-epoch / plan-check marker), 4 words |
+| 0-3 | the running sha256 over the digests of the step plans run since the previous exchange, 4 words |
 | 4 | the finished step's loss sum: float64 bits |
 | 5 | its label count (-1: the model gave no count) |
 | 6 | its busy time in ns |
@@ -20,8 +28,22 @@ Row layout (14 int64 words):
 from __future__ import annotations
 
 import hashlib
+import logging
+from contextlib import nullcontext
+from datetime import timedelta
+from typing import Any
 
+import numpy as np
 import torch
+import torch.distributed as dist
+
+from dcp.config import RuntimeConfig
+from dcp.distributed.comm import backend_device
+from dcp.planner.plan import StepPlan
+from dcp.runtime.log import StepStats
+from dcp.runtime.phases import PhaseBoard
+from dcp.runtime.step import FinishedStep
+from dcp.runtime.weighting import check_step_count, step_normaliser
 
 ROW_WORDS = 14
 
@@ -68,9 +90,14 @@ def gathered_stats(table: torch.Tensor) -> tuple[float, int, tuple[float, ...]]:
     return loss_sum, count, tuple(float(b) / 1e9 for b in table[:, 6])
 
 
-def check_agreement(table: torch.Tensor, where: str) -> None:
+def plans_differ(table: torch.Tensor) -> bool:
+    """True when the rows' plan digests (words 0-3) are not all equal."""
+    return bool((table[:, :4] != table[0, :4]).any())
+
+
+def check_agreement(table: torch.Tensor, where: str, first_step: str = "") -> None:
     """Raise, with the same message on every rank, when the gathered rows disagree on where the ranks are in
-    the loop, on their data, or on their step plans."""
+    the loop, on their data, or on their step plans (``first_step``: the first differing step, when known)."""
     positions = [tuple(int(v) for v in r[7:10]) for r in table]
     if any(p != positions[0] for p in positions):
         listing = ", ".join(f"rank {r} at {KINDS[k].format(e=e, s=st)}" for r, (k, e, st) in enumerate(positions))
@@ -95,8 +122,99 @@ def check_agreement(table: torch.Tensor, where: str) -> None:
     if bad:
         listing = ", ".join(f"rank {r}: {d[:16]}" for r, d in enumerate(digests))
         raise PlanMismatchError(
-            f"{where}: step plans differ across ranks (ranks {bad} disagree with rank 0; digests {listing}): "
+            f"{where}: step plans differ across ranks{' from ' + first_step + ' on' if first_step else ''} "
+            f"(ranks {bad} disagree with rank 0; digests {listing}): "
             "every rank must plan from identical inputs: check that dataset.lengths(), the DCPConfig "
             "(planning.seed, method, sp_sizes, gmin/gmax), the profile table and the world size are the same "
             "on every rank (broadcast a table measured on rank 0 instead of profiling per rank)"
         )
+
+
+class AgreementExchange:
+    """Folds the plans in as they run, runs the all-gather of agreement rows, turns a logged step's table
+    into its ``StepStats``."""
+
+    def __init__(self, runtime: RuntimeConfig, *, rank: int, world_size: int, data_words: torch.Tensor,
+                 board: PhaseBoard | None, log: logging.Logger) -> None:
+        self.runtime, self.rank, self.world_size = runtime, rank, world_size
+        self.data_words, self.board, self.log = data_words, board, log
+        self.group: Any = None
+        self.device = torch.device("cpu")
+        if dist.is_available() and dist.is_initialized() and world_size > 1:
+            # The default backend (NCCL on GPUs), in a group of its own: its timeout is the plan check's, and a
+            # rank that is elsewhere in the loop never has its gradient sync matched against these rows.
+            self.group = dist.new_group(timeout=timedelta(seconds=runtime.plan_check_timeout_s))
+            self.device = backend_device(self.group)
+        self.exchanges = 0
+        """Exchanges run so far (a collective each when world_size > 1)."""
+        self._chain = hashlib.sha256()
+        self._since: list[tuple[int, int, str]] = []
+        """(epoch, step, plan digest) of every plan run since the previous exchange."""
+
+    def wants_stats(self, global_step: int) -> bool:
+        """Whether the step numbered ``global_step`` is exchanged (the same answer on every rank)."""
+        rt = self.runtime
+        return global_step % rt.log_every == 0 or bool(rt.stats_every and global_step % rt.stats_every == 0)
+
+    def note_plan(self, plan: StepPlan) -> None:
+        """Fold the plan of the step about to run into the running digest (no collective)."""
+        digest = plan.digest()
+        self._chain.update(digest.encode())
+        self._since.append((plan.epoch, plan.step, digest))
+
+    def run(self, stats: tuple[torch.Tensor, torch.Tensor | None, float] | None, *, where: str,
+            kind: int, epoch: int, step: int) -> torch.Tensor:
+        """All-gather this rank's row and check the table (raises the same error on every rank); the running
+        digest starts afresh after it."""
+        marker = f"{len(self._since)} plans {self._chain.hexdigest()}"
+        row = step_row(marker, stats, kind=kind, epoch=epoch, step=step, data_words=self.data_words)
+        table = self._gather(row, KINDS[kind].format(e=epoch, s=step))
+        self.exchanges += 1
+        # every rank sees the same table, so every rank takes the failure-only gather, or none does
+        first = self._first_differing_step() if plans_differ(table) else ""
+        check_agreement(table, where, first)
+        self._chain, self._since = hashlib.sha256(), []
+        return table
+
+    def _gather(self, row: torch.Tensor, phase: str) -> torch.Tensor:
+        if self.group is None:
+            return row[None]
+        row = row.to(self.device)
+        rows = [torch.zeros_like(row) for _ in range(self.world_size)]
+        ctx = (self.board.collective(phase, timeout_s=self.runtime.plan_check_timeout_s)
+               if self.board is not None else nullcontext())
+        with ctx:
+            dist.all_gather(rows, row, group=self.group)
+        return torch.stack(rows).cpu()
+
+    def _first_differing_step(self) -> str:
+        """'epoch E step S': the first step since the previous exchange whose plan differs between ranks (a
+        second gather, run only when the running digests differ)."""
+        digests = torch.stack([digest_words(d) for _, _, d in self._since]) if self._since else \
+            torch.zeros((0, 4), dtype=torch.int64)
+        width = 1 + 4 * max(int(v) for v in self._gather(torch.tensor([len(self._since)]), "the plan diagnosis")[:, 0])
+        row = torch.zeros(width, dtype=torch.int64)
+        row[0] = len(self._since)
+        row[1:1 + digests.numel()] = digests.reshape(-1)
+        table = self._gather(row, "the plan diagnosis")
+        for i, (epoch, step, _) in enumerate(self._since):
+            if bool((table[:, 1 + 4 * i:5 + 4 * i] != table[0, 1 + 4 * i:5 + 4 * i]).any()):
+                return f"epoch {epoch} step {step}"
+        return ""
+
+    def step_stats(self, done: FinishedStep, table: torch.Tensor, target_counts: np.ndarray) -> StepStats:
+        """The finished step's record from the gathered table (checks the counts against the plan); rank 0
+        logs its line on log_every steps."""
+        plan = done.plan
+        loss_sum, count, busy_s = gathered_stats(table)
+        if count >= 0 and self.runtime.loss_weighting == "tokens":
+            check_step_count(plan.step, step_normaliser(plan, target_counts, "tokens"), count)
+        stats = StepStats(
+            epoch=plan.epoch, step=plan.step, global_step=done.global_step,
+            loss=loss_sum / count if count > 0 else float("nan"), count=max(count, 0),
+            tokens=plan.tokens, step_time_s=done.step_time_s, busy_s=busy_s, predicted_idle=plan.idle_ratio_gpu,
+            summary=plan.summary(),
+        )
+        if self.rank == 0 and stats.global_step % self.runtime.log_every == 0:
+            self.log.info(stats.line())
+        return stats

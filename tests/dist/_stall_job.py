@@ -17,7 +17,7 @@ STALL_S = 300.0
 def stall_job(rank: int, world: int, mode: str) -> None:
     import dataclasses
 
-    from dcp.runtime.manager import set_manager
+    from dcp.api import set_manager
     from tests.dist._runtime_cases import build, config_for, group, step
 
     model, data = build("t1d")

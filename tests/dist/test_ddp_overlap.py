@@ -16,20 +16,23 @@ pytestmark = pytest.mark.dist
 
 
 class _Manager:
-    """The three things the engine asks its manager for."""
+    """The three EngineHooks (dcp.runtime.hooks) the engine calls here."""
 
-    _loss_weight = 1.0
     last = False
 
-    def _in_last_micro_batch(self) -> bool:
+    def loss_weight(self) -> float:
+        return 1.0
+
+    def in_last_micro_batch(self) -> bool:
         return self.last
 
-    def _collective(self, name: str):
+    def collective(self, name: str, timeout_s: float | None = None):
         return contextlib.nullcontext()
 
 
 def _overlap(rank: int, world: int, idle_rank: int) -> dict:
-    from dcp.models import build_model, collate_tokens
+    from dcp.data import collate_tokens
+    from dcp.models import build_model
     from dcp.runtime.context import SPContext
     from dcp.runtime.engines import DDPEngine, EngineError
 

@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from dcp.runtime.manager import set_manager
+from dcp.api import set_manager
 from dcp.distributed.launch import run_distributed
 from tests.dist._runtime_cases import build, config_for, group, reference_grads, step
 

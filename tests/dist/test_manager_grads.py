@@ -3,13 +3,14 @@ and parameters after several real-planner steps vs the bucket baseline on the sa
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from dcp.runtime.manager import set_manager
+from dcp.api import set_manager
 from dcp.distributed.launch import run_distributed
 from tests.dist._runtime_cases import (
     bucket_like,
@@ -69,6 +70,7 @@ def check_against_bucket(rank: int, world: int, n_steps: int) -> dict:
     summaries = {}
     for method in ("dcp", "bucket"):
         model, data, config, table = planner_setup(world)
+        config = config.replace(runtime=dataclasses.replace(config.runtime, stats_every=1))  # a record per step
         opt = torch.optim.SGD(model.parameters(), lr=0.5)
         dcp_plans = None
         if method == "bucket":

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dcp.planner import ProfileTable, plan_epoch
 from dcp.distributed.launch import run_distributed
+from dcp.planner import ProfileTable, plan_epoch
 
 pytestmark = pytest.mark.dist
 

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dcp.runtime.manager import DataMismatchError, PlanMismatchError, set_manager
+from dcp.api import set_manager
 from dcp.distributed.launch import DistributedFailure, free_port, run_distributed
+from dcp.runtime.manager import DataMismatchError, PlanMismatchError
 from tests.dist._runtime_cases import planner_setup
 from tests.dist._stall_job import STALL_S, TIMEOUT_S, stall_job
 
@@ -92,8 +93,10 @@ def test_ranks_whose_data_differ_fail_before_the_first_step_in_both_weighting_mo
 
 def _leave_early(rank: int, world: int) -> str:
     model, data, config, table = planner_setup(world)
+    # log_every = 1: rank 0 exchanges at step 1's start, where rank 1 is back at the plan check (with the
+    # default cadence rank 0 would be in step 1's collectives, and the timeout would name rank 1 instead)
     config = config.replace(runtime=dataclasses.replace(config.runtime, plan_check_timeout_s=TIMEOUT_S,
-                                                        collective_timeout_s=TIMEOUT_S))
+                                                        collective_timeout_s=TIMEOUT_S, log_every=1))
     mgr = set_manager(model, data, config, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), table=table)
     try:
         for _ in range(2):

@@ -7,7 +7,7 @@ import io
 import pytest
 import torch
 
-from dcp.runtime.manager import set_manager
+from dcp.api import set_manager
 from dcp.distributed.launch import run_distributed
 from tests.dist._runtime_cases import planner_setup
 

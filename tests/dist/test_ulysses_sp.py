@@ -77,7 +77,7 @@ def _check_attention(ctx, impl: str = "dcp") -> None:
 def _model_batch(name: str, p: int):
     """A micro-batch whose lengths are not multiples of p (1D: 2p+1 and 3p tokens, packed into one row of
     5p+1 tokens, so the row is padded too; 2D: S of 2p+1 and 3p-1)."""
-    from dcp.models import collate_tokens, collate_video
+    from dcp.data import collate_tokens, collate_video
 
     gen = torch.Generator().manual_seed(7)
     if name.startswith("t1d"):

@@ -18,7 +18,7 @@ TOLERANCE = {"bf16": 3e-2, "fp32": 1e-3}  # relative error of the whole update v
 
 
 def _run(rank: int, world: int, kind: str, engine: str, precision: str) -> dict:
-    from dcp.runtime.manager import set_manager
+    from dcp.api import set_manager
     from tests.dist._runtime_cases import build, config_for, group, reference_grads, step
 
     torch.cuda.set_device(0)

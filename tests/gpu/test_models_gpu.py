@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dcp.models import build_model, collate_tokens, collate_video
+from dcp.data import collate_tokens, collate_video
+from dcp.models import build_model
 from dcp.runtime.attention import local_attention, resolve_backend
 from dcp.runtime.context import SPContext
 

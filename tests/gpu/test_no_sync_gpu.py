@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dcp.models import build_model, collate_tokens, collate_video
+from dcp.data import collate_tokens, collate_video
+from dcp.models import build_model
 from dcp.runtime.context import SPContext
 
 pytestmark = [

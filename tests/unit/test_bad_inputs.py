@@ -332,8 +332,8 @@ class _Data:
 def test_set_manager_arguments(case, error, needle):
     import torch
 
+    from dcp.api import set_manager
     from dcp.models import build_model
-    from dcp.runtime.manager import set_manager
 
     model = build_model("t1d-tiny")
     args = {"model": model, "dataset": _Data([64, 32]), "config": None, "table": None}
@@ -376,6 +376,8 @@ def test_profile_with_an_unwritable_cache_folder_keeps_the_table(capsys, tmp_pat
 @pytest.mark.parametrize("argv, needles", [
     (["bench", "runtime", "--steps", "0"], ["--steps (0) must be >= 1"]),
     (["bench", "runtime", "--rounds", "-1"], ["--rounds (-1) must be >= 1"]),
+    (["bench", "runtime", "--mb-size", "0"], ["--mb-size (0) must be >= 1"]),
+    (["bench", "runtime", "--mb-size", "60", "--ga-steps", "2"], ["--mb-size x --ga-steps (120) must be <= 100"]),
     (["bench", "planner", "--steps", "0"], ["--steps (0) must be >= 1"]),
     (["bench", "profiler", "--nproc", "0"], ["--nproc (0)"]),
 ])

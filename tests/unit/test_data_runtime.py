@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from dcp.api import set_manager
 from dcp.config import ConfigError, DCPConfig, ModelShapeConfig, PlanningConfig
 from dcp.models import T1DConfig, Transformer1D
 from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
@@ -22,7 +23,7 @@ from dcp.runtime.data import (
 )
 from dcp.runtime.engines import EngineError, build_engine, deepspeed_config
 from dcp.runtime.log import StepStats
-from dcp.runtime.manager import ManagerError, set_manager
+from dcp.runtime.manager import ManagerError
 from dcp.runtime.weighting import WeightingError, check_step_count, micro_batch_weight, step_normaliser
 
 

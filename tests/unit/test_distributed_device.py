@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from dcp.api import set_manager
 from dcp.config import ConfigError, DCPConfig, RuntimeConfig, config_from_dict
+from dcp.data import collate_tokens
 from dcp.distributed import (
     autocast,
     backend_device,
@@ -23,10 +25,11 @@ from dcp.distributed import (
 )
 from dcp.distributed.comm import check_backend_device
 from dcp.distributed.device import Span, Stopwatch
-from dcp.models import T1DConfig, Transformer1D, collate_tokens
+from dcp.models import T1DConfig, Transformer1D
 from dcp.runtime.data import SyntheticTokenDataset
 from dcp.runtime.engines import DDPEngine, EngineError, check_accelerator, deepspeed_config
-from dcp.runtime.manager import DCPManager, set_manager
+from dcp.runtime.manager import DCPManager
+from dcp.runtime.step import StepTally
 
 DCP = Path(__file__).resolve().parents[2] / "dcp"
 
@@ -119,12 +122,16 @@ def test_manager_accumulates_on_the_run_device():
     mgr = _meta_manager()
     assert mgr.device.type == "meta" and mgr.precision == "fp32"  # 'auto' off CUDA
     loss = torch.zeros((), dtype=torch.bfloat16, device="meta")
-    out = mgr._after_forward((loss, torch.zeros((), dtype=torch.int64, device="meta")))
+    out = mgr.after_forward((loss, torch.zeros((), dtype=torch.int64, device="meta")))  # an EngineHooks call
     assert out is loss
-    assert mgr._loss_local.device.type == "meta" and mgr._loss_local.dtype is torch.float64
-    assert mgr._count_local.device.type == "meta" and mgr._count_local.dtype is torch.int64
-    mgr._after_forward((loss, 3))  # a Python count goes to the device too
-    assert mgr._count_local.device.type == "meta"
+    tally = mgr._idle_tally  # no step is open: the forward is counted in the idle tally
+    assert tally.loss.device.type == "meta" and tally.loss.dtype is torch.float64
+    assert tally.count.device.type == "meta" and tally.count.dtype is torch.int64
+    mgr.after_forward((loss, 3))  # a Python count goes to the device too
+    assert tally.count.device.type == "meta" and tally.has_count
+    step = StepTally.zeros("meta")  # the tally an open step carries behaves the same
+    step.add(loss, 3)
+    assert step.loss.device.type == "meta" and step.count.dtype is torch.int64
 
 
 def test_ready_engine_must_match_the_configured_precision():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from dcp.data import collate_tokens, collate_video
 from dcp.experiments.execute import packed_forward, predicted_peak, split_samples
-from dcp.models.common import collate_tokens, collate_video
 from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
 from dcp.planner.table import ProfileRow, ProfileTable, TableMeta
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dcp.models import build_model, collate_tokens, collate_video
+from dcp.data import collate_tokens, collate_video
+from dcp.models import build_model
 from dcp.models.common import length_mask
 from dcp.runtime import attention as attn_mod
 from dcp.runtime.attention import check_doc_lens, local_attention, padded_docs

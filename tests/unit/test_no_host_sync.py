@@ -14,7 +14,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from dcp.models import build_model, collate_tokens, collate_video
+from dcp.data import collate_tokens, collate_video
+from dcp.models import build_model
 from dcp.runtime.context import SPContext
 
 _HOST_READS = {

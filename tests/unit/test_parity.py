@@ -86,7 +86,7 @@ def test_readme_paper_snippet_runs_as_written(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     model = Transformer1D(T1DConfig.tiny())
     dataset = SyntheticTokenDataset([13, 7, 30, 22, 5, 17], vocab_size=256)
-    from dcp.runtime.manager import set_manager
+    from dcp.api import set_manager
 
     config = set_manager(model, dataset).config  # what the snippet's set_manager derives
     key = cache_key_for(model, config, 1)

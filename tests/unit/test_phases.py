@@ -89,8 +89,9 @@ def test_busy_and_idle_ranks_report_the_same_gradient_sync_phase():
         yield
 
     watch = SimpleNamespace(start=lambda: 0, stop=lambda token: 0.0)
-    eng.attach(SimpleNamespace(_collective=collective, _at_boundary=lambda: True, _watch=watch,
-                               _step_done=lambda busy: None))
+    # the engine drives its manager only through the public EngineHooks (dcp.runtime.hooks)
+    eng.attach(SimpleNamespace(collective=collective, at_boundary=lambda: True, watch=lambda: watch,
+                               step_done=lambda busy: None))
     eng.idle_step()
     model(torch.ones(1, 2)).sum().backward()
     assert eng.step()

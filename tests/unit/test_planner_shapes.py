@@ -143,8 +143,8 @@ def test_shape_errors_name_the_sample_and_the_fix():
 
 
 def test_manager_plans_with_the_datasets_shapes():
+    from dcp.api import set_manager
     from dcp.runtime.data import SyntheticVideoDataset
-    from dcp.runtime.manager import set_manager
 
     cfg, table = make(1, sp=(1,))
     data = SyntheticVideoDataset([(12, 9), (4, 36), (4, 36), (12, 9)], in_channels=2)

@@ -237,8 +237,8 @@ def test_cli_profiles_in_process_and_prints_a_summary(tmp_path, capsys):
 
 def test_lazy_exports_of_the_package():
     import dcp.profiler
+    from dcp.api import set_manager as real
     from dcp.profiler import set_manager
-    from dcp.runtime.manager import set_manager as real
 
     assert set_manager is real and dcp.profiler.profile_table is profile_table
     with pytest.raises(AttributeError, match="no attribute 'nope'"):

@@ -1,0 +1,124 @@
+"""``dcp.set_manager``: builds the runtime's DCPManager and wires in what sits above the runtime.
+
+The runtime (``dcp.runtime``) imports neither the profiler nor the integrations; this module, the top of
+the package order, injects them: the profile source (``dcp.profiler.source.CachedProfiler``) and, for a
+Hugging Face causal LM, the forward, adapter, shape and recompute wrapping of ``dcp.integrations.hf``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dcp.config import ConfigError, DCPConfig, ModelShapeConfig, PlanningConfig
+from dcp.distributed.device import module_device, resolve_precision
+from dcp.integrations import hf
+from dcp.profiler.source import CachedProfiler
+from dcp.runtime.engines import Engine, build_engine
+from dcp.runtime.log import get_logger
+from dcp.runtime.manager import DCPManager, PlanSource
+
+__all__ = ["set_manager"]
+
+
+def _check_arguments(model: Any, config: Any, table: Any) -> None:
+    """set_manager's argument types, each refused with the fix (instead of an AttributeError later)."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model ({type(model).__name__}) must be a torch.nn.Module: pass the model to train")
+    if config is not None and not isinstance(config, DCPConfig):
+        hint = ("build it with dcp.config.config_from_dict(...)" if isinstance(config, dict)
+                else "load a TOML file with dcp.config.load_config(path)")
+        raise TypeError(f"config ({type(config).__name__}) must be a dcp.DCPConfig: {hint}")
+    if table is not None and not hasattr(table, "seq_group_edges"):
+        hint = ("load it with dcp.planner.table.ProfileTable.load(path)" if isinstance(table, str | bytes)
+                or hasattr(table, "__fspath__") else "pass a ProfileTable, or None to profile in this run")
+        raise TypeError(f"table ({type(table).__name__}) must be a ProfileTable: {hint}")
+
+
+def _resolve_config(model: torch.nn.Module, config: DCPConfig | None, integration: Any) -> DCPConfig:
+    """The run's config: ``config`` with its ``model`` section derived from the model when left at the
+    default (or a whole default config when None); refuses a head count that is not the model's."""
+    derived = integration.shape() if integration is not None else None
+    if derived is None:
+        shape = getattr(getattr(model, "config", None), "shape", None)
+        derived = shape() if callable(shape) else None
+    if config is None:
+        if derived is None:
+            raise ConfigError(
+                "config (None) cannot be derived from this model (it has no config.shape()): pass "
+                "dcp.DCPConfig(model=ModelShapeConfig(num_layers=..., hidden_size=..., num_heads=...))"
+            )
+        # default SP sizes that divide the model's heads (Ulysses shards heads)
+        sizes = tuple(p for p in PlanningConfig().sp_sizes if derived.num_heads % p == 0)
+        config = DCPConfig(model=derived, planning=PlanningConfig(sp_sizes=sizes))
+    elif derived is not None and config.model == ModelShapeConfig():
+        config = dataclasses.replace(config, model=derived)  # [model] left at its default: the model's own
+    model_config = getattr(model, "config", None)
+    heads = getattr(model_config, "num_heads", None) or getattr(model_config, "num_attention_heads", None)
+    if isinstance(heads, int) and heads != config.model.num_heads:
+        raise ConfigError(
+            f"model.num_heads ({config.model.num_heads}) differs from the model's head count ({heads}): "
+            "build the config from the model (model.config.shape()) so SP sizes are checked against its heads"
+        )
+    return config
+
+
+def _resolve_engine(engine: str | Engine | None, model: torch.nn.Module, config: DCPConfig, optimizer: Any,
+                    lr_scheduler: Any, world: int, deepspeed_config: dict[str, Any] | None) -> Engine:
+    """A ready engine checked against runtime.precision, or one built by name (default runtime.engine)."""
+    if isinstance(engine, Engine):
+        eng = engine
+        device = getattr(eng, "device", None) or module_device(model)
+        want = resolve_precision(config.runtime.precision, device)
+        if getattr(eng, "precision", want) != want:
+            raise ConfigError(
+                f"runtime.precision ({config.runtime.precision!r}, i.e. {want!r} on {device}) differs from the "
+                f"engine's ({eng.precision!r}): build the engine with precision=config.runtime.precision"
+            )
+    else:
+        eng = build_engine(engine or config.runtime.engine, model, optimizer, lr_scheduler, world_size=world,
+                           deepspeed_config=deepspeed_config, precision=config.runtime.precision)
+    return eng
+
+
+def set_manager(model: torch.nn.Module, dataset: Any, config: DCPConfig | None = None, *, optimizer: Any = None,
+                lr_scheduler: Any = None, engine: str | Engine | None = None, table: Any = None,
+                plans: PlanSource | None = None, forward_fn: Callable[..., Any] | None = None,
+                deepspeed_config: dict[str, Any] | None = None, adapter: Any = None) -> DCPManager:
+    """Build the DCP manager for ``model`` on ``dataset`` (call on every rank after init_process_group).
+
+    ``set_manager(model, dataset)`` works with defaults for the reference models and for Hugging Face
+    Llama / Qwen2 / Mistral causal LMs (prepared by :func:`dcp.integrations.hf.prepare`: Ulysses attention,
+    forward, profiler adapter, model shape).
+
+    config: the DCPConfig; its ``model`` section, when left at the default, is derived from the model
+    (``model.config.shape()`` for the reference models, the HF config for HF models). optimizer: default
+    ``torch.optim.AdamW(model.parameters())`` (torch's defaults). engine: 'ddp' / 'deepspeed' (default
+    config.runtime.engine) or a ready Engine. table: a ProfileTable (None: ``init_profiler`` loads the cached
+    one or profiles in this run). plans: optional ``epoch -> iterable of StepPlan`` replacing the planner
+    (tests, replays). forward_fn: ``(model, batch, ctx) -> (loss_sum, count)`` (default ``model(batch, ctx)``,
+    or the HF integration's). adapter: the profiler's ModelAdapter (default: derived from the model; the HF
+    integration's for HF models); the profile cache key is built from it.
+    """
+    _check_arguments(model, config, table)
+    integration = None
+    if forward_fn is None and hf.is_hf_model(model):
+        integration = hf.prepare(model)  # raises, naming forward_fn=, for a family it cannot drive
+        forward_fn = integration.forward
+        adapter = adapter if adapter is not None else integration.adapter()
+    config = _resolve_config(model, config, integration)
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if optimizer is None and not isinstance(engine, Engine):
+        optimizer = torch.optim.AdamW(model.parameters())
+        get_logger(dist.get_rank() if world > 1 else 0).info(
+            "set_manager: no optimizer given, using torch.optim.AdamW(model.parameters()) with torch's defaults")
+    eng = _resolve_engine(engine, model, config, optimizer, lr_scheduler, world, deepspeed_config)
+    mgr = DCPManager(model, dataset, config, eng, table=table, plans=plans, forward_fn=forward_fn, adapter=adapter,
+                     profiler=CachedProfiler())
+    if integration is not None:
+        integration.attach(mgr)
+    return mgr

@@ -1,0 +1,154 @@
+"""Plan iteration and collation on one rank: opens and closes steps, runs the agreement exchange.
+
+For each step plan of the epoch the loop closes the previous step (exchanging its stats when it is a
+logged step), opens the new one (``OpenStep``: this rank's group, N_step), and yields this rank's
+micro-batches collated on the run's device; a rank without micro-batches in a step joins the step's
+gradient sync from here (``engine.idle_step``). The position (epoch, steps of it done, optimizer steps)
+is what a checkpoint saves.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from dcp.config import DCPConfig
+from dcp.distributed.device import Span
+from dcp.planner.plan import StepPlan
+from dcp.runtime.exchange import AgreementExchange, PlanMismatchError
+from dcp.runtime.log import StepStats
+from dcp.runtime.phases import PhaseBoard
+from dcp.runtime.prefetch import BatchPrefetcher
+from dcp.runtime.profiling import Measurements
+from dcp.runtime.step import FinishedStep, ManagerError, OpenStep, StepTally
+from dcp.runtime.weighting import step_normaliser
+
+_NOT_PULLED = object()
+"""run_epoch's marker: the next plan was not pulled ahead for prefetching."""
+
+
+class StepLoop:
+    """The step state machine behind ``get_data_iter`` (one per manager)."""
+
+    def __init__(self, config: DCPConfig, *, rank: int, world_size: int, dataset: Any, device: torch.device,
+                 target_counts: np.ndarray, exchange: AgreementExchange, board: PhaseBoard | None,
+                 timings: Measurements) -> None:
+        self.config, self.rank, self.world_size, self.dataset, self.device = config, rank, world_size, dataset, device
+        self.target_counts, self.exchange, self.board, self.timings = target_counts, exchange, board, timings
+        self.epoch = 0
+        self.step_in_epoch = 0
+        """Steps of ``epoch`` already done (a resumed run skips them)."""
+        self.global_step = 0
+        """Optimizer steps taken since the manager was created (or since the checkpoint it resumed from)."""
+        self.step: OpenStep | None = None
+        """The step being run (None before the first, at the end of an epoch and after a pause)."""
+        self.step_stats: list[StepStats] = []
+        """One record per exchanged step (the same on every rank), filled one step late."""
+        self.prefetched = 0
+        """Micro-batches that were collated on the prefetch thread while the previous one trained."""
+
+    def phase(self, what: str) -> str:
+        plan = self.step.plan if self.step is not None else None
+        return f"{what} of epoch {self.epoch} step {plan.step}" if plan is not None else f"{what} of epoch {self.epoch}"
+
+    def run_epoch(self, plans: Iterator[StepPlan], engine: Any, max_steps: int | None) -> Iterator[Any]:
+        """This rank's micro-batches of the epoch's remaining steps (from ``step_in_epoch``).
+
+        Plans are pulled one at a time: the first is checked across ranks before it runs, and the next
+        one only when this rank's last micro-batch of a step is yielded (its first micro-batch is then
+        collated on the prefetch thread while that one trains)."""
+        epoch, skip, done = self.epoch, self.step_in_epoch, 0
+        todo = (p for p in plans if p.step >= skip)  # replaying the deterministic planner: skip consumed steps
+        fetch = BatchPrefetcher(self.dataset, self.device, enabled=self.config.runtime.prefetch)
+        try:
+            plan, first = next(todo, None), True
+            while plan is not None:
+                if max_steps is not None and done >= max_steps:
+                    self.begin_step(None, pause_step=plan.step)  # flush stats here
+                    return
+                done += 1
+                if plan.world_size != self.world_size:
+                    raise PlanMismatchError(
+                        f"plan world_size ({plan.world_size}) != torch.distributed world size ({self.world_size}): "
+                        "plan with the world size of the job"
+                    )
+                step = self.begin_step(plan, first=first)
+                first, upcoming = False, _NOT_PULLED
+                if not step.group.micro_batches:
+                    engine.idle_step()
+                    self.step_done(0.0)
+                mbs = step.group.micro_batches
+                for i, mb in enumerate(mbs):
+                    batch = fetch.take(mb.sample_ids)
+                    if i + 1 < len(mbs):
+                        fetch.ahead(mbs[i + 1].sample_ids)
+                    elif fetch.enabled and (max_steps is None or done < max_steps):
+                        upcoming = next(todo, None)
+                        if upcoming is not None and upcoming.world_size == self.world_size:
+                            ahead = upcoming.group_of(self.rank).micro_batches
+                            if ahead:
+                                fetch.ahead(ahead[0].sample_ids)
+                    step.mb_index, step.pending, step.applied = i, mb, False
+                    if self.board is not None:
+                        self.board.enter(self.phase(f"micro-batch {i + 1}/{len(mbs)}"))
+                    yield batch
+                if step.open:
+                    raise ManagerError(
+                        f"epoch {epoch} step {plan.step}: engine.step() was not called after the last micro-batch "
+                        "(the step's gradient sync never ran): call model.step() after every model.backward(loss)"
+                    )
+                plan = next(todo, None) if upcoming is _NOT_PULLED else upcoming
+        finally:
+            self.prefetched += fetch.prefetched
+            fetch.close()
+        self.begin_step(None)  # flush the last step's stats; all ranks must end the epoch together
+        self.epoch, self.step_in_epoch = epoch + 1, 0
+
+    def begin_step(self, plan: StepPlan | None, *, pause_step: int | None = None,
+                   first: bool = False) -> OpenStep | None:
+        """Close the previous step and open ``plan``'s (None: the end of the epoch, or a pause when
+        ``pause_step`` is given); ``first``: the first step of this get_data_iter() call.
+
+        The agreement exchange runs when the finished step is a logged one, at the end of the epoch and at a
+        pause, and (``check_plan_hash``) at the first step; never on other steps."""
+        now = time.perf_counter()
+        done = self.step.finish(now) if self.step is not None else None
+        self.step = None
+        if plan is not None:
+            self.exchange.note_plan(plan)  # folded into the running digest: compared at the next exchange
+        # a logged step's stats are exchanged, and the last step's at the end of the epoch or a pause
+        logged = done is not None and (plan is None or self.exchange.wants_stats(done.global_step))
+        if logged or (self.config.runtime.check_plan_hash and (first or plan is None)):
+            # position in the loop: 0 the first step, 1 a step, 2 the end of the epoch, 3 a pause
+            kind = (0 if first else 1) if plan is not None else (3 if pause_step is not None else 2)
+            step = plan.step if plan is not None else (pause_step if pause_step is not None else -1)
+            where = {0: f"epoch {self.epoch} (its step plans)", 1: f"epoch {self.epoch} step {step}",
+                     2: f"end of epoch {self.epoch}", 3: f"epoch {self.epoch} step {step}"}[kind]
+            self._exchange_stats(done if logged else None, where=where, kind=kind, step=-1 if kind == 0 else step)
+            if first and self.board is not None:
+                self.board.note = ""  # every rank is back in step
+        if plan is None:
+            return None
+        n_step = step_normaliser(plan, self.target_counts, self.config.runtime.loss_weighting)
+        self.step = OpenStep(plan=plan, group=plan.group_of(self.rank), n_step=n_step,
+                             global_step=self.global_step + 1, t0=now, tally=StepTally.zeros(self.device))
+        return self.step
+
+    def _exchange_stats(self, done: FinishedStep | None, *, where: str, kind: int, step: int) -> None:
+        stats = done.host_stats() if done is not None else None  # the step's one device-to-host copy
+        self.timings.resolve()
+        table = self.exchange.run(stats, where=where, kind=kind, epoch=self.epoch, step=step)
+        if done is not None:
+            self.step_stats.append(self.exchange.step_stats(done, table, self.target_counts))
+
+    def step_done(self, sync: Span | float) -> None:
+        """The open step's gradient sync + update ran: close it and count it."""
+        step = self.step
+        step.tally.syncs.append(sync if isinstance(sync, Span) else Span(seconds=float(sync)))
+        step.open = False
+        self.step_in_epoch = step.plan.step + 1
+        self.global_step += 1

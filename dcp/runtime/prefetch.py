@@ -1,0 +1,72 @@
+"""The next micro-batch, collated (and pinned, on CUDA) on a background thread while the current one trains.
+
+Collation (``dataset[i]`` for every sample and ``dataset.collate``) and the pinned host copy that a
+non-blocking host-to-device copy needs are host work that the training thread would otherwise do between
+two micro-batches, with the GPU idle. ``BatchPrefetcher`` runs them for the NEXT micro-batch on one worker
+thread; the training thread only enqueues the (non-blocking) copy to the device. At most one collation is
+in flight and the training thread never collates while it is, so the dataset is never read by two threads
+at once. The batches and their order are exactly those of the loop without prefetching (runtime.prefetch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from dcp.distributed.device import move_batch
+
+
+def pin_batch(batch: Any) -> Any:
+    """``batch`` with its host tensors ``inputs`` / ``targets`` in pinned memory (other objects unchanged)."""
+    if not (dataclasses.is_dataclass(batch) and isinstance(getattr(batch, "inputs", None), torch.Tensor)):
+        return batch
+    changes = {name: t.pin_memory() for name in ("inputs", "targets")
+               if isinstance(t := getattr(batch, name, None), torch.Tensor) and t.device.type == "cpu"}
+    return dataclasses.replace(batch, **changes) if changes else batch
+
+
+class BatchPrefetcher:
+    """Collates micro-batches by sample ids, one ahead on a worker thread when ``enabled``."""
+
+    def __init__(self, dataset: Any, device: torch.device, *, enabled: bool) -> None:
+        self.dataset, self.device = dataset, torch.device(device)
+        self._pin = self.device.type == "cuda"
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="dcp-collate") if enabled else None
+        self._ahead: tuple[tuple[int, ...], Future] | None = None
+        self.prefetched = 0
+        """Micro-batches taken from the worker (collated while the previous one trained)."""
+
+    @property
+    def enabled(self) -> bool:
+        """True while a worker thread collates ahead."""
+        return self._pool is not None
+
+    def ahead(self, sample_ids: tuple[int, ...]) -> None:
+        """Start collating the micro-batch of ``sample_ids`` (ignored without a worker or with one in flight)."""
+        if self._pool is not None and self._ahead is None:
+            self._ahead = (tuple(sample_ids), self._pool.submit(self._collate, tuple(sample_ids)))
+
+    def take(self, sample_ids: tuple[int, ...]) -> Any:
+        """The micro-batch of ``sample_ids`` on the run's device (the prefetched one when it is that one)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ids, future = ahead
+            batch = future.result()  # re-raises the worker's exception here, on the training thread
+            if ids == tuple(sample_ids):
+                self.prefetched += 1
+                return move_batch(batch, self.device)
+        return move_batch(self._collate(tuple(sample_ids)), self.device)
+
+    def _collate(self, sample_ids: tuple[int, ...]) -> Any:
+        batch = self.dataset.collate([self.dataset[j] for j in sample_ids])
+        return pin_batch(batch) if self._pin else batch
+
+    def close(self) -> None:
+        """Stop the worker (a collation in flight finishes; its batch is dropped)."""
+        self._ahead = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None

@@ -1,0 +1,106 @@
+"""The state of the step this rank is running, as values instead of loose manager attributes.
+
+``OpenStep`` is the step between its start (``DCPManager`` begins it when ``get_data_iter`` reaches its
+plan) and the start of the next one; ``FinishedStep`` is what is left of it for the stats exchange. The
+``StepTally`` they carry accumulates on the run's device (fp64 loss sum, int64 label count) and holds the
+step's timer spans: nothing is read back to the host until a logged step's stats are exchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from dcp.distributed.device import Span
+from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
+
+
+class ManagerError(ValueError):
+    """The manager was used out of order (e.g. a step without engine.step()); the message says the fix."""
+
+
+@dataclass(slots=True)
+class StepTally:
+    """What this rank's forwards and timers add up during one step."""
+
+    loss: torch.Tensor
+    """Sum of the forwards' loss_sum, float64 on the run's device."""
+    count: torch.Tensor
+    """Sum of the forwards' labelled-token counts, int64 on the run's device."""
+    has_count: bool = False
+    """True once a forward reported a count (a model may report none)."""
+    busy: list[tuple[int, Span]] = field(default_factory=list)
+    """(+1 / -1, span): time inside ``mgr.profile`` blocks (+1) minus the gradient syncs inside them (-1)."""
+    syncs: list[Span] = field(default_factory=list)
+    """The step's gradient sync + update spans (engine.step at the boundary)."""
+
+    @classmethod
+    def zeros(cls, device: torch.device | str) -> StepTally:
+        return cls(loss=torch.zeros((), dtype=torch.float64, device=device),
+                   count=torch.zeros((), dtype=torch.int64, device=device))
+
+    def add(self, loss: torch.Tensor, count: object | None) -> None:
+        """Add one forward's (loss_sum, count) in fp64 / int64 whatever the compute precision, without
+        reading anything back to the host."""
+        self.loss += loss.detach().to(self.loss.device, torch.float64)
+        if count is not None:
+            self.count += torch.as_tensor(count).detach().to(self.count.device, torch.int64).sum()
+            self.has_count = True
+
+    def busy_s(self) -> float:
+        """Busy seconds of the step (reads CUDA events: call only when the step's stats are exchanged)."""
+        return sum(sign * span.seconds() for sign, span in self.busy)
+
+
+@dataclass(slots=True)
+class OpenStep:
+    """The step being run: its plan, this rank's group, the micro-batch in flight and the step's tally."""
+
+    plan: StepPlan
+    group: GroupPlan
+    """This rank's SP group in ``plan``."""
+    n_step: int
+    """Labelled tokens (or samples) of the whole step: the loss weights' denominator."""
+    global_step: int
+    """The optimizer step this step will be once done (the manager's global_step + 1 at its start)."""
+    t0: float
+    """perf_counter() at the step's start."""
+    tally: StepTally
+    mb_index: int = -1
+    """Index of the micro-batch in flight among ``group.micro_batches`` (-1 before the first)."""
+    pending: MicroBatch | None = None
+    """The micro-batch get_data_iter() yielded last (None before the first)."""
+    applied: bool = False
+    """True once optimize_dynamics() set up ``pending`` (SP context, loss weight)."""
+    open: bool = True
+    """False once the step's gradient sync ran (engine.step at the boundary, or the idle rank's)."""
+    loss_weight: float = 0.0
+    """The weight engine.backward applies to the pending micro-batch's loss_sum."""
+
+    def in_last_micro_batch(self) -> bool:
+        """True from the forward to the step() of this rank's last micro-batch of the step: its backward
+        gives the parameters their final gradients of the step (the ddp engine starts their sync then)."""
+        return self.open and self.mb_index == self.group.ga_steps - 1
+
+    def finish(self, now: float) -> FinishedStep:
+        # a rank that ran no forward this step (idle) counted 0 tokens; -1 marks "model gave no count"
+        return FinishedStep(plan=self.plan, global_step=self.global_step, step_time_s=now - self.t0,
+                            tally=self.tally, has_count=self.tally.has_count or not self.group.micro_batches)
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedStep:
+    """A step whose successor started: what the stats exchange reads of it."""
+
+    plan: StepPlan
+    global_step: int
+    step_time_s: float
+    """Wall time from this step's start to the next step's start on this rank."""
+    tally: StepTally
+    has_count: bool
+    """False when this rank's model ran forwards but reported no count."""
+
+    def host_stats(self) -> tuple[torch.Tensor, torch.Tensor | None, float]:
+        """(loss sum, count or None, busy seconds) on the host: the step's one device-to-host copy."""
+        return self.tally.loss.cpu(), self.tally.count.cpu() if self.has_count else None, self.tally.busy_s()

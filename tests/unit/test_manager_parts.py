@@ -1,0 +1,152 @@
+"""The manager's parts (issue 22): engines drive it only through EngineHooks, the step state is a value,
+the profiler reaches it by injection, the runtime imports nothing above it."""
+
+from __future__ import annotations
+
+import ast
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from dcp.config import DCPConfig, ProfilingConfig
+from dcp.models import T1DConfig, Transformer1D
+from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
+from dcp.runtime import checkpoint as ckpt
+from dcp.runtime.engines import DDPEngine
+from dcp.runtime.hooks import EngineHooks
+from dcp.runtime.manager import DCPManager
+from dcp.runtime.profiling import TableLoader
+from dcp.runtime.step import ManagerError, OpenStep, StepTally
+
+RUNTIME = Path(__file__).resolve().parents[2] / "dcp" / "runtime"
+
+
+def _plan(ga: int) -> StepPlan:
+    mbs = tuple(MicroBatch(sample_ids=(k,), seq_lens=(8,), seq_group=0) for k in range(ga))
+    return StepPlan(epoch=0, step=0, world_size=1, method="dcp-intra",
+                    groups=(GroupPlan(first_rank=0, sp_size=1, recompute_layers=0, micro_batches=mbs),))
+
+
+def test_the_manager_implements_every_engine_hook():
+    hooks = [n for n, v in vars(EngineHooks).items() if callable(v) and not n.startswith("_")]
+    assert set(hooks) >= {"before_forward", "after_forward", "loss_weight", "in_last_micro_batch", "at_boundary",
+                          "watch", "step_done", "collective"}
+    missing = [n for n in hooks if not callable(getattr(DCPManager, n, None))]
+    assert not missing, missing
+
+
+def test_engines_touch_no_private_member_of_the_manager():
+    # before: mgr._at_boundary(), mgr._watch, mgr._step_done, mgr._loss_weight, mgr._collective
+    tree = ast.parse((RUNTIME / "engines.py").read_text())
+    bad = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            base = node.value
+            if (isinstance(base, ast.Name) and base.id == "mgr") or (
+                    isinstance(base, ast.Call) and getattr(base.func, "attr", "") == "_manager"):
+                bad.append(f"line {node.lineno}: .{node.attr}")
+    assert not bad, bad
+
+
+def test_the_runtime_imports_no_package_above_it():
+    above = ("dcp.profiler", "dcp.integrations", "dcp.models", "dcp.api", "dcp.experiments")
+    bad = []
+    for path in RUNTIME.glob("*.py"):
+        if path.name.startswith("bench"):
+            continue  # benchmarks are tools (they move to dcp/bench)
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            bad += [f"{path.name}:{node.lineno} {n}" for n in names if n.startswith(above)]
+    assert not bad, bad
+
+
+def test_open_step_knows_its_last_micro_batch_and_finishes_into_a_value():
+    plan = _plan(2)
+    step = OpenStep(plan=plan, group=plan.groups[0], n_step=14, global_step=1, t0=1.0, tally=StepTally.zeros("cpu"))
+    assert not step.in_last_micro_batch()
+    step.mb_index = 1
+    assert step.in_last_micro_batch()
+    step.tally.add(torch.tensor(3.0), 7)
+    step.open = False
+    assert not step.in_last_micro_batch()  # after the step's sync nothing is "in" it
+    done = step.finish(3.5)
+    assert done.step_time_s == 2.5 and done.global_step == 1
+    loss, count, busy = done.host_stats()
+    assert float(loss) == 3.0 and int(count) == 7 and busy == 0.0
+    with pytest.raises(AttributeError):
+        done.step_time_s = 0.0  # frozen
+
+
+def test_checkpoint_position_round_trips_and_refuses_another_run():
+    cfg = DCPConfig()
+    fp = ckpt.fingerprint(cfg, [5, 6], 2, None)
+    state = ckpt.state_dict(ckpt.Position(epoch=1, step_in_epoch=3, global_step=9), fp)
+    assert ckpt.load_state_dict(state, fp) == ckpt.Position(epoch=1, step_in_epoch=3, global_step=9)
+    other = ckpt.fingerprint(cfg, [5, 6], 4, None)
+    with pytest.raises(ManagerError, match="checkpoint fingerprint .* differs from this run's"):
+        ckpt.load_state_dict(state, other)
+
+
+class _Stale(ValueError):
+    pass
+
+
+class _Source:
+    """A ProfileSource whose cached table is stale once."""
+
+    stale_error = _Stale
+
+    def __init__(self) -> None:
+        self.calls: list[bool] = []
+
+    def need_profile(self, target, config, world_size):
+        raise _Stale("cached table of an older format: delete it")
+
+    def load_or_profile(self, model, config, world_size, registry, *, adapter, refresh, **kwargs):
+        self.calls.append(refresh)
+        if not refresh:
+            raise _Stale("cached table of an older format: delete it")
+        return "table", "profiled"
+
+
+def test_table_loader_goes_through_the_injected_source():
+    log = logging.getLogger("dcp.test")
+    source = _Source()
+    cfg = DCPConfig(profiling=ProfilingConfig(strict_cache=False))
+    loader = TableLoader(source, cfg, 1, 1, log)  # rank 1: no info lines
+    assert loader.need_profile(object())  # stale: profile again
+    assert loader.load(object(), None, None) == "table" and source.calls == [False, True]
+    strict = TableLoader(_Source(), DCPConfig(profiling=ProfilingConfig(strict_cache=True)), 1, 1, log)
+    with pytest.raises(ManagerError, match="strict_cache .true. forbids re-profiling"):
+        strict.need_profile(object())
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_a_manager_without_a_profiler_uses_the_analytic_table():
+    model = Transformer1D(T1DConfig.tiny())
+    from dcp.runtime.data import SyntheticTokenDataset
+
+    data = SyntheticTokenDataset([5, 6, 7, 8], vocab_size=model.config.vocab_size)
+    engine = DDPEngine(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    cfg = DCPConfig(model=model.config.shape())
+    mgr = DCPManager(model, data, cfg, engine)
+    assert mgr.need_profile()
+    lines = _Lines()
+    logging.getLogger("dcp").addHandler(lines)
+    try:
+        mgr.init_profiler()
+    finally:
+        logging.getLogger("dcp").removeHandler(lines)
+    assert mgr.table is not None and len(mgr.table) > 0
+    assert any("no profiler was given to the manager" in line for line in lines.lines)
