@@ -158,7 +158,7 @@ class _TokenDataset:
     def collate(self, samples: Any) -> Any:
         import threading
 
-        from dcp.models.common import collate_tokens
+        from dcp.data import collate_tokens
 
         tick, t0, c0 = self.clock(), time.perf_counter(), time.thread_time()
         batch = collate_tokens([s for _, s in samples], [i for i, _ in samples])
