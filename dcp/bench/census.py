@@ -67,8 +67,12 @@ def _payload(kind: str, args: tuple, kwargs: dict) -> int:
 class Census:
     """Counts collectives and ``new_group`` calls while installed (``with Census(dist): ...``)."""
 
-    def __init__(self, dist: Any, *, clock: Callable[[], int] = lambda: 0, agreeing_world: bool = False) -> None:
+    def __init__(self, dist: Any, *, clock: Callable[[], int] = lambda: 0, agreeing_world: bool = False,
+                 others_row: Callable[[Any], Any] | None = None) -> None:
         self.dist = dist
+        self.others_row = others_row
+        """agreeing_world: what the other ranks' slots of an all-gather get, from this rank's input (default:
+        a copy of it)."""
         self.clock = clock
         """Returns the tick every call is filed under (read at the call)."""
         self.agreeing_world = agreeing_world
@@ -113,8 +117,10 @@ class Census:
             if self.agreeing_world and kind == "all_gather":
                 t0 = time.perf_counter()
                 outputs, x = args[0], args[1] if len(args) > 1 else kwargs["tensor"]
-                for o in outputs:  # every rank of an agreeing job contributed what this one did
-                    o.copy_(x)
+                mine = self.dist.get_rank(kwargs.get("group"))
+                other = self.others_row(x) if self.others_row is not None else x
+                for i, o in enumerate(outputs):  # every rank of an agreeing job contributed what this one did
+                    o.copy_(x if i == mine else other)
                 tick = self.clock()
                 self.own_s[tick] = self.own_s.get(tick, 0.0) + time.perf_counter() - t0
             return out
