@@ -6,16 +6,17 @@ fake process group, ``docs/scale.md``):
 
 - collectives (the bench's census): on a logged step (every ``runtime.log_every`` steps, or
   ``runtime.stats_every``) each rank all-gathers one agreement row of 14 int64 words (112 bytes) over all W
-  ranks on the manager's gloo check group; on other steps none. Priced as a ring over the host network:
-  W - 1 hops, each one TCP round (``GLOO_HOP_LATENCY_S``) plus its bytes at the inter-node bandwidth.
-  ``ControlCollective.algorithm = "tree"`` prices 2 log2(W) hops instead (a tree all-gather or a
-  reduce + broadcast, e.g. NCCL's tree for small messages, at ``hardware.collective_latency_s`` per hop).
+  ranks on the exchange's group of the default backend (NCCL on GPUs); on other steps none. Priced as a
+  ring (NCCL's all-gather algorithm): W - 1 hops, each one hop latency of the transport
+  (``HOP_LATENCY_S``) plus its bytes at the inter-node bandwidth; ``algorithm = "tree"`` prices
+  2 ceil(log2 W) hops instead, ``transport = "gloo"`` a TCP round per hop (the check group before the
+  manager split was gloo).
 - host time (measured): the training thread's CPU per step outside the model (collation, the iterator,
   optimize_dynamics, the engine's bookkeeping, the agreement check) on a logged and on an unlogged step,
   at 64, 512 and 4096 ranks, interpolated in log2(W) (``HOST_MS_BY_WORLD``).
 
 Measured: host times (a 2-core shared CPU host, not a cluster node's CPU). Priced: the collectives (no
-real gloo or NCCL latency at 4096 ranks was measured; ``GLOO_HOP_LATENCY_S`` is assumed).
+real gloo or NCCL latency at 4096 ranks was measured; ``HOP_LATENCY_S`` is assumed).
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ from dataclasses import dataclass
 
 from dcp.planner.analytic import HardwareSpec
 
-GLOO_HOP_LATENCY_S = 50e-6
-"""[assumed] One step of a gloo ring over TCP between hosts: a send and a receive of a small message, tens
-of microseconds on a datacenter network (kernel TCP stack twice, one network round)."""
+HOP_LATENCY_S = {"nccl": 5e-6, "gloo": 50e-6}
+"""[assumed] One hop of a small-message collective: NCCL's low-latency protocol over NVLink / InfiniBand
+(a few microseconds per hop), gloo over TCP between hosts (kernel TCP stack twice, one network round:
+tens of microseconds). Not measured at scale."""
 
 AGREEMENT_ROW_BYTES = 14 * 8
 """[counted] dcp.runtime.exchange.ROW_WORDS int64 words per rank, what the census saw per logged step."""
@@ -56,7 +58,9 @@ class ControlCollective:
     when: str
     """'logged': on logged steps only; 'step': every step."""
     algorithm: str = "ring"
-    """'ring' (W - 1 hops, gloo over TCP) or 'tree' (2 log2 W hops at the fabric's collective latency)."""
+    """'ring' (W - 1 hops) or 'tree' (2 ceil(log2 W) hops)."""
+    transport: str = "nccl"
+    """'nccl' or 'gloo': the hop latency (``HOP_LATENCY_S``)."""
 
     def __post_init__(self) -> None:
         if self.kind not in ("all_gather", "all_reduce"):
@@ -67,6 +71,9 @@ class ControlCollective:
         if self.algorithm not in ("ring", "tree"):
             raise ValueError(f"ControlCollective.algorithm ({self.algorithm!r}) is not one of ['ring', 'tree']: "
                              "pick one")
+        if self.transport not in HOP_LATENCY_S:
+            raise ValueError(f"ControlCollective.transport ({self.transport!r}) is not one of "
+                             f"{sorted(HOP_LATENCY_S)}: pick one")
 
 
 CENSUS = (ControlCollective(kind="all_gather", nbytes=AGREEMENT_ROW_BYTES, when="logged"),)
@@ -78,12 +85,13 @@ def collective_time_s(c: ControlCollective, world_size: int, hardware: HardwareS
     if world_size < 2:
         return 0.0
     bw = hardware.inter_node_bw_bytes_per_s if world_size > hardware.ranks_per_node else hardware.intra_node_bw_bytes_per_s
+    hop = HOP_LATENCY_S[c.transport]
     if c.algorithm == "tree":
         hops = 2 * math.ceil(math.log2(world_size))
         moved = c.nbytes * (world_size if c.kind == "all_gather" else 1)
-        return hops * hardware.collective_latency_s + moved / bw
+        return hops * hop + moved / bw
     hops = world_size - 1 if c.kind == "all_gather" else 2 * (world_size - 1)
-    return hops * (GLOO_HOP_LATENCY_S + c.nbytes / bw)
+    return hops * (hop + c.nbytes / bw)
 
 
 def host_s(world_size: int, logged: bool) -> float:

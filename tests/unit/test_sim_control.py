@@ -21,14 +21,17 @@ from dcp.sim.scenario import paper_config, paper_table, scenario
 def test_ring_and_tree_prices():
     row = control.CENSUS[0]
     assert (row.kind, row.nbytes, row.when) == ("all_gather", 112, "logged")
+    nccl, gloo = control.HOP_LATENCY_S["nccl"], control.HOP_LATENCY_S["gloo"]
     ring = collective_time_s(row, 4096, H200)
-    assert ring == pytest.approx(4095 * (control.GLOO_HOP_LATENCY_S + 112 / H200.inter_node_bw_bytes_per_s))
+    assert ring == pytest.approx(4095 * (nccl + 112 / H200.inter_node_bw_bytes_per_s))
+    tcp = collective_time_s(dataclasses.replace(row, transport="gloo"), 4096, H200)
+    assert tcp == pytest.approx(4095 * (gloo + 112 / H200.inter_node_bw_bytes_per_s))
     tree = collective_time_s(dataclasses.replace(row, algorithm="tree"), 4096, H200)
-    assert tree == pytest.approx(24 * H200.collective_latency_s + 112 * 4096 / H200.inter_node_bw_bytes_per_s)
+    assert tree == pytest.approx(24 * nccl + 112 * 4096 / H200.inter_node_bw_bytes_per_s)
     assert tree < ring / 10  # a ring's hops grow with W, a tree's with log W
     assert collective_time_s(row, 1, H200) == 0.0
     # inside one node the intra-node bandwidth applies
-    assert collective_time_s(row, 8, H200) == pytest.approx(7 * (control.GLOO_HOP_LATENCY_S + 112 / H200.intra_node_bw_bytes_per_s))
+    assert collective_time_s(row, 8, H200) == pytest.approx(7 * (nccl + 112 / H200.intra_node_bw_bytes_per_s))
 
 
 def test_host_time_interpolates_the_measured_points():
@@ -54,9 +57,10 @@ def test_logged_fraction_and_cadence():
     ("kind", "scatter", r"ControlCollective.kind \('scatter'\)"),
     ("when", "epoch", r"ControlCollective.when \('epoch'\)"),
     ("algorithm", "star", r"ControlCollective.algorithm \('star'\)"),
+    ("transport", "mpi", r"ControlCollective.transport \('mpi'\)"),
 ])
 def test_control_collective_refuses_bad_fields(field, value, match):
-    kw = dict(kind="all_gather", nbytes=8, when="logged", algorithm="ring")
+    kw = dict(kind="all_gather", nbytes=8, when="logged", algorithm="ring", transport="nccl")
     kw[field] = value
     with pytest.raises(ValueError, match=match):
         ControlCollective(**kw)
