@@ -77,7 +77,9 @@ def test_bench_scale_rows_at_16_ranks(capsys):
         assert list(r)[: len(scale.ROW_KEYS)] == list(scale.ROW_KEYS)
         assert 0 < r["startup_s"] and r["host_ms_per_step"] > 0 and r["plan_exposed_ms"] >= 0
         assert r["process_groups"] <= 2 * len(SIZES) + 2  # one per SP size + the manager's own
-        assert r["planned_before_step0"] >= 1 and r["steps_timed"] >= 2 and r["log_every"] == 2
+        # step 0's plan, and step 1's when step 0's last micro-batch is handed out (its first micro-batch is
+        # collated ahead): no second planning pass over the epoch
+        assert 1 <= r["planned_before_step0"] <= 2 and r["steps_timed"] >= 2 and r["log_every"] == 2
         # unlogged steps issue no world-wide control collective; a logged one gathers the agreement row
         assert r["world_collectives_unlogged_step"] == 0 and r["world_collectives_logged_step"] >= 1
         # the census holds the step's gradient sync: one all-reduce over all 16 ranks of the model's gradients
