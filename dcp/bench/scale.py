@@ -218,6 +218,7 @@ class _Probe:
     def timed(self, fn: Any, census: Any = None, tag: str = "") -> Any:
         """``fn`` with its wall time filed as model time (and its collectives under ``tag``)."""
         def call(*args: Any, **kwargs: Any) -> Any:
+            self.mark()  # a step finished outside a wrapper (an idle step's step_done) starts the next one here
             tick, t0, c0 = self.tick(), time.perf_counter(), time.thread_time()
             if census is not None:
                 census.tag = tag
@@ -304,6 +305,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
                 first_s, before0 = time.perf_counter() - t1, probe.plans_taken
                 probe.mgr = mgr
                 probe.mark()
+            probe.mark()
             probe.micro_batches[probe.tick()] += 1
             mgr.optimize_dynamics(batch, eng)
             with mgr.profile(batch, eng):
