@@ -36,16 +36,16 @@ AGREEMENT_ROW_BYTES = 14 * 8
 """[counted] dcp.runtime.exchange.ROW_WORDS int64 words per rank, what the census saw per logged step."""
 
 HOST_MS_BY_WORLD: tuple[tuple[int, float, float], ...] = (
-    (64, 12.4, 21.5),
-    (512, 41.3, 14.8),
-    (4096, 46.2, 103.3),
+    (64, 3.2, 3.6),
+    (512, 25.4, 27.6),
+    (4096, 12.5, 17.4),
 )
 """[measured] (W, host ms per unlogged step, host ms per logged step): the median over ranks 0, W/2, W-1 of
-``dcp bench scale`` host_ms (the training thread's CPU outside the model) on this project's 2-core shared
-host, 2026-11-25 at b9517b7: logged from ``dcp bench scale --json`` (log_every 1: every step logged),
-unlogged from ``dcp bench scale --log-every 3 --steps 7 --json``. A rank's host time follows how many
-micro-batches it runs in a step (~1 ms each) as much as whether the step is logged, so the two columns
-are not ordered at every W; docs/scale.md has the runs."""
+``dcp bench scale --log-every 4 --steps 9 --json`` host_ms (the training thread's CPU outside the model) on
+this project's 2-core shared host, 2026-11-25, on the tree after the manager split (per-step plan digests,
+prefetched collation, a vectorised agreement check). A rank's host time follows how many micro-batches it
+runs in a step (~0.7-1.5 ms each; 19.5 per step for ranks 256 and 511 of 512, 1.5-4.5 elsewhere) more than
+W or whether the step is logged, so the columns are not monotone in W; docs/scale.md has the runs."""
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ControlCollective:

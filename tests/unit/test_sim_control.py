@@ -38,8 +38,11 @@ def test_host_time_interpolates_the_measured_points():
     (w0, un0, lg0), *_, (w1, un1, lg1) = control.HOST_MS_BY_WORLD
     assert host_s(w0, False) == pytest.approx(un0 / 1e3) and host_s(w1, True) == pytest.approx(lg1 / 1e3)
     assert host_s(8, False) == host_s(w0, False) and host_s(10**6, True) == host_s(w1, True)  # clamped
-    mids = [host_s(w, False) for w in (64, 128, 256, 512, 1024, 2048, 4096)]
-    assert all(min(a, b) <= m <= max(a, b) + 1e-12 for a, b, m in zip(mids, mids[2:], mids[1:], strict=False))
+    points = control.HOST_MS_BY_WORLD
+    for (wa, ua, _), (wb, ub, _) in zip(points, points[1:], strict=False):  # between two measured W: between their values
+        w = int((wa * wb) ** 0.5)
+        assert min(ua, ub) / 1e3 <= host_s(w, False) <= max(ua, ub) / 1e3
+        assert host_s(w, False) == pytest.approx((ua + ub) / 2e3, rel=1e-3)  # the geometric middle: half way in log2 W
 
 
 def test_logged_fraction_and_cadence():
