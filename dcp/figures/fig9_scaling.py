@@ -31,7 +31,8 @@ def make(out_dir: Path, sizes: Sizes) -> list[Path]:
             for m, r in res.items():
                 rows.append({"model": model, "dataset": DATASET, "method": m, "gpus": w, "samples": r.num_samples,
                              "steps": r.num_steps, "tokens_per_s": r.tokens_per_s, "tokens_per_s_per_gpu":
-                             r.tokens_per_s / w, "idle_ratio": r.idle_ratio, "ideal_fraction": r.ideal_fraction})
+                             r.tokens_per_s / w, "idle_ratio": r.idle_ratio, "ideal_fraction": r.ideal_fraction,
+                             "control_plane_share": r.control_plane_share})
                 # no planning wall time here: the committed CSV must not change from one run to the next
             progress(f"fig9: {model} {w} GPUs: " + ", ".join(f"{m} {res[m].tokens_per_s / w:,.0f} tok/s/GPU"
                                                              for m in METHODS))

@@ -98,17 +98,21 @@ def ulysses_attention(
     if impl not in IMPLS:
         raise ValueError(f"ulysses impl ({impl!r}) is not one of {list(IMPLS)}: pick one of those")
     check_heads(q.shape[2], ctx.sp_size)
+    rep = 1  # kv heads to repeat after the exchange (grouped-query attention sent unexpanded)
     if k.shape[2] != q.shape[2] or v.shape[2] != q.shape[2]:
-        # Grouped-query attention: each kv head serves H / H_kv query heads. Ulysses gives every rank
-        # H / p query heads, so the kv heads are repeated up to H first (a rank then receives exactly the
-        # kv heads its query heads read); this also works when p does not divide H_kv.
+        # Grouped-query attention: each kv head serves H / H_kv query heads. Ulysses gives rank j the query
+        # heads [j H/p, (j+1) H/p), which read exactly the kv heads [j H_kv/p, (j+1) H_kv/p) when p divides
+        # H_kv: those are sent as they are and repeated after the exchange (H/H_kv times fewer kv bytes on
+        # the wire). Otherwise (or for deepspeed's layer, which takes equal heads) they are repeated up to H
+        # first, so a rank receives exactly the kv heads its query heads read.
         if q.shape[2] % k.shape[2] or k.shape[2] != v.shape[2]:
             raise ValueError(
                 f"key/value heads ({k.shape[2]}, {v.shape[2]}) must be equal and divide the query heads "
                 f"({q.shape[2]}): pass grouped-query attention tensors [b, s, H_kv, d]"
             )
         rep = q.shape[2] // k.shape[2]
-        k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
+        if ctx.sp_size == 1 or impl == "deepspeed" or k.shape[2] % ctx.sp_size:
+            k, v, rep = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2), 1
     if key_padding_mask is not None and key_padding_mask.shape[1] != q.shape[1] * ctx.sp_size:
         raise ValueError(
             f"key_padding_mask length ({key_padding_mask.shape[1]}) != s_local ({q.shape[1]}) * sp_size "
@@ -125,10 +129,28 @@ def ulysses_attention(
         return attend(q, k, v)
     if impl == "deepspeed":
         return _deepspeed_attention(q, k, v, ctx, attend)
-    # One exchange for q, k and v together: [b, s/p, 3, H, d] -> [b, s, 3, H/p, d].
-    qkv = all_to_all_sp(torch.stack((q, k, v), dim=2), ctx.group, scatter_dim=3, gather_dim=1)
-    out = attend(*qkv.unbind(dim=2))
+    if rep == 1:
+        # One exchange for q, k and v together: [b, s/p, 3, H, d] -> [b, s, 3, H/p, d].
+        qkv = all_to_all_sp(torch.stack((q, k, v), dim=2), ctx.group, scatter_dim=3, gather_dim=1)
+        out = attend(*qkv.unbind(dim=2))
+    else:
+        out = attend(*_exchange_grouped(q, k, v, ctx, rep))
     return all_to_all_sp(out, ctx.group, scatter_dim=1, gather_dim=2)
+
+
+def _exchange_grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: SPContext,
+                      rep: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One exchange of unexpanded grouped-query heads; returns q, k, v of this rank's heads, kv repeated.
+
+    Chunk j of the packed head dim holds rank j's H/p query heads, then its H_kv/p key and value heads:
+    [b, s/p, p * (H/p + 2 H_kv/p), d] -> [b, s, H/p + 2 H_kv/p, d].
+    """
+    p, b, s = ctx.sp_size, q.shape[0], q.shape[1]
+    hq, hk = q.shape[2] // p, k.shape[2] // p
+    packed = torch.cat([t.reshape(b, s, p, -1, t.shape[-1]) for t in (q, k, v)], dim=3).flatten(2, 3)
+    mine = all_to_all_sp(packed, ctx.group, scatter_dim=2, gather_dim=1)
+    q, k, v = mine.split([hq, hk, hk], dim=2)
+    return q, k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
 
 
 def _deepspeed_attention(q, k, v, ctx: SPContext, attend) -> torch.Tensor:

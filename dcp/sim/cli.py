@@ -5,8 +5,10 @@
     dcp simulate --dataset t1d-balanced --scale cpu --config run.toml --table .dcp_cache/t.csv --hardware cpu --gpus 2
 
 Prints one row per method (throughput, idle ratios, ideal bound); with --json the last line is a JSON
-object ``{"tokens_per_s": .., "idle_ratio": .., "ideal_fraction": ..}`` (per method under "methods" for
---method all).
+object ``{"tokens_per_s": .., "idle_ratio": .., "ideal_fraction": .., "control_plane_share": ..}`` (per
+method under "methods" for --method all); control_plane_share is the runtime's control plane (host time per
+step measured by ``dcp bench scale``, its collectives priced on the simulated fabric: dcp.sim.control) as a
+share of the epoch's time, at the config's runtime.log_every.
 """
 
 from __future__ import annotations
@@ -138,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"# {n} samples, {sum(lengths.tokens):,} tokens, max {max(lengths.tokens):,}; model {configs[methods[0]].model.name}, "
           f"{sc.hardware.name}, {args.gpus} GPUs, table {args.table or 'analytic'}")
     print(f"{'method':<10} {'steps':>6} {'tokens/s':>12} {'tok/s/GPU':>10} {'idle':>6} {'idle_b':>6} "
-          f"{'idle_max':>8} {'ideal tok/s':>12} {'ideal_frac':>10} {'sync%':>6}  tokens/step min / median / max")
+          f"{'idle_max':>8} {'ideal tok/s':>12} {'ideal_frac':>10} {'sync%':>6} {'ctl%':>5}  tokens/step min / median / max")
     out, per_step = {}, {}
     for m in methods:
         try:
@@ -153,7 +155,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{m:<10} {r.num_steps:>6} {r.tokens_per_s:>12.0f} {r.tokens_per_s / args.gpus:>10.0f} "
               f"{r.idle_ratio:>6.3f} {r.idle_ratio_batch:>6.3f} {max(r.idle_ratio_per_rank):>8.3f} "
               f"{r.ideal_tokens_per_s:>12.0f} "
-              f"{r.ideal_fraction:>10.3f} {100 * r.sync_time_s / r.total_time_s:>6.1f}  "
+              f"{r.ideal_fraction:>10.3f} {100 * r.sync_time_s / r.total_time_s:>6.1f} "
+              f"{100 * r.control_plane_share:>5.2f}  "
               f"{tok[0]:,} / {med:,.0f} / {tok[-1]:,}")
     target = configs[methods[0]].planning.tokens_per_step
     print(f"# tokens per step: {'target ' + format(target, ',') if target else 'each method its own (no target set)'}"
@@ -169,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
                     "idle_ratio_batch": r.idle_ratio_batch, "ideal_tokens_per_s": r.ideal_tokens_per_s,
                     "idle_ratio_max_gpu": max(r.idle_ratio_per_rank), "num_steps": r.num_steps,
                     "tokens_per_step_min": tok[0], "tokens_per_step_median": statistics.median(tok),
-                    "tokens_per_step_max": tok[-1]}
+                    "tokens_per_step_max": tok[-1], "control_plane_share": r.control_plane_share}
         if len(methods) == 1:
             print(json.dumps(brief(methods[0])))
         else:

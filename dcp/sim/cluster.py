@@ -72,10 +72,13 @@ class StepResult:
     """Largest predicted memory of any micro-batch of the step (Eq. 6)."""
     group_idle_s: tuple[tuple[int, int, float], ...] = ()
     """(first_rank, sp_size, idle seconds) of every SP group: T* minus its accumulated time."""
+    control_time_s: float = 0.0
+    """The runtime's control plane in this step: its host time and its collectives besides the gradient
+    sync (dcp.sim.control), on the critical path of every rank."""
 
     @property
     def step_time_s(self) -> float:
-        return self.compute_time_s + self.sync_time_s + self.optimizer_time_s
+        return self.compute_time_s + self.sync_time_s + self.optimizer_time_s + self.control_time_s
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -116,6 +119,13 @@ class SimResult:
     """Steps holding a micro-batch whose predicted memory exceeds the capacity (0 for a sound planner)."""
     plan_time_s: float
     """Wall time the planner took for the epoch."""
+    control_time_s: float = 0.0
+    """Sum of the steps' control-plane time (dcp.sim.control), part of total_time_s and of sync_time_s."""
+
+    @property
+    def control_plane_share(self) -> float:
+        """Share of the epoch's time the runtime's control plane takes."""
+        return self.control_time_s / self.total_time_s if self.total_time_s > 0 else 0.0
 
     def to_dict(self) -> dict[str, float | int | str]:
         return asdict(self)
@@ -206,7 +216,7 @@ def exposed_sync_s(sync_s: float, overlap_s: float, grad_bytes: float) -> float:
 
 
 def step_cost(plan: StepPlan, times: TimeLookup | None, rows: dict, *, sync_s: float, optimizer_s: float,
-              edges: Sequence[int] = (), overlap_grad_bytes: float = 0.0) -> StepResult:
+              edges: Sequence[int] = (), overlap_grad_bytes: float = 0.0, control_s: float = 0.0) -> StepResult:
     """Cost of one StepPlan; ``times`` re-times micro-batches from a truth table (None: planner's times),
     each from its samples' real lengths (TimeLookup.lengths_time_s, as the planner prices them).
     ``overlap_grad_bytes`` > 0 (the ddp engine, that many gradient bytes) overlaps the sync with the backward
@@ -237,7 +247,7 @@ def step_cost(plan: StepPlan, times: TimeLookup | None, rows: dict, *, sync_s: f
     batch = sum(t_star - t for t in busy) / (len(busy) * t_star) if busy and t_star > 0 else 0.0
     return StepResult(step=plan.step, compute_time_s=t_star, sync_time_s=sync_s, optimizer_time_s=optimizer_s,
                       tokens=plan.tokens, samples=plan.samples, idle_gpu_s=idle, idle_ratio_batch=batch,
-                      peak_mem_bytes=peak, group_idle_s=per_group)
+                      peak_mem_bytes=peak, group_idle_s=per_group, control_time_s=control_s)
 
 
 def merge_phases(steps: list[StepResult]) -> list[StepResult]:
@@ -260,19 +270,24 @@ def merge_phases(steps: list[StepResult]) -> list[StepResult]:
                              optimizer_time_s=st.optimizer_time_s, tokens=prev.tokens + st.tokens,
                              samples=prev.samples + st.samples, idle_gpu_s=prev.idle_gpu_s + st.idle_gpu_s,
                              idle_ratio_batch=batch, peak_mem_bytes=max(prev.peak_mem_bytes, st.peak_mem_bytes),
-                             group_idle_s=tuple((f, n, v) for (f, n), v in idle.items()))
+                             group_idle_s=tuple((f, n, v) for (f, n), v in idle.items()),
+                             control_time_s=st.control_time_s)  # one step, one agreement exchange
     return out
 
 
 def simulate(lengths: Sequence[int], table: ProfileTable, config: DCPConfig, world_size: int, *,
              hardware: HardwareSpec | None, truth_table: ProfileTable | None = None, epoch: int = 0,
-             return_steps: bool = False, shapes: Sequence[tuple[int, int]] | None = None) -> SimResult | tuple[SimResult, list[StepResult]]:
+             return_steps: bool = False, shapes: Sequence[tuple[int, int]] | None = None,
+             control_plane: bool | None = None) -> SimResult | tuple[SimResult, list[StepResult]]:
     """Plan one epoch with the real planner and simulate it.
 
     ``hardware`` gives the per-step gradient sync and optimizer time (``None``: zero, for tables whose
     T_C already includes them). ``truth_table`` (default: ``table``) times the micro-batches. ``shapes``
     ((frames, spatial tokens) per sample, 2D data) goes to the planner, which then keeps one shape per
-    micro-batch (a 2D collate pads T and S separately).
+    micro-batch (a 2D collate pads T and S separately). ``control_plane`` charges every step the runtime's
+    control plane (dcp.sim.control: measured host time, priced collectives, at config.runtime.log_every);
+    None: charged when ``hardware`` is given and has no step_overhead_s of its own (the CPU model's
+    measured per-step overhead already holds the runtime's host time).
     """
     if world_size < 1:
         raise SimulationError(f"world_size ({world_size}) must be >= 1: pass the number of simulated GPUs")
@@ -291,13 +306,21 @@ def simulate(lengths: Sequence[int], table: ProfileTable, config: DCPConfig, wor
     sync = grad_sync_time_s(model, hardware, world_size) if hardware else 0.0
     # The framework's own per-step time (manager step start, collation, engine bookkeeping) rides with the update.
     opt = optimizer_step_time_s(model, hardware, world_size) + hardware.step_overhead_s if hardware else 0.0
+    if control_plane is None:
+        control_plane = hardware is not None and hardware.step_overhead_s == 0
+    control = 0.0
+    if control_plane and hardware is not None:
+        from dcp.sim.control import control_plane_s
+
+        rt = config.runtime
+        control = control_plane_s(world_size, hardware, log_every=rt.log_every, stats_every=rt.stats_every)
     times = TimeLookup(truth) if truth_table is not None else None
     rows = _row_lookup(truth)
     # the ddp engine overlaps the gradient all-reduce with the last backward (dcp.runtime.engines); deepspeed's
     # ZeRO-1 reduces after it
     overlap = model.num_params * model.param_bytes if config.runtime.engine == "ddp" and hardware else 0.0
     steps = merge_phases([step_cost(p, times, rows, sync_s=sync, optimizer_s=opt, edges=truth.seq_group_edges,
-                                    overlap_grad_bytes=overlap) for p in plans])
+                                    overlap_grad_bytes=overlap, control_s=control) for p in plans])
     seen = sum(s.samples for s in steps)
     if seen != len(lengths):
         raise SimulationError(
@@ -334,5 +357,6 @@ def simulate(lengths: Sequence[int], table: ProfileTable, config: DCPConfig, wor
         peak_mem_bytes=max((s.peak_mem_bytes for s in steps), default=0.0),
         mem_violations=sum(1 for s in steps if s.peak_mem_bytes > cap),
         plan_time_s=plan_s,
+        control_time_s=sum(s.control_time_s for s in steps),
     )
     return (result, steps) if return_steps else result

@@ -58,3 +58,24 @@ def test_registry_w6_with_4_ranks_per_node():
         first, p = (0, 4) if rank < 4 else (4, 2)
         assert o["ctx"] == (p, rank - first, 1 if p == 4 else 0, list(range(first, first + p)))
         assert "first_rank=2, sp_size=4" in o["unknown"] and "valid first ranks for sp_size 4: [0]" in o["unknown"]
+
+
+def _registry_fallback_w4(rank: int, world_size: int) -> dict:
+    from dcp.runtime.registry import SPGroupRegistry
+
+    # size 3 on 4 ranks per node: rank 3 has no size-3 block, so the size-4 block's members hold different
+    # numbers of earlier groups; the registry then creates every block on every rank (torch's global order)
+    reg = SPGroupRegistry(world_size, 4, [1, 3, 4])
+    sums = {}
+    for first, p in reg.blocks:
+        if first <= rank < first + p:
+            t = torch.tensor([1.0])
+            dist.all_reduce(t, group=reg.get(first, p))
+            sums[p] = t.item()
+    return dict(local=reg.local, sums=sums)
+
+
+def test_registry_falls_back_to_world_order_when_members_differ():
+    out = run_distributed(_registry_fallback_w4, 4)
+    assert [o["local"] for o in out] == [False] * 4
+    assert [o["sums"] for o in out] == [{1: 1.0, 3: 3.0, 4: 4.0}] * 3 + [{1: 1.0, 4: 4.0}]

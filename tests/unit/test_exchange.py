@@ -39,3 +39,15 @@ def test_disagreements_are_named_position_first_then_data_then_plans():
         check_agreement(torch.stack([ok, _row(marker="plan-b", data=digest_words("other"))]), "here")
     with pytest.raises(PlanMismatchError, match=r"here: step plans differ across ranks \(ranks \[1\]"):
         check_agreement(torch.stack([ok, _row(marker="plan-b")]), "here")
+
+
+def test_a_large_agreeing_table_passes_and_one_differing_rank_is_named():
+    # 4096 rows that agree on plans, positions and data but not on their stats (loss, count, busy differ)
+    rows = [_row(stats=(torch.tensor(float(r), dtype=torch.float64), torch.tensor(r), r * 1e-3)) for r in range(4096)]
+    check_agreement(torch.stack(rows), "epoch 0 step 3")
+    rows[-1] = _row(marker="plan-b")
+    with pytest.raises(PlanMismatchError, match=r"ranks \[4095\] disagree with rank 0"):
+        check_agreement(torch.stack(rows), "epoch 0 step 3")
+    rows[-1] = _row(step=4)
+    with pytest.raises(PlanMismatchError, match=r"rank 4095 at the start of epoch 0 step 4"):
+        check_agreement(torch.stack(rows), "epoch 0 step 3")

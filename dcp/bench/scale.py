@@ -1,0 +1,379 @@
+"""``dcp bench scale``: the host-side cost of one rank of a W-rank DCP job, measured under a fake process group.
+
+For each world size W and each chosen rank (default 0, W/2, W-1), one subprocess initialises PyTorch's
+fake process group (backend ``fake`` over a ``FakeStore``, as torchtitan's dry runs do: collectives return
+at once and move no data) as rank ``rank`` of W, and runs the real training loop of that rank:
+``set_manager`` -> ``get_data_iter`` -> ``optimize_dynamics`` -> forward / backward / ``engine.step()``.
+The planner gets the simulator's analytic table for the paper's Transformer-1D 5B on H200 (``dcp.sim``)
+and paper-scale lengths (``--dataset``), so it plans what a real W-GPU job would; the model is tiny (an
+embedding and a linear head over the first 16 tokens of each micro-batch) and each micro-batch also sleeps
+``--mb-ms`` (a stand-in for the device's compute, during which the plan-ahead thread works), so what is
+timed is the runtime around the model. A census (``dcp.bench.census``) counts every collective and
+``new_group`` call; an all-gather returns the caller's own row from every rank (a job whose ranks agree).
+
+Reported per (W, rank): start-up seconds (set_manager, with the registry's new_group time, and the time to
+the first micro-batch, with the first plans), process groups the rank asked torch for, collectives per
+step by kind / group size / bytes (the gradient sync apart from the control plane), the manager's host ms
+per step (CPU time of the training thread in a step minus its CPU time in the model's forward, backward
+and optimizer step and the census's own work; waiting for the GIL, a plan or other processes on a shared
+host is not counted; ``host_wall_ms_per_step`` is the wall-clock version, which counts them), planning CPU per step (CPU of threads other than the
+training thread) and its exposed part (time the training thread waited for a plan), and the steps planned
+before step 0 ran. Steps 1.. are used (step 0 starts inside start-up). ``--json``: the last line is
+``{"rows": [...]}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from typing import Any
+
+SUBPROCESS_TIMEOUT_S = 1800
+"""Wall-clock limit of one (W, rank) worker."""
+ROW_KEYS = ("world_size", "rank", "startup_s", "process_groups", "world_collectives_unlogged_step",
+            "host_ms_per_step", "plan_exposed_ms", "planned_before_step0")
+"""The keys every JSON row starts with (more follow: the breakdowns)."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--world-sizes", default="64,512,4096", help="comma-separated W values")
+    parser.add_argument("--ranks", default="", help="comma-separated ranks (default: 0, W/2 and W-1 of each W)")
+    parser.add_argument("--steps", type=int, default=6, help="steps run per (W, rank); steps 1.. are timed")
+    parser.add_argument("--mb-ms", type=float, default=50.0,
+                        help="sleep per micro-batch standing in for the device's compute (model time, not host time)")
+    parser.add_argument("--dataset", default="t1d-balanced", help="paper-scale length distribution (datasets/)")
+    parser.add_argument("--samples-per-rank", type=int, default=40,
+                        help="samples per rank and step to draw (a paper-scale step holds ~40 per rank)")
+    parser.add_argument("--log-every", type=int, default=0,
+                        help="runtime.log_every of the run (0: the config's default)")
+    parser.add_argument("--json", action="store_true", help='print a last line {"rows": [...]}')
+
+
+def _ranks(text: str, world_size: int) -> list[int]:
+    if not text:
+        return sorted({0, world_size // 2, world_size - 1})
+    ranks = [int(r) for r in text.split(",") if r.strip()]
+    bad = [r for r in ranks if not 0 <= r < world_size]
+    if bad:
+        raise ValueError(f"--ranks ({text}) holds {bad}, outside [0, {world_size}) for W {world_size}: "
+                         "pass ranks below every world size, or leave --ranks out")
+    return ranks
+
+
+def _world_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(w) for w in text.split(",") if w.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or any(w < 2 for w in sizes):
+        raise ValueError(f"--world-sizes ({text!r}) must be comma-separated integers >= 2: e.g. 64,512,4096")
+    return sizes
+
+
+def run(args: argparse.Namespace) -> int:
+    sizes = _world_sizes(args.world_sizes)
+    for flag in ("steps", "samples_per_rank"):
+        if getattr(args, flag) < 2:
+            raise ValueError(f"--{flag.replace('_', '-')} ({getattr(args, flag)}) must be >= 2: one step is start-up")
+    if args.log_every < 0:
+        raise ValueError(f"--log-every ({args.log_every}) must be >= 0: 0 keeps the config's runtime.log_every")
+    if not args.mb_ms >= 0:
+        raise ValueError(f"--mb-ms ({args.mb_ms}) must be >= 0: 0 runs the model without a device stand-in")
+    jobs = [(w, r) for w in sizes for r in _ranks(args.ranks, w)]
+    rows = []
+    for w, r in jobs:
+        spec = {"world_size": w, "rank": r, "steps": args.steps, "mb_ms": args.mb_ms, "dataset": args.dataset,
+                "samples_per_rank": args.samples_per_rank, "log_every": args.log_every}
+        rows.append(run_worker(spec))
+        print(_line(rows[-1]), flush=True) if len(rows) == 1 else print(_line(rows[-1], header=False), flush=True)
+    for row in rows:
+        print(f"# W {row['world_size']} rank {row['rank']} per step: " + "; ".join(
+            f"{c['tag'] or 'control'} {c['kind']} x{c['per_step']:g} over {c['group_size']} ranks, {c['bytes']} B"
+            for c in row["collectives"]))
+    print("# measured on this host's CPU under the fake process group (no data moves); host_ms: training-thread "
+          "CPU outside the model; wall_ms: wall time outside the model, the device stand-in and the exposed "
+          "planning wait (plan_exp_ms), so it also counts waiting for the GIL and for other processes")
+    if args.json:
+        print(json.dumps({"rows": rows}))
+    return 0
+
+
+def _line(row: dict[str, Any], header: bool = True) -> str:
+    cols = [("W", "world_size", 6), ("rank", "rank", 6), ("startup_s", "startup_s", 10), ("groups", "process_groups", 7),
+            ("world_ctl/unlogged", "world_collectives_unlogged_step", 19), ("world_ctl/logged", "world_collectives_logged_step", 17),
+            ("host_ms", "host_ms_per_step", 8), ("wall_ms", "host_wall_ms_per_step", 8), ("mbs", "micro_batches_per_step", 5), ("collate_ms", "collate_ms_per_step", 11),
+            ("plan_cpu_ms", "plan_cpu_ms_per_step", 12), ("plan_exp_ms", "plan_exposed_ms", 12),
+            ("planned<0", "planned_before_step0", 10)]
+
+    def fmt(v: Any) -> str:
+        return "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
+
+    body = " ".join(f"{fmt(row[k]):>{w}}" for _, k, w in cols)
+    return (" ".join(f"{h:>{w}}" for h, _, w in cols) + "\n" + body) if header else body
+
+
+def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run one (W, rank) in a fresh Python process (one fake world per process); returns its row."""
+    cmd = [sys.executable, "-m", "dcp.bench.scale", json.dumps(spec)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S, check=False)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+        raise RuntimeError(f"dcp bench scale worker W {spec['world_size']} rank {spec['rank']} failed "
+                           f"(exit {proc.returncode}):\n{tail}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+class _TokenDataset:
+    """Token sequences of the given lengths, each a view of one buffer: the runtime's collation is what costs,
+    not drawing random tokens."""
+
+    def __init__(self, lengths: Any) -> None:
+        import torch
+
+        self._lengths = [int(n) for n in lengths]
+        self._buf = torch.arange(max(self._lengths), dtype=torch.long) % 1000
+        self.collate_s: Counter = Counter()
+        self.offthread_cpu_s: Counter = Counter()
+        """CPU of collations run off the training thread (a prefetch thread), per tick: not planning."""
+        self.clock = lambda: 0
+
+    def __len__(self) -> int:
+        return len(self._lengths)
+
+    def lengths(self) -> list[int]:
+        return list(self._lengths)
+
+    def target_counts(self) -> list[int]:
+        return [n - 1 for n in self._lengths]
+
+    def __getitem__(self, index: int) -> tuple[int, Any]:
+        return index, self._buf[: self._lengths[index]]
+
+    def collate(self, samples: Any) -> Any:
+        import threading
+
+        from dcp.data import collate_tokens
+
+        tick, t0, c0 = self.clock(), time.perf_counter(), time.thread_time()
+        batch = collate_tokens([s for _, s in samples], [i for i, _ in samples])
+        self.collate_s[tick] += time.perf_counter() - t0
+        if threading.current_thread() is not threading.main_thread():
+            self.offthread_cpu_s[tick] += time.thread_time() - c0
+        return batch
+
+
+class _Plans:
+    """An epoch's plan iterator that counts the plans taken and times each wait for one (on the training thread)."""
+
+    def __init__(self, inner: Any, probe: _Probe) -> None:
+        self.inner, self.probe = iter(inner), probe
+
+    def __iter__(self) -> _Plans:
+        return self
+
+    def __next__(self) -> Any:
+        t0 = time.perf_counter()
+        try:
+            plan = next(self.inner)
+        finally:
+            self.probe.plan_wait_s[self.probe.tick()] += time.perf_counter() - t0
+        self.probe.plans_taken += 1
+        return plan
+
+    def close(self) -> None:
+        close = getattr(self.inner, "close", None)
+        if close is not None:
+            close()
+
+
+class _Probe:
+    """Per-step clocks of one rank's loop, keyed by the manager's finished steps (``global_step``)."""
+
+    def __init__(self) -> None:
+        self.mgr: Any = None
+        self.model_s: Counter = Counter()
+        self.model_cpu_s: Counter = Counter()
+        """Training-thread CPU seconds inside the model (forward, backward, optimizer step), per tick."""
+        self.plan_wait_s: Counter = Counter()
+        self.plans_taken = 0
+        self.micro_batches: Counter = Counter()
+        """Micro-batches this rank ran, per tick (host time grows with them: collation, phase, engine)."""
+        self.step_start: dict[int, tuple[float, float, float]] = {}
+        """tick -> (wall, process CPU, training-thread CPU) when the manager reached it."""
+
+    def tick(self) -> int:
+        return self.mgr.global_step if self.mgr is not None else -1
+
+    def mark(self) -> None:
+        t = self.tick()
+        if t not in self.step_start:
+            self.step_start[t] = (time.perf_counter(), time.process_time(), time.thread_time())
+
+    def timed(self, fn: Any, census: Any = None, tag: str = "") -> Any:
+        """``fn`` with its wall time filed as model time (and its collectives under ``tag``)."""
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.mark()  # a step finished outside a wrapper (an idle step's step_done) starts the next one here
+            tick, t0, c0 = self.tick(), time.perf_counter(), time.thread_time()
+            if census is not None:
+                census.tag = tag
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if census is not None:
+                    census.tag = ""
+                self.model_s[tick] += time.perf_counter() - t0
+                self.model_cpu_s[tick] += time.thread_time() - c0
+                self.mark()  # engine.step() / idle_step() end a step: the next one starts here
+
+        return call
+
+
+def _without_count(row: Any) -> Any:
+    """Another rank's agreement row in the fake world: this rank's, but with no label count (-1, as from a model
+    that reports none), since the real counts of the other ranks are unknown here; the manager then skips the
+    per-step count check, which needs them all, and checks plans, positions and data as always."""
+    other = row.clone()
+    if other.dim() == 1 and other.numel() == 14:  # dcp.runtime.exchange.ROW_WORDS; word 5 is the count
+        other[5] = -1
+    return other
+
+
+def _tiny_model() -> Any:
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Embedding(1000, 16), torch.nn.Linear(16, 1000))
+
+
+def measure(spec: dict[str, Any]) -> dict[str, Any]:
+    """One (W, rank) in this process: build the fake world, run the loop, return the row."""
+    import logging
+
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from dcp import set_manager
+    from dcp.bench.census import Census
+    from dcp.data_dists import load_lengths
+    from dcp.sim.scenario import paper_config, paper_table, scenario
+
+    torch.set_num_threads(1)
+    logging.getLogger("dcp").setLevel(logging.WARNING)
+    w, rank, steps, mb_s = spec["world_size"], spec["rank"], spec["steps"], spec["mb_ms"] / 1e3
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=w)
+    sc = scenario("t1d-5b", "h200")
+    config, table = paper_config(sc, "dcp-intra"), paper_table(sc, w)
+    if spec.get("log_every"):
+        config = config.replace(runtime=dataclasses.replace(config.runtime, log_every=spec["log_every"]))
+    lengths = load_lengths(spec["dataset"], scale="paper", num_samples=spec["samples_per_rank"] * w * (steps + 2))
+    data, model, probe = _TokenDataset(lengths.tokens), _tiny_model(), _Probe()
+    data.clock = probe.tick
+
+    def forward(model: Any, batch: Any, ctx: Any) -> Any:
+        tick, t0, c0 = probe.tick(), time.perf_counter(), time.thread_time()
+        logits = model(batch.inputs[:, :16])
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch.targets[:, :16].flatten(),
+                                                 ignore_index=-100, reduction="sum")
+        if mb_s:
+            time.sleep(mb_s)  # the device's compute: the plan-ahead thread runs meanwhile
+        probe.model_s[tick] += time.perf_counter() - t0
+        probe.model_cpu_s[tick] += time.thread_time() - c0
+        return loss  # no count: the model sees 16 tokens, not the planned ones (the count check is skipped)
+
+    census = Census(dist, clock=probe.tick, agreeing_world=True, others_row=_without_count)
+    with census:
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        t0 = time.perf_counter()
+        mgr = set_manager(model, data, config, optimizer=opt, table=table, forward_fn=forward)
+        manager_s, groups_s = time.perf_counter() - t0, census.new_group_s
+        eng = mgr.engine
+        eng.backward = probe.timed(eng.backward, census, "grad-sync")
+        eng.step = probe.timed(eng.step, census, "grad-sync")
+        eng.idle_step = probe.timed(eng.idle_step, census, "grad-sync")
+        plans = mgr.epoch_plans
+        mgr.epoch_plans = lambda epoch: _Plans(plans(epoch), probe)
+        t1 = time.perf_counter()
+        before0 = first_s = None
+        for batch in mgr.get_data_iter(max_steps=steps):
+            if first_s is None:
+                first_s, before0 = time.perf_counter() - t1, probe.plans_taken
+                probe.mgr = mgr
+                probe.mark()
+            probe.mark()
+            probe.micro_batches[probe.tick()] += 1
+            mgr.optimize_dynamics(batch, eng)
+            with mgr.profile(batch, eng):
+                loss = eng(batch)
+                eng.backward(loss)
+                eng.step()
+        probe.mark()
+        end = (time.perf_counter(), time.process_time(), time.thread_time())
+    logged = {s.global_step for s in mgr.step_stats}
+    return _row(spec, census, probe, data, end, logged, manager_s=manager_s, groups_s=groups_s,
+                first_s=first_s, before0=before0, config_log_every=config.runtime.log_every)
+
+
+def _row(spec: dict[str, Any], census: Any, probe: _Probe, data: _TokenDataset, end: tuple, logged: set[int], *,
+         manager_s: float, groups_s: float, first_s: float | None, before0: int | None,
+         config_log_every: int) -> dict[str, Any]:
+    w = spec["world_size"]
+    marks = sorted(probe.step_start)
+    ticks = [t for t in marks if t >= 1 and t + 1 in probe.step_start] or [t for t in marks if t >= 0]
+    nxt = {t: probe.step_start.get(t + 1, end) for t in ticks}
+    by_tick = census.by_tick()
+    host, wall, plan_cpu, world_unlogged, world_logged, host_logged, host_unlogged = [], [], [], [], [], [], []
+    for t in ticks:
+        (w0, p0, th0), (w1, p1, th1) = probe.step_start[t], nxt[t]
+        own = census.own_s.get(t, 0.0)
+        # the training thread's CPU outside the model: waiting (for the GIL, a plan, other processes on the
+        # host) is not work, so this is what the runtime costs the host per step whatever else runs
+        host.append(1e3 * ((th1 - th0) - probe.model_cpu_s[t] - own))
+        wall.append(1e3 * (w1 - w0 - probe.model_s[t] - probe.plan_wait_s[t] - own))
+        # CPU of the other threads: the plan-ahead thread (a prefetch thread's collation taken out)
+        plan_cpu.append(1e3 * ((p1 - p0) - (th1 - th0) - data.offthread_cpu_s[t]))
+        n_world = sum(n for (tag, _, size, _), n in by_tick.get(t, Counter()).items() if size == w and tag == "")
+        (world_logged if t in logged else world_unlogged).append(n_world)
+        (host_logged if t in logged else host_unlogged).append(host[-1])
+    per_step: Counter = Counter()
+    for t in ticks:
+        per_step.update(by_tick.get(t, Counter()))
+    collectives = [{"tag": tag, "kind": kind, "group_size": size, "bytes": nbytes, "per_step": n / len(ticks)}
+                   for (tag, kind, size, nbytes), n in sorted(per_step.items())]
+    startup = [c for c in census.calls if c.tick < 0]
+    return {
+        "world_size": w, "rank": spec["rank"],
+        "startup_s": round(manager_s + (first_s or 0.0), 3),
+        "process_groups": census.new_groups,
+        "world_collectives_unlogged_step": max(world_unlogged) if world_unlogged else None,
+        "host_ms_per_step": round(statistics.median(host), 3),
+        "plan_exposed_ms": round(statistics.median(1e3 * probe.plan_wait_s[t] for t in ticks), 3),
+        "planned_before_step0": before0,
+        "world_collectives_logged_step": max(world_logged) if world_logged else None,
+        "member_groups": census.member_groups,
+        "set_manager_s": round(manager_s, 3), "new_group_s": round(groups_s, 3),
+        "first_batch_s": round(first_s or 0.0, 3),
+        "startup_collectives": len(startup),
+        "collate_ms_per_step": round(statistics.median(1e3 * data.collate_s[t] for t in ticks), 3),
+        "collate_offthread_ms_per_step": round(statistics.median(1e3 * data.offthread_cpu_s[t] for t in ticks), 3),
+        "plan_cpu_ms_per_step": round(statistics.median(plan_cpu), 3),
+        "host_ms_max": round(max(host), 3),
+        "host_ms_logged": round(statistics.median(host_logged), 3) if host_logged else None,
+        "host_ms_unlogged": round(statistics.median(host_unlogged), 3) if host_unlogged else None,
+        "host_wall_ms_per_step": round(statistics.median(wall), 3),
+        "micro_batches_per_step": statistics.median(probe.micro_batches[t] for t in ticks),
+        "host_ms_per_micro_batch": round(sum(host) / max(1, sum(probe.micro_batches[t] for t in ticks)), 3),
+        "steps_timed": len(ticks), "logged_steps_timed": len(world_logged),
+        "collectives": collectives,
+        "samples": spec["samples_per_rank"] * w * (spec["steps"] + 2), "mb_ms": spec["mb_ms"],
+        "log_every": config_log_every,
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(measure(json.loads(sys.argv[1]))))

@@ -1,0 +1,100 @@
+"""Scale: the registry creates only this rank's groups, and ``dcp bench scale`` measures one rank of a large job
+under PyTorch's fake process group (each case in a subprocess: a fake world is process-wide state)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dcp.bench import scale
+from dcp.runtime.registry import local_sync_safe, sp_blocks
+
+SIZES = (1, 2, 4, 8, 16)
+
+FAKE_REGISTRY = """
+import json, sys
+import torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from dcp.bench.census import Census
+from dcp.runtime.registry import SPGroupRegistry
+w, rank = int(sys.argv[1]), int(sys.argv[2])
+if len(sys.argv) > 3:  # a world bound to a device (NCCL's eager mode): every rank must join every split
+    import dcp.runtime.registry as registry
+    registry.splits_world_communicator = lambda: True
+dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=w)
+with Census(dist, agreeing_world=True) as census:
+    reg = SPGroupRegistry(w, 8, [1, 2, 4, 8, 16])
+own = {p: dist.get_process_group_ranks(reg.get(rank // p * p, p)) for p in (1, 2, 4, 8, 16)}
+other = reg.get(0 if rank >= 16 else 16, 16) is dist.GroupMember.NON_GROUP_MEMBER
+print(json.dumps({"new_groups": census.new_groups, "members": census.member_groups, "local": reg.local,
+                  "own": {str(p): [r[0], len(r)] for p, r in own.items()}, "other": other}))
+"""
+
+
+def test_local_sync_safe_follows_the_layout():
+    assert local_sync_safe(sp_blocks(6, 4, [1, 2, 4, 8]))
+    assert local_sync_safe(sp_blocks(4096, 8, SIZES))
+    # size 3 on 4 ranks per node leaves rank 3 without a size-3 block: the size-4 block's members would hold
+    # different numbers of earlier groups, so torch's hashed group names would differ
+    assert not local_sync_safe(sp_blocks(8, 4, [1, 3, 4]))
+
+
+@pytest.mark.parametrize("rank", [0, 2048, 4095])
+def test_registry_creates_one_group_per_sp_size_at_4096_ranks(rank):
+    out = subprocess.run([sys.executable, "-c", FAKE_REGISTRY, "4096", str(rank)], capture_output=True, text=True,
+                         check=True, timeout=120)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    # before: one new_group per block of the world (7,680 calls at W = 4096, 8 ranks per node)
+    assert got["local"] and got["new_groups"] == len(SIZES) == got["members"]
+    assert got["own"] == {str(p): [rank // p * p, p] for p in SIZES}
+    assert got["other"]
+
+
+def test_registry_creates_every_block_where_groups_split_from_the_world():
+    out = subprocess.run([sys.executable, "-c", FAKE_REGISTRY, "64", "9", "eager"], capture_output=True, text=True,
+                         check=True, timeout=120)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not got["local"] and got["new_groups"] == len(sp_blocks(64, 8, SIZES)) and got["members"] == len(SIZES)
+    assert got["own"] == {str(p): [9 // p * p, p] for p in SIZES}
+
+
+def _args(**kw) -> argparse.Namespace:
+    base = dict(world_sizes="16", ranks="0,15", steps=3, mb_ms=0.0, dataset="t1d-balanced", samples_per_rank=40,
+                log_every=0, json=True)
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+def test_bench_scale_rows_at_16_ranks(capsys):
+    assert scale.run(_args(steps=4, log_every=2)) == 0
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"]
+    assert [(r["world_size"], r["rank"]) for r in rows] == [(16, 0), (16, 15)]
+    for r in rows:
+        assert list(r)[: len(scale.ROW_KEYS)] == list(scale.ROW_KEYS)
+        assert 0 < r["startup_s"] and r["host_ms_per_step"] > 0 and r["plan_exposed_ms"] >= 0
+        assert r["process_groups"] <= 2 * len(SIZES) + 2  # one per SP size + the manager's own
+        # step 0's plan, and step 1's when step 0's last micro-batch is handed out (its first micro-batch is
+        # collated ahead): no second planning pass over the epoch
+        assert 1 <= r["planned_before_step0"] <= 2 and r["steps_timed"] >= 2 and r["log_every"] == 2
+        # unlogged steps issue no world-wide control collective; a logged one gathers the agreement row
+        assert r["world_collectives_unlogged_step"] == 0 and r["world_collectives_logged_step"] >= 1
+        # the census holds the step's gradient sync: one all-reduce over all 16 ranks of the model's gradients
+        sync = [c for c in r["collectives"] if c["tag"] == "grad-sync" and c["kind"] == "all_reduce"]
+        assert sync and sync[0]["group_size"] == 16 and sync[0]["bytes"] == 4 * (1000 * 16 + 16 * 1000 + 1000)
+
+
+@pytest.mark.parametrize(("kw", "match"), [
+    (dict(world_sizes="16,x"), r"--world-sizes \('16,x'\) must be comma-separated integers >= 2"),
+    (dict(world_sizes="1"), r"--world-sizes \('1'\)"),
+    (dict(ranks="16"), r"--ranks \(16\) holds \[16\], outside \[0, 16\)"),
+    (dict(steps=1), r"--steps \(1\) must be >= 2"),
+    (dict(mb_ms=-1.0), r"--mb-ms \(-1.0\) must be >= 0"),
+    (dict(log_every=-1), r"--log-every \(-1\) must be >= 0"),
+])
+def test_bench_scale_refuses_bad_flags(kw, match):
+    with pytest.raises(ValueError, match=match):
+        scale.run(_args(**kw))
