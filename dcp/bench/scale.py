@@ -284,7 +284,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
             time.sleep(mb_s)  # the device's compute: the plan-ahead thread runs meanwhile
         probe.model_s[tick] += time.perf_counter() - t0
         probe.model_cpu_s[tick] += time.thread_time() - c0
-        return loss  # no count: the model sees 16 tokens, not the planned ones (the count check is skipped)
+        # the model sees 16 tokens of each sample; the count is the batch's labelled tokens, as planned
+        return loss, (batch.targets != -100).sum()
 
     census = Census(dist, clock=probe.tick, agreeing_world=True, others_row=_without_count)
     with census:
@@ -297,7 +298,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         eng.step = probe.timed(eng.step, census, "grad-sync")
         eng.idle_step = probe.timed(eng.idle_step, census, "grad-sync")
         plans = mgr.epoch_plans
-        mgr.epoch_plans = lambda epoch: _Plans(plans(epoch), probe)
+        mgr.epoch_plans = lambda epoch, ids=None: _Plans(plans(epoch, ids), probe)
         t1 = time.perf_counter()
         before0 = first_s = None
         for batch in mgr.get_data_iter(max_steps=steps):
