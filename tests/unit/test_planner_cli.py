@@ -103,7 +103,7 @@ def test_bench_planner_rejects_bad_arguments(capsys):
 
     for world_sizes, steps, step_ms, needle in (
         ("8,x", 5, 200.0, "must be comma-separated integers"),
-        ("0", 5, 200.0, "must be integers >= 1"),
+        ("0", 5, 200.0, "must be integers in [1, 131,072]"),
         ("8", 0, 200.0, "--steps (0) must be >= 1"),
         ("8", 5, -1.0, "--step-ms (-1.0) must be >= 0"),
     ):

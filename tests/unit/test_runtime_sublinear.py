@@ -14,7 +14,7 @@ from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
 from dcp.runtime.data import SyntheticTokenDataset
 from dcp.runtime.prefetch import BatchPrefetcher
 
-LENGTHS = [6, 9, 4, 7, 5, 8, 3, 10]
+LENGTHS = [6, 9, 4, 7, 5, 8, 3, 10, 6, 5, 7, 4]  # the plans below train each sample at most once
 
 
 def _plans(per_step: int, steps: int, lens: list[int]) -> list[StepPlan]:

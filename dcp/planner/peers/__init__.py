@@ -26,10 +26,12 @@ def bucket_tokens_per_step(lengths: Sequence[int], table, config: DCPConfig, wor
     """Mean tokens per step of the bucket baseline on the same data: the peers' default global batch."""
     import dataclasses
 
-    from dcp.planner.assemble import plan_epoch
+    # the bucket baseline directly (not through dcp.planner.assemble, which dispatches to the peers)
+    from dcp.planner.baselines import baseline_plan
+    from dcp.planner.source import epoch_input
 
     cfg = config.replace(planning=dataclasses.replace(config.planning, method="bucket"))
-    plans = plan_epoch(lengths, table, cfg, world_size, epoch, shapes=shapes)
+    plans = list(baseline_plan(epoch_input(lengths, table, cfg, world_size, epoch, shapes=shapes)).steps)
     return sum(p.tokens for p in plans) / max(1, len(plans))
 
 
