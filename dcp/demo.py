@@ -47,14 +47,16 @@ from typing import Any
 DEFAULT_OUT = "runs/demo"
 METHODS = ("bucket", "dcp-inter", "dcp-intra")
 REPS_CSV, STEPS_CSV, SUMMARY_CSV, CONFIG_JSON, PLOT_PNG = "reps.csv", "steps.csv", "summary.csv", "config.json", "demo.png"
-REP_COLUMNS = ("method", "rep", "order", "steps", "samples", "tokens", "epoch_time_s", "predicted_epoch_time_s",
-               "idle_ratio", "predicted_idle_ratio", "speedup_vs_bucket")
+TOKENS_PER_STEP_COLUMNS = ("tokens_per_step_min", "tokens_per_step_median", "tokens_per_step_max")
+REP_COLUMNS = ("method", "rep", "order", "steps", "samples", "tokens", *TOKENS_PER_STEP_COLUMNS, "epoch_time_s",
+               "predicted_epoch_time_s", "idle_ratio", "predicted_idle_ratio", "speedup_vs_bucket")
 STEP_COLUMNS = ("method", "rep", "step", "tokens", "samples", "step_time_s", "predicted_step_time_s",
                 "measured_idle_ratio", "predicted_idle_ratio", "plan")
-SUMMARY_COLUMNS = ("method", "steps", "tokens", "epoch_s_median", "epoch_s_min", "epoch_s_max", "predicted_epoch_s",
+SUMMARY_COLUMNS = ("method", "steps", "tokens", *TOKENS_PER_STEP_COLUMNS, "epoch_s_median", "epoch_s_min", "epoch_s_max", "predicted_epoch_s",
                    "speedup_median", "speedup_min", "speedup_max", "predicted_speedup", "idle_ratio",
                    "predicted_idle_ratio")
 LEGEND = (
+    "tok/step: tokens per optimizer step, min/median/max (every method plans at the demo's planning.tokens_per_step) | "
     "epoch s: measured wall time of the epoch (the same samples for every method), median [min-max] over the "
     "repetitions | pred s: the planner's prediction from the profile (compute + profiled gradient sync and "
     "optimizer update per step) | speedup: bucket's epoch time / the method's, paired per repetition, median "
@@ -71,6 +73,8 @@ DEMO_SETTINGS: dict[str, Any] = {
     "num_samples": 64,
     "world_size": 2,
     "reps": 5,
+    # the global batch every method trains at, about this many tokens per optimizer step (see batch_tokens)
+    "tokens_per_step_nominal": 2048,
     "seed": 0,
     "config": {
         # CPU-time profile: stable under other jobs' load (see the module docstring); all methods share it
@@ -78,6 +82,7 @@ DEMO_SETTINGS: dict[str, Any] = {
                       "warmup_iters": 1, "measure_iters": 3, "clock": "cpu"},
         # emulated per-rank memory: the last seq_group (1025-2048 tokens) needs SP = 2 even with full recompute,
         # while samples up to 512 tokens run on one rank without recompute
+        # planning.tokens_per_step is set from batch_tokens (below): the same for every method
         "planning": {"mem_capacity_gib": 0.018, "gmin": 1, "gmax": 4, "ranks_per_node": 8, "sp_sizes": [1, 2, 4]},
         "runtime": {"engine": "ddp", "attention": "sdpa", "log_every": 1_000_000, "stats_every": 1},
     },
@@ -106,8 +111,25 @@ def _config(settings: dict[str, Any], cache_dir: str) -> Any:
     raw = json.loads(json.dumps(settings["config"]))
     raw["profiling"]["cache_dir"] = cache_dir
     raw["planning"]["seed"] = settings["seed"]
+    raw["planning"]["tokens_per_step"] = batch_tokens(_lengths(settings), settings["tokens_per_step_nominal"])
     raw["model"] = _shape_dict(settings["model"], "cpu")
     return config_from_dict(raw)
+
+
+def batch_tokens(lengths: Sequence[int], nominal: int) -> int:
+    """The demo's planning.tokens_per_step: the epoch's tokens split into whole steps of about ``nominal`` tokens.
+
+    A recipe setting, as a user fixes a global batch: it depends on the data only, never on the profile or the
+    method, so every method trains the same batch and the step count no longer moves with profile noise (bucket's
+    own steps did: one micro-batch per step, 12-28 of them as noisy profile rows changed its batch sizes). Whole
+    steps let every method's epoch mean equal the target (2048 nominal on 13,168 tokens: 6 steps of 2195)."""
+    total = sum(lengths)
+    return max(1, round(total / max(1, round(total / nominal))))
+
+
+def method_config(cfg: Any, method: str) -> Any:
+    """The demo's config for one method: only planning.method differs (tokens_per_step, memory, profile are shared)."""
+    return cfg.replace(planning=dataclasses.replace(cfg.planning, method=method))
 
 
 def _lengths(settings: dict[str, Any]) -> list[int]:
@@ -138,7 +160,7 @@ def _epoch(method: str, cfg: Any, lengths: list[int], table: Any, rank: int, dev
     from dcp.planner import EpochPlanner
     from dcp.runtime.data import SyntheticTokenDataset
 
-    cfg = cfg.replace(planning=dataclasses.replace(cfg.planning, method=method))
+    cfg = method_config(cfg, method)
     torch.manual_seed(cfg.planning.seed)
     model = build_model(model_name, device)
     dataset = SyntheticTokenDataset(lengths, vocab_size=model_config(model_name).vocab_size, seed=cfg.planning.seed)
@@ -214,6 +236,7 @@ def demo_worker(rank: int, world_size: int, settings: dict[str, Any], cache_dir:
         reps_rows.append({
             "method": m, "rep": rep, "order": k, "steps": len(steps),
             "samples": sum(len(p.sample_ids) for _, p in steps), "tokens": sum(st.tokens for st, _ in steps),
+            **tokens_per_step([p.tokens for _, p in steps]),
             "epoch_time_s": sum(st.step_time_s for st, _ in steps),
             "predicted_epoch_time_s": sum(p.step_time_s + update_s for _, p in steps),
             "idle_ratio": _weighted([st.measured_idle for st, _ in steps], compute),
@@ -224,6 +247,12 @@ def demo_worker(rank: int, world_size: int, settings: dict[str, Any], cache_dir:
     if rank != 0:
         return None
     return {"reps": reps_rows, "steps": step_rows, "table_rows": len(table), "update_s": update_s}
+
+
+def tokens_per_step(step_tokens: Sequence[int]) -> dict[str, int]:
+    """min / median / max tokens of the steps (the TOKENS_PER_STEP_COLUMNS)."""
+    vals = [int(min(step_tokens)), int(round(statistics.median(step_tokens))), int(max(step_tokens))]
+    return dict(zip(TOKENS_PER_STEP_COLUMNS, vals, strict=True))
 
 
 def _weighted(values: Sequence[float], weights: Sequence[float]) -> float:
@@ -256,6 +285,7 @@ def summarize(rows: Sequence[dict[str, Any]], baseline: str = "bucket") -> list[
         pred = statistics.median(float(r["predicted_epoch_time_s"]) for r in mine)
         out.append({
             "method": m, "steps": int(mine[0]["steps"]), "tokens": int(mine[0]["tokens"]),
+            **{c: int(mine[0][c]) for c in TOKENS_PER_STEP_COLUMNS},
             "epoch_s_median": statistics.median(t), "epoch_s_min": min(t), "epoch_s_max": max(t),
             "predicted_epoch_s": pred,
             "speedup_median": statistics.median(s) if s else math.nan,
@@ -269,14 +299,15 @@ def summarize(rows: Sequence[dict[str, Any]], baseline: str = "bucket") -> list[
 
 def format_table(summary: Sequence[dict[str, Any]], reps: int) -> str:
     """The printed table: one row per method; the legend line below explains every column."""
-    head = (f"{'method':<10} {'steps':>5} {'epoch s (median [min-max])':>27} {'pred s':>7} "
+    head = (f"{'method':<10} {'steps':>5} {'tok/step min/med/max':>20} {'epoch s (median [min-max])':>27} {'pred s':>7} "
             f"{'speedup vs bucket':>22} {'pred x':>6} {'idle':>5} {'pred':>5}")
     lines = [head, "-" * len(head)]
     for r in summary:
         spd = ("-" if math.isnan(r["speedup_median"]) else
                f"{r['speedup_median']:.2f}x [{r['speedup_min']:.2f}-{r['speedup_max']:.2f}]")
         epoch = f"{r['epoch_s_median']:.2f} [{r['epoch_s_min']:.2f}-{r['epoch_s_max']:.2f}]"
-        lines.append(f"{r['method']:<10} {r['steps']:>5} {epoch:>27} {r['predicted_epoch_s']:>7.2f} {spd:>22} "
+        tok = "/".join(str(r[c]) for c in TOKENS_PER_STEP_COLUMNS)
+        lines.append(f"{r['method']:<10} {r['steps']:>5} {tok:>20} {epoch:>27} {r['predicted_epoch_s']:>7.2f} {spd:>22} "
                      f"{r['predicted_speedup']:>5.2f}x {r['idle_ratio']:>5.2f} {r['predicted_idle_ratio']:>5.2f}")
     lines.append(f"({reps} repetitions; every method trains the same {summary[0]['tokens']} tokens per epoch)")
     return "\n".join(lines)
@@ -315,7 +346,7 @@ def read_reps(out: Path) -> list[dict[str, Any]]:
     if not rows:
         raise DemoError(f"{path} has no rows: run `dcp demo --out {out}` again")
     for r in rows:
-        for k in ("rep", "order", "steps", "samples", "tokens"):
+        for k in ("rep", "order", "steps", "samples", "tokens", *TOKENS_PER_STEP_COLUMNS):
             r[k] = int(r[k])
         for k in ("epoch_time_s", "predicted_epoch_time_s", "idle_ratio", "predicted_idle_ratio", "speedup_vs_bucket"):
             r[k] = float(r[k]) if r[k] not in ("", "nan") else math.nan
@@ -445,8 +476,10 @@ def run(args: argparse.Namespace) -> int:
     _write_csv(out / STEPS_CSV, STEP_COLUMNS, res["steps"])
     sha = git_sha()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
+    batch = batch_tokens(lengths, settings["tokens_per_step_nominal"])
     title = (f"dcp demo: {settings['model']}, {len(lengths)} samples of {settings['distribution']}, W={w} CPU processes, "
-             f"{args.reps} repetitions (git {sha})")
+             f"{args.reps} repetitions (git {sha})\nbatch: {batch} tokens per step for every method "
+             f"(planning.tokens_per_step)")
     (out / CONFIG_JSON).write_text(json.dumps({
         "settings": settings, "lengths": lengths, "git_sha": sha, "host_cpus": os.cpu_count(), "load_avg_1m": load,
         "profile_rows": res["table_rows"], "profiled_update_s": res["update_s"], "wall_s": wall, "title": title,
