@@ -10,6 +10,9 @@ machine:
 
 - every method trains the *same* epoch (the same samples, so the same tokens); the figure is the time
   of that epoch, summed from the manager's per-step times;
+- every method trains it at the *same global batch*: ``planning.tokens_per_step`` from ``batch_tokens`` (the
+  epoch's tokens in whole steps of about 2048: 2195, 6 steps), so all pay the same number of gradient syncs
+  and optimizer updates; the table prints tokens per step (min/median/max) per method;
 - the methods run interleaved, in alternating order (A B C, C B A, A B C ...), ``--reps`` times, inside
   the same two processes, after one untimed warm-up epoch of each method; a slow spell of the machine
   then hits all methods alike;
