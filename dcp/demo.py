@@ -10,6 +10,9 @@ machine:
 
 - every method trains the *same* epoch (the same samples, so the same tokens); the figure is the time
   of that epoch, summed from the manager's per-step times;
+- every method trains it at the *same global batch*: ``planning.tokens_per_step`` from ``batch_tokens`` (the
+  epoch's tokens in whole steps of about 2048: 2195, 6 steps), so all pay the same number of gradient syncs
+  and optimizer updates; the table prints tokens per step (min/median/max) per method;
 - the methods run interleaved, in alternating order (A B C, C B A, A B C ...), ``--reps`` times, inside
   the same two processes, after one untimed warm-up epoch of each method; a slow spell of the machine
   then hits all methods alike;
@@ -46,19 +49,21 @@ from pathlib import Path
 from typing import Any
 
 from dcp.argtypes import positive_int, sample_count
-from dcp.files import OutputError, claim_dir, read_csv_text, read_json, write_text, write_with
+from dcp.files import OutputError, claim_dir, read_csv_text, read_json, write_text
 
 DEFAULT_OUT = "runs/demo"
 METHODS = ("bucket", "dcp-inter", "dcp-intra")
 REPS_CSV, STEPS_CSV, SUMMARY_CSV, CONFIG_JSON, PLOT_PNG = "reps.csv", "steps.csv", "summary.csv", "config.json", "demo.png"
-REP_COLUMNS = ("method", "rep", "order", "steps", "samples", "tokens", "epoch_time_s", "predicted_epoch_time_s",
-               "idle_ratio", "predicted_idle_ratio", "speedup_vs_bucket")
+TOKENS_PER_STEP_COLUMNS = ("tokens_per_step_min", "tokens_per_step_median", "tokens_per_step_max")
+REP_COLUMNS = ("method", "rep", "order", "steps", "samples", "tokens", *TOKENS_PER_STEP_COLUMNS, "epoch_time_s",
+               "predicted_epoch_time_s", "idle_ratio", "predicted_idle_ratio", "speedup_vs_bucket")
 STEP_COLUMNS = ("method", "rep", "step", "tokens", "samples", "step_time_s", "predicted_step_time_s",
                 "measured_idle_ratio", "predicted_idle_ratio", "plan")
-SUMMARY_COLUMNS = ("method", "steps", "tokens", "epoch_s_median", "epoch_s_min", "epoch_s_max", "predicted_epoch_s",
+SUMMARY_COLUMNS = ("method", "steps", "tokens", *TOKENS_PER_STEP_COLUMNS, "epoch_s_median", "epoch_s_min", "epoch_s_max", "predicted_epoch_s",
                    "speedup_median", "speedup_min", "speedup_max", "predicted_speedup", "idle_ratio",
                    "predicted_idle_ratio")
 LEGEND = (
+    "tok/step: tokens per optimizer step, min/median/max (every method plans at the demo's planning.tokens_per_step) | "
     "epoch s: measured wall time of the epoch (the same samples for every method), median [min-max] over the "
     "repetitions | pred s: the planner's prediction from the profile (compute + profiled gradient sync and "
     "optimizer update per step) | speedup: bucket's epoch time / the method's, paired per repetition, median "
@@ -75,6 +80,8 @@ DEMO_SETTINGS: dict[str, Any] = {
     "num_samples": 64,
     "world_size": 2,
     "reps": 5,
+    # the global batch every method trains at, about this many tokens per optimizer step (see batch_tokens)
+    "tokens_per_step_nominal": 2048,
     "seed": 0,
     "config": {
         # CPU-time profile: stable under other jobs' load (see the module docstring); all methods share it
@@ -82,6 +89,7 @@ DEMO_SETTINGS: dict[str, Any] = {
                       "warmup_iters": 1, "measure_iters": 3, "clock": "cpu"},
         # emulated per-rank memory: the last seq_group (1025-2048 tokens) needs SP = 2 even with full recompute,
         # while samples up to 512 tokens run on one rank without recompute
+        # planning.tokens_per_step is set from batch_tokens (below): the same for every method
         "planning": {"mem_capacity_gib": 0.018, "gmin": 1, "gmax": 4, "ranks_per_node": 8, "sp_sizes": [1, 2, 4]},
         "runtime": {"engine": "ddp", "attention": "sdpa", "log_every": 1_000_000, "stats_every": 1},
     },
@@ -110,8 +118,25 @@ def _config(settings: dict[str, Any], cache_dir: str) -> Any:
     raw = json.loads(json.dumps(settings["config"]))
     raw["profiling"]["cache_dir"] = cache_dir
     raw["planning"]["seed"] = settings["seed"]
+    raw["planning"]["tokens_per_step"] = batch_tokens(_lengths(settings), settings["tokens_per_step_nominal"])
     raw["model"] = _shape_dict(settings["model"], "cpu")
     return config_from_dict(raw)
+
+
+def batch_tokens(lengths: Sequence[int], nominal: int) -> int:
+    """The demo's planning.tokens_per_step: the epoch's tokens split into whole steps of about ``nominal`` tokens.
+
+    A recipe setting, as a user fixes a global batch: it depends on the data only, never on the profile or the
+    method, so every method trains the same batch and the step count no longer moves with profile noise (bucket's
+    own steps did: one micro-batch per step, 12-28 of them as noisy profile rows changed its batch sizes). Whole
+    steps let every method's epoch mean equal the target (2048 nominal on 13,168 tokens: 6 steps of 2195)."""
+    total = sum(lengths)
+    return max(1, round(total / max(1, round(total / nominal))))
+
+
+def method_config(cfg: Any, method: str) -> Any:
+    """The demo's config for one method: only planning.method differs (tokens_per_step, memory, profile are shared)."""
+    return cfg.replace(planning=dataclasses.replace(cfg.planning, method=method))
 
 
 def _lengths(settings: dict[str, Any]) -> list[int]:
@@ -142,7 +167,7 @@ def _epoch(method: str, cfg: Any, lengths: list[int], table: Any, rank: int, dev
     from dcp.planner import EpochPlanner
     from dcp.runtime.data import SyntheticTokenDataset
 
-    cfg = cfg.replace(planning=dataclasses.replace(cfg.planning, method=method))
+    cfg = method_config(cfg, method)
     torch.manual_seed(cfg.planning.seed)
     model = build_model(model_name, device)
     dataset = SyntheticTokenDataset(lengths, vocab_size=model_config(model_name).vocab_size, seed=cfg.planning.seed)
@@ -218,6 +243,7 @@ def demo_worker(rank: int, world_size: int, settings: dict[str, Any], cache_dir:
         reps_rows.append({
             "method": m, "rep": rep, "order": k, "steps": len(steps),
             "samples": sum(len(p.sample_ids) for _, p in steps), "tokens": sum(st.tokens for st, _ in steps),
+            **tokens_per_step([p.tokens for _, p in steps]),
             "epoch_time_s": sum(st.step_time_s for st, _ in steps),
             "predicted_epoch_time_s": sum(p.step_time_s + update_s for _, p in steps),
             "idle_ratio": _weighted([st.measured_idle for st, _ in steps], compute),
@@ -228,6 +254,12 @@ def demo_worker(rank: int, world_size: int, settings: dict[str, Any], cache_dir:
     if rank != 0:
         return None
     return {"reps": reps_rows, "steps": step_rows, "table_rows": len(table), "update_s": update_s}
+
+
+def tokens_per_step(step_tokens: Sequence[int]) -> dict[str, int]:
+    """min / median / max tokens of the steps (the TOKENS_PER_STEP_COLUMNS)."""
+    vals = [int(min(step_tokens)), int(round(statistics.median(step_tokens))), int(max(step_tokens))]
+    return dict(zip(TOKENS_PER_STEP_COLUMNS, vals, strict=True))
 
 
 def _weighted(values: Sequence[float], weights: Sequence[float]) -> float:
@@ -260,6 +292,7 @@ def summarize(rows: Sequence[dict[str, Any]], baseline: str = "bucket") -> list[
         pred = statistics.median(float(r["predicted_epoch_time_s"]) for r in mine)
         out.append({
             "method": m, "steps": int(mine[0]["steps"]), "tokens": int(mine[0]["tokens"]),
+            **{c: int(mine[0][c]) for c in TOKENS_PER_STEP_COLUMNS},
             "epoch_s_median": statistics.median(t), "epoch_s_min": min(t), "epoch_s_max": max(t),
             "predicted_epoch_s": pred,
             "speedup_median": statistics.median(s) if s else math.nan,
@@ -273,14 +306,15 @@ def summarize(rows: Sequence[dict[str, Any]], baseline: str = "bucket") -> list[
 
 def format_table(summary: Sequence[dict[str, Any]], reps: int) -> str:
     """The printed table: one row per method; the legend line below explains every column."""
-    head = (f"{'method':<10} {'steps':>5} {'epoch s (median [min-max])':>27} {'pred s':>7} "
+    head = (f"{'method':<10} {'steps':>5} {'tok/step min/med/max':>20} {'epoch s (median [min-max])':>27} {'pred s':>7} "
             f"{'speedup vs bucket':>22} {'pred x':>6} {'idle':>5} {'pred':>5}")
     lines = [head, "-" * len(head)]
     for r in summary:
         spd = ("-" if math.isnan(r["speedup_median"]) else
                f"{r['speedup_median']:.2f}x [{r['speedup_min']:.2f}-{r['speedup_max']:.2f}]")
         epoch = f"{r['epoch_s_median']:.2f} [{r['epoch_s_min']:.2f}-{r['epoch_s_max']:.2f}]"
-        lines.append(f"{r['method']:<10} {r['steps']:>5} {epoch:>27} {r['predicted_epoch_s']:>7.2f} {spd:>22} "
+        tok = "/".join(str(r[c]) for c in TOKENS_PER_STEP_COLUMNS)
+        lines.append(f"{r['method']:<10} {r['steps']:>5} {tok:>20} {epoch:>27} {r['predicted_epoch_s']:>7.2f} {spd:>22} "
                      f"{r['predicted_speedup']:>5.2f}x {r['idle_ratio']:>5.2f} {r['predicted_idle_ratio']:>5.2f}")
     lines.append(f"({reps} repetitions; every method trains the same {summary[0]['tokens']} tokens per epoch)")
     return "\n".join(lines)
@@ -341,7 +375,7 @@ def read_reps(out: Path) -> list[dict[str, Any]]:
     if not rows:
         raise DemoError(f"{path} has no rows: run `dcp demo --out {out}` again")
     for r in rows:
-        for k in ("rep", "order", "steps", "samples", "tokens"):
+        for k in ("rep", "order", "steps", "samples", "tokens", *TOKENS_PER_STEP_COLUMNS):
             r[k] = int(r[k])
         for k in ("epoch_time_s", "predicted_epoch_time_s", "idle_ratio", "predicted_idle_ratio", "speedup_vs_bucket"):
             r[k] = float(r[k]) if r[k] not in ("", "nan") else math.nan
@@ -349,52 +383,10 @@ def read_reps(out: Path) -> list[dict[str, Any]]:
 
 
 def plot(rows: Sequence[dict[str, Any]], summary: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
-    """Left: epoch time per method (bar: median measured; dots: every repetition; diamond: predicted).
-    Right: speedup over bucket (bar: median; whisker: min-max over repetitions; diamond: predicted)."""
-    from dcp.experiments.plot import METHOD_COLORS
-    from dcp.figures.common import pyplot
+    """The demo's figure (``dcp.figures.demo_plot``), written atomically to ``path``."""
+    from dcp.figures.demo_plot import plot as draw
 
-    plt = pyplot()
-    fig, (ax_t, ax_s) = plt.subplots(1, 2, figsize=(10, 4.2))
-    names = [r["method"] for r in summary]
-    xs = range(len(names))
-    colors = [METHOD_COLORS.get(m, "#555555") for m in names]
-    ax_t.bar(xs, [r["epoch_s_median"] for r in summary], 0.6, color=colors, label="median")
-    for x, m in zip(xs, names, strict=True):
-        pts = [float(r["epoch_time_s"]) for r in rows if r["method"] == m]
-        ax_t.scatter([x] * len(pts), pts, s=14, color="black", zorder=3,
-                     label="each repetition" if x == 0 else None)
-    ax_t.scatter(xs, [r["predicted_epoch_s"] for r in summary], marker="D", s=40, facecolor="white",
-                 edgecolor="black", zorder=4, label="predicted")
-    ax_t.set_xticks(list(xs), names)
-    ax_t.set_xlabel("method")
-    ax_t.set_ylabel("epoch time (s), lower is better")
-    ax_t.set_title("time to train the same epoch")
-    top_t = max([float(r["epoch_time_s"]) for r in rows] + [r["predicted_epoch_s"] for r in summary])
-    ax_t.set_ylim(0, 1.4 * top_t)  # the legend sits in the top band, above every point
-    ax_t.legend(fontsize=8, loc="upper center", ncol=3)
-    med = [r["speedup_median"] for r in summary]
-    lo = [r["speedup_median"] - r["speedup_min"] for r in summary]
-    hi = [r["speedup_max"] - r["speedup_median"] for r in summary]
-    ax_s.bar(xs, med, 0.6, color=colors, yerr=[lo, hi], capsize=6, label="median, min-max")
-    ax_s.scatter(xs, [r["predicted_speedup"] for r in summary], marker="D", s=40, facecolor="white",
-                 edgecolor="black", zorder=4, label="predicted")
-    ax_s.axhline(1.0, color="black", lw=0.8, ls=":")
-    for x, r in zip(xs, summary, strict=True):
-        ax_s.annotate(f"{r['speedup_median']:.2f}x", (x, max(r["speedup_max"], r["predicted_speedup"])), xytext=(0, 6), textcoords="offset points",
-                      ha="center", va="bottom", fontsize=11, fontweight="bold")
-    top = max([r["speedup_max"] for r in summary] + [r["predicted_speedup"] for r in summary])
-    ax_s.set_ylim(0, 1.4 * top)
-    ax_s.set_xticks(list(xs), names)
-    ax_s.set_xlabel("method")
-    ax_s.set_ylabel("speedup over bucket parallel (x), higher is better")
-    ax_s.set_title("speedup (bucket epoch time / method's)")
-    ax_s.legend(fontsize=8, loc="upper center", ncol=2)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    write_with(path, lambda tmp: fig.savefig(tmp, dpi=120))
-    plt.close(fig)
-    return path
+    return draw(rows, summary, path, title)
 
 
 def _report(out: Path, rows: list[dict[str, Any]], title: str) -> tuple[str, Path]:
@@ -478,8 +470,10 @@ def run(args: argparse.Namespace) -> int:
     _write_csv(out / STEPS_CSV, STEP_COLUMNS, res["steps"])
     sha = git_sha()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
+    batch = batch_tokens(lengths, settings["tokens_per_step_nominal"])
     title = (f"dcp demo: {settings['model']}, {len(lengths)} samples of {settings['distribution']}, W={w} CPU processes, "
-             f"{args.reps} repetitions (git {sha})")
+             f"{args.reps} repetitions (git {sha})\nbatch: {batch} tokens per step for every method "
+             f"(planning.tokens_per_step)")
     write_text(out / CONFIG_JSON, json.dumps({
         "settings": settings, "lengths": lengths, "git_sha": sha, "host_cpus": os.cpu_count(), "load_avg_1m": load,
         "profile_rows": res["table_rows"], "profiled_update_s": res["update_s"], "wall_s": wall, "title": title,
