@@ -20,9 +20,25 @@ from dcp.planner.tokens import token_runs
 
 
 def place_and_build(ep: EpochArrays, prog: EpochProgress, step: int, head: int, win: np.ndarray,
-                    groups: list[list], t_star: float, head_t: tuple[int, float] | None) -> StepPlan:
+                    groups: list[list], t_star: float, head_t: tuple[int, float] | None,
+                    joined: dict[int, float] | None = None) -> StepPlan:
     """Place ``groups`` (the head's first among equal p), fill free ranks and build the step's plan.
-    ``head_t``: (group, the head's time there) when the head joined a group of another p or r."""
+    ``head_t``: (group, the head's time there) when the head joined a group of another p or r; ``joined``:
+    other micro-batches that did so (the epoch's last step at a global batch), with their times there."""
+    placed, firsts, free = placed_groups(ep, groups, head)
+    if len(placed) < len(groups):
+        t_star = _cap_to_gmax(ep, placed, head, t_star)
+    fillers: list[tuple[int, Setting, list[int]]] = []
+    idle: list[int] = []
+    if free:
+        _fill_free(ep, win, placed, free, t_star, fillers, idle)
+    return _build(ep, prog, step, firsts, placed, fillers, idle, head, head_t, joined or {})
+
+
+def placed_groups(ep: EpochArrays, groups: list[list], head: int) -> tuple[list[list], list[int], list[tuple[int, int]]]:
+    """(the groups placement keeps, their first ranks, the free rank segments): by p descending, the head's
+    group first among equal p, then packing order; when alignment leaves no slot for the head's group, the
+    larger groups are dropped."""
     W, rpn = ep.world_size, ep.ranks_per_node
     has_head = [head in gr[3] for gr in groups]
     # by p descending, the head's group first among equal p, then packing order (numpy: no key tuples)
@@ -38,13 +54,7 @@ def place_and_build(ep: EpochArrays, prog: EpochProgress, step: int, head: int, 
     # the placed groups and their first ranks, as two lists (not a tuple per group for the collector)
     placed = [groups[i] for i, st in zip(order, starts, strict=True) if st is not None]
     firsts = [st for st in starts if st is not None]
-    if len(placed) < len(groups):
-        t_star = _cap_to_gmax(ep, placed, head, t_star)
-    fillers: list[tuple[int, Setting, list[int]]] = []
-    idle: list[int] = []
-    if free:
-        _fill_free(ep, win, placed, free, t_star, fillers, idle)
-    return _build(ep, prog, step, firsts, placed, fillers, idle, head, head_t)
+    return placed, firsts, free
 
 
 def _fill_free(ep: EpochArrays, win: np.ndarray, placed: list, free: list[tuple[int, int]], t_star: float,
@@ -129,7 +139,7 @@ def _filler(ep: EpochArrays, local: int, room: int, rest: dict[int, list[int]], 
 
 
 def _build(ep: EpochArrays, prog: EpochProgress, step: int, firsts: list[int], placed: list, fillers: list,
-           idle: list[int], head: int, head_t: tuple[int, float] | None) -> StepPlan:
+           idle: list[int], head: int, head_t: tuple[int, float] | None, joined: dict[int, float]) -> StepPlan:
     """The StepPlan's arrays: placed groups in numpy (their micro-batches in release order), then the
     smaller-p fillers (a few, chunked one by one) and the idle one-rank groups."""
     counts = [len(gr[3]) for gr in placed]
@@ -145,6 +155,8 @@ def _build(ep: EpochArrays, prog: EpochProgress, step: int, firsts: list[int], p
         times[sel] = ep.time_at_np[r][kk[sel]]
     if head_t is not None:  # the head joined a group of another p or r (``improve.join_head``): its time there
         times[kk == head] = head_t[1]
+    for k, t in joined.items():
+        times[kk == k] = t
     prog.consumed_np()[kk] = 1
     size = ep.mb_count[kk]
     # the samples of every micro-batch: consecutive runs of the epoch's flat sample arrays

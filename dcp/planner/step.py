@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from dcp.planner.build import place_and_build
+from dcp.planner.build import place_and_build, placed_groups
 from dcp.planner.epoch import EpochArrays, EpochProgress
 from dcp.planner.improve import idle, improve, join_head, work
 from dcp.planner.packing import pack
@@ -122,9 +122,12 @@ def _try_targets(ep: EpochArrays, prog: EpochProgress, best: tuple, sc: Scan, m:
 
 TOKEN_SLACK = 1.25
 """A step at a global batch packs from a window of at most this many times the tokens it wants."""
-END_STRETCHES = 8
+END_STRETCHES = 40
 """At the epoch's end a step at a global batch stretches T* by 10% up to this many times to take all that is
-left (its packing may leave a few micro-batches that no group has room for)."""
+left (its packing may leave a few micro-batches that no group has room for; 1.1^40 = 45x)."""
+LOW_STRETCHES = 16
+"""A step at a global batch whose packing holds fewer tokens than the lower bound stretches T* (and its
+window) by 10% up to this many times until it holds them."""
 
 
 def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
@@ -132,29 +135,100 @@ def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
     """A step at the user's global batch (``dcp.planner.step_tokens.token_target``): T* from the release-order
     batch of about the wanted tokens, the window capped in tokens; the same packing, local search and head
     re-pack as any step, but no other targets (they would change the step's tokens) and no Gmax bound (the
-    batch decides the step's length)."""
-    want, cap, mb_tok, bounds_low = budget
+    batch decides the step's length). A packing below the lower bound (``low`` tokens) stretches T*
+    (``_reach_low``); the epoch's last step stretches it until it takes all that is left, so no short tail."""
+    want, cap, mb_tok, low = budget
     f = WINDOW_WORK_FACTOR * ep.world_size
     per_token = float(ep.mb_work.sum()) / max(1.0, float(mb_tok.sum()))  # GPU-s per token of the epoch
     sc = scan(ep, prog, head, lambda t: f * max(t, want * per_token / ep.world_size))
     left = float(mb_tok[prog.consumed_np() == 0].sum())
-    last = left <= max(cap, want + bounds_low * (want if want else 1))  # the epoch's end: take what is left
+    last = left <= max(cap, want + low)  # the epoch's end: take what is left
     if last and not sc.all:
         sc = scan(ep, prog, head, lambda t: math.inf)
     # the window may hold a little more than the batch (choice for the packing), never past the cap
-    t_star, m, j_long = token_target(sc.cumw, ep.mb_t[sc.idx], mb_tok[sc.idx], ep.world_size,
-                                     left if last else want, left if last else min(cap, TOKEN_SLACK * want),
+    sizes = (left, left) if last else (want, min(cap, TOKEN_SLACK * want))
+    t_star, m, j_long = token_target(sc.cumw, ep.mb_t[sc.idx], mb_tok[sc.idx], ep.world_size, *sizes,
                                      WINDOW_WORK_FACTOR)
+    if last:  # all that is left, its longest micro-batch included
+        m, j_long = len(sc.idx), int(np.argmax(ep.mb_t[sc.idx]))
+        t_star = max(t_star, float(ep.mb_t[sc.idx[j_long]]))
     win = window(sc.idx, m, j_long)
-    for _ in range(END_STRETCHES if last else 1):
-        groups = pack(ep, win, t_star, head)
-        if not any(head in gr[3] for gr in groups):
-            groups = pack(ep, win, t_star, head, head_first=True)
-        if sum(len(gr[3]) for gr in groups) >= len(win):
-            break
-        t_star *= 1.1
-    improve(ep, prog, win, groups, head)
-    best = _try_head_elsewhere(ep, prog, (groups, idle(groups, ep.world_size), win, None), head, t_star)
-    groups, _, win, head_t = best
+    groups, joined = _pack_head(ep, win, t_star, head), None
+    if last:
+        t_star, groups, joined = _take_all(ep, win, t_star, head)
+    head_t = None
+    if joined is None:  # (the epoch's last kinds may not share the ranks: then a step like any)
+        t_star, win, groups, head_t = _reach_low(ep, prog, mb_tok, head, (t_star, win, groups),
+                                                 (want, cap, per_token), low)
+    if not joined:  # micro-batches joined at another p keep their groups as they are
+        improve(ep, prog, win, groups, head)
+    if head_t is None and not joined:
+        best = _try_head_elsewhere(ep, prog, (groups, idle(groups, ep.world_size), win, None), head, t_star)
+        groups, _, win, head_t = best
     prog.scan_hint = len(win)
-    return place_and_build(ep, prog, step, head, win, groups, t_star, head_t)
+    return place_and_build(ep, prog, step, head, win, groups, t_star, head_t, joined=joined)
+
+
+def _take_all(ep: EpochArrays, win: np.ndarray, t_star: float, head: int) -> tuple[float, list[list], dict | None]:
+    """The epoch's last step takes all that is left (``win``): T* stretches by 10% up to END_STRETCHES times
+    until the placed groups hold it all; what still has no room (its p has no ranks beside the others) joins
+    the fullest group of a larger p its seq_group can run at (``join_head``: its setting there, the memory
+    rule), longest first. Returns (T*, groups, {micro-batch: its time in the group it joined}), the dict None
+    when some micro-batch fits nowhere (the step is then planned like any other)."""
+    for _ in range(END_STRETCHES):
+        groups = placed_groups(ep, _pack_head(ep, win, t_star, head), head)[0]
+        taken = {k for gr in groups for k in gr[3]}
+        if len(taken) >= len(win):
+            return t_star, groups, {}
+        t_star *= 1.1
+    joined: dict[int, float] = {}
+    for k in sorted((k for k in win.tolist() if k not in taken), key=lambda k: -ep.mb_t_list[k]):
+        jt = join_head(ep, groups, k, math.inf)
+        if jt is None:
+            return t_star, groups, None
+        joined[k] = jt[1]
+    return max(t_star, max(gr[2] for gr in groups)), groups, joined
+
+
+def _pack_head(ep: EpochArrays, win: np.ndarray, t_star: float, head: int) -> list[list]:
+    """The packing of ``win`` at ``t_star`` that takes the head (the head first when it was left out)."""
+    groups = pack(ep, win, t_star, head)
+    if not any(head in gr[3] for gr in groups):
+        groups = pack(ep, win, t_star, head, head_first=True)
+    return groups
+
+
+def _reach_low(ep: EpochArrays, prog: EpochProgress, mb_tok: np.ndarray, head: int, packed: tuple,
+               sizes: tuple[float, float, float], low: float) -> tuple:
+    """``packed`` (T*, window, groups) of a step at a global batch whose placed groups hold fewer than ``low``
+    tokens (the head's group took all ranks and the window held no more of its kind, the window stopped before
+    a longer micro-batch, or the head's kind leaves its p alone on the ranks): T* grows by 10% and the window
+    reaches on to twice the upper bound's tokens (``sizes``: tokens wanted, the upper bound, GPU-s per token),
+    at most LOW_STRETCHES times, each packed with the head in its own group and else joining another group
+    (``join_head``); the first packing that holds ``low`` to the upper bound's tokens is kept, else ``packed``
+    (the data allow no such step). Returns (T*, window, groups, the head's (group, time) or None)."""
+    if _tokens(ep, packed[2], head, mb_tok) >= low:
+        return (*packed, None)
+    want, cap, per_token = sizes
+    sc = scan(ep, prog, head, lambda t: WINDOW_WORK_FACTOR * ep.world_size * max(t, 2 * cap * per_token))
+    t_star = packed[0]
+    for _ in range(LOW_STRETCHES):
+        t_star *= 1.1
+        _, m, j_long = token_target(sc.cumw, ep.mb_t[sc.idx], mb_tok[sc.idx], ep.world_size, want, 2 * cap,
+                                    WINDOW_WORK_FACTOR, t_min=t_star)
+        win = window(sc.idx, m, j_long)
+        groups = _pack_head(ep, win, t_star, head)
+        if low <= _tokens(ep, groups, head, mb_tok) <= cap:
+            return t_star, win, groups, None
+        if len(win) > 1:
+            groups = pack(ep, win, t_star, head, defer_head=True)
+            # the head joins a group of another p (its setting there, the memory rule) even past T*
+            head_t = join_head(ep, groups, head, math.inf) if groups else None
+            if head_t is not None and low <= _tokens(ep, groups, head, mb_tok) <= cap:
+                return max(t_star, max(gr[2] for gr in groups)), win, groups, head_t
+    return (*packed, None)
+
+
+def _tokens(ep: EpochArrays, groups: list[list], head: int, mb_tok: np.ndarray) -> int:
+    """Tokens of the micro-batches in the ``groups`` that placement keeps (fillers may add more)."""
+    return sum(int(mb_tok[list(gr[3])].sum()) for gr in placed_groups(ep, groups, head)[0])

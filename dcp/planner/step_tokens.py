@@ -121,13 +121,13 @@ def micro_batch_tokens(flat_lens: np.ndarray, mb_flat: np.ndarray, mb_count: np.
 
 
 def token_target(cumw: np.ndarray, t_all: np.ndarray, tok_all: np.ndarray, world_size: int, desired: float,
-                 cap: float, window_factor: float) -> tuple[float, int, int]:
+                 cap: float, window_factor: float, t_min: float = 0.0) -> tuple[float, int, int]:
     """A DCP step at a global batch: (T*, window length, position of the window's longest micro-batch) over
     the scanned micro-batches in release order (cumulative GPU-work ``cumw``, times ``t_all``, tokens
     ``tok_all``; the first is the head).
 
     The batch is the prefix whose tokens are nearest ``desired`` (at least the head, at most ``cap``); T* is
-    its work spread over the world, at least its longest micro-batch. The window the step packs from reaches
+    its work spread over the world, at least its longest micro-batch and ``t_min``. The window the step packs from reaches
     on to ``window_factor`` x W x T* of work for choice, never past ``cap`` tokens, and stops before a
     micro-batch longer than T* (the step must take the window's longest)."""
     n = len(t_all)
@@ -137,7 +137,7 @@ def token_target(cumw: np.ndarray, t_all: np.ndarray, tok_all: np.ndarray, world
         j -= 1
     while j > 0 and cumtok[j] > cap:
         j -= 1
-    t_star = max(float(t_all[: j + 1].max()), float(cumw[j]) / world_size)
+    t_star = max(float(t_all[: j + 1].max()), float(cumw[j]) / world_size, t_min)
     m = min(int(np.searchsorted(cumw, window_factor * world_size * t_star)) + 1,
             int(np.searchsorted(cumtok, cap, side="right")), n)
     m = max(m, j + 1)

@@ -50,3 +50,18 @@ def test_unset_is_unchanged():
     a = [p.digest() for p in plan_epoch(lengths, table, cfg, 8)]
     b = [p.digest() for p in plan_epoch(lengths, table, _at(cfg, 0), 8)]
     assert a == b and np.isfinite(len(a))
+
+
+@pytest.mark.parametrize("method", ["dcp-inter", "dcp-intra"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_two_ranks_every_step_within_the_bounds(method, seed):
+    # 2 ranks, kinds at p = 1 and p = 2 that cannot share the ranks: a head whose group took both ranks (or whose
+    # p was alone on them) once closed a step far below the lower bound (demo: 944 of 2195 tokens); such a step
+    # now stretches T* and its window, or its head joins a group of the other p (dcp.planner.step._reach_low)
+    cfg, table = make(2, method=method)
+    lengths = lengths_for(40, seed=seed, hi=3000)
+    target = int(lengths.sum() / 6)
+    plans = plan_epoch(lengths, table, _at(cfg, target), 2)
+    check_plans(plans, lengths, cfg, 2)
+    tok = step_tokens(plans)
+    assert (tok >= 0.5 * target).all() and (tok <= 2.0 * target).all(), (tok.tolist(), target)
