@@ -173,21 +173,31 @@ def _take_all(ep: EpochArrays, win: np.ndarray, t_star: float, head: int) -> tup
     """The epoch's last step takes all that is left (``win``): T* stretches by 10% up to END_STRETCHES times
     until the placed groups hold it all; what still has no room (its p has no ranks beside the others) joins
     the fullest group of a larger p its seq_group can run at (``join_head``: its setting there, the memory
-    rule), longest first. Returns (T*, groups, {micro-batch: its time in the group it joined}), the dict None
-    when some micro-batch fits nowhere (the step is then planned like any other)."""
-    for _ in range(END_STRETCHES):
-        groups = placed_groups(ep, _pack_head(ep, win, t_star, head), head)[0]
-        taken = {k for gr in groups for k in gr[3]}
+    rule), longest first. Should that fail, the same with the head left out of the packing (it then joins
+    too). Returns (T*, groups, {micro-batch: its time in the group it joined}), the dict None when some
+    micro-batch fits nowhere (the step is then planned like any other)."""
+    t0 = t_star
+    for defer in (False, True):
+        t_star = t0
+        for _ in range(END_STRETCHES):
+            packed = pack(ep, win, t_star, head, defer_head=True) if defer else _pack_head(ep, win, t_star, head)
+            groups = placed_groups(ep, packed, head)[0] if any(head in gr[3] for gr in packed) else packed
+            taken = {k for gr in groups for k in gr[3]}
+            if len(taken) >= len(win) or not groups:
+                break
+            t_star *= 1.1
         if len(taken) >= len(win):
             return t_star, groups, {}
-        t_star *= 1.1
-    joined: dict[int, float] = {}
-    for k in sorted((k for k in win.tolist() if k not in taken), key=lambda k: -ep.mb_t_list[k]):
-        jt = join_head(ep, groups, k, math.inf)
-        if jt is None:
-            return t_star, groups, None
-        joined[k] = jt[1]
-    return max(t_star, max(gr[2] for gr in groups)), groups, joined
+        joined: dict[int, float] = {}
+        for k in sorted((k for k in win.tolist() if k not in taken), key=lambda k: -ep.mb_t_list[k]):
+            jt = join_head(ep, groups, k, math.inf) if groups else None
+            if jt is None:
+                break
+            joined[k] = jt[1]
+        else:
+            if any(head in gr[3] for gr in groups) and len(placed_groups(ep, groups, head)[0]) == len(groups):
+                return max(t_star, max(gr[2] for gr in groups)), groups, joined
+    return t0, _pack_head(ep, win, t0, head), None
 
 
 def _pack_head(ep: EpochArrays, win: np.ndarray, t_star: float, head: int) -> list[list]:

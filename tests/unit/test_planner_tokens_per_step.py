@@ -53,7 +53,7 @@ def test_unset_is_unchanged():
 
 
 @pytest.mark.parametrize("method", ["dcp-inter", "dcp-intra"])
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", range(6))
 def test_two_ranks_every_step_within_the_bounds(method, seed):
     # 2 ranks, kinds at p = 1 and p = 2 that cannot share the ranks: a head whose group took both ranks (or whose
     # p was alone on them) once closed a step far below the lower bound (demo: 944 of 2195 tokens); such a step
