@@ -161,12 +161,26 @@ def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
         t_star, win, groups, head_t = _reach_low(ep, prog, mb_tok, head, (t_star, win, groups),
                                                  (want, cap, per_token), low)
     if not joined:  # micro-batches joined at another p keep their groups as they are
-        improve(ep, prog, win, groups, head)
-    if head_t is None and not joined:
-        best = _try_head_elsewhere(ep, prog, (groups, idle(groups, ep.world_size), win, None), head, t_star)
-        groups, _, win, head_t = best
+        groups, win, head_t = _improve_within(ep, prog, (groups, win, head_t), head, t_star, mb_tok, low)
     prog.scan_hint = len(win)
     return place_and_build(ep, prog, step, head, win, groups, t_star, head_t, joined=joined)
+
+
+def _improve_within(ep: EpochArrays, prog: EpochProgress, packed: tuple, head: int, t_star: float,
+                    mb_tok: np.ndarray, low: float) -> tuple:
+    """``improve`` and, unless the head already joined another group, ``_try_head_elsewhere`` on ``packed``
+    (groups, window, head's (group, time) or None); their swaps trade micro-batches for longer ones, which
+    can hold fewer tokens (one long sample for many short ones): when that takes a step that held ``low``
+    tokens below them, the packing before is kept."""
+    groups, win, head_t = packed
+    before = [[*gr[:3], list(gr[3])] for gr in groups]
+    improve(ep, prog, win, groups, head)
+    if head_t is None:
+        groups, _, win, head_t = _try_head_elsewhere(ep, prog, (groups, idle(groups, ep.world_size), win, None),
+                                                     head, t_star)
+    if _tokens(ep, groups, head, mb_tok) < low <= _tokens(ep, before, head, mb_tok):
+        return before, packed[1], packed[2]
+    return groups, win, head_t
 
 
 def _take_all(ep: EpochArrays, win: np.ndarray, t_star: float, head: int) -> tuple[float, list[list], dict | None]:
