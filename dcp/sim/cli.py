@@ -33,7 +33,8 @@ step holding a 512k-token sample; docs/simulator.md shows the effect of other va
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--lengths", metavar="FILE", help="CSV with a 'tokens' column (or 'frames' and 'spatial_tokens')")
-    src.add_argument("--dataset", metavar="NAME", help="a distribution of datasets/ (e.g. t1d-short, t2d-zipf)")
+    src.add_argument("--dataset", metavar="NAME", help="a distribution of datasets/ (e.g. t1d-short, t2d-zipf; default: "
+                     "t1d-balanced, or t2d-balanced for a t2d model)")
     parser.add_argument("--scale", default="paper", choices=("paper", "cpu"), help="--dataset length scale")
     parser.add_argument("--num-samples", type=sample_count, default=DEFAULT_NUM_SAMPLES, help="--dataset samples to draw")
     parser.add_argument("--seed", type=nonneg_int, default=0, help="--dataset seed and the planner's shuffle seed")
@@ -67,9 +68,12 @@ def _lengths(args: argparse.Namespace):
 
     if args.lengths:
         return load_lengths_csv(args.lengths)
-    if args.dataset:
-        return load_lengths(args.dataset, scale=args.scale, num_samples=args.num_samples, seed=args.seed)
-    raise ValueError("lengths (none given): pass --lengths FILE or --dataset NAME (see datasets/README.md)")
+    dataset = args.dataset
+    if not dataset:  # `dcp simulate --gpus 4096` alone: the paper's balanced mix of the simulated model's kind
+        dataset = "t2d-balanced" if args.model.startswith("t2d") else "t1d-balanced"
+        print(f"dcp simulate: no --lengths or --dataset given: simulating --dataset {dataset} "
+              f"({args.num_samples} samples)", file=sys.stderr)
+    return load_lengths(dataset, scale=args.scale, num_samples=args.num_samples, seed=args.seed)
 
 
 def run(args: argparse.Namespace) -> int:
