@@ -24,6 +24,9 @@ from dcp.config import METHODS, PEER_METHODS
 from dcp.named_models import PAPER_MODELS
 
 DEFAULT_NUM_SAMPLES = 20000
+SAMPLES_PER_GPU = 40
+"""--num-samples default: DEFAULT_NUM_SAMPLES, or this many per simulated GPU when that is more (20k samples
+over 4096 GPUs make 2 steps that leave 93% of the GPUs idle: an epoch too small to say anything)."""
 DEFAULT_LOOKAHEAD_PER_RANK = 0
 """0: the planner's own default window (sized by work: enough samples to fill a step that holds the longest
 micro-batch). Paper-scale distributions are heavy-tailed, and the window decides how well DCP balances a
@@ -33,9 +36,11 @@ step holding a 512k-token sample; docs/simulator.md shows the effect of other va
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--lengths", metavar="FILE", help="CSV with a 'tokens' column (or 'frames' and 'spatial_tokens')")
-    src.add_argument("--dataset", metavar="NAME", help="a distribution of datasets/ (e.g. t1d-short, t2d-zipf)")
+    src.add_argument("--dataset", metavar="NAME", help="a distribution of datasets/ (e.g. t1d-short, t2d-zipf; default: "
+                     "t1d-balanced, or t2d-balanced for a t2d model)")
     parser.add_argument("--scale", default="paper", choices=("paper", "cpu"), help="--dataset length scale")
-    parser.add_argument("--num-samples", type=sample_count, default=DEFAULT_NUM_SAMPLES, help="--dataset samples to draw")
+    parser.add_argument("--num-samples", type=sample_count, default=None,
+                        help=f"--dataset samples to draw (default: {DEFAULT_NUM_SAMPLES}, or {SAMPLES_PER_GPU} per GPU when more)")
     parser.add_argument("--seed", type=nonneg_int, default=0, help="--dataset seed and the planner's shuffle seed")
     parser.add_argument("--model", default="t1d-5b", choices=PAPER_MODELS,
                         help="paper model shape (with --config: only its attention layout, 1d or 2d, is used)")
@@ -67,9 +72,14 @@ def _lengths(args: argparse.Namespace):
 
     if args.lengths:
         return load_lengths_csv(args.lengths)
-    if args.dataset:
-        return load_lengths(args.dataset, scale=args.scale, num_samples=args.num_samples, seed=args.seed)
-    raise ValueError("lengths (none given): pass --lengths FILE or --dataset NAME (see datasets/README.md)")
+    dataset = args.dataset
+    if args.num_samples is None:
+        args.num_samples = max(DEFAULT_NUM_SAMPLES, SAMPLES_PER_GPU * args.gpus)
+    if not dataset:  # `dcp simulate --gpus 4096` alone: the paper's balanced mix of the simulated model's kind
+        dataset = "t2d-balanced" if args.model.startswith("t2d") else "t1d-balanced"
+        print(f"dcp simulate: no --lengths or --dataset given: simulating --dataset {dataset} "
+              f"({args.num_samples} samples)", file=sys.stderr)
+    return load_lengths(dataset, scale=args.scale, num_samples=args.num_samples, seed=args.seed)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -63,10 +63,17 @@ def test_simulate_lengths_file_all_methods(tmp_path, capsys):
     assert any(line.startswith(f"# speedup over {base}: dcp-inter") for line in out)
 
 
+def test_simulate_without_lengths_uses_the_balanced_mix_and_says_so(capsys):
+    # issue 23's check is `dcp simulate --gpus 4096 --json`: no lengths given
+    assert _run(cli, ["--gpus", "64", "--num-samples", "2000", "--json"]) == 0
+    cap = capsys.readouterr()
+    assert "simulating --dataset t1d-balanced (2000 samples)" in cap.err
+    assert json.loads(cap.out.strip().splitlines()[-1])["control_plane_share"] >= 0.0
+
+
 @pytest.mark.parametrize(
     "argv,match",
     [
-        ([], "pass --lengths FILE or --dataset NAME"),
         (["--dataset", "nope"], "is not known"),
         (["--dataset", "t1d-short", "--gpus", "0"], "--gpus"),
         (["--dataset", "t1d-short", "--lookahead-per-rank", "-1"], "--lookahead-per-rank"),
