@@ -8,6 +8,7 @@ step's timer spans: nothing is read back to the host until a logged step's stats
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -85,14 +86,15 @@ class OpenStep:
     def start_micro_batch(self, index: int, mb: MicroBatch) -> None:
         self.mb_index, self.pending, self.applied, self.mb_forwards = index, mb, False, 0
 
-    def count_forward(self, where: str) -> None:
+    def count_forward(self, where: Callable[[], str]) -> None:
         """A forward with gradients ran on the pending micro-batch; a second one raises (its loss and tokens
-        would count twice in the step, and its backward twice in the gradients)."""
+        would count twice in the step, and its backward twice in the gradients). ``where()`` names the
+        micro-batch in that error (built only then: this runs on every micro-batch)."""
         self.forwards += 1
         self.mb_forwards += 1
         if self.mb_forwards > 1:
             raise ManagerError(
-                f"{where} ran its forward twice with gradients: DCP counts every forward's loss_sum and tokens "
+                f"{where()} ran its forward twice with gradients: DCP counts every forward's loss_sum and tokens "
                 "into the step (and its backward into the gradients); run one forward and one backward per "
                 "micro-batch (an extra forward for logging belongs under torch.no_grad(), which is not counted)")
 
