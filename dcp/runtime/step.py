@@ -44,9 +44,16 @@ class StepTally:
     def add(self, loss: torch.Tensor, count: object | None) -> None:
         """Add one forward's (loss_sum, count) in fp64 / int64 whatever the compute precision, without
         reading anything back to the host."""
-        self.loss += loss.detach().to(self.loss.device, torch.float64)
+        loss = loss.detach()
+        if loss.device == self.loss.device:
+            self.loss.add_(loss)  # in place, computed in fp64: no temporary per micro-batch
+        else:
+            self.loss += loss.to(self.loss.device, torch.float64)
         if count is not None:
-            self.count += torch.as_tensor(count).detach().to(self.count.device, torch.int64).sum()
+            if isinstance(count, torch.Tensor) and count.device == self.count.device and not count.is_floating_point():
+                self.count.add_(count.detach().sum())
+            else:
+                self.count += torch.as_tensor(count).detach().to(self.count.device, torch.int64).sum()
             self.has_count = True
 
     def busy_s(self) -> float:
