@@ -15,7 +15,7 @@ Reported per (W, rank): start-up seconds (set_manager, with the registry's new_g
 the first micro-batch, with the first plans), process groups the rank asked torch for, collectives per
 step by kind / group size / bytes (the gradient sync apart from the control plane), the manager's host ms
 per step (CPU time of the training thread in a step minus its CPU time in the model's forward, backward
-and optimizer step and the census's own work; waiting for the GIL, a plan or other processes on a shared
+and optimizer step and the census's own work; the manager's step_done, which engine.step calls, counts as host; waiting for the GIL, a plan or other processes on a shared
 host is not counted; ``host_wall_ms_per_step`` is the wall-clock version, which counts them), planning CPU per step (CPU of threads other than the
 training thread) and its exposed part (time the training thread waited for a plan), and the steps planned
 before step 0 ran. Steps 1.. are used (step 0 starts inside start-up). ``--json``: the last line is
@@ -201,6 +201,10 @@ class _Probe:
         self.model_cpu_s: Counter = Counter()
         """Training-thread CPU seconds inside the model (forward, backward, optimizer step), per tick."""
         self.plan_wait_s: Counter = Counter()
+        self.manager_s: Counter = Counter()
+        self.manager_cpu_s: Counter = Counter()
+        """Wall / training-thread CPU seconds of the manager's own work run inside ``engine.step`` (its step_done:
+        closing the step, recording its samples in the epoch's position), per tick: host time, not model."""
         self.plans_taken = 0
         self.micro_batches: Counter = Counter()
         """Micro-batches this rank ran, per tick (host time grows with them: collation, phase, engine)."""
@@ -230,6 +234,18 @@ class _Probe:
                 self.model_s[tick] += time.perf_counter() - t0
                 self.model_cpu_s[tick] += time.thread_time() - c0
                 self.mark()  # engine.step() / idle_step() end a step: the next one starts here
+
+        return call
+
+    def manager_part(self, fn: Any) -> Any:
+        """``fn`` (a manager call made from inside a model-timed wrapper) with its time filed back as host time."""
+        def call(*args: Any, **kwargs: Any) -> Any:
+            tick, t0, c0 = self.tick(), time.perf_counter(), time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.manager_s[tick] += time.perf_counter() - t0
+                self.manager_cpu_s[tick] += time.thread_time() - c0
 
         return call
 
@@ -294,6 +310,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         mgr = set_manager(model, data, config, optimizer=opt, table=table, forward_fn=forward)
         manager_s, groups_s = time.perf_counter() - t0, census.new_group_s
         eng = mgr.engine
+        mgr.step_done = probe.manager_part(mgr.step_done)  # the engine's step calls it: manager time, not model
         eng.backward = probe.timed(eng.backward, census, "grad-sync")
         eng.step = probe.timed(eng.step, census, "grad-sync")
         eng.idle_step = probe.timed(eng.idle_step, census, "grad-sync")
@@ -334,8 +351,8 @@ def _row(spec: dict[str, Any], census: Any, probe: _Probe, data: _TokenDataset, 
         own = census.own_s.get(t, 0.0)
         # the training thread's CPU outside the model: waiting (for the GIL, a plan, other processes on the
         # host) is not work, so this is what the runtime costs the host per step whatever else runs
-        host.append(1e3 * ((th1 - th0) - probe.model_cpu_s[t] - own))
-        wall.append(1e3 * (w1 - w0 - probe.model_s[t] - probe.plan_wait_s[t] - own))
+        host.append(1e3 * ((th1 - th0) - probe.model_cpu_s[t] + probe.manager_cpu_s[t] - own))
+        wall.append(1e3 * (w1 - w0 - probe.model_s[t] + probe.manager_s[t] - probe.plan_wait_s[t] - own))
         # CPU of the other threads: the plan-ahead thread (a prefetch thread's collation taken out)
         plan_cpu.append(1e3 * ((p1 - p0) - (th1 - th0) - data.offthread_cpu_s[t]))
         n_world = sum(n for (tag, _, size, _), n in by_tick.get(t, Counter()).items() if size == w and tag == "")

@@ -130,7 +130,8 @@ class StepLoop:
                                 fetch.ahead(ahead[0].sample_ids)
                     step.start_micro_batch(i, mb)
                     if self.board is not None:
-                        self.board.enter(self.phase(f"micro-batch {i + 1}/{len(mbs)}"))
+                        # the step's first micro-batch is written to the store; later ones at the next heartbeat
+                        self.board.enter(self.phase(f"micro-batch {i + 1}/{len(mbs)}"), publish=i == 0)
                     yield batch
                 if step.open:
                     raise ManagerError(
@@ -190,7 +191,7 @@ class StepLoop:
         if step is None:
             idle.add(loss, count)
         elif torch.is_grad_enabled():
-            step.count_forward(self.phase(f"micro-batch {step.mb_index + 1}/{len(step.group.micro_batches)}"))
+            step.count_forward(lambda: self.phase(f"micro-batch {step.mb_index + 1}/{len(step.group.micro_batches)}"))
             step.tally.add(loss, count)
 
     def step_done(self, sync: Span | float) -> None:

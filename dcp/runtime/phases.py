@@ -7,7 +7,12 @@ made; torchrun's agent hosts it outside the workers, so it outlives a dead rank)
 re-raised as :class:`CollectiveError` naming every rank that is not in the same phase, the phase it last
 reported and how long ago: the rank that stalled (or died) and where.
 
-One ``store.set`` per phase change (a few per micro-batch at most): a small TCP message, no device sync.
+A phase is written to the store (one ``store.set``: a small TCP message, no device sync) when the rank enters a
+collective, the first micro-batch of a step, or leaves the loop; the later micro-batches of a step are only
+recorded here (``enter(..., publish=False)``) and written by the heartbeat thread when it next beats, so the
+host pays O(1) store writes per step, not one per micro-batch, and the store server O(W) per step, not O(W x
+micro-batches). A rank that dies between beats is therefore named in its step, with the micro-batch it
+last published (the step's first, or a later one written by a beat).
 
 A rank killed (or stopped) inside a collective leaves the same phase as its peers on the board; so a board can
 also beat: :meth:`PhaseBoard.heartbeat` counts up a per-rank key every ``period_s`` from a daemon thread while
@@ -39,6 +44,9 @@ class PhaseBoard:
         self.store, self.rank, self.world_size = store, rank, world_size
         self.prefix = f"{PREFIX}{job}/" if job else PREFIX
         self.phase = "start"
+        self._entered: tuple[str, float] = ("start", time.time())
+        """(phase, time.time() when entered): what the heartbeat publishes when it differs from the last write."""
+        self._published: tuple[str, float] | None = None
         self.note = ""
         """Appended to every phase from now on (e.g. that this rank left get_data_iter() early)."""
         self.beat_period_s = 0.0
@@ -58,17 +66,25 @@ class PhaseBoard:
             return None
         return cls(store, dist.get_rank(), dist.get_world_size(), job=job)
 
-    def enter(self, phase: str) -> None:
-        """Record that this rank is now in ``phase``."""
+    def enter(self, phase: str, *, publish: bool = True) -> None:
+        """Record that this rank is now in ``phase``; ``publish=False``: only here, written to the store at the
+        heartbeat's next beat (or the next published phase), for phases entered once per micro-batch."""
         self.phase = phase + (f" ({self.note})" if self.note else "")
+        self._entered = (self.phase, time.time())
+        if publish:
+            self._publish(self._entered)
+
+    def _publish(self, entered: tuple[str, float]) -> None:
         try:
-            self.store.set(f"{self.prefix}{self.rank}", json.dumps({"phase": self.phase, "t": time.time()}))
+            self.store.set(f"{self.prefix}{self.rank}", json.dumps({"phase": entered[0], "t": entered[1]}))
+            self._published = entered
         except Exception:  # noqa: BLE001 - the board only helps diagnose; it must never fail a step
             pass
 
     @contextmanager
     def heartbeat(self, period_s: float | None = None) -> Iterator[None]:
-        """Count this rank's heartbeat key up every ``period_s`` (a daemon thread) while the block runs. Default:
+        """Count this rank's heartbeat key up every ``period_s`` (a daemon thread) while the block runs, and write
+        this rank's phase when it changed unpublished since the last beat (``enter(..., publish=False)``). Default:
         1 s, and 1 s per 1000 ranks beyond that, so the store serves at most ~1000 beats per second."""
         period_s = period_s or max(1.0, self.world_size / 1000)
         stop = threading.Event()
@@ -76,6 +92,9 @@ class PhaseBoard:
 
         def beat() -> None:
             while not stop.is_set():
+                entered = self._entered  # one read: the training thread replaces the tuple, never mutates it
+                if entered is not self._published:
+                    self._publish(entered)  # a phase entered with publish=False since the last write
                 try:
                     self.store.add(key, 1)
                 except Exception:  # noqa: BLE001 - a gone store: the failure is reported by the collective

@@ -98,12 +98,19 @@ class EpochPosition:
         """A step of the current segment finished, having trained ``sample_ids``; a sample trained twice in
         one epoch is a bug and raises."""
         ids = np.asarray(sample_ids, dtype=np.int64)
-        if self.done[ids].any() or len(np.unique(ids)) != len(ids):
-            again = sorted(set(ids[self.done[ids]].tolist()))[:8] or "a sample twice in the step"
-            raise PositionError(f"epoch {self.epoch} step {step} trained samples {again} a second time in this epoch: "
-                                "this is a bug in the plan source; report it with the plan")
-        self.done[ids] = True
-        self.steps += 1
+        again: Any = sorted(set(ids[self.done[ids]].tolist()))[:8]
+        if not again:
+            # a repeat inside the step: fewer newly done samples than ids (O(n) counts, not a sort of the
+            # step's ids: ~160k of them per step at 4096 ranks, on the training thread)
+            before = np.count_nonzero(self.done)
+            self.done[ids] = True
+            if np.count_nonzero(self.done) - before == len(ids):
+                self.steps += 1
+                return
+            self.done[ids] = False  # none was done before: undo the step
+            again = "a sample twice in the step"
+        raise PositionError(f"epoch {self.epoch} step {step} trained samples {again} a second time in this epoch: "
+                            "this is a bug in the plan source; report it with the plan")
 
     def to_state(self) -> dict[str, Any]:
         return {"format": FORMAT, "epoch": self.epoch, "num_samples": self.num_samples, "done": _bits(self.done),

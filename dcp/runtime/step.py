@@ -8,6 +8,7 @@ step's timer spans: nothing is read back to the host until a logged step's stats
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -43,9 +44,16 @@ class StepTally:
     def add(self, loss: torch.Tensor, count: object | None) -> None:
         """Add one forward's (loss_sum, count) in fp64 / int64 whatever the compute precision, without
         reading anything back to the host."""
-        self.loss += loss.detach().to(self.loss.device, torch.float64)
+        loss = loss.detach()
+        if loss.device == self.loss.device:
+            self.loss.add_(loss)  # in place, computed in fp64: no temporary per micro-batch
+        else:
+            self.loss += loss.to(self.loss.device, torch.float64)
         if count is not None:
-            self.count += torch.as_tensor(count).detach().to(self.count.device, torch.int64).sum()
+            if isinstance(count, torch.Tensor) and count.device == self.count.device and not count.is_floating_point():
+                self.count.add_(count.detach().sum())
+            else:
+                self.count += torch.as_tensor(count).detach().to(self.count.device, torch.int64).sum()
             self.has_count = True
 
     def busy_s(self) -> float:
@@ -85,14 +93,15 @@ class OpenStep:
     def start_micro_batch(self, index: int, mb: MicroBatch) -> None:
         self.mb_index, self.pending, self.applied, self.mb_forwards = index, mb, False, 0
 
-    def count_forward(self, where: str) -> None:
+    def count_forward(self, where: Callable[[], str]) -> None:
         """A forward with gradients ran on the pending micro-batch; a second one raises (its loss and tokens
-        would count twice in the step, and its backward twice in the gradients)."""
+        would count twice in the step, and its backward twice in the gradients). ``where()`` names the
+        micro-batch in that error (built only then: this runs on every micro-batch)."""
         self.forwards += 1
         self.mb_forwards += 1
         if self.mb_forwards > 1:
             raise ManagerError(
-                f"{where} ran its forward twice with gradients: DCP counts every forward's loss_sum and tokens "
+                f"{where()} ran its forward twice with gradients: DCP counts every forward's loss_sum and tokens "
                 "into the step (and its backward into the gradients); run one forward and one backward per "
                 "micro-batch (an extra forward for logging belongs under torch.no_grad(), which is not counted)")
 

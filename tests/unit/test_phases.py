@@ -126,3 +126,21 @@ def test_is_comm_failure_tells_the_backend_from_the_computation():
 
     assert is_comm_failure(RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer"))
     assert not is_comm_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x8 and 16x8)"))
+
+
+def test_an_unpublished_phase_is_written_by_the_next_heartbeat_beat():
+    # later micro-batches of a step are recorded locally (no store write each) and written by the heartbeat
+    import time
+
+    b0, b1 = boards(2)
+    b1.enter("micro-batch 1/3 of epoch 0 step 4")
+    b1.enter("micro-batch 2/3 of epoch 0 step 4", publish=False)
+    assert b1.phase == "micro-batch 2/3 of epoch 0 step 4"
+    assert b0.others()[1][0] == "micro-batch 1/3 of epoch 0 step 4"  # not written yet
+    with b1.heartbeat(period_s=0.05):
+        deadline = time.monotonic() + 30.0
+        while b0.others()[1][0] != "micro-batch 2/3 of epoch 0 step 4" and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert b0.others()[1][0] == "micro-batch 2/3 of epoch 0 step 4"
+    msg = fail_in(b0, "gradient sync of epoch 0 step 4")
+    assert "rank 1 is in 'micro-batch 2/3 of epoch 0 step 4'" in msg

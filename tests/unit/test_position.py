@@ -61,6 +61,11 @@ def test_a_sample_trained_twice_in_an_epoch_raises():
     pos.record(np.array([0, 1]), 0)
     with pytest.raises(PositionError, match=r"epoch 0 step 1 trained samples \[1\] a second time"):
         pos.record(np.array([1, 2]), 1)
+    with pytest.raises(PositionError, match=r"epoch 0 step 1 trained samples a sample twice in the step a second"):
+        pos.record(np.array([3, 2, 3]), 1)  # a repeat inside one step
+    assert pos.done.tolist() == [True, True, False, False] and pos.steps == 1  # the refused step left no mark
+    pos.record(np.array([2, 3]), 1)
+    assert pos.done.all() and pos.steps == 2
 
 
 def test_a_position_past_the_epochs_end_is_refused():

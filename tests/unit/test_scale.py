@@ -98,3 +98,15 @@ def test_bench_scale_rows_at_16_ranks(capsys):
 def test_bench_scale_refuses_bad_flags(kw, match):
     with pytest.raises(ValueError, match=match):
         scale.run(_args(**kw))
+
+
+def test_the_managers_step_done_inside_engine_step_is_filed_as_host_time():
+    # engine.step is timed as model; the manager's step_done it calls (the position's record) is host time
+    from dcp.bench.scale import _Probe
+
+    probe = _Probe()
+    inner = probe.manager_part(lambda n: sum(range(n)))
+    outer = probe.timed(lambda: inner(200_000))
+    outer()
+    assert probe.manager_cpu_s[-1] > 0 and probe.manager_s[-1] > 0
+    assert probe.model_cpu_s[-1] >= probe.manager_cpu_s[-1]  # inside the model-timed call, counted back in _row
