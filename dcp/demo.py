@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from dcp.argtypes import positive_int, sample_count
-from dcp.files import OutputError, claim_dir, read_csv_text, read_json, write_text
+from dcp.files import OutputError, claim_dir, holds_only, read_csv_text, read_json, write_text
 
 DEFAULT_OUT = "runs/demo"
 METHODS = ("bucket", "dcp-inter", "dcp-intra")
@@ -347,20 +347,8 @@ _OWN_FILES = frozenset({REPS_CSV, STEPS_CSV, SUMMARY_CSV, CONFIG_JSON, PLOT_PNG,
 def is_demo_folder(folder: Path) -> bool:
     """True when ``folder`` holds only a demo's files, in their shape (a demo folder of a dcp that did not mark
     its folders): reps.csv with REP_COLUMNS, config.json with the demo's settings."""
-    names = {e.name for e in folder.iterdir()}
-    if not names <= _OWN_FILES:
-        return False
-    if REPS_CSV in names:
-        with (folder / REPS_CSV).open(newline="", errors="replace") as f:
-            if tuple(next(csv.reader(f), [])) != REP_COLUMNS:
-                return False
-    if CONFIG_JSON in names:
-        try:
-            doc = json.loads((folder / CONFIG_JSON).read_text(errors="replace"))
-        except json.JSONDecodeError:
-            return False
-        return isinstance(doc, dict) and "settings" in doc
-    return True
+    return holds_only(folder, _OWN_FILES, {REPS_CSV: REP_COLUMNS}, CONFIG_JSON,
+                      lambda doc: isinstance(doc, dict) and "settings" in doc)
 
 
 def read_reps(out: Path) -> list[dict[str, Any]]:

@@ -181,6 +181,30 @@ def write_marker(folder: str | Path, doc: dict[str, Any]) -> Path:
     return write_text(Path(folder) / MARKER, json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
 
+def holds_only(folder: Path, names: Iterable[str], headers: dict[str, Sequence[str]], config_name: str,
+               config_ok: Callable[[Any], bool]) -> bool:
+    """True when ``folder`` holds only files named in ``names``, each CSV of ``headers`` has that header row, and
+    ``config_name`` (when present) is JSON that ``config_ok`` accepts: the check by content that recognises an
+    output folder of a dcp that did not mark its folders (``claim_dir``'s ``adopt``)."""
+    import csv
+
+    present = {e.name for e in folder.iterdir()}
+    if not present <= set(names):
+        return False
+    for name, columns in headers.items():
+        if name in present:
+            with (folder / name).open(newline="", errors="replace") as f:
+                if tuple(next(csv.reader(f), [])) != tuple(columns):
+                    return False
+    if config_name in present:
+        try:
+            doc = json.loads((folder / config_name).read_text(errors="replace"))
+        except json.JSONDecodeError:
+            return False
+        return bool(config_ok(doc))
+    return True
+
+
 def claim_dir(folder: str | Path, *, flag: str, command: str,
               adopt: Callable[[Path], bool] | None = None) -> dict[str, Any]:
     """Make ``folder`` an output folder of ``command`` before any work: it is created if missing and must be

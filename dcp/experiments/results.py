@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from dcp.files import append_csv, read_csv_text, read_json, write_text
+from dcp.files import append_csv, holds_only, read_csv_text, read_json, write_text
 
 RUN_COLUMNS = (
     "run_id", "git_sha", "config_hash", "sweep", "method", "model", "dataset", "world_size", "device",
@@ -199,21 +199,9 @@ def read_config(results_dir: str | Path) -> dict[str, Any]:
 def is_results_folder(folder: Path) -> bool:
     """True when ``folder`` holds only a sweep's result files, in their shape (runs.csv with RUN_COLUMNS,
     config.json with 'runs'): a results folder of a dcp that did not mark its folders, safe to append to."""
-    names = {e.name for e in folder.iterdir()}
-    if not names <= {RUNS_CSV, STEPS_CSV, CONFIG_JSON, "summary.png"}:
-        return False
-    for name, columns in ((RUNS_CSV, RUN_COLUMNS), (STEPS_CSV, STEP_COLUMNS)):
-        if name in names:
-            with (folder / name).open(newline="", errors="replace") as f:
-                if tuple(next(csv.reader(f), [])) != columns:
-                    return False
-    if CONFIG_JSON in names:
-        try:
-            doc = json.loads((folder / CONFIG_JSON).read_text(errors="replace"))
-        except json.JSONDecodeError:
-            return False
-        return isinstance(doc, dict) and isinstance(doc.get("runs"), dict)
-    return True
+    return holds_only(folder, {RUNS_CSV, STEPS_CSV, CONFIG_JSON, "summary.png"},
+                      {RUNS_CSV: RUN_COLUMNS, STEPS_CSV: STEP_COLUMNS}, CONFIG_JSON,
+                      lambda doc: isinstance(doc, dict) and isinstance(doc.get("runs"), dict))
 
 
 def read_runs(results_dir: str | Path) -> list[dict[str, Any]]:

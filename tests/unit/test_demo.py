@@ -204,3 +204,20 @@ def test_tokens_per_step_columns_are_min_median_max():
         "tokens_per_step_min": 100, "tokens_per_step_median": 250, "tokens_per_step_max": 1000}
     text = demo.format_table(demo.summarize(_rows()), 3)
     assert "tok/step min/med/max" in text.splitlines()[0] and "200/250/300" in text.splitlines()[2]
+
+
+def test_a_demo_folder_of_an_older_dcp_is_recognised_by_its_files_only(tmp_path):
+    # claim_dir adopts an unmarked folder only when every file in it is the demo's own, in the demo's shape
+    (tmp_path / demo.REPS_CSV).write_text(",".join(demo.REP_COLUMNS) + "\n")
+    (tmp_path / demo.CONFIG_JSON).write_text('{"settings": {}}')
+    assert demo.is_demo_folder(tmp_path)
+    (tmp_path / demo.CONFIG_JSON).write_text('{"runs": {}}')
+    assert not demo.is_demo_folder(tmp_path)  # another command's config.json
+    (tmp_path / demo.CONFIG_JSON).write_text("{")
+    assert not demo.is_demo_folder(tmp_path)  # cut short
+    (tmp_path / demo.CONFIG_JSON).write_text('{"settings": {}}')
+    (tmp_path / demo.REPS_CSV).write_text("a,b\n")
+    assert not demo.is_demo_folder(tmp_path)  # a foreign reps.csv
+    (tmp_path / demo.REPS_CSV).write_text(",".join(demo.REP_COLUMNS) + "\n")
+    (tmp_path / "notes.txt").write_text("mine")
+    assert not demo.is_demo_folder(tmp_path)  # a file of the user's
