@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from dcp.loaders._common import fail_arg
-from dcp.planner.step_tokens import lr_factor
+from dcp.planner.step_tokens import LR_RULES, lr_factor
 
-SCALING_METHODS = ("linear", "sqrt", "none")
+SCALING_METHODS = LR_RULES  # the one list of rules, with the manager's (dcp.planner.step_tokens)
 
 
 def scale_lr(reference_batch_size: int, batch_size: int, lr: float, method: str = "linear") -> float:
