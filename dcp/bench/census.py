@@ -2,7 +2,8 @@
 
 ``Census`` replaces the collective functions of ``torch.distributed`` (the module attributes, which is how
 dcp calls them: ``dist.all_gather(...)``) with thin wrappers that record one :class:`Call` each and then
-call the original, and ``new_group`` with a wrapper that counts the groups this process asks for. It is
+call the original, and ``new_group`` and ``split_group`` (what the SP registry calls in a world bound to a
+device) with a wrapper that counts the groups this process asks for. It is
 installed by ``dcp bench scale`` inside its own worker process and removed on exit (``with Census(...)``).
 
 Under PyTorch's fake process group (backend ``fake``: collectives return at once and move no data) a
@@ -25,6 +26,8 @@ COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_gather_object", "all
                "all_to_all_single", "barrier", "broadcast", "broadcast_object_list", "gather", "reduce",
                "reduce_scatter_tensor", "scatter", "send", "recv")
 """The torch.distributed functions counted (the ones dcp, DDP-style engines and the profiler call)."""
+GROUP_MAKERS = ("new_group", "split_group")
+"""The torch.distributed functions that create process groups (counted in ``Census.new_groups``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +68,8 @@ def _payload(kind: str, args: tuple, kwargs: dict) -> int:
 
 
 class Census:
-    """Counts collectives and ``new_group`` calls while installed (``with Census(dist): ...``)."""
+    """Counts collectives and group creations (``new_group``, ``split_group``) while installed
+    (``with Census(dist): ...``)."""
 
     def __init__(self, dist: Any, *, clock: Callable[[], int] = lambda: 0, agreeing_world: bool = False,
                  others_row: Callable[[Any], Any] | None = None) -> None:
@@ -78,11 +82,12 @@ class Census:
         self.agreeing_world = agreeing_world
         self.calls: list[Call] = []
         self.new_groups = 0
-        """new_group calls this process made (each one a group it asked torch for, member or not)."""
+        """new_group and split_group calls this process made (each one a group it asked torch for, member or
+        not)."""
         self.member_groups = 0
         """Of those, the groups that hold this rank (a real process group came back)."""
         self.new_group_s = 0.0
-        """Seconds spent inside new_group."""
+        """Seconds spent inside new_group and split_group."""
         self.own_s: dict[int, float] = {}
         """tick -> seconds the census itself spent standing in for other ranks (agreeing_world)."""
         self.tag = ""
@@ -90,12 +95,12 @@ class Census:
         self._saved: dict[str, Any] = {}
 
     def __enter__(self) -> Census:
-        for name in (*COLLECTIVES, "new_group"):
+        for name in (*COLLECTIVES, *GROUP_MAKERS):
             fn = getattr(self.dist, name, None)
             if fn is None:
                 continue
             self._saved[name] = fn
-            setattr(self.dist, name, self._new_group(fn) if name == "new_group" else self._wrap(name, fn))
+            setattr(self.dist, name, self._new_group(fn) if name in GROUP_MAKERS else self._wrap(name, fn))
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -1,18 +1,36 @@
 """SPGroupRegistry: the Ulysses groups of this rank, created once at start-up, in one order on every rank.
 
-A rank only ever runs in the blocks that hold it: at most one block per SP size. The registry creates
-just those, with ``new_group(..., use_local_synchronization=True)``: only the members of a block call it,
-so start-up costs each rank one ``new_group`` per SP size (instead of one per block of the whole world,
-about 1.9 x W calls at 4096 ranks), and a later switch of SP size is a look-up, free of communication.
+A rank only ever runs in the blocks that hold it: at most one block per SP size. How the registry creates
+them depends on the world (``creation_mode``):
 
-torch names such a group from its ranks and the number of groups the calling rank already holds, so every
-member of a block must have created the same number of groups before it. Every rank creates its blocks
-in one order (sizes ascending), and with the usual layouts (SP sizes that divide the ranks per node, or
-multiples of it) the members of a block hold the same earlier blocks; ``local_sync_safe`` checks that
-from the layout, and a layout where it fails (e.g. SP size 3 on 4 ranks per node beside size 4) falls back
-to creating every block on every rank in the same order (collective over the whole world, as torch
-requires without local synchronisation). Groups a caller creates between registries must likewise be
-created by every rank (the default ``new_group``), or by all members of every later block.
+- ``"members"`` (the default group is not bound to a device: gloo, or NCCL initialised lazily): the rank
+  creates just its own blocks, with ``new_group(..., use_local_synchronization=True)``: only the members of a
+  block call it, so start-up costs each rank one ``new_group`` per SP size (instead of one per block of the
+  whole world, about 1.9 x W calls at 4096 ranks), and a later switch of SP size is a look-up, free of
+  communication.
+- ``"split"`` (the default group is bound to a device, ``init_process_group(device_id=...)``, NCCL's eager
+  mode): torch then makes every new group by splitting the world's communicator (``ncclCommSplit``), which
+  every rank of the world must enter, members or not; ``new_group`` on a member with local synchronisation
+  would wait for ranks that never come. The registry calls ``torch.distributed.split_group`` once per SP
+  size, on every rank, with all the blocks of that size as the split (torch's contract: every rank of the
+  parent enters, with the same split); each rank gets its own block's group back, or None where it holds
+  no block of that size. Start-up is one call per SP size per rank, each one collective over the world
+  (one ncclCommSplit: an all-gather of (color, key) over the world's bootstrap network), instead of one per
+  block (about 1.9 x W world-wide splits at 4096 ranks). This is what torch's DeviceMesh does for a
+  bound world (one split_group per mesh dimension).
+- ``"world"`` (everything else): every rank creates every block, in the same order, with the default
+  ``new_group`` (collective over the whole world, as torch requires without local synchronisation): a
+  bound world where split_group cannot serve (a torch without it, or an explicit ``backend`` other than
+  the world's), or a layout that local synchronisation cannot name (below).
+
+torch names a locally synchronised group from its ranks and the number of groups the calling rank already
+holds, so every member of a block must have created the same number of groups before it. Every rank creates
+its blocks in one order (sizes ascending), and with the usual layouts (SP sizes that divide the ranks per
+node, or multiples of it) the members of a block hold the same earlier blocks; ``local_sync_safe`` checks
+that from the layout, and a layout where it fails (e.g. SP size 3 on 4 ranks per node beside size 4) falls
+back to ``"world"``. (split_group names a group from its ranks alone, so it has no such condition.) Groups
+a caller creates between registries must likewise be created by every rank (the default ``new_group``), or
+by all members of every later block.
 
 Blocks (contiguous rank ranges) for an SP size p, with W ranks and R ranks per node:
 - p <= R: blocks start at node * R + k * p and lie inside one node (the last node may hold fewer than R
@@ -23,7 +41,7 @@ Size 1 is always included: the planner gives idle ranks (and any p = 1 setting) 
 ``mgr.group`` must then be a one-rank ProcessGroup, never ``None``, because ``group=None`` means the
 whole world to torch.distributed: a user's ``all_to_all(..., group=mgr.group)`` would otherwise become a
 world-wide collective on the ranks running at SP size 1. It is this rank's own group, made by this rank
-alone.
+alone (``"members"``) or split from the world with every other rank's (``"split"``).
 """
 
 from __future__ import annotations
@@ -73,6 +91,17 @@ def local_sync_safe(blocks: list[tuple[int, int]]) -> bool:
         for r in range(first, first + p):
             held[r] = held.get(r, 0) + 1
     return True
+
+
+def creation_mode(blocks: list[tuple[int, int]], *, device_bound: bool, can_split: bool) -> str:
+    """How the registry creates the groups of ``blocks`` (module docstring): ``"split"`` (one split_group per
+    SP size, every rank), ``"members"`` (new_group with local synchronisation, members only) or ``"world"``
+    (new_group for every block on every rank). ``device_bound``: new groups are split from the world's
+    communicator (``splits_world_communicator``); ``can_split``: torch.distributed.split_group can serve
+    (present, and the requested backend is the world's)."""
+    if device_bound:
+        return "split" if can_split else "world"
+    return "members" if local_sync_safe(blocks) else "world"
 
 
 def splits_world_communicator() -> bool:
@@ -125,19 +154,47 @@ class SPGroupRegistry:
                     "call torch.distributed.init_process_group first"
                 )
             self._groups = {b: None for b in self.blocks}  # one process, no torch.distributed: nothing to name
-            self.local = True
+            self.creation = "members"
             return
         rank = dist.get_rank()
-        self.local = local_sync_safe(self.blocks) and not splits_world_communicator()
-        """True: only this rank's blocks were created (members only); False: every block, on every rank."""
+        can_split = hasattr(dist, "split_group") and (
+            backend is None or str(backend).lower() == str(dist.get_backend()).lower())
+        self.creation = creation_mode(self.blocks, device_bound=splits_world_communicator(), can_split=can_split)
+        """'members', 'split' or 'world': how this registry's groups were created (module docstring)."""
+        if self.creation == "split":
+            self._split_by_size(dist, rank, timeout)
+            return
+        local = self.creation == "members"
         for first, p in self.blocks:
             mine = first <= rank < first + p
-            if self.local and not mine:
+            if local and not mine:
                 continue
             ranks = list(range(first, first + p))
-            group = dist.new_group(ranks, backend=backend, timeout=timeout, use_local_synchronization=self.local)
+            group = dist.new_group(ranks, backend=backend, timeout=timeout, use_local_synchronization=local)
             if mine:
                 self._groups[(first, p)] = group
+
+    @property
+    def local(self) -> bool:
+        """True: only this rank's blocks were created, by their members alone (``creation == "members"``)."""
+        return self.creation == "members"
+
+    def _split_by_size(self, dist: Any, rank: int, timeout: Any) -> None:
+        """One ``split_group`` per SP size, entered by every rank of the world with every block of that size:
+        torch requires all ranks of the parent to call it with the same split (NCCL's ncclCommSplit is
+        collective over the parent communicator), and hands each rank its own block's group (None to a rank
+        in no block of that size, e.g. the short last node of a size that does not fit in it)."""
+        for p in sorted({q for _, q in self.blocks}):
+            firsts = [f for f, q in self.blocks if q == p]
+            group = dist.split_group(split_ranks=[list(range(f, f + p)) for f in firsts], timeout=timeout,
+                                     group_desc=f"dcp_sp{p}")
+            mine = [f for f in firsts if f <= rank < f + p]
+            if mine:
+                if group is None:
+                    raise RuntimeError(f"torch.distributed.split_group returned no group to rank {rank} for its SP "
+                                       f"block (first_rank={mine[0]}, sp_size={p}): the ranks disagree on the "
+                                       "split; build the registry with the same arguments on every rank")
+                self._groups[(mine[0], p)] = group
 
     def get(self, first_rank: int, sp_size: int) -> Any:
         """ProcessGroup of ranks first_rank .. first_rank + sp_size - 1 (a one-rank group for sp_size 1;

@@ -25,6 +25,7 @@ w, rank = int(sys.argv[1]), int(sys.argv[2])
 if len(sys.argv) > 3:  # a world bound to a device (NCCL's eager mode): every rank must join every split
     import dcp.runtime.registry as registry
     registry.splits_world_communicator = lambda: True
+    del dist.split_group  # a torch without split_group (its own path: tests/unit/test_registry_split.py)
 dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=w)
 with Census(dist, agreeing_world=True) as census:
     reg = SPGroupRegistry(w, 8, [1, 2, 4, 8, 16])
