@@ -1,4 +1,4 @@
-"""Paper Figure 9: weak scaling, 8 to 1024 GPUs.
+"""Paper Figure 9: weak scaling, 8 to 4096 GPUs, with the runtime's control plane charged.
 
     python paper_figures/fig9_scaling.py [--out DIR | --update-committed] [--quick]
 

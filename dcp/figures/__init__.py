@@ -1,9 +1,9 @@
 """``dcp figures``: regenerate every paper figure (PNG + CSV) from the simulator and stored results.
 
 Figures: fig4 (imbalance of bucket parallel over 140 datasets), fig5 (all-to-all overhead), fig8 (throughput
-and imbalance, 2 models x 3 datasets x 4 methods, 32 GPUs), fig9 (weak scaling 8..1024 GPUs), fig10
-(DCP-intra over DCP-inter by length). ``--quick`` uses small sample counts (seconds; for tests). Library
-code: ``from dcp.figures import make_figures``.
+and imbalance, 2 models x 3 datasets x 4 methods, 32 GPUs), fig9 (weak scaling 8..4096 GPUs, control plane
+charged), fig10 (DCP-intra over DCP-inter by length). ``--quick`` uses small sample counts (seconds; for
+tests). Library code: ``from dcp.figures import make_figures``.
 
 Output: ``runs/figures`` by default (git-ignored), so trying the command never changes the checkout. The
 committed figures in ``paper_figures/out`` are refreshed only on purpose, with ``--update-committed`` (or
