@@ -41,6 +41,10 @@ def check_lengths(values, *, what: str = "lengths", error: type[ValueError] = Va
             raise error(f"{what} ({values!r}) is not a sequence of token counts: pass one integer per sample") from None
     if not out and not allow_empty:
         raise error(f"{what} is empty: a dataset needs at least one sample")
+    # plain Python ints in range (the usual list) pass without the per-item ABC check below, which costs
+    # ~0.4 us a sample: 1.7 s per planned epoch of Figure 9's 4.1M samples at 4096 GPUs
+    if out and all(type(v) is int for v in out) and min(out) >= low and max(out) <= MAX_TOKENS:
+        return out
     for i, v in enumerate(out):
         if not isinstance(v, Integral) or isinstance(v, bool):
             raise error(f"{what}[{i}] ({v!r}) is not an integer: give whole token counts (round or cast them "

@@ -292,6 +292,15 @@ def test_check_lengths(lengths, needle):
     assert needle in str(info.value)
 
 
+def test_check_lengths_takes_plain_and_numpy_ints_alike():
+    from dcp.planner.lengths import check_lengths
+
+    for ok in ([3, 4], [3, np.int64(4)], np.array([3, 4]), (3, 4)):
+        out = check_lengths(ok)
+        assert out == [3, 4] and all(type(v) is int for v in out)
+    assert check_lengths([], allow_empty=True) == []
+
+
 def test_the_planner_refuses_non_integer_lengths():
     from dcp.config import DCPConfig
     from dcp.planner.analytic import analytic_table_for
