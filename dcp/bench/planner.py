@@ -47,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="model shape: the default config's, or a paper model (its scenario table, bf16, 80 GB)")
     parser.add_argument("--hardware", choices=tuple(HARDWARE), default="cpu",
                         help="simulated device of the table and of step_time_s (cpu = cpu-small)")
+    parser.add_argument("--dataset", default="synthetic",
+                        help="lengths: 'synthetic' (log-uniform up to the table's longest) or a distribution of "
+                             "dcp.data_dists, e.g. text or t1d-short (paper scale for a paper model, else cpu scale)")
     parser.add_argument("--step-ms", type=float, default=None,
                         help="fixed compute per step of the consumer while plans are made ahead (default: each "
                              "step's simulated time, capped at --pace-cap-ms)")
@@ -121,24 +124,35 @@ def step_pricer(table, config: DCPConfig, hardware, world_size: int) -> Callable
                                   overlap_grad_bytes=overlap, control_s=control)
 
 
+def _lengths(dataset: str, n: int, table, model: str):
+    """(lengths, shapes) of the stream: ``n`` seeded samples of the dataset (shapes None for 1D data)."""
+    from dcp.planner.lengths import synthetic_lengths
+
+    if dataset == "synthetic":
+        return synthetic_lengths(n, table.max_len, seed=1), None
+    from dcp.data_dists import load_lengths
+
+    data = load_lengths(dataset, scale="cpu" if model == DEFAULT_MODEL else "paper", num_samples=n, seed=1)
+    return data.tokens, data.shapes
+
+
 def _median(values, scale: float = 1.0, digits: int = 3) -> float:
     return round(float(np.median(values)) * scale, digits) if len(values) else float("nan")
 
 
 def bench_world_size(world_size: int, steps: int, method: str = "dcp-intra", step_ms: float | None = None,
                      busy: bool = False, ahead: str = "thread", *, model: str = DEFAULT_MODEL,
-                     hardware: str = "cpu", pace_cap_ms: float = PACE_CAP_MS) -> dict:
+                     hardware: str = "cpu", pace_cap_ms: float = PACE_CAP_MS, dataset: str = "synthetic") -> dict:
     from dcp.planner.assemble import EpochPlanner
-    from dcp.planner.lengths import synthetic_lengths
 
     table, config, hw = _setup(world_size, method, model, hardware)
     # Enough samples for `steps` full steps plus the look-ahead window: a balanced step of this workload
     # takes ~30-50 samples per rank and the default window holds ~90 per rank.
     n = (64 * (steps + 1) + 128) * world_size
-    lengths = synthetic_lengths(n, table.max_len, seed=1)
+    lengths, shapes = _lengths(dataset, n, table, model)
     price = step_pricer(table, config, hw, world_size)
     t0 = time.perf_counter()
-    planner = EpochPlanner(lengths, table, config, world_size)
+    planner = EpochPlanner(lengths, table, config, world_size, shapes=shapes)
     setup = time.perf_counter() - t0
     times, cpu, mbs, idle, step_s = [], [], [], [], []
     # The first next() also runs the per-epoch preparation of a generator; time it apart.
@@ -161,7 +175,7 @@ def bench_world_size(world_size: int, steps: int, method: str = "dcp-intra", ste
     # Planned ahead: what a rank still waits for next() when each step computes for its pace.
     paces = [step_ms] * (len(times) + 1) if step_ms is not None else [
         min(pace_cap_ms, 1e3 * s) for s in (first_s, *step_s)]
-    ex = _exposed(dict(lengths=lengths, table=table, config=config, world_size=world_size), ahead,
+    ex = _exposed(dict(lengths=lengths, table=table, config=config, world_size=world_size, shapes=shapes), ahead,
                   _python_work() if busy else _sleep, paces) * 1e3
     arr = np.asarray(times) * 1e3
     cpu_ms = _median(cpu, 1e3)
@@ -171,6 +185,7 @@ def bench_world_size(world_size: int, steps: int, method: str = "dcp-intra", ste
         "method": method,
         "model": model,
         "hardware": hw.name,
+        "dataset": dataset,
         "steps": len(times),
         "samples": samples,
         "setup_ms": round(setup * 1e3, 2),
@@ -237,6 +252,12 @@ def run(args: argparse.Namespace) -> int:
     if args.steps < 1:
         print(f"dcp bench planner: error: --steps ({args.steps}) must be >= 1: time at least one step")
         return 2
+    from dcp.data_dists import distribution_names
+
+    if args.dataset != "synthetic" and args.dataset not in distribution_names():
+        print(f"dcp bench planner: error: --dataset ({args.dataset!r}) is not 'synthetic' or one of "
+              f"{distribution_names()}: pick one of those")
+        return 2
     rows = []
     cols = (
         "world_size",
@@ -260,7 +281,7 @@ def run(args: argparse.Namespace) -> int:
     for w in (bar := tqdm(sizes, desc="bench planner", unit="W", dynamic_ncols=True)):
         bar.set_postfix_str(f"W={w}")
         r = bench_world_size(w, args.steps, args.method, args.step_ms, args.busy, args.ahead, model=args.model,
-                             hardware=args.hardware, pace_cap_ms=args.pace_cap_ms)
+                             hardware=args.hardware, pace_cap_ms=args.pace_cap_ms, dataset=args.dataset)
         rows.append(r)
         bar.write(" ".join(f"{r[c]!s:>{max(9, len(c))}}" for c in cols))
     if args.json:

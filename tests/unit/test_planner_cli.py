@@ -101,6 +101,14 @@ def test_bench_paces_the_consumer_at_the_simulated_step_time(capsys):
     assert row["model"] == "t1d-5b" and row["hardware"].startswith("NVIDIA H200") and row["pace_ms"] == 0.0
 
 
+def test_bench_plans_a_named_distribution(capsys):
+    assert _run(bench, ["--world-sizes", "8", "--steps", "2", "--dataset", "text", "--step-ms", "0", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out.splitlines()[-1])["rows"][0]
+    assert row["dataset"] == "text" and row["steps"] == 2 and row["step_time_s"] > 0
+    assert _run(bench, ["--world-sizes", "8", "--dataset", "nope"]) == 2
+    assert "--dataset ('nope') is not 'synthetic' or one of [" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("model, hardware", [("t1d-tiny", "cpu"), ("t1d-5b", "h200")])
 def test_bench_step_time_is_the_simulators(model, hardware):
     # the bench prices each plan as `dcp simulate` does: the same StepResults, step by step
@@ -142,6 +150,7 @@ def test_bench_planner_rejects_bad_arguments(capsys):
         ("8", 5, None, "--pace-cap-ms (-2.0) must be >= 0"),
     ):
         args = argparse.Namespace(world_sizes=world_sizes, steps=steps, method="dcp-intra", json=True,
-                                  step_ms=step_ms, pace_cap_ms=-2.0 if step_ms is None else 500.0)
+                                  step_ms=step_ms, pace_cap_ms=-2.0 if step_ms is None else 500.0,
+                                  dataset="synthetic")
         assert bench.run(args) == 2
         assert needle in capsys.readouterr().out
