@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dcp.config import METHODS
-from dcp.experiments.results import ResultsError, batch_label, compact, read_runs
+from dcp.experiments.results import ResultsError, compact, read_runs, targets_label
 
 METHOD_COLORS = {"bucket": "#8c8c8c", "packed": "#c9a227", "dcp-inter": "#3b75af", "dcp-intra": "#2e8b57"}
 PLOT_NAME = "summary.png"
@@ -118,12 +118,8 @@ def plot_results(results_dir: str | Path, out_path: str | Path | None = None) ->
 
 
 def rows_batch_label(rows: Sequence[dict[str, Any]]) -> str:
-    """The batch the rows were made at (results.batch_label), or that their targets differ."""
-    targets = {r["target_tokens_per_step"] for r in rows}
-    known = {t for t in targets if t == t}
-    if len(known) > 1:
-        return "tokens/step targets differ by run: " + ", ".join(compact(t) if t else "own" for t in sorted(known))
-    return batch_label(known.pop() if known else float("nan"))
+    """The batch the rows were made at (results.targets_label), or that their targets differ."""
+    return targets_label(r["target_tokens_per_step"] for r in rows)
 
 
 def _tokens_text(r: dict[str, Any]) -> str:

@@ -113,6 +113,15 @@ def batch_label(target_tokens_per_step: float) -> str:
     return f"tokens/step target {compact(target_tokens_per_step)}"
 
 
+def targets_label(targets: Iterable[float]) -> str:
+    """The batch of a set of result rows from their target_tokens_per_step: batch_label of the one target, or
+    the targets there are ('own' for unset) when they differ; NaN (not recorded) counts only when alone."""
+    known = {t for t in targets if t == t}
+    if len(known) > 1:
+        return "tokens/step targets: " + ", ".join(compact(t) if t else "own" for t in sorted(known))
+    return batch_label(known.pop() if known else float("nan"))
+
+
 def compact(n: float) -> str:
     """A token count in 3 significant figures with a k / M / G suffix: 950, 12.3k, 3.1M."""
     for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):

@@ -80,7 +80,7 @@ def test_the_batch_of_the_rows_is_stated():
     targeted = [_row(str(i), m, "b", 1.0) | {"target_tokens_per_step": 2e6} for i, m in enumerate(("bucket", "x"))]
     assert rows_batch_label(targeted) == "tokens/step target 2M"
     mixed = [targeted[0], _row("3", "dcp-intra", "b", 1.0)]
-    assert rows_batch_label(mixed) == "tokens/step targets differ by run: own, 2M"
+    assert rows_batch_label(mixed) == "tokens/step targets: own, 2M"
     assert rows_batch_label([_row("1", "bucket", "b", 1.0) | {"target_tokens_per_step": float("nan")}]) == (
         "tokens/step not recorded")
 
