@@ -50,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", default="synthetic",
                         help="lengths: 'synthetic' (log-uniform up to the table's longest) or a distribution of "
                              "dcp.data_dists, e.g. text or t1d-short (paper scale for a paper model, else cpu scale)")
+    parser.add_argument("--samples-per-rank", type=int, default=0,
+                        help="length of the stream per rank (default 0: 64 (steps + 1) + 128, enough for the synthetic "
+                             "stream; a dataset of short documents puts more samples in a step and needs more)")
     parser.add_argument("--step-ms", type=float, default=None,
                         help="fixed compute per step of the consumer while plans are made ahead (default: each "
                              "step's simulated time, capped at --pace-cap-ms)")
@@ -142,13 +145,14 @@ def _median(values, scale: float = 1.0, digits: int = 3) -> float:
 
 def bench_world_size(world_size: int, steps: int, method: str = "dcp-intra", step_ms: float | None = None,
                      busy: bool = False, ahead: str = "thread", *, model: str = DEFAULT_MODEL,
-                     hardware: str = "cpu", pace_cap_ms: float = PACE_CAP_MS, dataset: str = "synthetic") -> dict:
+                     hardware: str = "cpu", pace_cap_ms: float = PACE_CAP_MS, dataset: str = "synthetic",
+                     samples_per_rank: int = 0) -> dict:
     from dcp.planner.assemble import EpochPlanner
 
     table, config, hw = _setup(world_size, method, model, hardware)
     # Enough samples for `steps` full steps plus the look-ahead window: a balanced step of this workload
     # takes ~30-50 samples per rank and the default window holds ~90 per rank.
-    n = (64 * (steps + 1) + 128) * world_size
+    n = (samples_per_rank or 64 * (steps + 1) + 128) * world_size
     lengths, shapes = _lengths(dataset, n, table, model)
     price = step_pricer(table, config, hw, world_size)
     t0 = time.perf_counter()
@@ -252,6 +256,10 @@ def run(args: argparse.Namespace) -> int:
     if args.steps < 1:
         print(f"dcp bench planner: error: --steps ({args.steps}) must be >= 1: time at least one step")
         return 2
+    if args.samples_per_rank < 0:
+        print(f"dcp bench planner: error: --samples-per-rank ({args.samples_per_rank}) must be >= 0: 0 sizes the "
+              "stream for --steps, e.g. 2000 for short documents")
+        return 2
     from dcp.data_dists import distribution_names
 
     if args.dataset != "synthetic" and args.dataset not in distribution_names():
@@ -281,7 +289,8 @@ def run(args: argparse.Namespace) -> int:
     for w in (bar := tqdm(sizes, desc="bench planner", unit="W", dynamic_ncols=True)):
         bar.set_postfix_str(f"W={w}")
         r = bench_world_size(w, args.steps, args.method, args.step_ms, args.busy, args.ahead, model=args.model,
-                             hardware=args.hardware, pace_cap_ms=args.pace_cap_ms, dataset=args.dataset)
+                             hardware=args.hardware, pace_cap_ms=args.pace_cap_ms, dataset=args.dataset,
+                             samples_per_rank=args.samples_per_rank)
         rows.append(r)
         bar.write(" ".join(f"{r[c]!s:>{max(9, len(c))}}" for c in cols))
     if args.json:

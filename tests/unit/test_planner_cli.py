@@ -107,6 +107,13 @@ def test_bench_plans_a_named_distribution(capsys):
     assert row["dataset"] == "text" and row["steps"] == 2 and row["step_time_s"] > 0
     assert _run(bench, ["--world-sizes", "8", "--dataset", "nope"]) == 2
     assert "--dataset ('nope') is not 'synthetic' or one of [" in capsys.readouterr().out
+    # the stream's length: all of it planned when it is short
+    assert _run(bench, ["--world-sizes", "4", "--steps", "50", "--samples-per-rank", "40", "--step-ms", "0",
+                        "--json"]) == 0
+    row = json.loads(capsys.readouterr().out.splitlines()[-1])["rows"][0]
+    assert row["samples"] == 160 and row["steps"] < 50
+    assert _run(bench, ["--world-sizes", "4", "--samples-per-rank", "-1"]) == 2
+    assert "--samples-per-rank (-1) must be >= 0" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("model, hardware", [("t1d-tiny", "cpu"), ("t1d-5b", "h200")])
@@ -151,6 +158,6 @@ def test_bench_planner_rejects_bad_arguments(capsys):
     ):
         args = argparse.Namespace(world_sizes=world_sizes, steps=steps, method="dcp-intra", json=True,
                                   step_ms=step_ms, pace_cap_ms=-2.0 if step_ms is None else 500.0,
-                                  dataset="synthetic")
+                                  dataset="synthetic", samples_per_rank=0)
         assert bench.run(args) == 2
         assert needle in capsys.readouterr().out
