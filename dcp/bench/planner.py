@@ -150,8 +150,9 @@ def bench_world_size(world_size: int, steps: int, method: str = "dcp-intra", ste
     from dcp.planner.assemble import EpochPlanner
 
     table, config, hw = _setup(world_size, method, model, hardware)
-    # Enough samples for `steps` full steps plus the look-ahead window: a balanced step of this workload
-    # takes ~30-50 samples per rank and the default window holds ~90 per rank.
+    # Enough samples for `steps` full steps plus the look-ahead window: a balanced step of the synthetic
+    # workload takes ~30-50 samples per rank and the default window holds ~90 per rank (short documents put
+    # more in a step: --samples-per-rank).
     n = (samples_per_rank or 64 * (steps + 1) + 128) * world_size
     lengths, shapes = _lengths(dataset, n, table, model)
     price = step_pricer(table, config, hw, world_size)
