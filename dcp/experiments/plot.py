@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dcp.config import METHODS
-from dcp.experiments.results import ResultsError, read_runs
+from dcp.experiments.results import ResultsError, compact, read_runs, targets_label
 
 METHOD_COLORS = {"bucket": "#8c8c8c", "packed": "#c9a227", "dcp-inter": "#3b75af", "dcp-intra": "#2e8b57"}
 PLOT_NAME = "summary.png"
@@ -24,7 +24,8 @@ TABLE_LEGEND = (
     "over bucket's on the same model, dataset and W (runs may hold different samples: see dcp demo for a paired, "
     "repeated comparison) | ideal: the measured steps' time at the ideal bound / their measured time (no idle, "
     "no sync, every sample at its best setting in the profile table) | adj: ideal over bucket's, a speedup that "
-    "does not depend on which samples each run's steps held (the per-step update still counts, as in tok/s)"
+    "does not depend on which samples each run's steps held (the per-step update still counts, as in tok/s) | "
+    "tok/step min/med/max: tokens of the measured steps (the global batch; target: planning.tokens_per_step)"
 )
 """One line under the table that explains every column."""
 
@@ -108,12 +109,22 @@ def plot_results(results_dir: str | Path, out_path: str | Path | None = None) ->
     meta = rows[0]
     fig.suptitle(f"DCP vs baselines: real runs on {meta['device']} processes, speedup vs bucket (adj: of the ideal "
                  "fraction, free of which samples each run's steps held)\n"
-                 f"(git {meta['git_sha']}, {meta['sweep']})", fontsize=10)
+                 f"(git {meta['git_sha']}, {meta['sweep']}; {rows_batch_label(rows)})", fontsize=10)
     fig.tight_layout()
     out = Path(out_path) if out_path else Path(results_dir) / PLOT_NAME
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
+
+
+def rows_batch_label(rows: Sequence[dict[str, Any]]) -> str:
+    """The batch the rows were made at (results.targets_label), or that their targets differ."""
+    return targets_label(r["target_tokens_per_step"] for r in rows)
+
+
+def _tokens_text(r: dict[str, Any]) -> str:
+    values = (r["tokens_per_step_min"], r["tokens_per_step_median"], r["tokens_per_step_max"])
+    return "-" if any(v != v for v in values) else "/".join(compact(v) for v in values)
 
 
 def format_table(rows: Sequence[dict[str, Any]], baseline: str = "bucket") -> str:
@@ -123,7 +134,8 @@ def format_table(rows: Sequence[dict[str, Any]], baseline: str = "bucket") -> st
     spd = speedups(rows, baseline)
     adj = speedups(rows, baseline, "ideal_fraction")
     head = (f"{'model':<10} {'dataset':<9} {'W':>2} {'method':<10} {'tok/s':>9} {'step-med':>9} {'step_s':>7} "
-            f"{'pred_s':>8} {'idle':>6} {'p_idle':>6} {'speedup':>8} {'ideal':>6} {'adj':>6}")
+            f"{'pred_s':>8} {'idle':>6} {'p_idle':>6} {'speedup':>8} {'ideal':>6} {'adj':>6} "
+            f"{'tok/step min/med/max':>20}")
     lines = [head, "-" * len(head)]
     order = {m: i for i, m in enumerate(METHODS)}
     for r in sorted(rows, key=lambda r: (r["model"], r["dataset"], r["world_size"], order.get(r["method"], 9))):
@@ -134,6 +146,7 @@ def format_table(rows: Sequence[dict[str, Any]], baseline: str = "bucket") -> st
         lines.append(
             f"{r['model']:<10} {r['dataset']:<9} {r['world_size']:>2} {r['method']:<10} {r['tokens_per_s']:>9.0f} "
             f"{r['tokens_per_s_median']:>9.0f} {r['step_time_s']:>7.3f} {r['predicted_step_time_s']:>8.3f} {r['idle_ratio']:>6.2f} "
-            f"{r['predicted_idle_ratio']:>6.2f} {s_txt:>8} {r['ideal_fraction']:>6.2f} {a_txt:>6}"
+            f"{r['predicted_idle_ratio']:>6.2f} {s_txt:>8} {r['ideal_fraction']:>6.2f} {a_txt:>6} "
+            f"{_tokens_text(r):>20}"
         )
-    return "\n".join(lines)
+    return "\n".join([*lines, f"# {rows_batch_label(rows)}"])

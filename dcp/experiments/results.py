@@ -28,6 +28,7 @@ RUN_COLUMNS = (
     "steps", "samples", "tokens", "tokens_per_s", "tokens_per_s_median", "ideal_fraction", "step_time_s",
     "step_time_std_s", "predicted_step_time_s", "idle_ratio", "predicted_idle_ratio", "peak_mem_gib", "mem_meter", "predicted_peak_mem_gib",
     "profile_source", "executor", "wall_s", "load_avg_1m", "timestamp",
+    "tokens_per_step_min", "tokens_per_step_median", "tokens_per_step_max", "target_tokens_per_step",
 )
 """runs.csv columns. step_time_s is the measured mean wall time of an optimizer step (rank 0, from one
 step's start to the next's; every step ends in the all-rank gradient sync and the optimizer); tokens_per_s_median is the median over steps of a step's tokens / its
@@ -38,7 +39,11 @@ samples a run's few steps happened to hold (the per-step update stays in the mea
 fewer, larger steps pay it less often); idle_ratio is the measured GPU-weighted idle fraction of the
 compute part (see idle_ratio_from_busy); the predicted_* columns come from the plans. load_avg_1m is the
 host's 1-minute load average when the run ended: above the core count, other processes shared the cores
-and the timings are inflated."""
+and the timings are inflated. tokens_per_step_min / _median / _max are the tokens of the measured steps (the
+global batch each trained) and target_tokens_per_step the run's planning.tokens_per_step (0: unset, each method
+its own batch); a runs.csv of an older dcp, without these four, reads them as NaN (LEGACY_RUN_COLUMNS)."""
+LEGACY_RUN_COLUMNS = RUN_COLUMNS[:-4]
+"""runs.csv columns before tokens per step was recorded (issue 24): still read, and upgraded on append."""
 
 STEP_COLUMNS = (
     "run_id", "method", "model", "dataset", "world_size", "step", "predicted_step_time_s",
@@ -89,8 +94,45 @@ def group_busy_s(busy_s: Sequence[float], groups: Sequence[tuple[int, int]]) -> 
     return out
 
 
-def summarize_run(step_records: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """Run-level figures from measured step records (keys as in steps.csv, one record per step).
+def tokens_per_step_columns(step_tokens: Sequence[int], target_tokens_per_step: int = 0) -> dict[str, Any]:
+    """tokens_per_step_min / _median / _max of the steps' tokens and target_tokens_per_step (0: unset): the
+    global batch a result row was made at, for runs.csv and the figures' CSVs."""
+    if not len(step_tokens):
+        raise ResultsError("step_tokens ([]) is empty: pass the tokens of at least one step")
+    return {"tokens_per_step_min": int(min(step_tokens)), "tokens_per_step_median": statistics.median(step_tokens),
+            "tokens_per_step_max": int(max(step_tokens)), "target_tokens_per_step": int(target_tokens_per_step)}
+
+
+def batch_label(target_tokens_per_step: float) -> str:
+    """The batch results were made at, for a figure's title: 'tokens/step target 3.1M', or 'tokens/step: each
+    method its own' (0: planning.tokens_per_step unset), or 'tokens/step not recorded' (NaN: an older runs.csv)."""
+    if target_tokens_per_step != target_tokens_per_step:
+        return "tokens/step not recorded"
+    if not target_tokens_per_step:
+        return "tokens/step: each method its own"
+    return f"tokens/step target {compact(target_tokens_per_step)}"
+
+
+def targets_label(targets: Iterable[float]) -> str:
+    """The batch of a set of result rows from their target_tokens_per_step: batch_label of the one target, or
+    the targets there are ('own' for unset) when they differ; NaN (not recorded) counts only when alone."""
+    known = {t for t in targets if t == t}
+    if len(known) > 1:
+        return "tokens/step targets: " + ", ".join(compact(t) if t else "own" for t in sorted(known))
+    return batch_label(known.pop() if known else float("nan"))
+
+
+def compact(n: float) -> str:
+    """A token count in 3 significant figures with a k / M / G suffix: 950, 12.3k, 3.1M."""
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:.3g}"
+
+
+def summarize_run(step_records: Sequence[dict[str, Any]], target_tokens_per_step: int = 0) -> dict[str, float]:
+    """Run-level figures from measured step records (keys as in steps.csv, one record per step); the tokens per
+    step columns (tokens_per_step_columns) with the run's planning.tokens_per_step as the target.
 
     tokens_per_s is total tokens over total measured step time (not a mean of ratios), so long steps
     weigh in proportion to their duration.
@@ -111,6 +153,7 @@ def summarize_run(step_records: Sequence[dict[str, Any]]) -> dict[str, float]:
             for r in step_records
         ),
         "ideal_fraction": ideal_t / total_t if total_t > 0 else float("nan"),
+        **tokens_per_step_columns([int(r["tokens"]) for r in step_records], target_tokens_per_step),
         "step_time_s": statistics.fmean(times),
         "step_time_std_s": statistics.pstdev(times) if len(times) > 1 else 0.0,
         "predicted_step_time_s": statistics.fmean(float(r["predicted_step_time_s"]) for r in step_records),
@@ -160,6 +203,20 @@ def _fmt(v: Any) -> Any:
     return f"{v:.6g}" if isinstance(v, float) else v
 
 
+def _upgrade_legacy_runs(path: Path) -> None:
+    """A runs.csv of an older dcp (LEGACY_RUN_COLUMNS) gets the tokens-per-step columns, blank in its rows
+    (not recorded), so that new rows can be appended to it."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    text = read_csv_text(path, what="results file", error=ResultsError,
+                         fix="delete its last, cut line (or the file) and run again")
+    lines = text.splitlines()
+    if tuple(next(csv.reader(lines[:1]), ())) != LEGACY_RUN_COLUMNS:
+        return
+    blank = "," * (len(RUN_COLUMNS) - len(LEGACY_RUN_COLUMNS))
+    write_text(path, "\n".join([",".join(RUN_COLUMNS), *(line + blank for line in lines[1:])]) + "\n")
+
+
 def write_results(
     out_dir: str | Path,
     run_rows: Sequence[dict[str, Any]],
@@ -171,6 +228,7 @@ def write_results(
     """Append rows to runs.csv / steps.csv in ``out_dir`` and merge the resolved configs into config.json."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    _upgrade_legacy_runs(out / RUNS_CSV)
     _append_csv(out / RUNS_CSV, RUN_COLUMNS, run_rows)
     _append_csv(out / STEPS_CSV, STEP_COLUMNS, step_rows)
     cfg_path = out / CONFIG_JSON
@@ -199,9 +257,10 @@ def read_config(results_dir: str | Path) -> dict[str, Any]:
 def is_results_folder(folder: Path) -> bool:
     """True when ``folder`` holds only a sweep's result files, in their shape (runs.csv with RUN_COLUMNS,
     config.json with 'runs'): a results folder of a dcp that did not mark its folders, safe to append to."""
-    return holds_only(folder, {RUNS_CSV, STEPS_CSV, CONFIG_JSON, "summary.png"},
-                      {RUNS_CSV: RUN_COLUMNS, STEPS_CSV: STEP_COLUMNS}, CONFIG_JSON,
-                      lambda doc: isinstance(doc, dict) and isinstance(doc.get("runs"), dict))
+    return any(holds_only(folder, {RUNS_CSV, STEPS_CSV, CONFIG_JSON, "summary.png"},
+                          {RUNS_CSV: runs, STEPS_CSV: STEP_COLUMNS}, CONFIG_JSON,
+                          lambda doc: isinstance(doc, dict) and isinstance(doc.get("runs"), dict))
+               for runs in (RUN_COLUMNS, LEGACY_RUN_COLUMNS))
 
 
 def read_runs(results_dir: str | Path) -> list[dict[str, Any]]:
@@ -222,9 +281,10 @@ def read_runs(results_dir: str | Path) -> list[dict[str, Any]]:
         read_csv_text(path, what="results file", error=ResultsError,
                       fix="delete its last, cut line (or re-run the sweep into a new --out folder)")
     reader = csv.DictReader(io.StringIO(text, newline=""))
-    if tuple(reader.fieldnames or ()) != RUN_COLUMNS:
+    if tuple(reader.fieldnames or ()) not in (RUN_COLUMNS, LEGACY_RUN_COLUMNS):
         raise ResultsError(f"{path} has columns {reader.fieldnames}, not {list(RUN_COLUMNS)}: re-run the sweep")
-    rows = [dict(r) for r in reader]
+    # an older dcp's rows did not record tokens per step: NaN, not a made-up figure
+    rows = [{c: "" for c in RUN_COLUMNS} | dict(r) for r in reader]
     for line, r in enumerate(rows, start=2):
         for k, v in r.items():
             try:

@@ -193,7 +193,7 @@ def load_doc(table: Any, run_load: float) -> dict:
 
 
 def _run_row(run: RunSpec, run_id: str, info: GroupInfo, steps: list[dict], extra: dict, wall: float) -> dict:
-    summary = summarize_run(steps)
+    summary = summarize_run(steps, run.config.planning.tokens_per_step)  # target 0: unset, each method its own
     return {
         "run_id": run_id,
         "git_sha": info.git_sha,

@@ -55,11 +55,34 @@ def progress(msg: str) -> None:
     tqdm.write(f"  {msg}", file=sys.stderr)
 
 
-def simulate_methods(lengths: Sequence[int], model_name: str, hardware_name: str, world_size: int,
-                     methods: Sequence[str] = METHODS, *, table: Any = None,
-                     shapes: Sequence[tuple[int, int]] | None = None, gmin: int = 1, gmax: int = 4,
-                     lookahead_per_rank: int = LOOKAHEAD_PER_RANK) -> dict[str, Any]:
-    """SimResult per method for one (lengths, model, hardware, GPUs); one analytic table shared by all."""
+@dataclass(kw_only=True, slots=True, frozen=True)
+class MethodRun:
+    """One method's simulated epoch, the tokens of its optimizer steps and the batch it was asked for."""
+
+    result: Any
+    """The epoch's SimResult."""
+    step_tokens: tuple[int, ...]
+    """Tokens of every optimizer step (the global batch each trained)."""
+    target_tokens_per_step: int
+    """planning.tokens_per_step of the run (0: unset, the method's own batch)."""
+
+    def columns(self) -> dict[str, Any]:
+        """The CSV columns every figure row of a method carries: samples, steps, throughput, idle, the ideal
+        fraction and tokens per step (min / median / max, and the target)."""
+        from dcp.experiments.results import tokens_per_step_columns
+
+        r = self.result
+        return {"samples": r.num_samples, "steps": r.num_steps, "tokens_per_s": r.tokens_per_s,
+                "idle_ratio": r.idle_ratio, "ideal_fraction": r.ideal_fraction,
+                **tokens_per_step_columns(self.step_tokens, self.target_tokens_per_step)}
+
+
+def simulate_runs(lengths: Sequence[int], model_name: str, hardware_name: str, world_size: int,
+                  methods: Sequence[str] = METHODS, *, table: Any = None,
+                  shapes: Sequence[tuple[int, int]] | None = None, gmin: int = 1, gmax: int = 4,
+                  lookahead_per_rank: int = LOOKAHEAD_PER_RANK, tokens_per_step: int = 0) -> dict[str, MethodRun]:
+    """MethodRun per method for one (lengths, model, hardware, GPUs); one analytic table shared by all;
+    ``tokens_per_step`` is every run's planning.tokens_per_step (0: unset, each method its own batch)."""
     from dcp.sim.cluster import simulate, stronger_bucket
     from dcp.sim.scenario import paper_config, paper_table, scenario
 
@@ -69,13 +92,33 @@ def simulate_methods(lengths: Sequence[int], model_name: str, hardware_name: str
     # "bucket" is the stronger (higher tokens/s) of Open-Sora's rule and its searched variant (bucket-search)
     for m in (*methods, "bucket-search") if "bucket" in methods else methods:
         cfg = paper_config(sc, m, gmin=gmin, gmax=gmax)
-        cfg = cfg.replace(planning=dataclasses.replace(cfg.planning,
+        cfg = cfg.replace(planning=dataclasses.replace(cfg.planning, tokens_per_step=tokens_per_step,
                                                        lookahead_samples=lookahead_per_rank * world_size))
-        out[m] = simulate(lengths, table, cfg, world_size, hardware=sc.hardware, shapes=shapes)
+        result, steps = simulate(lengths, table, cfg, world_size, hardware=sc.hardware, shapes=shapes,
+                                 return_steps=True)
+        out[m] = MethodRun(result=result, step_tokens=tuple(s.tokens for s in steps),
+                           target_tokens_per_step=tokens_per_step)
     if "bucket" in methods:
-        out["bucket"] = out[stronger_bucket(out)]
+        out["bucket"] = out[stronger_bucket({m: run.result for m, run in out.items()})]
         del out["bucket-search"]
     return out
+
+
+def simulate_methods(lengths: Sequence[int], model_name: str, hardware_name: str, world_size: int,
+                     methods: Sequence[str] = METHODS, **kwargs: Any) -> dict[str, Any]:
+    """SimResult per method (simulate_runs without the step tokens)."""
+    return {m: run.result for m, run in simulate_runs(lengths, model_name, hardware_name, world_size, methods,
+                                                       **kwargs).items()}
+
+
+def batch_title(rows: Sequence[dict[str, Any]], *, peers: bool = False) -> str:
+    """The batch a figure's rows were made at, for its title: 'tokens/step target 3.1M' or 'tokens/step: each
+    method its own' (with ``peers``: the peers then hold bucket's mean, ``dcp.planner.peers``)."""
+    from dcp.experiments.results import targets_label
+
+    text = targets_label(r["target_tokens_per_step"] for r in rows)
+    unset = all(r["target_tokens_per_step"] == 0 for r in rows)
+    return text + ("; peers at bucket's mean" if peers and unset else "")
 
 
 def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> Path:

@@ -45,6 +45,9 @@ def test_two_step_sweep_end_to_end(tmp_path):
         assert 0.0 <= r["idle_ratio"] < 1.0 and 0.0 <= r["predicted_idle_ratio"] < 1.0
         assert r["peak_mem_gib"] > 0
         assert r["tokens_per_s"] == pytest.approx(r["tokens"] / r["step_time_s"], rel=1e-3)
+        # one measured step: its tokens are the min, median and max; no planning.tokens_per_step set
+        assert r["tokens_per_step_min"] == r["tokens_per_step_median"] == r["tokens_per_step_max"] == r["tokens"]
+        assert r["target_tokens_per_step"] == 0
     with (out / "steps.csv").open() as f:
         steps = list(csv.DictReader(f))
     assert tuple(steps[0]) == STEP_COLUMNS

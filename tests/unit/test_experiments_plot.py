@@ -23,7 +23,8 @@ def _row(run_id, method, dataset, tput, w=2, model="t1d-tiny", ideal=0.5):
                world_size=w, device="cpu", tokens_per_s=tput, ideal_fraction=ideal, step_time_s=1.0,
                predicted_step_time_s=0.9,
                idle_ratio=0.2, predicted_idle_ratio=0.1, mem_meter="saved", profile_source="profiled",
-               executor="manager", timestamp="now")
+               executor="manager", timestamp="now", tokens_per_step_min=1234, tokens_per_step_median=3400.0,
+               tokens_per_step_max=5600, target_tokens_per_step=0)
     return row
 
 
@@ -64,9 +65,24 @@ def test_plot_and_table_from_csv_only(results_dir):
     lines = table.splitlines()
     intra = next(line for line in lines if "dcp-intra" in line and "balanced" in line)
     # tok/s speedup 2.00x; the sample-mix-free one: ideal fraction 0.60 over bucket's 0.40
-    assert intra.split()[-3:] == ["2.00x", "0.60", "1.50x"]
+    assert intra.split()[-4:-1] == ["2.00x", "0.60", "1.50x"]
     short = next(line for line in lines if "short" in line)
-    assert short.split()[-3:] == ["-", "0.50", "-"]
+    assert short.split()[-4:-1] == ["-", "0.50", "-"]
+    # tokens per step beside throughput, and the batch the rows were made at (issue 24)
+    assert "tok/step min/med/max" in lines[0] and intra.split()[-1] == "1.23k/3.4k/5.6k"
+    assert lines[-1] == "# tokens/step: each method its own"
+
+
+def test_the_batch_of_the_rows_is_stated():
+    from dcp.experiments.plot import rows_batch_label
+
+    assert rows_batch_label([_row("1", "bucket", "b", 1.0)]) == "tokens/step: each method its own"
+    targeted = [_row(str(i), m, "b", 1.0) | {"target_tokens_per_step": 2e6} for i, m in enumerate(("bucket", "x"))]
+    assert rows_batch_label(targeted) == "tokens/step target 2M"
+    mixed = [targeted[0], _row("3", "dcp-intra", "b", 1.0)]
+    assert rows_batch_label(mixed) == "tokens/step targets: own, 2M"
+    assert rows_batch_label([_row("1", "bucket", "b", 1.0) | {"target_tokens_per_step": float("nan")}]) == (
+        "tokens/step not recorded")
 
 
 def _args(*argv):

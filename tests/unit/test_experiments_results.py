@@ -10,11 +10,13 @@ import pytest
 
 from dcp.experiments.results import (
     CONFIG_JSON,
+    LEGACY_RUN_COLUMNS,
     RUN_COLUMNS,
     RUNS_CSV,
     STEP_COLUMNS,
     STEPS_CSV,
     ResultsError,
+    batch_label,
     group_busy_s,
     idle_ratio_from_busy,
     read_runs,
@@ -94,6 +96,21 @@ def test_summarize_run_uses_total_tokens_over_total_time_and_time_weighted_idle(
         summarize_run([])
 
 
+def test_summarize_run_reports_tokens_per_step_and_the_target():
+    # the global batch each measured step trained, min / median / max, beside the run's target (issue 24)
+    s = summarize_run(_steps([1.0, 3.0, 2.0], [100, 500, 200], [0.0, 0.4, 0.1]))
+    assert (s["tokens_per_step_min"], s["tokens_per_step_median"], s["tokens_per_step_max"]) == (100, 200, 500)
+    assert s["target_tokens_per_step"] == 0  # unset: each method its own batch
+    assert summarize_run(_steps([1.0], [300], [0.0]), 250)["target_tokens_per_step"] == 250
+
+
+def test_batch_label_names_the_target_or_says_there_is_none():
+    assert batch_label(3_100_000) == "tokens/step target 3.1M"
+    assert batch_label(12_345) == "tokens/step target 12.3k"
+    assert batch_label(0) == "tokens/step: each method its own"
+    assert batch_label(float("nan")) == "tokens/step not recorded"
+
+
 def _run_row(run_id: str, method: str = "bucket", tput: float = 100.0) -> dict:
     row = {c: 0 for c in RUN_COLUMNS}
     row.update(run_id=run_id, git_sha="abc", config_hash="h" + run_id, sweep="t", method=method, model="t1d-tiny",
@@ -144,6 +161,28 @@ def test_read_runs_requires_csv_and_config_beside_it(tmp_path):
     (tmp_path / CONFIG_JSON).unlink()
     with pytest.raises(ResultsError, match=r"config\.json is missing beside runs\.csv"):
         read_runs(tmp_path)
+
+
+def test_an_older_runs_csv_reads_tokens_per_step_as_nan_and_is_upgraded_on_append(tmp_path):
+    # a runs.csv written before tokens per step was recorded (e.g. experiments/results/cpu_small)
+    old = {c: v for c, v in _run_row("a").items() if c in LEGACY_RUN_COLUMNS}
+    (tmp_path / RUNS_CSV).write_text(",".join(LEGACY_RUN_COLUMNS) + "\n"
+                                     + ",".join(str(old[c]) for c in LEGACY_RUN_COLUMNS) + "\n")
+    (tmp_path / CONFIG_JSON).write_text('{"sweep": {}, "runs": {}}\n')
+    from dcp.experiments.results import is_results_folder
+
+    assert is_results_folder(tmp_path)  # adopted by `dcp sweep --out`, as before
+    (row,) = read_runs(tmp_path)
+    assert row["tokens_per_s"] == 100.0
+    assert all(math.isnan(row[c]) for c in RUN_COLUMNS[len(LEGACY_RUN_COLUMNS):])
+    new = _run_row("b") | {"tokens_per_step_min": 10, "tokens_per_step_median": 20.0, "tokens_per_step_max": 30,
+                           "target_tokens_per_step": 0}
+    write_results(tmp_path, [new], [], sweep={}, run_configs={})
+    with (tmp_path / RUNS_CSV).open() as f:
+        assert tuple(next(csv.reader(f))) == RUN_COLUMNS
+    a, b = read_runs(tmp_path)
+    assert math.isnan(a["tokens_per_step_median"]) and a["tokens_per_s"] == 100.0
+    assert (b["tokens_per_step_min"], b["tokens_per_step_median"], b["target_tokens_per_step"]) == (10, 20, 0)
 
 
 def test_read_runs_parses_nan(tmp_path):

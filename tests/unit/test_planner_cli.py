@@ -81,7 +81,55 @@ def test_bench_rows_and_json(capsys):
     assert [r["world_size"] for r in rows] == [4, 12]
     assert all(r["steps"] == 5 and r["median_ms"] > 0 and r["p99_ms"] >= r["median_ms"] for r in rows)
     assert all(r["exposed_median_ms"] >= 0 and 0 <= r["idle_median"] < 1 for r in rows)
+    # the simulated step time of the same plans and the planner's CPU share of it (issue 24)
+    for r in rows:
+        assert r["step_time_s"] > 0 and r["pace_ms"] == 1.0 and r["plan_exposed_ms"] == r["exposed_median_ms"]
+        assert r["planning_share"] == pytest.approx(r["cpu_median_ms"] / (1e3 * r["step_time_s"]), rel=1e-3)
+        assert r["model"] == "t1d-tiny" and r["hardware"] == "cpu-small"
     assert len(out) == 4  # header, two rows, json
+    assert "step_time_s" in out[0] and "planning_share" in out[0] and "plan_exposed_ms" in out[0]
+
+
+def test_bench_paces_the_consumer_at_the_simulated_step_time(capsys):
+    # without --step-ms the consumer spends each step's simulated time, capped (cpu-small steps last seconds)
+    assert _run(bench, ["--world-sizes", "8", "--steps", "3", "--pace-cap-ms", "2", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out.splitlines()[-1])["rows"][0]
+    assert row["pace_ms"] == min(2.0, round(1e3 * row["step_time_s"], 3))
+    assert _run(bench, ["--world-sizes", "8", "--steps", "2", "--pace-cap-ms", "1e9", "--model", "t1d-5b",
+                        "--hardware", "h200", "--step-ms", "0", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out.splitlines()[-1])["rows"][0]
+    assert row["model"] == "t1d-5b" and row["hardware"].startswith("NVIDIA H200") and row["pace_ms"] == 0.0
+
+
+def test_bench_plans_a_named_distribution(capsys):
+    assert _run(bench, ["--world-sizes", "8", "--steps", "2", "--dataset", "text", "--step-ms", "0", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out.splitlines()[-1])["rows"][0]
+    assert row["dataset"] == "text" and row["steps"] == 2 and row["step_time_s"] > 0
+    assert _run(bench, ["--world-sizes", "8", "--dataset", "nope"]) == 2
+    assert "--dataset ('nope') is not 'synthetic' or one of [" in capsys.readouterr().out
+    # the stream's length: all of it planned when it is short
+    assert _run(bench, ["--world-sizes", "4", "--steps", "50", "--samples-per-rank", "40", "--step-ms", "0",
+                        "--json"]) == 0
+    row = json.loads(capsys.readouterr().out.splitlines()[-1])["rows"][0]
+    assert row["samples"] == 160 and row["steps"] < 50
+    assert _run(bench, ["--world-sizes", "4", "--samples-per-rank", "-1"]) == 2
+    assert "--samples-per-rank (-1) must be >= 0" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("model, hardware", [("t1d-tiny", "cpu"), ("t1d-5b", "h200")])
+def test_bench_step_time_is_the_simulators(model, hardware):
+    # the bench prices each plan as `dcp simulate` does: the same StepResults, step by step
+    from dcp.planner.assemble import EpochPlanner
+    from dcp.sim.cluster import simulate
+
+    table, config, hw = bench._setup(8, "dcp-intra", model, hardware)
+    lengths = synthetic_lengths(3000, table.max_len, seed=3)
+    _, steps = simulate(lengths, table, config, 8, hardware=hw, return_steps=True)
+    price = bench.step_pricer(table, config, hw, 8)
+    mine = [price(p) for p in EpochPlanner(lengths, table, config, 8)]
+    assert len(mine) == len(steps) > 1
+    assert [s.step_time_s for s in mine] == pytest.approx([s.step_time_s for s in steps])
+    assert all(s.sync_time_s > 0 and s.optimizer_time_s > 0 for s in mine)
 
 
 def test_bench_busy_consumer(capsys):
@@ -106,8 +154,10 @@ def test_bench_planner_rejects_bad_arguments(capsys):
         ("0", 5, 200.0, "must be integers in [1, 131,072]"),
         ("8", 0, 200.0, "--steps (0) must be >= 1"),
         ("8", 5, -1.0, "--step-ms (-1.0) must be >= 0"),
+        ("8", 5, None, "--pace-cap-ms (-2.0) must be >= 0"),
     ):
         args = argparse.Namespace(world_sizes=world_sizes, steps=steps, method="dcp-intra", json=True,
-                                  step_ms=step_ms)
+                                  step_ms=step_ms, pace_cap_ms=-2.0 if step_ms is None else 500.0,
+                                  dataset="synthetic", samples_per_rank=0)
         assert bench.run(args) == 2
         assert needle in capsys.readouterr().out
