@@ -8,13 +8,22 @@ import math
 
 import numpy as np
 
+from dcp.planner.balance import balance
 from dcp.planner.build import place_and_build, placed_groups
 from dcp.planner.epoch import EpochArrays, EpochProgress
 from dcp.planner.improve import idle, improve, join_head, work
 from dcp.planner.packing import pack
 from dcp.planner.plan import StepPlan
 from dcp.planner.step_tokens import token_target
-from dcp.planner.tuning import HEAD_ALONE, RETRY_IDLE, RETRY_STRETCH, SHORTER_GAIN, WINDOW_WORK_FACTOR
+from dcp.planner.tuning import (
+    FILL_LONG,
+    FILL_LONG_GAIN,
+    HEAD_ALONE,
+    RETRY_IDLE,
+    RETRY_STRETCH,
+    SHORTER_GAIN,
+    WINDOW_WORK_FACTOR,
+)
 from dcp.planner.window import Scan, scan, target, window
 
 
@@ -142,7 +151,7 @@ def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
     per_token = float(ep.mb_work.sum()) / max(1.0, float(mb_tok.sum()))  # GPU-s per token of the epoch
     sc = scan(ep, prog, head, lambda t: f * max(t, want * per_token / ep.world_size))
     left = float(mb_tok[prog.consumed_np() == 0].sum())
-    last = left <= max(cap, want + low)  # the epoch's end: take what is left
+    last = left <= min(cap, want + low)  # the epoch's end: what is left, unless it makes two steps
     if last and not sc.all:
         sc = scan(ep, prog, head, lambda t: math.inf)
     # the window may hold a little more than the batch (choice for the packing), never past the cap
@@ -152,6 +161,8 @@ def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
     if last:  # all that is left, its longest micro-batch included
         m, j_long = len(sc.idx), int(np.argmax(ep.mb_t[sc.idx]))
         t_star = max(t_star, float(ep.mb_t[sc.idx[j_long]]))
+    else:
+        t_star, m, j_long = _fill_long(ep, sc, mb_tok, (t_star, m, j_long), want, cap)
     win = window(sc.idx, m, j_long)
     groups, joined = _pack_head(ep, win, t_star, head), None
     if last:
@@ -162,8 +173,27 @@ def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
                                                  (want, cap, per_token), low)
     if not joined:  # micro-batches joined at another p keep their groups as they are
         groups, win, head_t = _improve_within(ep, prog, (groups, win, head_t), head, t_star, mb_tok, low)
+        groups, joined = balance(ep, prog, win, groups, head, {} if head_t is None else {head: head_t[1]},
+                                 (mb_tok, want))
+        groups = [gr for gr in groups if gr[3]]
     prog.scan_hint = len(win)
     return place_and_build(ep, prog, step, head, win, groups, t_star, head_t, joined=joined)
+
+
+def _fill_long(ep: EpochArrays, sc: Scan, mb_tok: np.ndarray, sized: tuple[float, int, int], want: float,
+               cap: float) -> tuple[float, int, int]:
+    """A step whose T* its longest micro-batch sets, far above the wanted tokens' work over the world (a rare
+    long sample in a batch the corrections made small), reaches on for the tokens whose work fills W x T*
+    (at most ``cap``, the upper bound): the ranks beside the long sample train them rather than idle, and the
+    next steps take fewer. ``sized``: token_target's (T*, window length, longest's position)."""
+    t_star = sized[0]
+    q = min(int(np.searchsorted(sc.cumw, FILL_LONG * ep.world_size * t_star)), len(sc.idx) - 1)
+    fill = float(np.cumsum(mb_tok[sc.idx[: q + 1]])[-1])
+    if fill <= want * FILL_LONG_GAIN:
+        return sized
+    fill = min(fill, cap)
+    return token_target(sc.cumw, ep.mb_t[sc.idx], mb_tok[sc.idx], ep.world_size, fill,
+                        min(cap, TOKEN_SLACK * fill), WINDOW_WORK_FACTOR, t_min=t_star)
 
 
 def _improve_within(ep: EpochArrays, prog: EpochProgress, packed: tuple, head: int, t_star: float,
