@@ -154,15 +154,17 @@ def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
     last = left <= min(cap, want + low)  # the epoch's end: what is left, unless it makes two steps
     if last and not sc.all:
         sc = scan(ep, prog, head, lambda t: math.inf)
-    # the window may hold a little more than the batch (choice for the packing), never past the cap
-    sizes = (left, left) if last else (want, min(cap, TOKEN_SLACK * want))
+    # the window may hold a little more than the batch (choice for the packing), never past the cap, nor so far
+    # that what is left after it is less than a step's lower bound
+    top = min(cap, left - low)
+    sizes = (left, left) if last else (want, min(top, TOKEN_SLACK * want))
     t_star, m, j_long = token_target(sc.cumw, ep.mb_t[sc.idx], mb_tok[sc.idx], ep.world_size, *sizes,
                                      WINDOW_WORK_FACTOR)
     if last:  # all that is left, its longest micro-batch included
         m, j_long = len(sc.idx), int(np.argmax(ep.mb_t[sc.idx]))
         t_star = max(t_star, float(ep.mb_t[sc.idx[j_long]]))
     else:
-        t_star, m, j_long = _fill_long(ep, sc, mb_tok, (t_star, m, j_long), want, cap)
+        t_star, m, j_long = _fill_long(ep, sc, mb_tok, (t_star, m, j_long), want, top)
     win = window(sc.idx, m, j_long)
     groups, joined = _pack_head(ep, win, t_star, head), None
     if last:
@@ -241,7 +243,22 @@ def _take_all(ep: EpochArrays, win: np.ndarray, t_star: float, head: int) -> tup
         else:
             if any(head in gr[3] for gr in groups) and len(placed_groups(ep, groups, head)[0]) == len(groups):
                 return max(t_star, max(gr[2] for gr in groups)), groups, joined
-    return t0, _pack_head(ep, win, t0, head), None
+    return _all_on_widest(ep, win, t0, head)
+
+
+def _all_on_widest(ep: EpochArrays, win: np.ndarray, t0: float, head: int) -> tuple[float, list[list], dict | None]:
+    """``_take_all``'s last resort: one group of the window's widest micro-batch (largest p), which every other
+    joins (``join_head``: its seq_group's setting at that p; a p = 8 kind and p = 1 kinds left at the epoch's
+    end cannot share 8 ranks otherwise). The step is then planned like any other where one cannot join."""
+    k0 = max(win.tolist(), key=lambda k: (ep.mb_p[k], ep.mb_t_list[k]))
+    groups = [[ep.mb_p[k0], ep.mb_r[k0], ep.mb_t_list[k0], [k0]]]
+    joined: dict[int, float] = {}
+    for k in sorted((k for k in win.tolist() if k != k0), key=lambda k: -ep.mb_t_list[k]):
+        jt = join_head(ep, groups, k, math.inf)
+        if jt is None:
+            return t0, _pack_head(ep, win, t0, head), None
+        joined[k] = jt[1]
+    return max(t0, groups[0][2]), groups, joined
 
 
 def _pack_head(ep: EpochArrays, win: np.ndarray, t_star: float, head: int) -> list[list]:
