@@ -28,9 +28,9 @@ from dcp.planner.window import Scan, scan, target, window
 
 
 def plan_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
-              budget: tuple[float, float, np.ndarray, float] | None = None) -> StepPlan:
+              budget: tuple[float, float, np.ndarray, float, float] | None = None) -> StepPlan:
     """The StepPlan of step ``step``, whose head (first unconsumed micro-batch) is ``head``. ``budget``:
-    (tokens wanted, most tokens, tokens of every micro-batch, the lower bound's fraction) when
+    (tokens wanted, most tokens, tokens of every micro-batch, the lower bound's tokens, the target) when
     planning.tokens_per_step is set."""
     if budget is not None:
         return _token_step(ep, prog, step, head, budget)
@@ -129,8 +129,11 @@ def _try_targets(ep: EpochArrays, prog: EpochProgress, best: tuple, sc: Scan, m:
     return best
 
 
-TOKEN_SLACK = 1.25
-"""A step at a global batch packs from a window of at most this many times the tokens it wants."""
+TOKEN_SLACK = 1.75
+"""A step at a global batch packs from a window of at most this many times the tokens it wants. Trades: choice
+for the packing and the balance (``dcp.planner.balance``) against reordering the stream further. 1.25 -> 1.75:
+DCP-intra at 32 H200 (``dcp bench peers``) t1d-short/balanced/long 0.938/0.925/0.912 -> 0.947/0.939/0.921 of
+the ideal bound, text 0.914 -> 0.923, t2d +0.001-0.003; 2.0 and 2.5 gain nothing more."""
 END_STRETCHES = 40
 """At the epoch's end a step at a global batch stretches T* by 10% up to this many times to take all that is
 left (its packing may leave a few micro-batches that no group has room for; 1.1^40 = 45x)."""
@@ -140,13 +143,13 @@ window) by 10% up to this many times until it holds them."""
 
 
 def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
-                budget: tuple[float, float, np.ndarray, float]) -> StepPlan:
+                budget: tuple[float, float, np.ndarray, float, float]) -> StepPlan:
     """A step at the user's global batch (``dcp.planner.step_tokens.token_target``): T* from the release-order
     batch of about the wanted tokens, the window capped in tokens; the same packing, local search and head
     re-pack as any step, but no other targets (they would change the step's tokens) and no Gmax bound (the
     batch decides the step's length). A packing below the lower bound (``low`` tokens) stretches T*
     (``_reach_low``); the epoch's last step stretches it until it takes all that is left, so no short tail."""
-    want, cap, mb_tok, low = budget
+    want, cap, mb_tok, low, target = budget
     f = WINDOW_WORK_FACTOR * ep.world_size
     per_token = float(ep.mb_work.sum()) / max(1.0, float(mb_tok.sum()))  # GPU-s per token of the epoch
     sc = scan(ep, prog, head, lambda t: f * max(t, want * per_token / ep.world_size))
@@ -164,7 +167,7 @@ def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
         m, j_long = len(sc.idx), int(np.argmax(ep.mb_t[sc.idx]))
         t_star = max(t_star, float(ep.mb_t[sc.idx[j_long]]))
     else:
-        t_star, m, j_long = _fill_long(ep, sc, mb_tok, (t_star, m, j_long), want, top)
+        t_star, m, j_long = _fill_long(ep, sc, mb_tok, (t_star, m, j_long), want, top, target)
     win = window(sc.idx, m, j_long)
     groups, joined = _pack_head(ep, win, t_star, head), None
     if last:
@@ -183,15 +186,17 @@ def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
 
 
 def _fill_long(ep: EpochArrays, sc: Scan, mb_tok: np.ndarray, sized: tuple[float, int, int], want: float,
-               cap: float) -> tuple[float, int, int]:
+               cap: float, target: float) -> tuple[float, int, int]:
     """A step whose T* its longest micro-batch sets, far above the wanted tokens' work over the world (a rare
     long sample in a batch the corrections made small), reaches on for the tokens whose work fills W x T*
     (at most ``cap``, the upper bound): the ranks beside the long sample train them rather than idle, and the
-    next steps take fewer. ``sized``: token_target's (T*, window length, longest's position)."""
+    next steps take fewer. Not when the epoch's running total is already ahead (``want`` below the ``target``):
+    near the epoch's end the steps left could not take fewer. ``sized``: token_target's (T*, window length,
+    longest's position)."""
     t_star = sized[0]
     q = min(int(np.searchsorted(sc.cumw, FILL_LONG * ep.world_size * t_star)), len(sc.idx) - 1)
     fill = float(np.cumsum(mb_tok[sc.idx[: q + 1]])[-1])
-    if fill <= want * FILL_LONG_GAIN:
+    if fill <= want * FILL_LONG_GAIN or want < target:
         return sized
     fill = min(fill, cap)
     return token_target(sc.cumw, ep.mb_t[sc.idx], mb_tok[sc.idx], ep.world_size, fill,
