@@ -112,3 +112,22 @@ def test_last_step_does_not_merge_two_steps():
         target = int(lengths.sum() / 20)
         tok = step_tokens(plan_epoch(lengths, table, _at(cfg, target), 8))
         assert abs(tok.mean() / target - 1) <= 0.05, (seed, len(tok), tok.mean() / target)
+
+
+@pytest.mark.parametrize("method", ["dcp-inter", "dcp-intra"])
+def test_balanced_2d_plans_are_valid(method):
+    # 2D samples (one shape per micro-batch): moved micro-batches keep their shape and are priced at their p
+    from test_planner_shapes import video_shapes
+
+    cfg, table = make(8, method=method)
+    shapes = video_shapes(400, seed=3)
+    lengths = shapes[:, 0] * shapes[:, 1]
+    cfg = _at(cfg, int(lengths.sum() / 15))
+    pl = EpochPlanner(lengths, table, cfg, 8, shapes=shapes)
+    plans = list(pl)
+    check_plans(plans, lengths, cfg, 8)
+    _check_memory_and_prices(pl, plans)
+    for plan in plans:
+        for g in plan.groups:
+            for mb in g.micro_batches:
+                assert len({tuple(shapes[i]) for i in mb.sample_ids}) == 1
