@@ -3,8 +3,7 @@
 At a global batch the step's tokens fix its work, and T* is that work over the world: the packing fills groups
 of each micro-batch's primary p up to T*, but the batch rarely holds each kind's work in whole groups. A rare
 long sample alone on 16 ranks runs 6 s of a 13.5 s step (t1d-short), or the short kinds overflow their few
-groups while a p = 4 group runs a third of the step (t1d-long). Two moves within the step's one layout, neither
-changing which micro-batches the step trains:
+groups while a p = 4 group runs a third of the step (t1d-long). Within the step's one layout:
 
 1. **Shed**: every group over a goal time hands micro-batches to groups with room, at that group's p and r
    where the micro-batch's seq_group has a setting there that holds it (the memory rule of ``join_head``: the
@@ -13,11 +12,17 @@ changing which micro-batches the step trains:
    the world and the step's time.
 2. **Shrink**: a group far shorter than the step runs at half its p (or less) where its micro-batches fit
    there and stay within the step's time (the long sample at p = 8 with more recompute: 97% of its p = 16
-   efficiency on t1d), and the freed ranks open empty groups of the step's busiest kind, which shedding fills.
+   efficiency on t1d), and the freed ranks open empty groups of the step's busiest kind, which shedding fills
+   (else fillers from the window take them, ``dcp.planner.build``).
+3. **Split**: the slowest group, holding several micro-batches, gets a second group of its p and r from the
+   ranks of the least-loaded groups (not the head's), whose micro-batches are placed anew.
+4. **Left-overs**: window micro-batches no group holds join groups with room, while the step holds fewer
+   tokens than it wants.
 
-A balanced step is kept when its slowest group finishes earlier (same tokens, shorter step). Micro-batches whose
-time changed (moved, or in a shrunk group) are returned with their new times (``place_and_build``'s joined).
-Token-packed micro-batches (planning.micro_batch_tokens) move only to groups of their own p.
+Moves 1-3 keep the step's micro-batches; a new layout is kept when its slowest group finishes clearly earlier,
+or as early on fewer ranks, and every group can be placed. Micro-batches whose time changed (moved, or in a
+shrunk group) are returned with their new times (``place_and_build``'s joined). Token-packed micro-batches
+(planning.micro_batch_tokens) move only to groups of their own p.
 """
 
 from __future__ import annotations
@@ -127,7 +132,7 @@ def _add_left(ep: EpochArrays, tm: _Times, prog: EpochProgress, win: np.ndarray,
         room = t_step - gr[2]
         if room <= IMPROVE_MIN * t_step:
             break
-        # a micro-batch's time at p is at least its work over p (perfect scaling)
+        # candidates: a micro-batch's time at p is about its work over p (perfect scaling, the filter)
         cand = np.flatnonzero(~taken & (p_rest <= gr[0]) & (work <= room * gr[0] * (1 + 1e-9))
                               & (tok_rest <= room_tok))
         for n in cand[:ADD_TRIES].tolist():
