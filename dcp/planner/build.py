@@ -152,11 +152,16 @@ def _build(ep: EpochArrays, prog: EpochProgress, step: int, firsts: list[int], p
     times = np.empty(len(kk))
     for r in np.unique(r_of).tolist():
         sel = r_mb == r
-        times[sel] = ep.time_at_np[r][kk[sel]]
+        # (a depth no primary setting uses: a shrunk group's, ``dcp.planner.balance``; its times are in joined)
+        times[sel] = ep.time_at_np.get(r, ep.mb_t)[kk[sel]]
     if head_t is not None:  # the head joined a group of another p or r (``improve.join_head``): its time there
         times[kk == head] = head_t[1]
-    for k, t in joined.items():
-        times[kk == k] = t
+    if joined:
+        keys = np.fromiter(joined, dtype=np.int64, count=len(joined))
+        vals = np.fromiter(joined.values(), dtype=np.float64, count=len(joined))
+        o = np.argsort(keys)
+        hit = np.isin(kk, keys)
+        times[hit] = vals[o][np.searchsorted(keys[o], kk[hit])]
     prog.consumed_np()[kk] = 1
     size = ep.mb_count[kk]
     # the samples of every micro-batch: consecutive runs of the epoch's flat sample arrays

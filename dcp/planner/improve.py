@@ -36,7 +36,7 @@ def _unclaimed(ts: list[float], ids: list[int], claimed: set[int], bound: float)
     return j
 
 
-def _left_over(prog: EpochProgress, win: np.ndarray, groups: list[list]) -> np.ndarray:
+def left_over(prog: EpochProgress, win: np.ndarray, groups: list[list]) -> np.ndarray:
     """The window's micro-batches no group holds, in window order."""
     taken = np.fromiter(itertools.chain.from_iterable(gr[3] for gr in groups), dtype=np.int64,
                         count=sum(len(gr[3]) for gr in groups))
@@ -63,7 +63,7 @@ def improve(ep: EpochArrays, prog: EpochProgress, win: np.ndarray, groups: list[
         return
     # most slack first, ties the later group first (numpy keys: no tuple per group for the collector)
     emptiest = emptiest[np.lexsort((emptiest, slack[emptiest]))[::-1]][:IMPROVE_GROUPS].tolist()
-    rest = _left_over(prog, win, groups)
+    rest = left_over(prog, win, groups)
     if not rest.size:
         return
     swaps = ep.world_size < BULK_MIN_RANKS

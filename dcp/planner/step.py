@@ -8,20 +8,29 @@ import math
 
 import numpy as np
 
+from dcp.planner.balance import balance
 from dcp.planner.build import place_and_build, placed_groups
 from dcp.planner.epoch import EpochArrays, EpochProgress
 from dcp.planner.improve import idle, improve, join_head, work
 from dcp.planner.packing import pack
 from dcp.planner.plan import StepPlan
 from dcp.planner.step_tokens import token_target
-from dcp.planner.tuning import HEAD_ALONE, RETRY_IDLE, RETRY_STRETCH, SHORTER_GAIN, WINDOW_WORK_FACTOR
+from dcp.planner.tuning import (
+    FILL_LONG,
+    FILL_LONG_GAIN,
+    HEAD_ALONE,
+    RETRY_IDLE,
+    RETRY_STRETCH,
+    SHORTER_GAIN,
+    WINDOW_WORK_FACTOR,
+)
 from dcp.planner.window import Scan, scan, target, window
 
 
 def plan_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
-              budget: tuple[float, float, np.ndarray, float] | None = None) -> StepPlan:
+              budget: tuple[float, float, np.ndarray, float, float] | None = None) -> StepPlan:
     """The StepPlan of step ``step``, whose head (first unconsumed micro-batch) is ``head``. ``budget``:
-    (tokens wanted, most tokens, tokens of every micro-batch, the lower bound's fraction) when
+    (tokens wanted, most tokens, tokens of every micro-batch, the lower bound's tokens, the target) when
     planning.tokens_per_step is set."""
     if budget is not None:
         return _token_step(ep, prog, step, head, budget)
@@ -120,8 +129,11 @@ def _try_targets(ep: EpochArrays, prog: EpochProgress, best: tuple, sc: Scan, m:
     return best
 
 
-TOKEN_SLACK = 1.25
-"""A step at a global batch packs from a window of at most this many times the tokens it wants."""
+TOKEN_SLACK = 1.75
+"""A step at a global batch packs from a window of at most this many times the tokens it wants. Trades: choice
+for the packing and the balance (``dcp.planner.balance``) against reordering the stream further. 1.25 -> 1.75:
+DCP-intra at 32 H200 (``dcp bench peers``) t1d-short/balanced/long 0.938/0.925/0.912 -> 0.947/0.939/0.921 of
+the ideal bound, text 0.914 -> 0.923, t2d +0.001-0.003; 2.0 and 2.5 gain nothing more."""
 END_STRETCHES = 40
 """At the epoch's end a step at a global batch stretches T* by 10% up to this many times to take all that is
 left (its packing may leave a few micro-batches that no group has room for; 1.1^40 = 45x)."""
@@ -131,27 +143,31 @@ window) by 10% up to this many times until it holds them."""
 
 
 def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
-                budget: tuple[float, float, np.ndarray, float]) -> StepPlan:
+                budget: tuple[float, float, np.ndarray, float, float]) -> StepPlan:
     """A step at the user's global batch (``dcp.planner.step_tokens.token_target``): T* from the release-order
     batch of about the wanted tokens, the window capped in tokens; the same packing, local search and head
     re-pack as any step, but no other targets (they would change the step's tokens) and no Gmax bound (the
     batch decides the step's length). A packing below the lower bound (``low`` tokens) stretches T*
     (``_reach_low``); the epoch's last step stretches it until it takes all that is left, so no short tail."""
-    want, cap, mb_tok, low = budget
+    want, cap, mb_tok, low, target = budget
     f = WINDOW_WORK_FACTOR * ep.world_size
     per_token = float(ep.mb_work.sum()) / max(1.0, float(mb_tok.sum()))  # GPU-s per token of the epoch
     sc = scan(ep, prog, head, lambda t: f * max(t, want * per_token / ep.world_size))
     left = float(mb_tok[prog.consumed_np() == 0].sum())
-    last = left <= max(cap, want + low)  # the epoch's end: take what is left
+    last = left <= min(cap, want + low)  # the epoch's end: what is left, unless it makes two steps
     if last and not sc.all:
         sc = scan(ep, prog, head, lambda t: math.inf)
-    # the window may hold a little more than the batch (choice for the packing), never past the cap
-    sizes = (left, left) if last else (want, min(cap, TOKEN_SLACK * want))
+    # the window may hold a little more than the batch (choice for the packing), never past the cap, nor so far
+    # that what is left after it is less than a step's lower bound
+    top = min(cap, left - low)
+    sizes = (left, left) if last else (want, min(top, TOKEN_SLACK * want))
     t_star, m, j_long = token_target(sc.cumw, ep.mb_t[sc.idx], mb_tok[sc.idx], ep.world_size, *sizes,
                                      WINDOW_WORK_FACTOR)
     if last:  # all that is left, its longest micro-batch included
         m, j_long = len(sc.idx), int(np.argmax(ep.mb_t[sc.idx]))
         t_star = max(t_star, float(ep.mb_t[sc.idx[j_long]]))
+    else:
+        t_star, m, j_long = _fill_long(ep, sc, mb_tok, (t_star, m, j_long), want, top, target)
     win = window(sc.idx, m, j_long)
     groups, joined = _pack_head(ep, win, t_star, head), None
     if last:
@@ -162,8 +178,29 @@ def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
                                                  (want, cap, per_token), low)
     if not joined:  # micro-batches joined at another p keep their groups as they are
         groups, win, head_t = _improve_within(ep, prog, (groups, win, head_t), head, t_star, mb_tok, low)
+        groups, joined = balance(ep, prog, win, groups, head, {} if head_t is None else {head: head_t[1]},
+                                 (mb_tok, want))
+        groups = [gr for gr in groups if gr[3]]
     prog.scan_hint = len(win)
     return place_and_build(ep, prog, step, head, win, groups, t_star, head_t, joined=joined)
+
+
+def _fill_long(ep: EpochArrays, sc: Scan, mb_tok: np.ndarray, sized: tuple[float, int, int], want: float,
+               cap: float, target: float) -> tuple[float, int, int]:
+    """A step whose T* its longest micro-batch sets, far above the wanted tokens' work over the world (a rare
+    long sample in a batch the corrections made small), reaches on for the tokens whose work fills W x T*
+    (at most ``cap``, the upper bound): the ranks beside the long sample train them rather than idle, and the
+    next steps take fewer. Not when the epoch's running total is already ahead (``want`` below the ``target``):
+    near the epoch's end the steps left could not take fewer. ``sized``: token_target's (T*, window length,
+    longest's position)."""
+    t_star = sized[0]
+    q = min(int(np.searchsorted(sc.cumw, FILL_LONG * ep.world_size * t_star)), len(sc.idx) - 1)
+    fill = float(np.cumsum(mb_tok[sc.idx[: q + 1]])[-1])
+    if fill <= want * FILL_LONG_GAIN or want < target:
+        return sized
+    fill = min(fill, cap)
+    return token_target(sc.cumw, ep.mb_t[sc.idx], mb_tok[sc.idx], ep.world_size, fill,
+                        min(cap, TOKEN_SLACK * fill), WINDOW_WORK_FACTOR, t_min=t_star)
 
 
 def _improve_within(ep: EpochArrays, prog: EpochProgress, packed: tuple, head: int, t_star: float,
@@ -211,7 +248,22 @@ def _take_all(ep: EpochArrays, win: np.ndarray, t_star: float, head: int) -> tup
         else:
             if any(head in gr[3] for gr in groups) and len(placed_groups(ep, groups, head)[0]) == len(groups):
                 return max(t_star, max(gr[2] for gr in groups)), groups, joined
-    return t0, _pack_head(ep, win, t0, head), None
+    return _all_on_widest(ep, win, t0, head)
+
+
+def _all_on_widest(ep: EpochArrays, win: np.ndarray, t0: float, head: int) -> tuple[float, list[list], dict | None]:
+    """``_take_all``'s last resort: one group of the window's widest micro-batch (largest p), which every other
+    joins (``join_head``: its seq_group's setting at that p; a p = 8 kind and p = 1 kinds left at the epoch's
+    end cannot share 8 ranks otherwise). The step is then planned like any other where one cannot join."""
+    k0 = max(win.tolist(), key=lambda k: (ep.mb_p[k], ep.mb_t_list[k]))
+    groups = [[ep.mb_p[k0], ep.mb_r[k0], ep.mb_t_list[k0], [k0]]]
+    joined: dict[int, float] = {}
+    for k in sorted((k for k in win.tolist() if k != k0), key=lambda k: -ep.mb_t_list[k]):
+        jt = join_head(ep, groups, k, math.inf)
+        if jt is None:
+            return t0, _pack_head(ep, win, t0, head), None
+        joined[k] = jt[1]
+    return max(t0, groups[0][2]), groups, joined
 
 
 def _pack_head(ep: EpochArrays, win: np.ndarray, t_star: float, head: int) -> list[list]:

@@ -62,22 +62,28 @@ def token_pack_settings(inp: EpochInput, settings: dict[int, Setting], times: Ti
                                world_size=inp.world_size, ranks_per_node=cfg.ranks_per_node,
                                dynamic_recompute=inp.method == "dcp-intra")
     stream_groups = inp.groups[inp.order]
+    # at a global batch, no pack larger than a rank's share of a step: coarser packs leave ranks without work
+    # (DCP-inter's full recompute fits 128k-token packs at p = 1: 10 steps of 1.36M tokens on 32 ranks ran
+    # 0.2 of the ideal bound on the text distribution)
+    most = cfg.tokens_per_step / inp.world_size if cfg.tokens_per_step else None
     out: dict[int, Setting] = {}
     for g, s in settings.items():
-        best, _ = best_token_pack(times, s, cands.get(g, []), inp.lengths[inp.order[stream_groups == g]])
+        best, _ = best_token_pack(times, s, cands.get(g, []), inp.lengths[inp.order[stream_groups == g]], most)
         if best is not None:
             out[g] = best
     return out
 
 
 def best_token_pack(times: TimeLookup, primary: Setting, cands: list[Setting],
-                    lens: np.ndarray) -> tuple[Setting | None, float]:
+                    lens: np.ndarray, most_tokens: float | None = None) -> tuple[Setting | None, float]:
     """(the candidate whose greedy token packs of ``lens`` (one seq_group, FIFO order) cost the fewest
     GPU-seconds per token, or None where none beats ``primary``'s b-sample micro-batches by TOKEN_PACK_GAIN;
-    the GPU-seconds per token of the choice)."""
+    the GPU-seconds per token of the choice). ``most_tokens``: candidates with a larger budget are left out."""
     count_cost = gpu_s_per_token(times, primary, lens, np.arange(0, len(lens), primary.micro_batch_size))
     if len(lens) < 2:
         return None, count_cost
+    if most_tokens is not None:
+        cands = [c for c in cands if c.micro_batch_size * c.seq_len <= most_tokens]
     best, best_cost = None, 0.0
     # smaller p, then the larger budget first on a tie: the same order as the sample-count choice
     ranked = sorted(cands, key=lambda c: (c.sp_size, -c.micro_batch_size, c.recompute_layers))

@@ -76,3 +76,32 @@ TOKEN_PACK_GAIN = 0.02
 """A seq_group packs its micro-batches by tokens only when that is predicted at least this much cheaper per
 token (GPU-seconds per token) than its sample-count micro-batches. Trades: a margin keeps groups whose documents
 sit near their bound on sample counts (same work, fewer plan changes) against the gain a smaller one would take."""
+
+# ----- a step at a global batch, balanced after packing (dcp.planner.balance) -------------------------------
+BALANCE_BISECT = 8
+"""Bisection steps of the shed goal between the step's work over the world and its time.
+Trades: planning time (one shed pass per step) against the last percent of the step's time."""
+
+BALANCE_MIN_GAIN = 0.005
+"""A balanced step replaces the packed one only when its slowest group finishes at least this share earlier
+(it moves micro-batches to less efficient settings; a smaller gain is noise)."""
+
+SHRINK_SHARE = 0.6
+"""A group is tried at a smaller p only when it runs at most this share of the step's time (halving p about
+doubles its time, which must stay within the step)."""
+
+FILL_LONG = 1.0
+"""A step at a global batch whose longest micro-batch sets T* reaches on for the tokens whose work fills this
+many times W x T* (``dcp.planner.step._fill_long``)."""
+
+FILL_LONG_GAIN = 1.2
+"""... only when those tokens are at least this many times the tokens the step wants (else the step is sized by
+its tokens as before). Trades: fuller steps around long samples against steps further from the target."""
+
+SHRINK_ROUNDS = 4
+"""Rounds of ``dcp.planner.balance``'s layout changes (one group halved, or the slowest group split, per
+round). Trades: planning time against groups that need more than one halving."""
+
+ADD_TRIES = 8
+"""Window micro-batches tried per group with room when ``dcp.planner.balance`` adds left-overs (the longest
+whose work could fit first). Trades: planning time against slack left in the step's groups."""

@@ -1,0 +1,320 @@
+"""A DCP step at a global batch, balanced after packing (``dcp.planner.step._token_step``).
+
+At a global batch the step's tokens fix its work, and T* is that work over the world: the packing fills groups
+of each micro-batch's primary p up to T*, but the batch rarely holds each kind's work in whole groups. A rare
+long sample alone on 16 ranks runs 6 s of a 13.5 s step (t1d-short), or the short kinds overflow their few
+groups while a p = 4 group runs a third of the step (t1d-long). Within the step's one layout:
+
+1. **Shed**: every group over a goal time hands micro-batches to groups with room, at that group's p and r
+   where the micro-batch's seq_group has a setting there that holds it (the memory rule of ``join_head``: the
+   same p at no less recompute, or a setting at the other p whose b holds its samples and whose recompute is at
+   most the group's), priced from its real lengths there. The goal is bisected between the work spread over
+   the world and the step's time.
+2. **Shrink**: a group far shorter than the step runs at half its p (or less) where its micro-batches fit
+   there and stay within the step's time (the long sample at p = 8 with more recompute: 97% of its p = 16
+   efficiency on t1d), and the freed ranks open empty groups of the step's busiest kind, which shedding fills
+   (else fillers from the window take them, ``dcp.planner.build``).
+3. **Split**: the slowest group, holding several micro-batches, gets a second group of its p and r from the
+   ranks of the least-loaded groups (not the head's), whose micro-batches are placed anew.
+4. **Left-overs**: window micro-batches no group holds join groups with room, while the step holds fewer
+   tokens than it wants.
+
+Moves 1-3 keep the step's micro-batches; a new layout is kept when its slowest group finishes clearly earlier,
+or as early on fewer ranks, and every group can be placed. Micro-batches whose time changed (moved, or in a
+shrunk group) are returned with their new times (``place_and_build``'s joined). Token-packed micro-batches
+(planning.micro_batch_tokens) move only to groups of their own p.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+
+import numpy as np
+
+from dcp.planner.epoch import EpochArrays, EpochProgress
+from dcp.planner.improve import left_over
+from dcp.planner.placement import place_largest_first
+from dcp.planner.tuning import (
+    ADD_TRIES,
+    BALANCE_BISECT,
+    BALANCE_MIN_GAIN,
+    IMPROVE_MIN,
+    RETRY_IDLE,
+    SHRINK_ROUNDS,
+    SHRINK_SHARE,
+)
+
+
+class _Times:
+    """Time of a micro-batch in a group of (p, r), or None where the memory rule forbids it; cached."""
+
+    __slots__ = ("ep", "combos", "cache")
+
+    def __init__(self, ep: EpochArrays) -> None:
+        self.ep = ep
+        self.combos = {(s.sp_size, s.recompute_layers) for s in ep.settings.values()}
+        """(p, r) of the primary settings: ``ep.time_at`` holds every micro-batch's time at them."""
+        self.cache: dict[tuple[int, int, int], float | None] = {}
+
+    def at(self, k: int, p: int, r: int) -> float | None:
+        key = (k, p, r)
+        if key in self.cache:
+            return self.cache[key]
+        ep = self.ep
+        g, p_k, r_k = ep.mbq.group[k], ep.mb_p[k], ep.mb_r[k]
+        t: float | None = None
+        if p == p_k and r == r_k:
+            t = ep.mb_t_list[k]
+        elif p == p_k and r > r_k and (p, r) in self.combos:
+            t = ep.time_at[r][k]
+        elif g not in ep.mbq.token_budget:
+            s = ep.by_sp[g].get(p)
+            if s is not None and s.micro_batch_size >= int(ep.mb_count[k]) and s.recompute_layers <= r:
+                lens = ep.mbq.lens_list[g][ep.mbq.start[k] : ep.mb_end[k]]
+                t = ep.times.lengths_time_s(g, p, r, lens)
+        self.cache[key] = t
+        return t
+
+
+def balance(ep: EpochArrays, prog: EpochProgress, win: np.ndarray, groups: list[list], head: int,
+            fixed: dict[int, float], tokens: tuple[np.ndarray, float]) -> tuple[list[list], dict]:
+    """``groups`` ([p, r, load, items]) balanced (module docstring), and the times of the micro-batches that
+    changed (``fixed``, the times already overridden, e.g. the head's in another group, kept unless moved
+    again). Returns ``groups`` and ``fixed`` themselves when nothing shortens the step or frees ranks.
+    ``tokens``: (tokens of every micro-batch, the tokens the step wants): left-overs join up to them."""
+    t_step = max(gr[2] for gr in groups)
+    if t_step <= 0 or 1 - sum(gr[0] * gr[2] for gr in groups) / (ep.world_size * t_step) <= RETRY_IDLE:
+        return groups, fixed
+    tm = _Times(ep)
+    cur = (t_step, groups, fixed)
+    out = _bisect(ep, tm, groups, fixed, [], head)
+    if out is not None and _better(ep, out, cur):
+        cur = out
+    layout = (groups, fixed)  # the layout before shedding that ``cur`` came from
+    for _ in range(SHRINK_ROUNDS):
+        free = ep.world_size - sum(gr[0] for gr in layout[0] if gr[3])
+        best, best_layout = cur, None
+        for cand, times, orphans in [*_shrunk(ep, tm, *layout, t_step, free),
+                                     *_split(ep, layout[0], head, layout[1], free)]:
+            out = _bisect(ep, tm, cand, times, orphans, head)
+            if out is not None and _better(ep, out, best):
+                # (a split's orphans are only placed in its shed result: later rounds start from that)
+                best_layout = (_copy([gr for gr in (out[1] if orphans else cand) if gr[3]]),
+                               out[2] if orphans else times)
+                best = out
+        if best_layout is None:
+            break
+        cur, layout = best, best_layout
+    groups, fixed = cur[1], dict(cur[2])
+    mb_tok, want = tokens
+    held = sum(int(mb_tok[gr[3]].sum()) for gr in groups if gr[3])
+    if held < want:
+        _add_left(ep, tm, prog, win, groups, fixed, (mb_tok, want - held))
+    return groups, fixed
+
+
+def _add_left(ep: EpochArrays, tm: _Times, prog: EpochProgress, win: np.ndarray, groups: list[list],
+              fixed: dict, room_tokens: tuple[np.ndarray, float]) -> None:
+    """Window micro-batches no group holds join groups with room to the step's time, at the group's p and r
+    where the memory rule allows (a group of another p: its seq_group's setting there), while the step holds
+    fewer tokens than it wants (``room_tokens``: tokens of every micro-batch, the tokens still wanted): the
+    emptiest groups first, each taking the longest that fits (at most ADD_TRIES tried per group)."""
+    mb_tok, room_tok = room_tokens
+    t_step = max(gr[2] for gr in groups)
+    rest = left_over(prog, win, [gr for gr in groups if gr[3]])
+    if not rest.size:
+        return
+    rest = rest[np.argsort(-ep.mb_work[rest], kind="stable")]
+    work, p_rest, tok_rest = ep.mb_work[rest], ep.mb_p_np[rest], mb_tok[rest]
+    taken = np.zeros(len(rest), dtype=bool)
+    for gr in sorted((gr for gr in groups if gr[3]), key=lambda gr: gr[2]):
+        room = t_step - gr[2]
+        if room <= IMPROVE_MIN * t_step:
+            break
+        # candidates: a micro-batch's time at p is about its work over p (perfect scaling, the filter)
+        cand = np.flatnonzero(~taken & (p_rest <= gr[0]) & (work <= room * gr[0] * (1 + 1e-9))
+                              & (tok_rest <= room_tok))
+        for n in cand[:ADD_TRIES].tolist():
+            k = int(rest[n])
+            t = tm.at(k, gr[0], gr[1])
+            if t is not None and gr[2] + t <= t_step * (1 + 1e-9) and tok_rest[n] <= room_tok:
+                room_tok -= tok_rest[n]
+                gr[2] += t
+                gr[3].append(k)
+                fixed[k] = t
+                taken[n] = True
+
+
+def _better(ep: EpochArrays, a: tuple, b: tuple) -> bool:
+    """Whether balanced step ``a`` (time, groups, times) beats ``b``: clearly shorter, or as long on fewer ranks
+    (the freed ones take fillers from the window: same time, more tokens)."""
+    sizes = sorted((gr[0] for gr in a[1] if gr[3]), reverse=True)
+    if sum(sizes) > ep.world_size or None in place_largest_first(sizes, ep.world_size, ep.ranks_per_node)[0]:
+        return False  # placement would drop a group (a world that is no power of two)
+    if a[0] < b[0] * (1 - BALANCE_MIN_GAIN):
+        return True
+    return a[0] <= b[0] * (1 + 1e-9) and sum(gr[0] for gr in a[1] if gr[3]) < sum(gr[0] for gr in b[1] if gr[3])
+
+
+def _copy(groups: list[list]) -> list[list]:
+    return [[gr[0], gr[1], gr[2], list(gr[3])] for gr in groups]
+
+
+def _bisect(ep: EpochArrays, tm: _Times, groups: list[list], fixed: dict, orphans: list[tuple[float, int]],
+            head: int) -> tuple | None:
+    """(step time, groups, times) at the shortest shed goal bisection finds, no later than the groups' own
+    time; None when the ``orphans`` ((time, micro-batch) of removed groups, placed first) fit nowhere."""
+    hi = max(gr[2] for gr in groups)
+    opts: dict[int, list] = {}  # per micro-batch: the kinds of this layout it may run at, least GPU-time first
+    best = _shed(tm, opts, _copy(groups), dict(fixed), orphans, head, hi)
+    if best is None:
+        return None
+    lo = max(sum(gr[0] * gr[2] for gr in best[0]) / ep.world_size,
+             max((gr[2] for gr in best[0] if len(gr[3]) == 1), default=0.0))
+    hi = max(gr[2] for gr in best[0])
+    for _ in range(BALANCE_BISECT):
+        if hi - lo <= 1e-3 * hi:
+            break
+        goal = (lo + hi) / 2
+        out = _shed(tm, opts, _copy(groups), dict(fixed), orphans, head, goal)
+        if out is None:
+            lo = goal
+        else:
+            best, hi = out, max(gr[2] for gr in out[0])
+    return hi, *best
+
+
+def _time_of(tm: _Times, gr: list, k: int, fixed: dict) -> float:
+    t = fixed.get(k)
+    return t if t is not None else tm.at(k, gr[0], gr[1])
+
+
+def _shed(tm: _Times, opts: dict, groups: list[list], fixed: dict, orphans: list[tuple[float, int]], head: int,
+          goal: float) -> tuple | None:
+    """Place the ``orphans`` (longest first), then move micro-batches out of every group over ``goal`` into
+    groups with room; None when one has no room or some group stays over it. Per group: the shortest
+    micro-batch that removes the excess alone, else the longest that moves, until it is under the goal."""
+    limit = goal * (1 + 1e-9)
+    kinds: dict[tuple[int, int], list[int]] = {}
+    for j, gr in enumerate(groups):
+        kinds.setdefault((gr[0], gr[1]), []).append(j)
+    for _, k in orphans:
+        j, t = _target(tm, opts, groups, kinds, -1, k, limit)
+        if j is None:
+            return None
+        groups[j][2] += t
+        groups[j][3].append(k)
+        fixed[k] = t
+    for i in sorted(range(len(groups)), key=lambda i: -groups[i][2]):
+        src = groups[i]
+        if src[2] <= limit:
+            break
+        own = sorted((_time_of(tm, src, k, fixed), k) for k in src[3] if k != head)
+        while src[2] > limit:
+            a = bisect.bisect_left(own, (src[2] - goal, -1))
+            pick = None
+            for n in itertools.chain(range(a, len(own)), range(min(a, len(own)) - 1, -1, -1)):
+                j, t = _target(tm, opts, groups, kinds, i, own[n][1], limit)
+                if j is not None:
+                    pick = (n, j, t)
+                    break
+            if pick is None:
+                return None
+            n, j, t = pick
+            t_k, k = own.pop(n)
+            src[2] -= t_k
+            src[3].remove(k)
+            groups[j][2] += t
+            groups[j][3].append(k)
+            fixed[k] = t
+    return groups, fixed
+
+
+def _target(tm: _Times, opts: dict, groups: list[list], kinds: dict, i: int, k: int,
+            limit: float) -> tuple[int | None, float]:
+    """The group (not ``i``) where micro-batch k fits within ``limit``: of the kind (p, r) where it takes the
+    least GPU-time, the fullest that has room. ``opts``: the kinds' order per micro-batch, filled here."""
+    mine = opts.get(k)
+    if mine is None:
+        mine = []
+        for kind in kinds:
+            t = tm.at(k, *kind)
+            if t is not None:
+                mine.append((kind[0] * t, t, kind))
+        mine.sort(key=lambda o: o[0])
+        opts[k] = mine
+    for _, t, kind in mine:
+        best, best_load = None, -1.0
+        for j in kinds[kind]:
+            load = groups[j][2]
+            if j != i and load + t <= limit and load > best_load:
+                best, best_load = j, load
+        if best is not None:
+            return best, t
+    return None, 0.0
+
+
+def _shrunk(ep: EpochArrays, tm: _Times, groups: list[list], fixed: dict, t_step: float,
+            free: int) -> list[tuple[list[list], dict, list]]:
+    """Layouts with one short group (at most SHRINK_SHARE of the step) at half its p, where all its
+    micro-batches fit there within the step's time; the freed ranks (and those free before) hold empty groups
+    of the busiest group's p and r where they have room for one (else fillers take them)."""
+    out = []
+    busiest = max(groups, key=lambda gr: gr[2])
+    for i, gr in enumerate(groups):
+        p, load, ks = gr[0], gr[2], gr[3]
+        if p == 1 or not ks or load > SHRINK_SHARE * t_step or gr is busiest:
+            continue
+        q = p // 2
+        while q >= 1 and (new := _at_size(ep, tm, ks, q, t_step)) is not None:
+            r, ts = new
+            cand = _copy(groups)
+            cand[i] = [q, r, sum(ts), list(ks)]
+            times = dict(fixed)
+            times.update(zip(ks, ts, strict=True))
+            cand += [[busiest[0], busiest[1], 0.0, []] for _ in range((free + p - q) // busiest[0])]
+            out.append((cand, times, []))
+            q //= 2
+    return out
+
+
+def _at_size(ep: EpochArrays, tm: _Times, ks: list[int], q: int, t_step: float) -> tuple[int, list[float]] | None:
+    """(r, times) of micro-batches ``ks`` in one group of q ranks (r: the most recompute their settings at q
+    need), or None when one has no setting there or the group would outlast ``t_step``."""
+    r = 0
+    for k in ks:
+        g = ep.mbq.group[k]
+        s = ep.by_sp[g].get(q)
+        if s is None or g in ep.mbq.token_budget or s.micro_batch_size < int(ep.mb_count[k]):
+            return None
+        r = max(r, s.recompute_layers)
+    ts = [tm.at(k, q, r) for k in ks]
+    if any(t is None for t in ts) or sum(ts) > t_step:
+        return None
+    return r, ts
+
+
+def _split(ep: EpochArrays, groups: list[list], head: int, fixed: dict, free: int) -> list[tuple[list[list], dict, list]]:
+    """The step's slowest group, when it holds more than one micro-batch, gets a second group of its p and r:
+    the ranks come from free ones and the groups of least GPU-work (not the head's), whose micro-batches become
+    orphans (placed by ``_shed``)."""
+    i_b = max(range(len(groups)), key=lambda i: groups[i][2])
+    p_b, r_b = groups[i_b][0], groups[i_b][1]
+    if len(groups[i_b][3]) < 2:
+        return []
+    keep = [True] * len(groups)
+    for i in sorted(range(len(groups)), key=lambda i: groups[i][0] * groups[i][2]):
+        if free >= p_b:
+            break
+        if i != i_b and head not in groups[i][3]:
+            keep[i] = False
+            free += groups[i][0]
+    if free < p_b:
+        return []
+    orphans = sorted(((ep.mb_t_list[k], k) for i, gr in enumerate(groups) if not keep[i] for k in gr[3]),
+                     reverse=True)
+    cand = [[*gr[:3], list(gr[3])] for i, gr in enumerate(groups) if keep[i]]
+    cand.append([p_b, r_b, 0.0, []])
+    gone = {k for _, k in orphans}
+    return [(cand, {k: t for k, t in fixed.items() if k not in gone}, orphans)]
