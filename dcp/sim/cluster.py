@@ -182,17 +182,26 @@ def _row_lookup(table: ProfileTable) -> dict[tuple[int, int], list]:
 
 
 def _mem_row(mb, sp_size: int, rows: dict, edges: Sequence[int]):
-    """The table row bounding a micro-batch's memory: its seq_group at the smallest profiled b >= its size; a
-    packed micro-batch (seq_group -1) is one sequence of its total tokens, bounded by that length at b = 1."""
+    """The table row bounding a micro-batch's memory.
+
+    - Samples of one length (2D: one shape per micro-batch): its seq_group at the smallest profiled b >= its
+      size.
+    - Samples of unequal lengths (1D; a sample-count or a token-packed micro-batch): the runtime runs them as one
+      row of documents, whose activations grow with the tokens, so the row of its seq_group with the smallest
+      b whose b x bound holds its tokens (the planner's token-pack rule, ``dcp.planner.tokens``); the
+      size rule when none does.
+    - A packed micro-batch of the ``packed`` baseline (seq_group -1): one sequence of its total tokens,
+      bounded by that length at b = 1."""
     if mb.seq_group >= 0:
         group, size = mb.seq_group, mb.size
     else:
         group, size = bisect.bisect_left(edges, mb.tokens), 1
     cand = rows.get((group, sp_size), [])
-    # a token-packed micro-batch (more samples than any profiled b, one row of documents): the row whose
-    # b x bound holds its tokens
-    return next((r for r in cand if r.micro_batch_size >= size), None) or next(
-        (r for r in cand if r.micro_batch_size * r.seq_len >= mb.tokens), None)
+    by_size = next((r for r in cand if r.micro_batch_size >= size), None)
+    if by_size is not None and (mb.seq_group < 0 or min(mb.seq_lens, default=0) == max(mb.seq_lens, default=0)):
+        return by_size
+    by_tokens = next((r for r in cand if r.micro_batch_size * r.seq_len >= mb.tokens), None)
+    return by_tokens or by_size
 
 
 DDP_BUCKET_BYTES = GRAD_BUCKET_MIB * 2**20
