@@ -1,8 +1,9 @@
 """Figure 8: throughput and imbalance, 2 models x 3 datasets x 6 methods at 32 H200 GPUs (simulated).
 
-Beside the paper's four methods, the two peers (``dcp.planner.peers``: Megatron-style dynamic CP and FlexSP),
-which hold a fixed global batch: bucket's mean tokens per step on the same data unless planning.tokens_per_step
-is set (each panel's title states the batch; every CSV row carries its tokens per step)."""
+Beside the paper's four methods, the two peers (``dcp.planner.peers``: Megatron-style dynamic CP and FlexSP).
+Every method runs at the same global batch, as ``dcp bench peers`` does: planning.tokens_per_step = bucket's own
+mean tokens per step on the same data (a throughput comparison at different batch sizes is not like for like).
+Each panel's title states the batch; every CSV row carries its tokens per step (min / median / max, target)."""
 
 from __future__ import annotations
 
@@ -19,13 +20,19 @@ FIG8_METHODS = (*common.METHODS, *PEER_METHODS)
 
 def make(out_dir: Path, sizes: common.Sizes) -> list[Path]:
     from dcp.data_dists import load_lengths
+    from dcp.planner.peers import bucket_tokens_per_step
+    from dcp.sim.scenario import paper_config, paper_table, scenario
 
     rows = []
     for model, prefix in common.MODEL_DATASET_PREFIX.items():
         for ds in DATASETS:
             lengths = load_lengths(f"{prefix}-{ds}", num_samples=sizes.fig8_samples, seed=0)
-            runs = common.simulate_runs(lengths.tokens, model, HARDWARE, WORLD_SIZE, FIG8_METHODS,
-                                        shapes=lengths.shapes)
+            table = paper_table(scenario(model, HARDWARE), WORLD_SIZE, shapes=lengths.shapes)
+            target = round(bucket_tokens_per_step(lengths.tokens, table, paper_config(scenario(model, HARDWARE),
+                                                                                      "bucket"),
+                                                  WORLD_SIZE, shapes=lengths.shapes))
+            runs = common.simulate_runs(lengths.tokens, model, HARDWARE, WORLD_SIZE, FIG8_METHODS, table=table,
+                                        shapes=lengths.shapes, tokens_per_step=target)
             base = runs["bucket"].result.tokens_per_s
             for m, run in runs.items():
                 r = run.result
