@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from dcp.config import LR_SCALING
 from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
 
 
@@ -147,8 +148,9 @@ def token_target(cumw: np.ndarray, t_all: np.ndarray, tok_all: np.ndarray, world
     return t_star, m, int(np.argmax(t_all[:m]))
 
 
-LR_RULES = ("linear", "sqrt", "none")
-"""How a step's learning rate follows its batch (``runtime.lr_scaling``, ``dcp.loaders.lr_scaling``)."""
+LR_RULES = LR_SCALING
+"""How a step's learning rate follows its batch (``runtime.lr_scaling``, ``dcp.loaders.lr_scaling``): the config's
+one list of rule names."""
 
 
 def lr_factor(batch: float, reference: float, method: str) -> float:

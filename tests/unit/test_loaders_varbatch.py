@@ -129,7 +129,7 @@ def test_scale_lr_exact_values():
     [
         ((0, 4, 1e-3, "linear"), r"reference_batch_size \(0\) must be >= 1"),
         ((2, -1, 1e-3, "linear"), r"batch_size \(-1\) must be >= 0"),
-        ((2, 4, 1e-3, "cubic"), r"method \('cubic'\) is not one of \['linear', 'sqrt', 'none'\]"),
+        ((2, 4, 1e-3, "cubic"), r"method \('cubic'\) is not one of \['none', 'linear', 'sqrt'\]"),
     ],
 )
 def test_scale_lr_errors(args, message):
