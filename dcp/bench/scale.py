@@ -315,7 +315,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         eng.step = probe.timed(eng.step, census, "grad-sync")
         eng.idle_step = probe.timed(eng.idle_step, census, "grad-sync")
         plans = mgr.epoch_plans
-        mgr.epoch_plans = lambda epoch, ids=None: _Plans(plans(epoch, ids), probe)
+        mgr.epoch_plans = lambda epoch, ids=None, **kw: _Plans(plans(epoch, ids, **kw), probe)
         t1 = time.perf_counter()
         before0 = first_s = None
         for batch in mgr.get_data_iter(max_steps=steps):

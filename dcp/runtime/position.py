@@ -112,6 +112,12 @@ class EpochPosition:
         raise PositionError(f"epoch {self.epoch} step {step} trained samples {again} a second time in this epoch: "
                             "this is a bug in the plan source; report it with the plan")
 
+    def record_checked(self, sample_ids: np.ndarray) -> None:
+        """A step of the current segment finished, having trained ``sample_ids`` (ascending), which were checked to be
+        new in the epoch when its plan was prepared (``dcp.runtime.stepview.StepViews``): only marks them."""
+        self.done[sample_ids] = True
+        self.steps += 1
+
     def to_state(self) -> dict[str, Any]:
         return {"format": FORMAT, "epoch": self.epoch, "num_samples": self.num_samples, "done": _bits(self.done),
                 "base": _bits(self.base), "key": self.key, "steps": self.steps}

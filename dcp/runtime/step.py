@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -89,6 +90,9 @@ class OpenStep:
     """Forwards with gradients this rank ran in the step so far."""
     mb_forwards: int = 0
     """Forwards with gradients of the pending micro-batch (one is the contract)."""
+    trained: Any = None
+    """The step's sample ids, ascending, checked new in the epoch when the plan was prepared
+    (``dcp.runtime.stepview.RankStep.trained``); None: the position checks them as the step finishes."""
 
     def start_micro_batch(self, index: int, mb: MicroBatch) -> None:
         self.mb_index, self.pending, self.applied, self.mb_forwards = index, mb, False, 0
@@ -113,7 +117,8 @@ class OpenStep:
     def finish(self, now: float) -> FinishedStep:
         # a rank that ran no forward this step (idle) counted 0 tokens; -1 marks "model gave no count"
         return FinishedStep(plan=self.plan, global_step=self.global_step, step_time_s=now - self.t0,
-                            tally=self.tally, has_count=self.tally.has_count or not self.group.micro_batches)
+                            tally=self.tally, has_count=self.tally.has_count or not self.group.micro_batches,
+                            n_step=self.n_step)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +132,8 @@ class FinishedStep:
     tally: StepTally
     has_count: bool
     """False when this rank's model ran forwards but reported no count."""
+    n_step: int = -1
+    """The step's N_step (the count the stats exchange checks the models' counts against); -1: not known."""
 
     def host_stats(self) -> tuple[torch.Tensor, torch.Tensor | None, float]:
         """(loss sum, count or None, busy seconds) on the host: the step's one device-to-host copy."""
