@@ -44,18 +44,22 @@ class StepTally:
 
     def add(self, loss: torch.Tensor, count: object | None) -> None:
         """Add one forward's (loss_sum, count) in fp64 / int64 whatever the compute precision, without
-        reading anything back to the host."""
+        reading anything back to the host. Runs once per micro-batch on the training thread: the usual case
+        (a one-element loss and a 0-dim integer count on the run's device) is two in-place adds."""
         loss = loss.detach()
+        if loss.dim():
+            loss = loss.reshape(())  # a (1,)-shaped loss_sum (the contract allows it) adds in place too
         if loss.device == self.loss.device:
             self.loss.add_(loss)  # in place, computed in fp64: no temporary per micro-batch
         else:
             self.loss += loss.to(self.loss.device, torch.float64)
-        if count is not None:
-            if isinstance(count, torch.Tensor) and count.device == self.count.device and not count.is_floating_point():
-                self.count.add_(count.detach().sum())
-            else:
-                self.count += torch.as_tensor(count).detach().to(self.count.device, torch.int64).sum()
-            self.has_count = True
+        if count is None:
+            return
+        if isinstance(count, torch.Tensor) and count.device == self.count.device and not count.is_floating_point():
+            self.count.add_(count.detach() if not count.dim() else count.detach().sum())
+        else:
+            self.count += torch.as_tensor(count).detach().to(self.count.device, torch.int64).sum()
+        self.has_count = True
 
     def busy_s(self) -> float:
         """Busy seconds of the step (reads CUDA events: call only when the step's stats are exchanged)."""
