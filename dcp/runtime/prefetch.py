@@ -39,6 +39,8 @@ class BatchPrefetcher:
     def __init__(self, dataset: Any, device: torch.device, *, enabled: bool) -> None:
         self.dataset, self.device = dataset, torch.device(device)
         self._pin = self.device.type == "cuda"
+        self._move = move_batch if self.device.type != "cpu" else None
+        """How a host batch reaches the run's device (None on CPU: it is there)."""
         self._requests: queue.SimpleQueue | None = None
         self._results: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -72,8 +74,9 @@ class BatchPrefetcher:
                 raise error  # the worker's exception, here on the training thread
             if ids == tuple(sample_ids):
                 self.prefetched += 1
-                return move_batch(batch, self.device)
-        return move_batch(self._collate(tuple(sample_ids)), self.device)
+                return batch if self._move is None else self._move(batch, self.device)
+        batch = self._collate(tuple(sample_ids))
+        return batch if self._move is None else self._move(batch, self.device)
 
     def _collate(self, sample_ids: tuple[int, ...]) -> Any:
         batch = self.dataset.collate([self.dataset[j] for j in sample_ids])

@@ -2,8 +2,8 @@
 
 ``OpenStep`` is the step between its start (``DCPManager`` begins it when ``get_data_iter`` reaches its
 plan) and the start of the next one; ``FinishedStep`` is what is left of it for the stats exchange. The
-``StepTally`` they carry accumulates on the run's device (fp64 loss sum, int64 label count) and holds the
-step's timer spans: nothing is read back to the host until a logged step's stats are exchanged.
+``StepTally`` they carry keeps the forwards' losses and counts (summed on the run's device, fp64 / int64, when a
+logged step's stats are exchanged: nothing is computed or read back before) and the step's timer spans.
 """
 
 from __future__ import annotations
@@ -24,12 +24,18 @@ class ManagerError(ValueError):
 
 @dataclass(slots=True)
 class StepTally:
-    """What this rank's forwards and timers add up during one step."""
+    """What this rank's forwards and timers add up during one step.
 
-    loss: torch.Tensor
-    """Sum of the forwards' loss_sum, float64 on the run's device."""
-    count: torch.Tensor
-    """Sum of the forwards' labelled-token counts, int64 on the run's device."""
+    The forwards' losses and counts are kept as given (the loss detached) and summed only when read, which is
+    when a logged step's stats are exchanged: an unlogged step (most of them, ``runtime.log_every``) runs no
+    tensor op per micro-batch for them on the training thread."""
+
+    device: torch.device
+    """The run's device: where the sums are computed."""
+    losses: list[torch.Tensor] = field(default_factory=list)
+    """Each forward's loss_sum, detached (one element, any floating dtype, on the run's device or another)."""
+    counts: list[Any] = field(default_factory=list)
+    """Each forward's labelled-token count: an int, or an integer tensor whose elements are summed."""
     has_count: bool = False
     """True once a forward reported a count (a model may report none)."""
     busy: list[tuple[int, Span]] = field(default_factory=list)
@@ -39,27 +45,29 @@ class StepTally:
 
     @classmethod
     def zeros(cls, device: torch.device | str) -> StepTally:
-        return cls(loss=torch.zeros((), dtype=torch.float64, device=device),
-                   count=torch.zeros((), dtype=torch.int64, device=device))
+        return cls(device=torch.device(device))
 
     def add(self, loss: torch.Tensor, count: object | None) -> None:
-        """Add one forward's (loss_sum, count) in fp64 / int64 whatever the compute precision, without
-        reading anything back to the host. Runs once per micro-batch on the training thread: the usual case
-        (a one-element loss and a 0-dim integer count on the run's device) is two in-place adds."""
-        loss = loss.detach()
-        if loss.dim():
-            loss = loss.reshape(())  # a (1,)-shaped loss_sum (the contract allows it) adds in place too
-        if loss.device == self.loss.device:
-            self.loss.add_(loss)  # in place, computed in fp64: no temporary per micro-batch
-        else:
-            self.loss += loss.to(self.loss.device, torch.float64)
-        if count is None:
-            return
-        if isinstance(count, torch.Tensor) and count.device == self.count.device and not count.is_floating_point():
-            self.count.add_(count.detach() if not count.dim() else count.detach().sum())
-        else:
-            self.count += torch.as_tensor(count).detach().to(self.count.device, torch.int64).sum()
-        self.has_count = True
+        """Add one forward's (loss_sum, count); nothing is computed or read back to the host here."""
+        self.losses.append(loss.detach())
+        if count is not None:
+            self.counts.append(count)
+            self.has_count = True
+
+    @property
+    def loss(self) -> torch.Tensor:
+        """Sum of the forwards' loss_sum, float64 on the run's device (each converted to fp64 before adding)."""
+        if not self.losses:
+            return torch.zeros((), dtype=torch.float64, device=self.device)
+        return torch.stack([x.reshape(()).to(self.device, torch.float64) for x in self.losses]).sum()
+
+    @property
+    def count(self) -> torch.Tensor:
+        """Sum of the forwards' labelled-token counts, int64 on the run's device."""
+        ints = sum(c for c in self.counts if not isinstance(c, torch.Tensor))
+        total = torch.full((), ints, dtype=torch.int64, device=self.device)
+        tensors = [c.detach().to(self.device, torch.int64).sum() for c in self.counts if isinstance(c, torch.Tensor)]
+        return total + torch.stack(tensors).sum() if tensors else total
 
     def busy_s(self) -> float:
         """Busy seconds of the step (reads CUDA events: call only when the step's stats are exchanged)."""
