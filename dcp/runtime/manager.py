@@ -27,7 +27,7 @@ the Hugging Face integration, which sit above the runtime.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
 from typing import Any
 
@@ -54,7 +54,7 @@ from dcp.runtime.loop import StepLoop
 from dcp.runtime.lr import step_lr
 from dcp.runtime.phases import PhaseBoard
 from dcp.runtime.position import remapped
-from dcp.runtime.profiling import Measurements, ProfileSource, TableLoader
+from dcp.runtime.profiling import Measurements, MicroBatchTimer, ProfileSource, TableLoader
 from dcp.runtime.recompute import run_layer, wrap_layers
 from dcp.runtime.registry import SPGroupRegistry
 from dcp.runtime.step import ManagerError, OpenStep, StepTally
@@ -192,25 +192,15 @@ class DCPManager:
             self.adapter = adapter
         self.table = self._tables.load(self.model, self.registry, self.adapter, **profiler_kwargs)
 
-    @contextmanager
-    def profile(self, batch: Any = None, model: Any = None, gas: Any = None) -> Iterator[None]:
-        """Time one micro-batch (forward, backward, step). ``gas`` is accepted for the paper's signature;
-        DCP takes ga_steps from the plan (``mgr.gas``)."""
+    def profile(self, batch: Any = None, model: Any = None, gas: Any = None) -> MicroBatchTimer:
+        """Time one micro-batch (forward, backward, step): a context manager (``MicroBatchTimer``). ``gas`` is
+        accepted for the paper's signature; DCP takes ga_steps from the plan (``mgr.gas``)."""
         step = self._step
-        tally = step.tally if step is not None else self._idle_tally
-        mb = step.pending if step is not None else None
-        sync_before = len(tally.syncs)
-        token = self._watch.start()
-        try:
-            yield
-        finally:
-            # busy = the micro-batch minus the gradient sync + update it contains (engine.step at the boundary).
-            # On CUDA these are event spans, read only when the step's stats are exchanged: no sync here.
-            span = self._watch.stop(token)
-            tally.busy.append((1, span))
-            tally.busy.extend((-1, s) for s in tally.syncs[sync_before:])
-            if mb is not None:
-                self._timings.add((mb.seq_group, mb.size, step.group.sp_size, step.group.recompute_layers), span)
+        if step is None:
+            return MicroBatchTimer(self._watch, self._timings, self._idle_tally, None)
+        mb, group = step.pending, step.group
+        key = (mb.seq_group, len(mb.sample_ids), group.sp_size, group.recompute_layers) if mb is not None else None
+        return MicroBatchTimer(self._watch, self._timings, step.tally, key)
 
     # ----- data (paper step 2) -------------------------------------------------------------------
     def epoch_plans(self, epoch: int, ids: Any = None, *, per_rank: bool = False) -> Iterator[Any]:

@@ -176,3 +176,24 @@ def test_step_tally_adds_every_loss_and_count_the_contract_allows():
     assert tally.loss.dtype == torch.float64 and float(tally.loss) == 2.0 + 1.5 + 0.5 + 1.0
     assert tally.count.dtype == torch.int64 and int(tally.count) == 3 + 4 + 5 + 6 and tally.has_count
     assert not tally.loss.requires_grad
+
+
+def test_the_micro_batch_timer_files_the_busy_span_minus_the_syncs_inside_it():
+    from dcp.distributed.device import Span
+    from dcp.runtime.profiling import Measurements, MicroBatchTimer
+
+    class Clock:  # a stopwatch whose spans are 5 s
+        def start(self):
+            return 0.0
+
+        def stop(self, token):
+            return Span(seconds=5.0)
+
+    tally, rows = StepTally.zeros("cpu"), Measurements(cuda=False)
+    tally.syncs.append(Span(seconds=9.0))  # an earlier micro-batch's sync: not this one's
+    with MicroBatchTimer(Clock(), rows, tally, (2, 3, 4, 1)):
+        tally.syncs.append(Span(seconds=1.5))  # engine.step at the boundary, inside the block
+    assert tally.busy_s() == 5.0 - 1.5 and list(rows.rows) == [(2, 3, 4, 1, 5.0)]
+    with MicroBatchTimer(Clock(), rows, tally, None):  # outside a step: busy time, no measurement row
+        pass
+    assert tally.busy_s() == 2 * 5.0 - 1.5 and len(rows.rows) == 1
