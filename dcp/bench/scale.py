@@ -18,8 +18,11 @@ per step (CPU time of the training thread in a step minus its CPU time in the mo
 and optimizer step and the census's own work; the manager's step_done, which engine.step calls, counts as host; waiting for the GIL, a plan or other processes on a shared
 host is not counted; ``host_wall_ms_per_step`` is the wall-clock version, which counts them), planning CPU per step (CPU of threads other than the
 training thread) and its exposed part (time the training thread waited for a plan), and the steps planned
-before step 0 ran. Steps 1.. are used (step 0 starts inside start-up). ``--json``: the last line is
-``{"rows": [...]}``.
+before step 0 ran. Steps 1.. are used (step 0 starts inside start-up). The run prefetches
+(``runtime.prefetch = "on"``, ``--prefetch``): the next micro-batch is collated on a background thread while
+the current one trains, as on a GPU job (where ``auto`` turns it on); its collation CPU is reported apart
+(``collate_offthread_ms_per_step``), neither host nor planning time. ``--json``: the last line is
+``{"rows": [...]}``, each row with its ``prefetch`` mode.
 """
 
 from __future__ import annotations
@@ -52,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="samples per rank and step to draw (a paper-scale step holds ~40 per rank)")
     parser.add_argument("--log-every", type=int, default=0,
                         help="runtime.log_every of the run (0: the config's default)")
+    parser.add_argument("--prefetch", choices=("on", "off", "auto"), default="on",
+                        help="runtime.prefetch of the run: on (default) collates the next micro-batch on a background "
+                             "thread, as a GPU job does (auto is on only on CUDA)")
     parser.add_argument("--json", action="store_true", help='print a last line {"rows": [...]}')
 
 
@@ -86,10 +92,15 @@ def run(args: argparse.Namespace) -> int:
     if not args.mb_ms >= 0:
         raise ValueError(f"--mb-ms ({args.mb_ms}) must be >= 0: 0 runs the model without a device stand-in")
     jobs = [(w, r) for w in sizes for r in _ranks(args.ranks, w)]
+    print(f"# runtime.prefetch = {args.prefetch}" + (": the next micro-batch is collated on a background thread, as "
+          "on a GPU job (runtime.prefetch auto), so collation is off the training thread (collate_ms: its time)"
+          if args.prefetch == "on" else ": collation runs on the training thread unless prefetching is on"),
+          flush=True)
     rows = []
     for w, r in jobs:
         spec = {"world_size": w, "rank": r, "steps": args.steps, "mb_ms": args.mb_ms, "dataset": args.dataset,
-                "samples_per_rank": args.samples_per_rank, "log_every": args.log_every}
+                "samples_per_rank": args.samples_per_rank, "log_every": args.log_every,
+                "prefetch": args.prefetch}
         rows.append(run_worker(spec))
         print(_line(rows[-1]), flush=True) if len(rows) == 1 else print(_line(rows[-1], header=False), flush=True)
     for row in rows:
@@ -287,6 +298,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     config, table = paper_config(sc, "dcp-intra"), paper_table(sc, w)
     if spec.get("log_every"):
         config = config.replace(runtime=dataclasses.replace(config.runtime, log_every=spec["log_every"]))
+    config = config.replace(runtime=dataclasses.replace(config.runtime, prefetch=spec.get("prefetch", "on")))
     lengths = load_lengths(spec["dataset"], scale="paper", num_samples=spec["samples_per_rank"] * w * (steps + 2))
     data, model, probe = _TokenDataset(lengths.tokens), _tiny_model(), _Probe()
     data.clock = probe.tick
@@ -296,12 +308,14 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         logits = model(batch.inputs[:, :16])
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch.targets[:, :16].flatten(),
                                                  ignore_index=-100, reduction="sum")
+        # the model sees 16 tokens of each sample; the count is the batch's labelled tokens, as planned (the
+        # model's own work: timed with it)
+        count = (batch.targets != -100).sum()
         if mb_s:
             time.sleep(mb_s)  # the device's compute: the plan-ahead thread runs meanwhile
         probe.model_s[tick] += time.perf_counter() - t0
         probe.model_cpu_s[tick] += time.thread_time() - c0
-        # the model sees 16 tokens of each sample; the count is the batch's labelled tokens, as planned
-        return loss, (batch.targets != -100).sum()
+        return loss, count
 
     census = Census(dist, clock=probe.tick, agreeing_world=True, others_row=_without_count)
     with census:
@@ -315,7 +329,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         eng.step = probe.timed(eng.step, census, "grad-sync")
         eng.idle_step = probe.timed(eng.idle_step, census, "grad-sync")
         plans = mgr.epoch_plans
-        mgr.epoch_plans = lambda epoch, ids=None: _Plans(plans(epoch, ids), probe)
+        mgr.epoch_plans = lambda epoch, ids=None, **kw: _Plans(plans(epoch, ids, **kw), probe)
         t1 = time.perf_counter()
         before0 = first_s = None
         for batch in mgr.get_data_iter(max_steps=steps):
@@ -389,7 +403,7 @@ def _row(spec: dict[str, Any], census: Any, probe: _Probe, data: _TokenDataset, 
         "steps_timed": len(ticks), "logged_steps_timed": len(world_logged),
         "collectives": collectives,
         "samples": spec["samples_per_rank"] * w * (spec["steps"] + 2), "mb_ms": spec["mb_ms"],
-        "log_every": config_log_every,
+        "log_every": config_log_every, "prefetch": spec.get("prefetch", "on"),
     }
 
 

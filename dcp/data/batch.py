@@ -66,14 +66,25 @@ class Batch:
         return dataclasses.replace(self, inputs=self.inputs.to(device), targets=self.targets.to(device))
 
 
+ROW_COPY_MAX_SAMPLES = 16
+"""collate_tokens copies row by row up to this many samples, and pads them in one call beyond (where it is faster:
+~0.2 ms instead of ~0.4 ms for 64 short samples; below, the few extra whole-batch passes cost more than they save)."""
+
+
 def collate_tokens(samples: Sequence[torch.Tensor], sample_ids: Sequence[int] = ()) -> Batch:
     """1D batch from token sequences: right-pad with 0, targets = next token, -100 past each sample's end."""
     lens = [int(s.numel()) for s in samples]
-    inputs = torch.zeros(len(samples), max(lens), dtype=torch.long)
-    targets = torch.full_like(inputs, IGNORE_INDEX)
-    for i, s in enumerate(samples):
-        inputs[i, : lens[i]] = s
-        targets[i, : lens[i] - 1] = s[1:]
+    if len(samples) > ROW_COPY_MAX_SAMPLES:
+        inputs = torch.nn.utils.rnn.pad_sequence([s.reshape(-1).long() for s in samples], batch_first=True)
+        targets = inputs.roll(-1, 1)  # the next token; from each sample's last token on, -100:
+        last = torch.tensor(lens, dtype=torch.long).sub_(1).unsqueeze_(1)
+        targets.masked_fill_(torch.arange(inputs.shape[1]) >= last, IGNORE_INDEX)
+    else:
+        inputs = torch.zeros(len(samples), max(lens), dtype=torch.long)
+        targets = torch.full_like(inputs, IGNORE_INDEX)
+        for i, s in enumerate(samples):
+            inputs[i, : lens[i]] = s
+            targets[i, : lens[i] - 1] = s[1:]
     return Batch(inputs=inputs, targets=targets, seq_lens=tuple(lens), sample_ids=tuple(sample_ids))
 
 

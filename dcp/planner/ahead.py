@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from dcp.planner.serve import receive, send
@@ -89,12 +89,12 @@ class _Buffer:
             return item
 
 
-def _produce(it: Iterator[Any], buf: _Buffer, stop: threading.Event) -> None:
+def _produce(it: Iterator[Any], buf: _Buffer, stop: threading.Event, prepare: Callable[[Any], Any] | None) -> None:
     """Thread body: references only the source, the buffer and the event (not the PlanAhead), so dropping
     the PlanAhead closes it."""
     try:
         for item in it:
-            if not buf.put(stop, (item, None)):
+            if not buf.put(stop, (item if prepare is None else prepare(item), None)):
                 return
         last: tuple[Any, BaseException | None] = (_END, None)
     except BaseException as exc:  # re-raised in the consumer
@@ -103,9 +103,12 @@ def _produce(it: Iterator[Any], buf: _Buffer, stop: threading.Event) -> None:
 
 
 class PlanAhead:
-    """Iterator over the plans of ``plans``, computed ``depth`` steps ahead by one background thread."""
+    """Iterator over the plans of ``plans``, computed ``depth`` steps ahead by one background thread;
+    ``prepare``: applied to each plan on that thread (the runtime's per-rank view of the step,
+    ``dcp.runtime.stepview``), its results are what ``next()`` returns."""
 
-    def __init__(self, plans: Iterable[Any], depth: int = DEFAULT_DEPTH) -> None:
+    def __init__(self, plans: Iterable[Any], depth: int = DEFAULT_DEPTH,
+                 prepare: Callable[[Any], Any] | None = None) -> None:
         if depth < 1:
             raise ValueError(f"depth ({depth}) must be >= 1: the number of plans computed ahead, e.g. 2")
         self._buffer = _Buffer(depth)
@@ -114,7 +117,8 @@ class PlanAhead:
         self._stop = threading.Event()
         self._done = False
         self._thread = threading.Thread(
-            target=_produce, args=(iter(plans), self._buffer, self._stop), name="dcp-plan-ahead", daemon=True
+            target=_produce, args=(iter(plans), self._buffer, self._stop, prepare), name="dcp-plan-ahead",
+            daemon=True
         )
         self._thread.start()
 
@@ -262,15 +266,16 @@ class RemotePlans:
         self.terminate()
 
 
-def planned_ahead(planner_kwargs: dict[str, Any], where: str = "thread", depth: int = DEFAULT_DEPTH) -> PlanAhead:
+def planned_ahead(planner_kwargs: dict[str, Any], where: str = "thread", depth: int = DEFAULT_DEPTH,
+                  prepare: Callable[[Any], Any] | None = None) -> PlanAhead:
     """The plans of ``EpochPlanner(**planner_kwargs)``, computed ``depth`` steps ahead on a background thread
     (``where = "thread"``) or in a child process that the thread reads (``"process"``, ``RemotePlans``):
-    ``planning.plan_ahead``. The same plans either way."""
+    ``planning.plan_ahead``. The same plans either way; ``prepare`` (see PlanAhead) runs on the thread."""
     if where == "process":
-        return PlanAhead(RemotePlans(planner_kwargs), depth)
+        return PlanAhead(RemotePlans(planner_kwargs), depth, prepare)
     from dcp.planner.assemble import EpochPlanner
 
-    return PlanAhead(EpochPlanner(**planner_kwargs), depth)
+    return PlanAhead(EpochPlanner(**planner_kwargs), depth, prepare)
 
 
 __all__ = ["DEFAULT_DEPTH", "PlanAhead", "RemotePlans", "planned_ahead"]

@@ -161,9 +161,10 @@ class AgreementExchange:
         rt = self.runtime
         return global_step % rt.log_every == 0 or bool(rt.stats_every and global_step % rt.stats_every == 0)
 
-    def note_plan(self, plan: StepPlan) -> None:
-        """Fold the plan of the step about to run into the running digest (no collective)."""
-        digest = plan.digest()
+    def note_plan(self, plan: StepPlan, digest: str = "") -> None:
+        """Fold the plan of the step about to run into the running digest (no collective); ``digest``: its
+        ``plan.digest()`` when already computed (on the plan-ahead thread: dcp.runtime.stepview)."""
+        digest = digest or plan.digest()
         self._chain.update(digest.encode())
         self._since.append((plan.epoch, plan.step, digest))
 
@@ -213,7 +214,9 @@ class AgreementExchange:
         plan = done.plan
         loss_sum, count, busy_s = gathered_stats(table)
         if count >= 0 and self.runtime.loss_weighting == "tokens":
-            check_step_count(plan.step, step_normaliser(plan, target_counts, "tokens"), count)
+            # N_step as the step opened with it (computed on the plan-ahead thread), else from the plan
+            n_step = done.n_step if done.n_step >= 0 else step_normaliser(plan, target_counts, "tokens")
+            check_step_count(plan.step, n_step, count)
         stats = StepStats(
             epoch=plan.epoch, step=plan.step, global_step=done.global_step,
             loss=loss_sum / count if count > 0 else float("nan"), count=max(count, 0),

@@ -28,7 +28,7 @@ from dcp.runtime.position import EpochPosition
 from dcp.runtime.prefetch import BatchPrefetcher
 from dcp.runtime.profiling import Measurements
 from dcp.runtime.step import FinishedStep, ManagerError, OpenStep, StepTally
-from dcp.runtime.weighting import step_normaliser
+from dcp.runtime.stepview import RankStep, StepViews, rank_steps
 
 _NOT_PULLED = object()
 """run_epoch's marker: the next plan was not pulled ahead for prefetching."""
@@ -68,15 +68,18 @@ class StepLoop:
         plan = self.step.plan if self.step is not None else None
         return f"{what} of epoch {self.epoch} step {plan.step}" if plan is not None else f"{what} of epoch {self.epoch}"
 
-    def run_epoch(self, plans: Iterator[StepPlan], engine: Any, max_steps: int | None) -> Iterator[Any]:
+    def run_epoch(self, plans: Iterator[RankStep | StepPlan], engine: Any, max_steps: int | None) -> Iterator[Any]:
         """This rank's micro-batches of ``plans``, the epoch's steps not yet done (EpochPosition.resume).
 
         Plans are pulled one at a time: the first is checked across ranks before it runs, and the next
         one only when this rank's last micro-batch of a step is yielded (its first micro-batch is then
-        collated on the prefetch thread while that one trains)."""
+        collated on the prefetch thread while that one trains). ``plans`` are RankSteps prepared on the
+        plan-ahead thread (``DCPManager.epoch_plans(..., per_rank=True)``); a plain StepPlan is prepared here (dcp.runtime.stepview)."""
         self._check_not_left_mid_step()
+        views = StepViews(rank=self.rank, world_size=self.world_size, target_counts=self.target_counts,
+                          loss_weighting=self.config.runtime.loss_weighting, done=self.position.done)
         with self.board.heartbeat() if self.board is not None else nullcontext():
-            yield from self._run(iter(plans), engine, max_steps)
+            yield from self._run(rank_steps(plans, views), engine, max_steps)
 
     def _check_not_left_mid_step(self) -> None:
         """A get_data_iter() left inside a step whose forward ran (a break) cannot be restarted: that step's
@@ -95,24 +98,24 @@ class StepLoop:
             "loop at a step boundary (get_data_iter(max_steps=N)), or build a new manager and restore the model "
             "and optimizer from a checkpoint")
 
-    def _run(self, todo: Iterator[StepPlan], engine: Any, max_steps: int | None) -> Iterator[Any]:
+    def _run(self, todo: Iterator[RankStep], engine: Any, max_steps: int | None) -> Iterator[Any]:
         epoch, done = self.epoch, 0
         mode = self.config.runtime.prefetch
         fetch = BatchPrefetcher(self.dataset, self.device,
                                 enabled=mode == "on" or (mode == "auto" and self.device.type == "cuda"))
         try:
-            plan, first = next(todo, None), True
-            while plan is not None:
+            view, first = next(todo, None), True
+            while view is not None:
                 if max_steps is not None and done >= max_steps:
-                    self.begin_step(None, pause_step=plan.step)  # flush stats here
+                    self.begin_step(None, pause_step=view.plan.step)  # flush stats here
                     return
                 done += 1
-                if plan.world_size != self.world_size:
+                if view.group is None:
                     raise PlanMismatchError(
-                        f"plan world_size ({plan.world_size}) != torch.distributed world size ({self.world_size}): "
-                        "plan with the world size of the job"
+                        f"plan world_size ({view.plan.world_size}) != torch.distributed world size "
+                        f"({self.world_size}): plan with the world size of the job"
                     )
-                step = self.begin_step(plan, first=first)
+                step = self.begin_step(view, first=first)
                 first, upcoming = False, _NOT_PULLED
                 if not step.group.micro_batches:
                     engine.idle_step()
@@ -124,8 +127,8 @@ class StepLoop:
                         fetch.ahead(mbs[i + 1].sample_ids)
                     elif fetch.enabled and (max_steps is None or done < max_steps):
                         upcoming = next(todo, None)
-                        if upcoming is not None and upcoming.world_size == self.world_size:
-                            ahead = upcoming.group_of(self.rank).micro_batches
+                        if upcoming is not None and upcoming.group is not None:
+                            ahead = upcoming.group.micro_batches
                             if ahead:
                                 fetch.ahead(ahead[0].sample_ids)
                     step.start_micro_batch(i, mb)
@@ -135,28 +138,31 @@ class StepLoop:
                     yield batch
                 if step.open:
                     raise ManagerError(
-                        f"epoch {epoch} step {plan.step}: engine.step() was not called after the last micro-batch "
-                        "(the step's gradient sync never ran): call model.step() after every model.backward(loss)"
+                        f"epoch {epoch} step {view.plan.step}: engine.step() was not called after the last "
+                        "micro-batch (the step's gradient sync never ran): call model.step() after every "
+                        "model.backward(loss)"
                     )
-                plan = next(todo, None) if upcoming is _NOT_PULLED else upcoming
+                view = next(todo, None) if upcoming is _NOT_PULLED else upcoming
         finally:
             self.prefetched += fetch.prefetched
             fetch.close()
         self.begin_step(None)  # flush the last step's stats; all ranks must end the epoch together
         self.position = EpochPosition.start(epoch + 1, self.position.num_samples)
 
-    def begin_step(self, plan: StepPlan | None, *, pause_step: int | None = None,
+    def begin_step(self, view: RankStep | None, *, pause_step: int | None = None,
                    first: bool = False) -> OpenStep | None:
-        """Close the previous step and open ``plan``'s (None: the end of the epoch, or a pause when
-        ``pause_step`` is given); ``first``: the first step of this get_data_iter() call.
+        """Close the previous step and open ``view``'s (None: the end of the epoch, or a pause when
+        ``pause_step`` is given); ``first``: the first step of this get_data_iter() call. O(this rank's
+        micro-batches): what reads the whole plan was computed with ``view`` (dcp.runtime.stepview).
 
         The agreement exchange runs when the finished step is a logged one, at the end of the epoch and at a
         pause, and (``check_plan_hash``) at the first step; never on other steps."""
         now = time.perf_counter()
         done = self.step.finish(now) if self.step is not None else None
         self.step = None
-        if plan is not None:
-            self.exchange.note_plan(plan)  # folded into the running digest: compared at the next exchange
+        plan = view.plan if view is not None else None
+        if view is not None:
+            self.exchange.note_plan(plan, view.digest)  # folded into the running digest: compared at the next exchange
         # a logged step's stats are exchanged, and the last step's at the end of the epoch or a pause
         logged = done is not None and (plan is None or self.exchange.wants_stats(done.global_step))
         if logged or (self.config.runtime.check_plan_hash and (first or plan is None)):
@@ -170,11 +176,10 @@ class StepLoop:
                 self.board.note = ""  # every rank is back in step
         if plan is None:
             return None
-        n_step = step_normaliser(plan, self.target_counts, self.config.runtime.loss_weighting)
-        self.step = OpenStep(plan=plan, group=plan.group_of(self.rank), n_step=n_step,
-                             global_step=self.global_step + 1, t0=now, tally=StepTally.zeros(self.device))
+        self.step = OpenStep(plan=plan, group=view.group, n_step=view.n_step, global_step=self.global_step + 1,
+                             t0=now, tally=StepTally.zeros(self.device), trained=view.trained)
         if self.lr is not None:
-            self.lr.apply(plan.tokens)
+            self.lr.apply(view.tokens)
         return self.step
 
     def _exchange_stats(self, done: FinishedStep | None, *, where: str, kind: int, step: int) -> None:
@@ -199,5 +204,8 @@ class StepLoop:
         step = self.step
         step.tally.syncs.append(sync if isinstance(sync, Span) else Span(seconds=float(sync)))
         step.open = False
-        self.position.record(step.plan.sample_id_array, step.plan.step)  # every sample once per epoch
+        if step.trained is not None:  # checked new in the epoch when the plan was prepared (dcp.runtime.stepview)
+            self.position.record_checked(step.trained)
+        else:
+            self.position.record(step.plan.sample_id_array, step.plan.step)  # every sample once per epoch
         self.global_step += 1

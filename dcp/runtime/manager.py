@@ -27,7 +27,7 @@ the Hugging Face integration, which sit above the runtime.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
 from typing import Any
 
@@ -54,10 +54,11 @@ from dcp.runtime.loop import StepLoop
 from dcp.runtime.lr import step_lr
 from dcp.runtime.phases import PhaseBoard
 from dcp.runtime.position import remapped
-from dcp.runtime.profiling import Measurements, ProfileSource, TableLoader
+from dcp.runtime.profiling import Measurements, MicroBatchTimer, ProfileSource, TableLoader
 from dcp.runtime.recompute import run_layer, wrap_layers
 from dcp.runtime.registry import SPGroupRegistry
 from dcp.runtime.step import ManagerError, OpenStep, StepTally
+from dcp.runtime.stepview import StepViews
 from dcp.runtime.weighting import micro_batch_weight
 
 PlanSource = Callable[[int], Any]  # epoch -> iterable of StepPlans
@@ -191,30 +192,23 @@ class DCPManager:
             self.adapter = adapter
         self.table = self._tables.load(self.model, self.registry, self.adapter, **profiler_kwargs)
 
-    @contextmanager
-    def profile(self, batch: Any = None, model: Any = None, gas: Any = None) -> Iterator[None]:
-        """Time one micro-batch (forward, backward, step). ``gas`` is accepted for the paper's signature;
-        DCP takes ga_steps from the plan (``mgr.gas``)."""
+    def profile(self, batch: Any = None, model: Any = None, gas: Any = None) -> MicroBatchTimer:
+        """Time one micro-batch (forward, backward, step): a context manager (``MicroBatchTimer``). ``gas`` is
+        accepted for the paper's signature; DCP takes ga_steps from the plan (``mgr.gas``)."""
         step = self._step
-        tally = step.tally if step is not None else self._idle_tally
-        mb = step.pending if step is not None else None
-        sync_before = len(tally.syncs)
-        token = self._watch.start()
-        try:
-            yield
-        finally:
-            # busy = the micro-batch minus the gradient sync + update it contains (engine.step at the boundary).
-            # On CUDA these are event spans, read only when the step's stats are exchanged: no sync here.
-            span = self._watch.stop(token)
-            tally.busy.append((1, span))
-            tally.busy.extend((-1, s) for s in tally.syncs[sync_before:])
-            if mb is not None:
-                self._timings.add((mb.seq_group, mb.size, step.group.sp_size, step.group.recompute_layers), span)
+        if step is None:
+            return MicroBatchTimer(self._watch, self._timings, self._idle_tally, None)
+        mb, group = step.pending, step.group
+        key = (mb.seq_group, len(mb.sample_ids), group.sp_size, group.recompute_layers) if mb is not None else None
+        return MicroBatchTimer(self._watch, self._timings, step.tally, key)
 
     # ----- data (paper step 2) -------------------------------------------------------------------
-    def epoch_plans(self, epoch: int, ids: Any = None) -> Iterator[StepPlan]:
+    def epoch_plans(self, epoch: int, ids: Any = None, *, per_rank: bool = False) -> Iterator[Any]:
         """The StepPlans of ``epoch`` over sample ids ``ids`` (None: all; deterministic: the same on every rank
-        and on every replay); a custom plan source takes no ids (it cannot re-plan a resumed epoch's rest)."""
+        and on every replay); a custom plan source takes no ids (it cannot re-plan a resumed epoch's rest).
+        ``per_rank``: each as this rank's ``RankStep`` (dcp.runtime.stepview: its group, digest, N_step, samples),
+        prepared on the plan-ahead thread as it is made, so that the training thread does no O(world size) work
+        per step (what get_data_iter runs; a custom source's plans are prepared by the step loop)."""
         if self._plans is not None:
             return iter(self._plans(epoch)) if ids is None or len(ids) == len(self.lengths) else _no_replan(epoch)
         if self.table is None:
@@ -223,10 +217,14 @@ class DCPManager:
 
         # planned a few steps ahead on a background thread, or in a child process that the thread reads
         # (same plans, same order: dcp.planner.ahead); a resumed epoch's rest is planned as a smaller dataset
-        ids = np.arange(len(self.lengths)) if ids is None else ids
+        ids = np.arange(len(self.lengths)) if ids is None else np.asarray(ids, dtype=np.int64)
         kwargs = dict(lengths=[self.lengths[i] for i in ids], table=self.table, config=self.config, epoch=epoch,
                       world_size=self.world_size, shapes=[self.shapes[i] for i in ids] if self.shapes else None)
-        return remapped(planned_ahead(kwargs, self.config.planning.plan_ahead), ids)
+        if not per_rank:
+            return remapped(planned_ahead(kwargs, self.config.planning.plan_ahead), ids)
+        views = StepViews(rank=self.rank, world_size=self.world_size, target_counts=self._target_counts_np,
+                          loss_weighting=self.config.runtime.loss_weighting, ids=ids)
+        return planned_ahead(kwargs, self.config.planning.plan_ahead, prepare=views)
 
     def get_data_iter(self, max_steps: int | None = None) -> Iterator[Any]:
         """This rank's micro-batches (Batch objects) of the current epoch's untrained samples (see state_dict).
@@ -242,7 +240,7 @@ class DCPManager:
         if self.table is None and self._plans is None:
             self.init_profiler()
         plans = ckpt.resume(self._loop.position, self._data, self.table, self.config, self.world_size,
-                            lambda ids: self.epoch_plans(epoch, ids), self.log if self.rank == 0 else None)
+                            lambda ids: self.epoch_plans(epoch, ids, per_rank=True), self.log if self.rank == 0 else None)
         finished = False
         try:
             yield from self._loop.run_epoch(plans, self.engine, max_steps)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -65,13 +65,18 @@ def segment_key(data_digest: str, base: np.ndarray, inputs: Iterable[str]) -> st
     return h.hexdigest()[:24]
 
 
+SETTLE_IDS = 1 << 20
+"""``record_checked`` keeps up to this many sample ids (8 MiB) of finished steps before marking them in the bitmap."""
+
+
 @dataclass(slots=True)
 class EpochPosition:
     """The data position of one epoch (see the module docstring); mutated as steps finish."""
 
     epoch: int
-    done: np.ndarray
-    """Samples the epoch's finished steps trained (bool per sample)."""
+    _done: np.ndarray
+    """Samples the epoch's finished steps trained (bool per sample): read it as ``done``, which first marks the
+    steps ``record_checked`` keeps."""
     base: np.ndarray
     """Samples done when the current segment's plan was made (a subset of ``done``)."""
     key: str = ""
@@ -81,6 +86,25 @@ class EpochPosition:
     legacy: bool = False
     """Restored from a step-index checkpoint of an older dcp (same config, lengths and world size, so the same
     plan): ``done`` is learnt from the skipped steps instead of checked against them."""
+    _kept: list[np.ndarray] = field(default_factory=list, repr=False, compare=False)
+    """Sample ids of finished steps not yet marked in ``_done`` (``record_checked``)."""
+
+    @property
+    def done(self) -> np.ndarray:
+        """Samples the epoch's finished steps trained (bool per sample)."""
+        if self._kept:
+            self._settle()
+        return self._done
+
+    @done.setter
+    def done(self, value: np.ndarray) -> None:
+        self._kept.clear()
+        self._done = value
+
+    def _settle(self) -> None:
+        for ids in self._kept:
+            self._done[ids] = True
+        self._kept.clear()
 
     @classmethod
     def start(cls, epoch: int, num_samples: int) -> EpochPosition:
@@ -88,7 +112,7 @@ class EpochPosition:
 
     @property
     def num_samples(self) -> int:
-        return len(self.done)
+        return len(self._done)
 
     def remaining(self) -> np.ndarray:
         """Sample ids the current segment plans (those not in ``base``), ascending."""
@@ -111,6 +135,16 @@ class EpochPosition:
             again = "a sample twice in the step"
         raise PositionError(f"epoch {self.epoch} step {step} trained samples {again} a second time in this epoch: "
                             "this is a bug in the plan source; report it with the plan")
+
+    def record_checked(self, sample_ids: np.ndarray) -> None:
+        """A step of the current segment finished, having trained ``sample_ids`` (ascending), which were checked to be
+        new in the epoch when its plan was prepared (``dcp.runtime.stepview.StepViews``). They are kept and marked
+        in the bitmap when ``done`` is read (a checkpoint, a resume) or SETTLE_IDS of them are kept: a step at 4096
+        ranks holds ~160,000 samples, and marking them took the training thread ~0.2-1.5 ms every step."""
+        self._kept.append(sample_ids)
+        self.steps += 1
+        if sum(len(k) for k in self._kept) >= SETTLE_IDS:
+            self._settle()
 
     def to_state(self) -> dict[str, Any]:
         return {"format": FORMAT, "epoch": self.epoch, "num_samples": self.num_samples, "done": _bits(self.done),

@@ -96,6 +96,32 @@ def _strict_error(exc: Exception) -> ManagerError:
     )
 
 
+class MicroBatchTimer:
+    """``DCPManager.profile``'s context: the micro-batch's busy span (minus the gradient syncs inside it) into the
+    step's tally, and its (seq_group, size, sp_size, recompute_layers) row into the measurements. A class with
+    slots rather than a generator context: it runs once per micro-batch on the training thread."""
+
+    __slots__ = ("_watch", "_timings", "_tally", "_key", "_syncs", "_token")
+
+    def __init__(self, watch: Any, timings: Measurements, tally: Any, key: tuple[int, int, int, int] | None) -> None:
+        self._watch, self._timings, self._tally, self._key = watch, timings, tally, key
+
+    def __enter__(self) -> None:
+        self._syncs = len(self._tally.syncs)
+        self._token = self._watch.start()
+
+    def __exit__(self, *exc: object) -> None:
+        # busy = the micro-batch minus the gradient sync + update it contains (engine.step at the boundary).
+        # On CUDA these are event spans, read only when the step's stats are exchanged: no sync here.
+        span = self._watch.stop(self._token)
+        tally = self._tally
+        tally.busy.append((1, span))
+        if len(tally.syncs) > self._syncs:
+            tally.busy.extend((-1, s) for s in tally.syncs[self._syncs:])
+        if self._key is not None:
+            self._timings.add(self._key, span)
+
+
 class Measurements:
     """(seq_group, micro_batch_size, sp_size, recompute_layers, seconds) of every profiled micro-batch.
 

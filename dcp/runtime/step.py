@@ -2,14 +2,15 @@
 
 ``OpenStep`` is the step between its start (``DCPManager`` begins it when ``get_data_iter`` reaches its
 plan) and the start of the next one; ``FinishedStep`` is what is left of it for the stats exchange. The
-``StepTally`` they carry accumulates on the run's device (fp64 loss sum, int64 label count) and holds the
-step's timer spans: nothing is read back to the host until a logged step's stats are exchanged.
+``StepTally`` they carry keeps the forwards' losses and counts (summed on the run's device, fp64 / int64, when a
+logged step's stats are exchanged: nothing is computed or read back before) and the step's timer spans.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -23,12 +24,18 @@ class ManagerError(ValueError):
 
 @dataclass(slots=True)
 class StepTally:
-    """What this rank's forwards and timers add up during one step."""
+    """What this rank's forwards and timers add up during one step.
 
-    loss: torch.Tensor
-    """Sum of the forwards' loss_sum, float64 on the run's device."""
-    count: torch.Tensor
-    """Sum of the forwards' labelled-token counts, int64 on the run's device."""
+    The forwards' losses and counts are kept as given (the loss detached) and summed only when read, which is
+    when a logged step's stats are exchanged: an unlogged step (most of them, ``runtime.log_every``) runs no
+    tensor op per micro-batch for them on the training thread."""
+
+    device: torch.device
+    """The run's device: where the sums are computed."""
+    losses: list[torch.Tensor] = field(default_factory=list)
+    """Each forward's loss_sum, detached (one element, any floating dtype, on the run's device or another)."""
+    counts: list[Any] = field(default_factory=list)
+    """Each forward's labelled-token count: an int, or an integer tensor whose elements are summed."""
     has_count: bool = False
     """True once a forward reported a count (a model may report none)."""
     busy: list[tuple[int, Span]] = field(default_factory=list)
@@ -38,23 +45,29 @@ class StepTally:
 
     @classmethod
     def zeros(cls, device: torch.device | str) -> StepTally:
-        return cls(loss=torch.zeros((), dtype=torch.float64, device=device),
-                   count=torch.zeros((), dtype=torch.int64, device=device))
+        return cls(device=torch.device(device))
 
     def add(self, loss: torch.Tensor, count: object | None) -> None:
-        """Add one forward's (loss_sum, count) in fp64 / int64 whatever the compute precision, without
-        reading anything back to the host."""
-        loss = loss.detach()
-        if loss.device == self.loss.device:
-            self.loss.add_(loss)  # in place, computed in fp64: no temporary per micro-batch
-        else:
-            self.loss += loss.to(self.loss.device, torch.float64)
+        """Add one forward's (loss_sum, count); nothing is computed or read back to the host here."""
+        self.losses.append(loss.detach())
         if count is not None:
-            if isinstance(count, torch.Tensor) and count.device == self.count.device and not count.is_floating_point():
-                self.count.add_(count.detach().sum())
-            else:
-                self.count += torch.as_tensor(count).detach().to(self.count.device, torch.int64).sum()
+            self.counts.append(count)
             self.has_count = True
+
+    @property
+    def loss(self) -> torch.Tensor:
+        """Sum of the forwards' loss_sum, float64 on the run's device (each converted to fp64 before adding)."""
+        if not self.losses:
+            return torch.zeros((), dtype=torch.float64, device=self.device)
+        return torch.stack([x.reshape(()).to(self.device, torch.float64) for x in self.losses]).sum()
+
+    @property
+    def count(self) -> torch.Tensor:
+        """Sum of the forwards' labelled-token counts, int64 on the run's device."""
+        ints = sum(c for c in self.counts if not isinstance(c, torch.Tensor))
+        total = torch.full((), ints, dtype=torch.int64, device=self.device)
+        tensors = [c.detach().to(self.device, torch.int64).sum() for c in self.counts if isinstance(c, torch.Tensor)]
+        return total + torch.stack(tensors).sum() if tensors else total
 
     def busy_s(self) -> float:
         """Busy seconds of the step (reads CUDA events: call only when the step's stats are exchanged)."""
@@ -89,6 +102,9 @@ class OpenStep:
     """Forwards with gradients this rank ran in the step so far."""
     mb_forwards: int = 0
     """Forwards with gradients of the pending micro-batch (one is the contract)."""
+    trained: Any = None
+    """The step's sample ids, ascending, checked new in the epoch when the plan was prepared
+    (``dcp.runtime.stepview.RankStep.trained``); None: the position checks them as the step finishes."""
 
     def start_micro_batch(self, index: int, mb: MicroBatch) -> None:
         self.mb_index, self.pending, self.applied, self.mb_forwards = index, mb, False, 0
@@ -113,7 +129,8 @@ class OpenStep:
     def finish(self, now: float) -> FinishedStep:
         # a rank that ran no forward this step (idle) counted 0 tokens; -1 marks "model gave no count"
         return FinishedStep(plan=self.plan, global_step=self.global_step, step_time_s=now - self.t0,
-                            tally=self.tally, has_count=self.tally.has_count or not self.group.micro_batches)
+                            tally=self.tally, has_count=self.tally.has_count or not self.group.micro_batches,
+                            n_step=self.n_step)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +144,8 @@ class FinishedStep:
     tally: StepTally
     has_count: bool
     """False when this rank's model ran forwards but reported no count."""
+    n_step: int = -1
+    """The step's N_step (the count the stats exchange checks the models' counts against); -1: not known."""
 
     def host_stats(self) -> tuple[torch.Tensor, torch.Tensor | None, float]:
         """(loss sum, count or None, busy seconds) on the host: the step's one device-to-host copy."""

@@ -165,3 +165,35 @@ def test_a_manager_without_a_profiler_uses_the_analytic_table():
         logging.getLogger("dcp").removeHandler(lines)
     assert mgr.table is not None and len(mgr.table) > 0
     assert any("no profiler was given to the manager" in line for line in lines.lines)
+
+
+def test_step_tally_adds_every_loss_and_count_the_contract_allows():
+    tally = StepTally.zeros("cpu")
+    tally.add(torch.tensor([2.0]), torch.tensor([3, 4]))  # a (1,)-shaped loss_sum; a count tensor summed
+    tally.add(torch.tensor(1.5, dtype=torch.bfloat16), torch.tensor(5, dtype=torch.int32))  # 0-dim, other dtypes
+    tally.add(torch.tensor(0.25, requires_grad=True) * 2, 6)  # a loss with a graph: detached; an int count
+    tally.add(torch.tensor(1.0), None)  # a model that reports no count adds none
+    assert tally.loss.dtype == torch.float64 and float(tally.loss) == 2.0 + 1.5 + 0.5 + 1.0
+    assert tally.count.dtype == torch.int64 and int(tally.count) == 3 + 4 + 5 + 6 and tally.has_count
+    assert not tally.loss.requires_grad
+
+
+def test_the_micro_batch_timer_files_the_busy_span_minus_the_syncs_inside_it():
+    from dcp.distributed.device import Span
+    from dcp.runtime.profiling import Measurements, MicroBatchTimer
+
+    class Clock:  # a stopwatch whose spans are 5 s
+        def start(self):
+            return 0.0
+
+        def stop(self, token):
+            return Span(seconds=5.0)
+
+    tally, rows = StepTally.zeros("cpu"), Measurements(cuda=False)
+    tally.syncs.append(Span(seconds=9.0))  # an earlier micro-batch's sync: not this one's
+    with MicroBatchTimer(Clock(), rows, tally, (2, 3, 4, 1)):
+        tally.syncs.append(Span(seconds=1.5))  # engine.step at the boundary, inside the block
+    assert tally.busy_s() == 5.0 - 1.5 and list(rows.rows) == [(2, 3, 4, 1, 5.0)]
+    with MicroBatchTimer(Clock(), rows, tally, None):  # outside a step: busy time, no measurement row
+        pass
+    assert tally.busy_s() == 2 * 5.0 - 1.5 and len(rows.rows) == 1

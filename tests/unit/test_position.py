@@ -127,3 +127,23 @@ def test_plans_of_the_samples_left_are_mapped_back_to_dataset_ids():
     assert all(int(n) == lengths[i] for p in plans for i, n in zip(p.sample_ids, p.seq_len_array, strict=True))
     a, b = plan_inputs(table, config, 2, "1"), plan_inputs(table, config, 4, "1")
     assert a != b and a == plan_inputs(table, config, 2, "1") and a != plan_inputs(None, config, 2, "1")
+
+
+def test_checked_steps_are_kept_and_marked_when_the_position_is_read(monkeypatch):
+    import dcp.runtime.position as position
+
+    pos = EpochPosition.start(0, 10)
+    pos.record_checked(np.array([1, 4]))
+    pos.record_checked(np.array([0, 7]))
+    assert pos.steps == 2 and not pos._done.any()  # kept, not yet marked
+    assert np.flatnonzero(pos.done).tolist() == [0, 1, 4, 7]  # reading the position marks them
+    pos.record_checked(np.array([2]))
+    state = pos.to_state()  # a checkpoint holds every finished step
+    assert np.flatnonzero(EpochPosition.from_state(state, 10).done).tolist() == [0, 1, 2, 4, 7]
+    monkeypatch.setattr(position, "SETTLE_IDS", 3)  # more kept ids than the bound: marked at once
+    pos.record_checked(np.array([3, 5]))
+    pos.record_checked(np.array([6]))
+    assert np.flatnonzero(pos._done).tolist() == [0, 1, 2, 3, 4, 5, 6, 7] and not pos._kept
+    pos.record_checked(np.array([8]))
+    pos.done = np.zeros(10, dtype=bool)  # a position replaced (a legacy resume) drops what was kept
+    assert not pos.done.any() and pos.num_samples == 10

@@ -99,6 +99,8 @@ class _Broken(SyntheticTokenDataset):
 def test_a_collation_error_on_the_prefetch_thread_surfaces_in_the_loop():
     data = _Broken(LENGTHS, vocab_size=16)
     fetch = BatchPrefetcher(data, torch.device("cpu"), enabled=True)
+    worker = fetch._thread
+    assert worker.name == "dcp-collate" and worker.is_alive()
     try:
         assert fetch.take((0,)).sample_ids == (0,)
         fetch.ahead((3,))
@@ -107,5 +109,10 @@ def test_a_collation_error_on_the_prefetch_thread_surfaces_in_the_loop():
         fetch.ahead((1,))
         assert fetch.take((2,)).sample_ids == (2,)  # not the one ahead: collated here, in order
         assert fetch.prefetched == 0
+        fetch.ahead((4,))
+        assert fetch.take((4,)).sample_ids == (4,) and fetch.prefetched == 1
+        fetch.ahead((5,))  # in flight when the loop ends: dropped
     finally:
         fetch.close()
+    assert not worker.is_alive() and not fetch.enabled
+    assert fetch.take((6,)).sample_ids == (6,)  # closed: collated on the calling thread

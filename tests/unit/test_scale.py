@@ -65,14 +65,16 @@ def test_registry_creates_every_block_where_groups_split_from_the_world():
 
 def _args(**kw) -> argparse.Namespace:
     base = dict(world_sizes="16", ranks="0,15", steps=3, mb_ms=0.0, dataset="t1d-balanced", samples_per_rank=40,
-                log_every=0, json=True)
+                log_every=0, prefetch="on", json=True)
     base.update(kw)
     return argparse.Namespace(**base)
 
 
 def test_bench_scale_rows_at_16_ranks(capsys):
     assert scale.run(_args(steps=4, log_every=2)) == 0
-    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"]
+    out = capsys.readouterr().out
+    rows = json.loads(out.strip().splitlines()[-1])["rows"]
+    assert out.startswith("# runtime.prefetch = on: the next micro-batch is collated on a background thread")
     assert [(r["world_size"], r["rank"]) for r in rows] == [(16, 0), (16, 15)]
     for r in rows:
         assert list(r)[: len(scale.ROW_KEYS)] == list(scale.ROW_KEYS)
@@ -81,6 +83,8 @@ def test_bench_scale_rows_at_16_ranks(capsys):
         # step 0's plan, and step 1's when step 0's last micro-batch is handed out (its first micro-batch is
         # collated ahead): no second planning pass over the epoch
         assert 1 <= r["planned_before_step0"] <= 2 and r["steps_timed"] >= 2 and r["log_every"] == 2
+        # prefetching, as a GPU job does: the timed steps' micro-batches were collated on the prefetch thread
+        assert r["prefetch"] == "on" and r["collate_offthread_ms_per_step"] > 0
         # unlogged steps issue no world-wide control collective; a logged one gathers the agreement row
         assert r["world_collectives_unlogged_step"] == 0 and r["world_collectives_logged_step"] >= 1
         # the census holds the step's gradient sync: one all-reduce over all 16 ranks of the model's gradients

@@ -1,0 +1,116 @@
+"""What one rank needs of a step plan, computed where the plan is handed over, not on the training thread.
+
+A step plan at 4096 ranks holds ~160,000 samples in ~20,000 micro-batches. Before a step runs, a rank needs
+from it its digest (folded into the agreement exchange's running digest), N_step (the loss weights'
+denominator), its own SP group, the step's tokens (``runtime.lr_scaling``) and, once the step is done, the
+samples it trained (the epoch's position); a resumed epoch's plan also has its sample ids mapped back to the
+dataset's. Each of those reads the whole global plan: O(W) work per step. ``StepViews`` computes them for one
+rank as each plan is made, on the plan-ahead thread (``dcp.planner.ahead.PlanAhead(prepare=...)``), so the
+training thread does O(its own micro-batches) per step. ``RankStep`` is the result: a value the step loop
+(``dcp.runtime.loop``) reads.
+
+``StepViews`` also checks, plan by plan, that no sample is planned twice in the epoch's plan segment (the
+samples of earlier steps, and those the segment started with, are not planned again): the check that
+``EpochPosition.record`` makes as a step finishes, made here ahead of time, so the position only marks the
+step's samples (``EpochPosition.record_checked``). A plan that fails it raises ``PositionError`` from the
+``next()`` that would return it, before the step runs (not after it trained). Pure numpy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dcp.planner.plan import GroupPlan, StepPlan
+from dcp.runtime.position import PositionError
+from dcp.runtime.weighting import step_normaliser
+
+
+@dataclass(frozen=True, slots=True)
+class RankStep:
+    """One step plan as one rank runs it (see the module docstring)."""
+
+    plan: StepPlan
+    """The plan, its sample ids the dataset's."""
+    group: GroupPlan | None
+    """This rank's SP group in ``plan`` (None when the plan is for another world size: the loop refuses it)."""
+    digest: str
+    """``plan.digest()``."""
+    n_step: int
+    """N_step of the step (``dcp.runtime.weighting.step_normaliser``) under the run's loss weighting."""
+    tokens: int
+    """``plan.tokens``: the step's tokens (``runtime.lr_scaling``)."""
+    trained: np.ndarray | None
+    """The step's sample ids, ascending, checked to be new in the epoch's segment (None: not checked)."""
+
+    @property
+    def sample_id_array(self) -> np.ndarray:
+        """The plan's sample ids in plan order (what a resume's skipped steps are checked against)."""
+        return self.plan.sample_id_array
+
+
+class StepViews:
+    """Turns the step plans of one epoch segment into ``RankStep`` values for ``rank``, in order.
+
+    ``ids``: the plans were made over the sub-dataset ``ids`` (sample k of a plan is dataset sample ``ids[k]``,
+    the samples the segment has not trained); None: over the whole dataset, of which the samples in ``done``
+    are already trained. Either way a plan may hold only samples not trained and not planned before."""
+
+    def __init__(self, *, rank: int, world_size: int, target_counts: np.ndarray, loss_weighting: str,
+                 ids: np.ndarray | None = None, done: np.ndarray | None = None) -> None:
+        self.rank, self.world_size, self.loss_weighting = rank, world_size, loss_weighting
+        self.target_counts = np.asarray(target_counts, dtype=np.int64)
+        self.ids = None if ids is None else np.asarray(ids, dtype=np.int64)
+        if self.ids is not None:
+            self._seen = np.zeros(len(self.ids), dtype=bool)  # in the sub-dataset's ids: none planned yet
+        else:
+            self._seen = np.zeros(len(self.target_counts), dtype=bool) if done is None else done.copy()
+
+    def __call__(self, plan: StepPlan) -> RankStep:
+        if plan.world_size != self.world_size:  # refused by the loop with its own message; nothing to look up
+            return RankStep(plan=plan, group=None, digest=plan.digest(), n_step=0, tokens=plan.tokens, trained=None)
+        self._check_new(plan)
+        if self.ids is not None:
+            plan = plan.with_sample_ids(self.ids[plan.sample_id_array])
+        return RankStep(plan=plan, group=plan.group_of(self.rank), digest=plan.digest(),
+                        n_step=step_normaliser(plan, self.target_counts, self.loss_weighting), tokens=plan.tokens,
+                        trained=np.sort(plan.sample_id_array))
+
+    def _check_new(self, plan: StepPlan) -> None:
+        """Raise unless every sample of ``plan`` is in range, once in it, and in no earlier plan of the segment."""
+        ids, seen = plan.sample_id_array, self._seen
+        if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= len(seen)):
+            raise PositionError(
+                f"epoch {plan.epoch} step {plan.step} plans sample ids outside [0, {len(seen)}) (from "
+                f"{int(ids.min())} to {int(ids.max())}): this is a bug in the plan source; report it with the plan")
+        again: Any = ids[seen[ids]]
+        if not len(again):
+            before = np.count_nonzero(seen)
+            seen[ids] = True
+            if np.count_nonzero(seen) - before == len(ids):
+                return
+            seen[ids] = False  # none was planned before: undo the step
+            again = "a sample twice in the step"
+        else:
+            again = sorted(set((self.ids[again] if self.ids is not None else again).tolist()))[:8]
+        raise PositionError(f"epoch {plan.epoch} step {plan.step} plans samples {again} a second time in this "
+                            "epoch: this is a bug in the plan source; report it with the plan")
+
+
+def rank_steps(plans: Iterable[Any], views: StepViews) -> Iterator[RankStep]:
+    """``views`` applied to ``plans`` on the calling thread (a ``RankStep`` passes unchanged): for a plan source
+    that is not prepared on the plan-ahead thread (a custom ``plans=`` source)."""
+    it = iter(plans)
+    try:
+        for plan in it:
+            yield plan if isinstance(plan, RankStep) else views(plan)
+    finally:
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+
+
+__all__ = ["RankStep", "StepViews", "rank_steps"]
