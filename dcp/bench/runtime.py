@@ -35,7 +35,10 @@ def _plan(epoch: int, step: int, sp_sizes: tuple[int, ...], ga: int, seq_len: in
 
     groups, first = [], 0
     for g, p in enumerate(sp_sizes):
-        mbs = tuple(MicroBatch(sample_ids=tuple(100 * g + b * k + j for j in range(b)), seq_lens=(seq_len,) * b,
+        # every step and group its own samples (at most 2 groups a step): the runtime refuses a sample trained
+        # twice in an epoch (dcp.runtime.position)
+        base = (2 * step + g) * ga * b
+        mbs = tuple(MicroBatch(sample_ids=tuple(base + b * k + j for j in range(b)), seq_lens=(seq_len,) * b,
                                seq_group=0) for k in range(ga))
         groups.append(GroupPlan(first_rank=first, sp_size=p, recompute_layers=0, micro_batches=mbs))
         first += p
@@ -59,7 +62,7 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
         logging.getLogger("dcp").setLevel(logging.WARNING)
     steps, ga, seq_len = spec["steps"], spec["ga_steps"], spec["seq_len"]
     model = Transformer1D(T1DConfig.tiny())
-    data = SyntheticTokenDataset([seq_len] * 200, vocab_size=model.config.vocab_size)
+    data = SyntheticTokenDataset([seq_len] * (2 * steps * ga * spec["mb_size"]), vocab_size=model.config.vocab_size)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     b = spec["mb_size"]
     fixed = _plan(0, 0, (2,), ga, seq_len, world, b)
