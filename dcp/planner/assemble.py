@@ -102,9 +102,8 @@ def _dcp_steps(ep: EpochArrays, tokens_per_step: int = 0, bounds: tuple[float, f
     head, step, done = 0, 0, 0
     mb_tok = micro_batch_tokens(ep.flat_lens, ep.mb_flat, ep.mb_count) if tokens_per_step else None
     while True:
-        while head < n and consumed[head]:
-            head += 1
-        if head >= n:
+        head = consumed.find(0, head)  # the first unconsumed micro-batch (C speed: a step takes ~10^5)
+        if head < 0:
             return
         budget = None
         if mb_tok is not None:

@@ -35,6 +35,7 @@ import numpy as np
 from dcp.planner.epoch import EpochArrays, EpochProgress
 from dcp.planner.improve import left_over
 from dcp.planner.placement import place_largest_first
+from dcp.planner.sorting import argsort_float
 from dcp.planner.tuning import (
     ADD_TRIES,
     BALANCE_BISECT,
@@ -125,7 +126,7 @@ def _add_left(ep: EpochArrays, tm: _Times, prog: EpochProgress, win: np.ndarray,
     rest = left_over(prog, win, [gr for gr in groups if gr[3]])
     if not rest.size:
         return
-    rest = rest[np.argsort(-ep.mb_work[rest], kind="stable")]
+    rest = rest[argsort_float(-ep.mb_work[rest])]
     work, p_rest, tok_rest = ep.mb_work[rest], ep.mb_p_np[rest], mb_tok[rest]
     taken = np.zeros(len(rest), dtype=bool)
     for gr in sorted((gr for gr in groups if gr[3]), key=lambda gr: gr[2]):

@@ -146,8 +146,10 @@ def _build(ep: EpochArrays, prog: EpochProgress, step: int, firsts: list[int], p
     kk = np.fromiter(itertools.chain.from_iterable(gr[3] for gr in placed), dtype=np.int64,
                      count=sum(counts))
     r_of = np.asarray([gr[1] for gr in placed], dtype=np.int64)
-    gidx = np.repeat(np.arange(len(placed)), counts)
-    kk = kk[np.lexsort((kk, gidx))]  # release order inside each group
+    # release order inside each group: one sort of (group, micro-batch) keys, not a lexsort (~10x faster)
+    n = ep.num_micro_batches
+    gidx = np.repeat(np.arange(len(placed), dtype=np.int64), counts)
+    kk = np.sort(gidx * n + kk) - gidx * n
     r_mb = r_of[gidx]
     times = np.empty(len(kk))
     for r in np.unique(r_of).tolist():
@@ -177,10 +179,14 @@ def _build(ep: EpochArrays, prog: EpochProgress, step: int, firsts: list[int], p
     cols["ga"].extend([0] * len(idle))
     return StepPlan.from_arrays(
         ep.epoch, step, ep.world_size, ep.method, first_rank=cols["first"], sp_size=cols["p"],
-        recompute_layers=cols["r"], ga_steps=cols["ga"], mb_time_s=np.concatenate(cols["t"]),
-        mb_seq_group=np.concatenate(cols["g"]), mb_size=np.concatenate(cols["n"]),
-        sample_ids=np.concatenate(cols["ids"]), seq_lens=np.concatenate(cols["lens"]),
+        recompute_layers=cols["r"], ga_steps=cols["ga"], mb_time_s=_cat(cols["t"]), mb_seq_group=_cat(cols["g"]),
+        mb_size=_cat(cols["n"]), sample_ids=_cat(cols["ids"]), seq_lens=_cat(cols["lens"]), owned=True,
     )
+
+
+def _cat(parts: list[np.ndarray]) -> np.ndarray:
+    """The parts as one new array (the one part itself when alone: ``_build`` made it for the plan)."""
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def _add_filler(ep: EpochArrays, prog: EpochProgress, cols: dict, st: int, s: Setting, ks: list[int]) -> None:

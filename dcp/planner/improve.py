@@ -9,6 +9,7 @@ import itertools
 import numpy as np
 
 from dcp.planner.epoch import EpochArrays, EpochProgress
+from dcp.planner.sorting import argsort_float
 from dcp.planner.tuning import BULK_MIN_RANKS, IMPROVE_GROUPS, IMPROVE_MIN
 
 
@@ -77,7 +78,7 @@ def improve(ep: EpochArrays, prog: EpochProgress, win: np.ndarray, groups: list[
         if (p, r) not in spare:
             sel = rest[(p_rest == p) & (r_rest <= r)]
             ts_np = ep.time_at_np[r][sel]
-            o = np.argsort(ts_np, kind="stable")
+            o = argsort_float(ts_np)
             spare[(p, r)] = (ts_np[o].tolist(), sel[o].tolist())
         ts, ids = spare[(p, r)]
         if ts:

@@ -17,6 +17,7 @@ import operator
 import numpy as np
 
 from dcp.planner.epoch import EpochArrays
+from dcp.planner.sorting import argsort_float, argsort_int
 from dcp.planner.tuning import OPEN_FILL
 
 _FIRST = operator.itemgetter(0)
@@ -72,7 +73,7 @@ def _grant(ep: EpochArrays, order: np.ndarray, t_star: float, forced: set[int]) 
     t_o = ep.mb_t[order]
     cols: list[tuple[np.ndarray, int, int, np.ndarray]] = []
     """Per kind: (window positions where it asks for its groups, p, r, whether each may open in the first pass)"""
-    for kd in np.unique(kind).tolist():
+    for kd in np.flatnonzero(np.bincount(kind)).tolist():  # the kinds present, ascending
         sel = np.flatnonzero(kind == kd)
         p, r = divmod(kd, n_r)
         cw = np.cumsum(t_o[sel])
@@ -85,7 +86,7 @@ def _grant(ep: EpochArrays, order: np.ndarray, t_star: float, forced: set[int]) 
     ps = np.concatenate([np.full(len(c[0]), c[1], dtype=np.int64) for c in cols])
     rs = np.concatenate([np.full(len(c[0]), c[2], dtype=np.int64) for c in cols])
     fulls = np.concatenate([c[3] for c in cols])
-    srt = np.lexsort((fulls, rs, ps, xs))  # by (position, p, r, full), as tuples would sort
+    srt = _by_ask(xs, ps, rs, fulls)
     free, gp, gr, sp, sr = W, [], [], [], []
     for x, p, r, full in zip(xs[srt].tolist(), ps[srt].tolist(), rs[srt].tolist(), fulls[srt].tolist(),
                              strict=True):
@@ -106,6 +107,16 @@ def _grant(ep: EpochArrays, order: np.ndarray, t_star: float, forced: set[int]) 
             gr.append(r)
             free -= p
     return gp, gr
+
+
+def _by_ask(xs: np.ndarray, ps: np.ndarray, rs: np.ndarray, fulls: np.ndarray) -> np.ndarray:
+    """The asks' order by (position, p, r, full), as tuples would sort: one integer key, ``np.lexsort``'s order."""
+    if len(xs) < 2:
+        return np.arange(len(xs))
+    n_p, n_r = int(ps.max()) + 1, int(rs.max()) + 1
+    if (int(xs.max()) + 1) * n_p * n_r * 2 * len(xs) >= 2**62:
+        return np.lexsort((fulls, rs, ps, xs))
+    return argsort_int(((xs * n_p + ps) * n_r + rs) * 2 + fulls)
 
 
 def place_first(ep: EpochArrays, groups: list[list], index: dict[tuple[int, int], list[int]], k: int,
@@ -144,14 +155,14 @@ def fill_rounds(ep: EpochArrays, groups: list[list], kinds: dict, items, limit: 
             continue
         ks = arr[sel]
         tt = ep.time_at_np[r][ks]
-        srt = np.argsort(-tt, kind="stable")
+        srt = argsort_float(-tt)
         sel, ks, tt = sel[srt], ks[srt], tt[srt]
         dest, loads = _rounds(np.asarray([groups[g][2] for g in gids]), tt, limit)
         got = np.flatnonzero(dest >= 0)
         if not got.size:
             continue
         free_item[sel[got]] = False
-        by = got[np.argsort(dest[got], kind="stable")]
+        by = got[argsort_int(dest[got])]
         d = dest[by]
         cuts = (np.flatnonzero(np.diff(d)) + 1).tolist()
         flat = ks[by].tolist()
@@ -170,7 +181,7 @@ def _rounds(loads: np.ndarray, tt: np.ndarray, limit: float) -> tuple[np.ndarray
     dest = np.full(n, -1, dtype=np.int64)
     while pos < n:
         m = min(G, n - pos)
-        tgt = np.argsort(loads, kind="stable")[:m]
+        tgt = argsort_float(loads)[:m]
         t_round = tt[pos : pos + m]
         ok = loads[tgt] + t_round <= limit
         if ok.any():
