@@ -192,8 +192,9 @@ def fill_rounds(ep: EpochArrays, groups: list[list], kinds: dict, items, limit: 
             continue
         ks = arr[sel]
         tt = ep.time_at_np[r][ks]
-        srt = argsort_float(-tt)
-        sel, ks, tt = sel[srt], ks[srt], tt[srt]
+        if not bool(np.all(tt[:-1] >= tt[1:])):  # (a kind's own items come longest first: nothing to sort)
+            srt = argsort_float(-tt)
+            sel, ks, tt = sel[srt], ks[srt], tt[srt]
         dest, loads = _rounds(np.asarray([groups[g][2] for g in gids]), tt, limit)
         got = np.flatnonzero(dest >= 0)
         if not got.size:

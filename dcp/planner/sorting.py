@@ -13,11 +13,15 @@ import numpy as np
 
 
 def argsort_int(x: np.ndarray) -> np.ndarray:
-    """``np.argsort(x, kind="stable")`` for non-negative integers (``max(x) * len(x)`` below 2**63): the keys
-    ``x * n + index`` are distinct, so any sort orders them as the stable sort orders ``x``."""
+    """``np.argsort(x, kind="stable")`` for non-negative integers (``max(x) * len(x)`` below 2**63): numpy's
+    radix sort where they fit 16 bits, else the keys ``x * n + index``, distinct, so any sort orders them as
+    the stable sort orders ``x``."""
+    x = np.asarray(x)
     n = len(x)
     if n < 2:
         return np.arange(n, dtype=np.int64)
+    if int(x.max()) < 2**15:
+        return np.argsort(x.astype(np.int16), kind="stable")
     return np.sort(np.asarray(x, dtype=np.int64) * n + np.arange(n, dtype=np.int64)) % n
 
 

@@ -26,9 +26,10 @@ def test_argsort_float_is_the_stable_argsort(values, sort_first, negate):
 
 
 @settings(max_examples=200, deadline=None)
-@given(values=st.lists(st.integers(0, 6), max_size=80))
-def test_argsort_int_is_the_stable_argsort(values):
-    x = np.asarray(values, dtype=np.int64)
+@given(values=st.lists(st.sampled_from([0, 1, 2, 6, 2**15 - 1, 2**15, 2**40]), max_size=80), small=st.booleans())
+def test_argsort_int_is_the_stable_argsort(values, small):
+    """Both paths: the radix sort (values below 2**15) and the integer keys (any larger value)."""
+    x = np.asarray([v for v in values if v < 2**15] if small else values, dtype=np.int64)
     assert argsort_int(x).tolist() == np.argsort(x, kind="stable").tolist()
 
 
