@@ -68,8 +68,9 @@ def improve(ep: EpochArrays, prog: EpochProgress, win: np.ndarray, groups: list[
     if not rest.size:
         return
     swaps = ep.world_size < BULK_MIN_RANKS
-    spare: dict[tuple[int, int], tuple[list[float], list[int]]] = {}
-    """Per (p, group r): left-over micro-batches that may join, (times at that r ascending, ids)."""
+    spare: dict[tuple[int, int], tuple] = {}
+    """Per (p, group r): left-over micro-batches that may join, (times at that r ascending, ids), as lists
+    (swaps) or arrays (only the adding: one look-up per group, not the whole list in Python objects)."""
     p_rest, r_rest = ep.mb_p_np[rest], ep.mb_r_np[rest]
     claimed: set[int] = set()
     """Left-over micro-batches given to a group here: kinds of one p with different r share left-overs."""
@@ -79,10 +80,26 @@ def improve(ep: EpochArrays, prog: EpochProgress, win: np.ndarray, groups: list[
             sel = rest[(p_rest == p) & (r_rest <= r)]
             ts_np = ep.time_at_np[r][sel]
             o = argsort_float(ts_np)
-            spare[(p, r)] = (ts_np[o].tolist(), sel[o].tolist())
+            spare[(p, r)] = (ts_np[o].tolist(), sel[o].tolist()) if swaps else (ts_np[o], sel[o])
         ts, ids = spare[(p, r)]
-        if ts:
+        if not swaps:
+            _add_longest(groups[i], ts, ids, claimed, step_t)
+        elif ts:
             _improve_group(ep.time_at[r], groups[i], ts, ids, claimed, step_t, head, swaps)
+
+
+def _add_longest(gr: list, ts: np.ndarray, ids: np.ndarray, claimed: set[int], step_t: float) -> None:
+    """``_improve_group`` without swaps, on arrays: the longest unclaimed left-over (``ts`` ascending, ties the
+    later) that fits the group's room joins it. Every entry the list form pops is claimed, so skipping the
+    claimed ones finds the same."""
+    j = int(np.searchsorted(ts, step_t - gr[2], side="right")) - 1
+    while j >= 0 and int(ids[j]) in claimed:
+        j -= 1
+    if j >= 0:
+        k_new = int(ids[j])
+        gr[2] += float(ts[j])
+        claimed.add(k_new)
+        gr[3].append(k_new)
 
 
 def _improve_group(at_r: tuple[float, ...], gr: list, ts: list[float], ids: list[int], claimed: set[int],
