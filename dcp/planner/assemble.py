@@ -110,7 +110,8 @@ def _dcp_steps(ep: EpochArrays, tokens_per_step: int = 0, bounds: tuple[float, f
             budget = (desired_tokens(step, done, tokens_per_step, bounds), bounds[1] * tokens_per_step, mb_tok,
                       bounds[0] * tokens_per_step, tokens_per_step)
         plan = plan_step(ep, prog, step, head, budget)
-        done += plan.tokens
+        if mb_tok is not None:  # (a sum over the step's samples: only a global batch needs it)
+            done += plan.tokens
         yield plan
         step += 1
 
