@@ -56,12 +56,20 @@ class _Times:
         self.ep = ep
         self.combos = {(s.sp_size, s.recompute_layers) for s in ep.settings.values()}
         """(p, r) of the primary settings: ``ep.time_at`` holds every micro-batch's time at them."""
-        self.cache: dict[tuple[int, int, int], float | None] = {}
+        self.cache: dict[tuple[int, int], dict[int, float | None]] = {}
+        """Per (p, r): per micro-batch its time there (a row per group kind: no key tuple per look-up)."""
+
+    def row(self, p: int, r: int) -> dict[int, float | None]:
+        """The cached times in a group of (p, r): ``at`` fills it."""
+        row = self.cache.get((p, r))
+        if row is None:
+            row = self.cache[(p, r)] = {}
+        return row
 
     def at(self, k: int, p: int, r: int) -> float | None:
-        key = (k, p, r)
-        if key in self.cache:
-            return self.cache[key]
+        row = self.row(p, r)
+        if k in row:
+            return row[k]
         ep = self.ep
         g, p_k, r_k = ep.mbq.group[k], ep.mb_p[k], ep.mb_r[k]
         t: float | None = None
@@ -74,7 +82,7 @@ class _Times:
             if s is not None and s.micro_batch_size >= int(ep.mb_count[k]) and s.recompute_layers <= r:
                 lens = ep.mbq.lens_list[g][ep.mbq.start[k] : ep.mb_end[k]]
                 t = ep.times.lengths_time_s(g, p, r, lens)
-        self.cache[key] = t
+        row[k] = t
         return t
 
 
@@ -186,9 +194,21 @@ def _bisect(ep: EpochArrays, tm: _Times, groups: list[list], fixed: dict, orphan
     return hi, *best
 
 
-def _time_of(tm: _Times, gr: list, k: int, fixed: dict) -> float:
-    t = fixed.get(k)
-    return t if t is not None else tm.at(k, gr[0], gr[1])
+def _own(tm: _Times, src: list, fixed: dict, head: int) -> list[tuple[float, int]]:
+    """(time, micro-batch) of group ``src``'s micro-batches but the head, ascending: ``fixed``'s time where it
+    has one, else the time at the group's (p, r)."""
+    p, r = src[0], src[1]
+    row = tm.row(p, r)
+    out = []
+    for k in src[3]:
+        if k == head:
+            continue
+        t = fixed.get(k)
+        if t is None:
+            t = row[k] if k in row else tm.at(k, p, r)
+        out.append((t, k))
+    out.sort()
+    return out
 
 
 def _shed(tm: _Times, opts: dict, groups: list[list], fixed: dict, orphans: list[tuple[float, int]], head: int,
@@ -211,7 +231,7 @@ def _shed(tm: _Times, opts: dict, groups: list[list], fixed: dict, orphans: list
         src = groups[i]
         if src[2] <= limit:
             break
-        own = sorted((_time_of(tm, src, k, fixed), k) for k in src[3] if k != head)
+        own = _own(tm, src, fixed, head)
         while src[2] > limit:
             a = bisect.bisect_left(own, (src[2] - goal, -1))
             pick = None
