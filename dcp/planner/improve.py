@@ -80,26 +80,42 @@ def improve(ep: EpochArrays, prog: EpochProgress, win: np.ndarray, groups: list[
             sel = rest[(p_rest == p) & (r_rest <= r)]
             ts_np = ep.time_at_np[r][sel]
             o = argsort_float(ts_np)
-            spare[(p, r)] = (ts_np[o].tolist(), sel[o].tolist()) if swaps else (ts_np[o], sel[o])
-        ts, ids = spare[(p, r)]
+            spare[(p, r)] = (ts_np[o].tolist(), sel[o].tolist()) if swaps else (ts_np[o], sel[o], {})
         if not swaps:
-            _add_longest(groups[i], ts, ids, claimed, step_t)
-        elif ts:
+            _add_longest(groups[i], spare[(p, r)], claimed, step_t)
+            continue
+        ts, ids = spare[(p, r)]
+        if ts:
             _improve_group(ep.time_at[r], groups[i], ts, ids, claimed, step_t, head, swaps)
 
 
-def _add_longest(gr: list, ts: np.ndarray, ids: np.ndarray, claimed: set[int], step_t: float) -> None:
-    """``_improve_group`` without swaps, on arrays: the longest unclaimed left-over (``ts`` ascending, ties the
-    later) that fits the group's room joins it. Every entry the list form pops is claimed, so skipping the
-    claimed ones finds the same."""
-    j = int(np.searchsorted(ts, step_t - gr[2], side="right")) - 1
+def _add_longest(gr: list, entry: tuple[np.ndarray, np.ndarray, dict[int, int]], claimed: set[int],
+                 step_t: float) -> None:
+    """``_improve_group`` without swaps, on arrays: the longest unclaimed left-over (times ascending, ties the
+    later) that fits the group's room joins it. ``entry``: (times, ids, gone), ``gone`` linking each position
+    the list form would have popped (claimed: taken here or by a kind of another r) to the one before it."""
+    ts, ids, gone = entry
+    j = _before(gone, int(np.searchsorted(ts, step_t - gr[2], side="right")) - 1)
     while j >= 0 and int(ids[j]) in claimed:
-        j -= 1
+        gone[j] = j - 1
+        j = _before(gone, j - 1)
     if j >= 0:
         k_new = int(ids[j])
         gr[2] += float(ts[j])
         claimed.add(k_new)
         gr[3].append(k_new)
+        gone[j] = j - 1
+
+
+def _before(gone: dict[int, int], j: int) -> int:
+    """The first position at or before j not gone (-1: none), shortening the links it follows."""
+    path = []
+    while j in gone:
+        path.append(j)
+        j = gone[j]
+    for q in path:
+        gone[q] = j
+    return j
 
 
 def _improve_group(at_r: tuple[float, ...], gr: list, ts: list[float], ids: list[int], claimed: set[int],
