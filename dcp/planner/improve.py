@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import operator
 
 import numpy as np
 
@@ -12,18 +13,20 @@ from dcp.planner.epoch import EpochArrays, EpochProgress
 from dcp.planner.sorting import argsort_float
 from dcp.planner.tuning import BULK_MIN_RANKS, IMPROVE_GROUPS, IMPROVE_MIN
 
+_P, _LOAD = operator.itemgetter(0), operator.itemgetter(2)
+
 
 def idle(groups: list[list], world_size: int) -> float:
     """GPU-weighted idle of packed groups over the world, at their longest load."""
-    t = max((gr[2] for gr in groups), default=0.0)
+    t = max(map(_LOAD, groups), default=0.0)
     if t <= 0:
         return 1.0
-    return 1.0 - sum(gr[0] * gr[2] for gr in groups) / (world_size * t)
+    return 1.0 - work(groups) / (world_size * t)
 
 
 def work(groups: list[list]) -> float:
-    """GPU-seconds of work in packed groups."""
-    return sum(gr[0] * gr[2] for gr in groups)
+    """GPU-seconds of work in packed groups (p x load, summed in order; ``map``: no generator frame per group)."""
+    return sum(map(operator.mul, map(_P, groups), map(_LOAD, groups)))
 
 
 def _unclaimed(ts: list[float], ids: list[int], claimed: set[int], bound: float) -> int:

@@ -38,16 +38,16 @@ def pack_rounds(ep: EpochArrays, order: np.ndarray, t_star: float, head: int, he
     if not len(order):
         return []
     cols = columns(ep, order)
-    groups: list[list] = []
+    g_p, g_r = _grant(ep, order, t_star, forced, cols)
+    groups = [[p, r, 0.0, []] for p, r in zip(g_p, g_r, strict=True)]
     kinds: dict[int, list[tuple[int, list, list[int]]]] = {}
     index: dict[tuple[int, int], list[int]] = {}
-    for p, r in zip(*_grant(ep, order, t_star, forced, cols), strict=True):
-        gids = index.get((p, r))
-        if gids is None:
-            gids = index[(p, r)] = []
-            kinds.setdefault(p, []).append((r, [], gids))
-        gids.append(len(groups))
-        groups.append([p, r, 0.0, []])
+    code = np.asarray(g_p, dtype=np.int64) * (max(g_r, default=0) + 1) + np.asarray(g_r, dtype=np.int64)
+    _, at_first = np.unique(code, return_index=True)
+    for f in np.sort(at_first).tolist():  # the kinds (p, r) in grant order, each with its groups in grant order
+        p, r = g_p[f], g_r[f]
+        gids = index[(p, r)] = np.flatnonzero(code == code[f]).tolist()
+        kinds.setdefault(p, []).append((r, [], gids))
     # Before the rounds: the window's longest (T* was sized on it) and the head, each into the first group
     # of its own kind with room, else of its p with more recompute; the head first with head_first.
     longest = int(rest[0]) if len(rest) else -1

@@ -69,3 +69,53 @@ def test_from_arrays_owned_copies_what_it_cannot_take():
     plan = StepPlan.from_arrays(0, 0, 4, "dcp-intra", **arrays, owned=True)
     assert base.flags.writeable and plan.sample_id_array.base is None and plan.mb_time_s.dtype == np.float64
     assert plan.sample_ids == (4, 7, 1, 0, 2, 3)
+
+
+def _place_from_zero(sizes, world_size, ranks_per_node):
+    """place_largest_first as it was: every group wider than a node searched from rank 0."""
+    from dcp.planner import placement
+
+    real = placement._place_cross
+    try:
+        placement._place_cross = lambda p, nodes, used, gaps, w, rpn, lo=0: real(p, nodes, used, gaps, w, rpn, 0)
+        return placement.place_largest_first(sizes, world_size, ranks_per_node)
+    finally:
+        placement._place_cross = real
+
+
+@settings(max_examples=150, deadline=None)
+@given(counts=st.lists(st.integers(0, 9), min_size=4, max_size=4), world=st.sampled_from([40, 64, 100, 128]),
+       rpn=st.sampled_from([4, 8]))
+def test_wide_groups_resume_their_search_and_place_as_from_rank_zero(counts, world, rpn):
+    """Groups wider than a node (16, 32) resume after the last one placed: the same starts and free segments as
+    searching from rank 0 for each (a start that failed fails again), partial nodes and gaps included."""
+    from dcp.planner.placement import place_largest_first
+
+    sizes = [p for p, c in zip((32, 16, 8, 2), counts, strict=True) for _ in range(c)]
+    assert place_largest_first(sizes, world, rpn) == _place_from_zero(sizes, world, rpn)
+
+
+@settings(max_examples=200, deadline=None)
+@given(times=st.lists(st.sampled_from([0.5, 1.0, 1.0, 2.0, 3.0, 4.5]), max_size=40),
+       rooms=st.lists(st.sampled_from([0.4, 1.0, 2.5, 3.0, 5.0]), max_size=30),
+       others=st.lists(st.integers(0, 39), max_size=10), seed=st.integers(0, 5))
+def test_the_adding_on_arrays_takes_what_the_list_form_takes(times, rooms, others, seed):
+    """improve's adding from 512 ranks (arrays, gone links) picks, group after group, the same left-overs at the
+    same times as the list form (bisect, popping what is claimed), with ids claimed elsewhere in between."""
+    from dcp.planner.improve import _add_longest, _improve_group
+
+    rng = np.random.default_rng(seed)
+    ts = np.sort(np.asarray(times, dtype=np.float64))
+    ids = rng.permutation(len(ts)).astype(np.int64)
+    claimed_a: set[int] = set()
+    claimed_b: set[int] = set()
+    entry = (ts, ids, {})
+    ts_l, ids_l = ts.tolist(), ids.tolist()
+    for n, room in enumerate(rooms):
+        if n < len(others):  # a kind of another r claims one in between
+            claimed_a.add(others[n])
+            claimed_b.add(others[n])
+        ga, gb = [1, 0, 10.0 - room, [99]], [1, 0, 10.0 - room, [99]]
+        _add_longest(ga, entry, claimed_a, 10.0)
+        _improve_group((), gb, ts_l, ids_l, claimed_b, 10.0, head=99, swaps=False)
+        assert ga == gb and claimed_a == claimed_b
