@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dcp.planner.plan import StepPlan
-from dcp.planner.sorting import argsort_float, argsort_int
+from dcp.planner.sorting import SMALL, argsort_float, argsort_int
 
 _FLOATS = st.lists(st.sampled_from([0.0, -0.0, 0.5, 1.0, 1.5, 2.25, 7.0, 1e-9, 3e8]), max_size=80)
 
@@ -17,7 +17,10 @@ _FLOATS = st.lists(st.sampled_from([0.0, -0.0, 0.5, 1.0, 1.5, 2.25, 7.0, 1e-9, 3
 @settings(max_examples=200, deadline=None)
 @given(values=_FLOATS, sort_first=st.booleans(), negate=st.booleans())
 def test_argsort_float_is_the_stable_argsort(values, sort_first, negate):
+    """Short arrays (numpy's stable sort as is) and long ones (the fast paths: values repeated past SMALL)."""
     x = np.asarray(values, dtype=np.float64)
+    assert argsort_float(x).tolist() == np.argsort(x, kind="stable").tolist()
+    x = np.resize(x, SMALL + 3 * len(x)) if len(x) else x
     if sort_first:  # the identity path: already sorted (ties in every run)
         x = np.sort(x)
     if negate:
@@ -30,6 +33,8 @@ def test_argsort_float_is_the_stable_argsort(values, sort_first, negate):
 def test_argsort_int_is_the_stable_argsort(values, small):
     """Both paths: the radix sort (values below 2**15) and the integer keys (any larger value)."""
     x = np.asarray([v for v in values if v < 2**15] if small else values, dtype=np.int64)
+    assert argsort_int(x).tolist() == np.argsort(x, kind="stable").tolist()
+    x = np.resize(x, SMALL + 3 * len(x)) if len(x) else x  # the fast paths
     assert argsort_int(x).tolist() == np.argsort(x, kind="stable").tolist()
 
 
