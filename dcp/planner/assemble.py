@@ -102,16 +102,16 @@ def _dcp_steps(ep: EpochArrays, tokens_per_step: int = 0, bounds: tuple[float, f
     head, step, done = 0, 0, 0
     mb_tok = micro_batch_tokens(ep.flat_lens, ep.mb_flat, ep.mb_count) if tokens_per_step else None
     while True:
-        while head < n and consumed[head]:
-            head += 1
-        if head >= n:
+        head = consumed.find(0, head)  # the first unconsumed micro-batch (C speed: a step takes ~10^5)
+        if head < 0:
             return
         budget = None
         if mb_tok is not None:
             budget = (desired_tokens(step, done, tokens_per_step, bounds), bounds[1] * tokens_per_step, mb_tok,
                       bounds[0] * tokens_per_step, tokens_per_step)
         plan = plan_step(ep, prog, step, head, budget)
-        done += plan.tokens
+        if mb_tok is not None:  # (a sum over the step's samples: only a global batch needs it)
+            done += plan.tokens
         yield plan
         step += 1
 

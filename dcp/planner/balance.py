@@ -35,6 +35,7 @@ import numpy as np
 from dcp.planner.epoch import EpochArrays, EpochProgress
 from dcp.planner.improve import left_over
 from dcp.planner.placement import place_largest_first
+from dcp.planner.sorting import argsort_float
 from dcp.planner.tuning import (
     ADD_TRIES,
     BALANCE_BISECT,
@@ -55,12 +56,20 @@ class _Times:
         self.ep = ep
         self.combos = {(s.sp_size, s.recompute_layers) for s in ep.settings.values()}
         """(p, r) of the primary settings: ``ep.time_at`` holds every micro-batch's time at them."""
-        self.cache: dict[tuple[int, int, int], float | None] = {}
+        self.cache: dict[tuple[int, int], dict[int, float | None]] = {}
+        """Per (p, r): per micro-batch its time there (a row per group kind: no key tuple per look-up)."""
+
+    def row(self, p: int, r: int) -> dict[int, float | None]:
+        """The cached times in a group of (p, r): ``at`` fills it."""
+        row = self.cache.get((p, r))
+        if row is None:
+            row = self.cache[(p, r)] = {}
+        return row
 
     def at(self, k: int, p: int, r: int) -> float | None:
-        key = (k, p, r)
-        if key in self.cache:
-            return self.cache[key]
+        row = self.row(p, r)
+        if k in row:
+            return row[k]
         ep = self.ep
         g, p_k, r_k = ep.mbq.group[k], ep.mb_p[k], ep.mb_r[k]
         t: float | None = None
@@ -73,7 +82,7 @@ class _Times:
             if s is not None and s.micro_batch_size >= int(ep.mb_count[k]) and s.recompute_layers <= r:
                 lens = ep.mbq.lens_list[g][ep.mbq.start[k] : ep.mb_end[k]]
                 t = ep.times.lengths_time_s(g, p, r, lens)
-        self.cache[key] = t
+        row[k] = t
         return t
 
 
@@ -125,7 +134,7 @@ def _add_left(ep: EpochArrays, tm: _Times, prog: EpochProgress, win: np.ndarray,
     rest = left_over(prog, win, [gr for gr in groups if gr[3]])
     if not rest.size:
         return
-    rest = rest[np.argsort(-ep.mb_work[rest], kind="stable")]
+    rest = rest[argsort_float(-ep.mb_work[rest])]
     work, p_rest, tok_rest = ep.mb_work[rest], ep.mb_p_np[rest], mb_tok[rest]
     taken = np.zeros(len(rest), dtype=bool)
     for gr in sorted((gr for gr in groups if gr[3]), key=lambda gr: gr[2]):
@@ -185,9 +194,21 @@ def _bisect(ep: EpochArrays, tm: _Times, groups: list[list], fixed: dict, orphan
     return hi, *best
 
 
-def _time_of(tm: _Times, gr: list, k: int, fixed: dict) -> float:
-    t = fixed.get(k)
-    return t if t is not None else tm.at(k, gr[0], gr[1])
+def _own(tm: _Times, src: list, fixed: dict, head: int) -> list[tuple[float, int]]:
+    """(time, micro-batch) of group ``src``'s micro-batches but the head, ascending: ``fixed``'s time where it
+    has one, else the time at the group's (p, r)."""
+    p, r = src[0], src[1]
+    row = tm.row(p, r)
+    out = []
+    for k in src[3]:
+        if k == head:
+            continue
+        t = fixed.get(k)
+        if t is None:
+            t = row[k] if k in row else tm.at(k, p, r)
+        out.append((t, k))
+    out.sort()
+    return out
 
 
 def _shed(tm: _Times, opts: dict, groups: list[list], fixed: dict, orphans: list[tuple[float, int]], head: int,
@@ -199,23 +220,23 @@ def _shed(tm: _Times, opts: dict, groups: list[list], fixed: dict, orphans: list
     kinds: dict[tuple[int, int], list[int]] = {}
     for j, gr in enumerate(groups):
         kinds.setdefault((gr[0], gr[1]), []).append(j)
+    lay = _Layout(groups, kinds)
     for _, k in orphans:
-        j, t = _target(tm, opts, groups, kinds, -1, k, limit)
+        j, t = _target(tm, opts, lay, -1, k, limit)
         if j is None:
             return None
-        groups[j][2] += t
-        groups[j][3].append(k)
+        lay.add(j, k, t)
         fixed[k] = t
     for i in sorted(range(len(groups)), key=lambda i: -groups[i][2]):
         src = groups[i]
         if src[2] <= limit:
             break
-        own = sorted((_time_of(tm, src, k, fixed), k) for k in src[3] if k != head)
+        own = _own(tm, src, fixed, head)
         while src[2] > limit:
             a = bisect.bisect_left(own, (src[2] - goal, -1))
             pick = None
             for n in itertools.chain(range(a, len(own)), range(min(a, len(own)) - 1, -1, -1)):
-                j, t = _target(tm, opts, groups, kinds, i, own[n][1], limit)
+                j, t = _target(tm, opts, lay, i, own[n][1], limit)
                 if j is not None:
                     pick = (n, j, t)
                     break
@@ -223,33 +244,80 @@ def _shed(tm: _Times, opts: dict, groups: list[list], fixed: dict, orphans: list
                 return None
             n, j, t = pick
             t_k, k = own.pop(n)
-            src[2] -= t_k
-            src[3].remove(k)
-            groups[j][2] += t
-            groups[j][3].append(k)
+            lay.take(i, k, t_k)
+            lay.add(j, k, t)
             fixed[k] = t
     return groups, fixed
 
 
-def _target(tm: _Times, opts: dict, groups: list[list], kinds: dict, i: int, k: int,
-            limit: float) -> tuple[int | None, float]:
+class _Layout:
+    """``_shed``'s groups with their loads also in numpy, per kind (p, r) its groups' indices: at 4096 ranks a
+    kind holds thousands of groups, and a micro-batch's target is the fullest with room among them."""
+
+    __slots__ = ("groups", "kinds", "loads", "index", "least")
+
+    def __init__(self, groups: list[list], kinds: dict[tuple[int, int], list[int]]) -> None:
+        self.groups, self.kinds = groups, kinds
+        self.loads = np.fromiter((gr[2] for gr in groups), dtype=np.float64, count=len(groups))
+        self.index = {kind: np.asarray(js, dtype=np.int64) for kind, js in kinds.items() if len(js) > _SCAN_MAX}
+        self.least: dict[tuple[int, int], float] = {}
+        """Per kind: its groups' least load, dropped when one of them changes (most searches find no room)."""
+
+    def add(self, j: int, k: int, t: float) -> None:
+        """Micro-batch k joins group j, taking t there."""
+        gr = self.groups[j]
+        gr[2] += t
+        gr[3].append(k)
+        self.loads[j] = gr[2]
+        self.least.pop((gr[0], gr[1]), None)
+
+    def take(self, j: int, k: int, t: float) -> None:
+        """Micro-batch k, taking t there, leaves group j."""
+        gr = self.groups[j]
+        gr[2] -= t
+        gr[3].remove(k)
+        self.loads[j] = gr[2]
+        self.least.pop((gr[0], gr[1]), None)
+
+    def fullest(self, kind: tuple[int, int], i: int, t: float, limit: float) -> int | None:
+        """The kind's group (not i) of the most load that has room for t within limit (ties: the first)."""
+        idx = self.index.get(kind)
+        least = self.least.get(kind)
+        if least is None:
+            least = self.least[kind] = (float(self.loads[idx].min()) if idx is not None
+                                        else min(self.groups[j][2] for j in self.kinds[kind]))
+        if least + t > limit:  # (a sum rounds monotonically: no group of the kind has room)
+            return None
+        if idx is None:
+            best, best_load, groups = None, -1.0, self.groups
+            for j in self.kinds[kind]:
+                load = groups[j][2]
+                if j != i and load + t <= limit and load > best_load:
+                    best, best_load = j, load
+            return best
+        ld = self.loads[idx]
+        ok = (ld + t <= limit) & (ld > -1.0) & (idx != i)
+        return int(idx[int(np.argmax(np.where(ok, ld, -np.inf)))]) if ok.any() else None
+
+
+_SCAN_MAX = 32
+"""A kind of at most this many groups is searched in a Python loop, a larger one in numpy."""
+
+
+def _target(tm: _Times, opts: dict, lay: _Layout, i: int, k: int, limit: float) -> tuple[int | None, float]:
     """The group (not ``i``) where micro-batch k fits within ``limit``: of the kind (p, r) where it takes the
     least GPU-time, the fullest that has room. ``opts``: the kinds' order per micro-batch, filled here."""
     mine = opts.get(k)
     if mine is None:
         mine = []
-        for kind in kinds:
+        for kind in lay.kinds:
             t = tm.at(k, *kind)
             if t is not None:
                 mine.append((kind[0] * t, t, kind))
         mine.sort(key=lambda o: o[0])
         opts[k] = mine
     for _, t, kind in mine:
-        best, best_load = None, -1.0
-        for j in kinds[kind]:
-            load = groups[j][2]
-            if j != i and load + t <= limit and load > best_load:
-                best, best_load = j, load
+        best = lay.fullest(kind, i, t, limit)
         if best is not None:
             return best, t
     return None, 0.0

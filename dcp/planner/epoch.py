@@ -78,6 +78,9 @@ class EpochArrays:
     """Every micro-batch's place in the epoch's longest-first order (ties: release order): a step sorts its
     window by this unique integer key instead of a stable sort of float times (same order; at 4096 ranks 3 ms
     instead of 18 ms for a window of 200,000)."""
+    by_rank: np.ndarray
+    """The micro-batch at every place of that order (``rank_desc``'s inverse): a window longest first is
+    ``by_rank[np.sort(rank_desc[win])]``, one sort of integers and no index sort."""
     mb_p_np: np.ndarray
     """Primary p of every micro-batch."""
     mb_r_np: np.ndarray
@@ -241,8 +244,9 @@ def prepare_epoch(inp: EpochInput) -> EpochArrays:
     n_groups = len(inp.table.seq_group_edges)
     primary = {g: (settings[g].sp_size, settings[g].recompute_layers) for g in present}
     mb_time = micro_batch_times(mbq, times, primary)
+    by_rank = np.argsort(-mb_time, kind="stable")
     rank_desc = np.empty(len(mb_time), dtype=np.int64)
-    rank_desc[np.argsort(-mb_time, kind="stable")] = np.arange(len(mb_time), dtype=np.int64)
+    rank_desc[by_rank] = np.arange(len(mb_time), dtype=np.int64)
     grp = np.asarray(mbq.group, dtype=np.int64)
     p_by_g = np.zeros(n_groups, dtype=np.int64)
     r_by_g = np.zeros(n_groups, dtype=np.int64)
@@ -258,7 +262,7 @@ def prepare_epoch(inp: EpochInput) -> EpochArrays:
         epoch=inp.epoch, method=inp.method, num_samples=inp.num_samples,
         lookahead_samples=_lookahead(inp, settings, unit_time, n_groups, mbq), settings=settings, by_sp=by_sp,
         options=options, unit_time=unit_time, times=times, mbq=mbq, mb_t=mb_time,
-        mb_t_list=tuple(mb_time.tolist()), rank_desc=rank_desc, mb_p_np=mb_p_np, mb_r_np=mb_r_np,
+        mb_t_list=tuple(mb_time.tolist()), rank_desc=rank_desc, by_rank=by_rank, mb_p_np=mb_p_np, mb_r_np=mb_r_np,
         mb_p=tuple(mb_p_np.tolist()), mb_r=tuple(mb_r_np.tolist()), mb_work=mb_time * mb_p_np,
         time_at_np=time_at_np, time_at={r: tuple(t.tolist()) for r, t in time_at_np.items()},
         mb_end=tuple((np.asarray(mbq.start, dtype=np.int64) + count).tolist()), flat_ids=flat_ids,

@@ -5,24 +5,28 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import operator
 
 import numpy as np
 
 from dcp.planner.epoch import EpochArrays, EpochProgress
+from dcp.planner.sorting import argsort_float
 from dcp.planner.tuning import BULK_MIN_RANKS, IMPROVE_GROUPS, IMPROVE_MIN
+
+_P, _LOAD = operator.itemgetter(0), operator.itemgetter(2)
 
 
 def idle(groups: list[list], world_size: int) -> float:
     """GPU-weighted idle of packed groups over the world, at their longest load."""
-    t = max((gr[2] for gr in groups), default=0.0)
+    t = max(map(_LOAD, groups), default=0.0)
     if t <= 0:
         return 1.0
-    return 1.0 - sum(gr[0] * gr[2] for gr in groups) / (world_size * t)
+    return 1.0 - work(groups) / (world_size * t)
 
 
 def work(groups: list[list]) -> float:
-    """GPU-seconds of work in packed groups."""
-    return sum(gr[0] * gr[2] for gr in groups)
+    """GPU-seconds of work in packed groups (p x load, summed in order; ``map``: no generator frame per group)."""
+    return sum(map(operator.mul, map(_P, groups), map(_LOAD, groups)))
 
 
 def _unclaimed(ts: list[float], ids: list[int], claimed: set[int], bound: float) -> int:
@@ -67,8 +71,9 @@ def improve(ep: EpochArrays, prog: EpochProgress, win: np.ndarray, groups: list[
     if not rest.size:
         return
     swaps = ep.world_size < BULK_MIN_RANKS
-    spare: dict[tuple[int, int], tuple[list[float], list[int]]] = {}
-    """Per (p, group r): left-over micro-batches that may join, (times at that r ascending, ids)."""
+    spare: dict[tuple[int, int], tuple] = {}
+    """Per (p, group r): left-over micro-batches that may join, (times at that r ascending, ids), as lists
+    (swaps) or arrays (only the adding: one look-up per group, not the whole list in Python objects)."""
     p_rest, r_rest = ep.mb_p_np[rest], ep.mb_r_np[rest]
     claimed: set[int] = set()
     """Left-over micro-batches given to a group here: kinds of one p with different r share left-overs."""
@@ -77,11 +82,43 @@ def improve(ep: EpochArrays, prog: EpochProgress, win: np.ndarray, groups: list[
         if (p, r) not in spare:
             sel = rest[(p_rest == p) & (r_rest <= r)]
             ts_np = ep.time_at_np[r][sel]
-            o = np.argsort(ts_np, kind="stable")
-            spare[(p, r)] = (ts_np[o].tolist(), sel[o].tolist())
+            o = argsort_float(ts_np)
+            spare[(p, r)] = (ts_np[o].tolist(), sel[o].tolist()) if swaps else (ts_np[o], sel[o], {})
+        if not swaps:
+            _add_longest(groups[i], spare[(p, r)], claimed, step_t)
+            continue
         ts, ids = spare[(p, r)]
         if ts:
             _improve_group(ep.time_at[r], groups[i], ts, ids, claimed, step_t, head, swaps)
+
+
+def _add_longest(gr: list, entry: tuple[np.ndarray, np.ndarray, dict[int, int]], claimed: set[int],
+                 step_t: float) -> None:
+    """``_improve_group`` without swaps, on arrays: the longest unclaimed left-over (times ascending, ties the
+    later) that fits the group's room joins it. ``entry``: (times, ids, gone), ``gone`` linking each position
+    the list form would have popped (claimed: taken here or by a kind of another r) to the one before it."""
+    ts, ids, gone = entry
+    j = _before(gone, int(np.searchsorted(ts, step_t - gr[2], side="right")) - 1)
+    while j >= 0 and int(ids[j]) in claimed:
+        gone[j] = j - 1
+        j = _before(gone, j - 1)
+    if j >= 0:
+        k_new = int(ids[j])
+        gr[2] += float(ts[j])
+        claimed.add(k_new)
+        gr[3].append(k_new)
+        gone[j] = j - 1
+
+
+def _before(gone: dict[int, int], j: int) -> int:
+    """The first position at or before j not gone (-1: none), shortening the links it follows."""
+    path = []
+    while j in gone:
+        path.append(j)
+        j = gone[j]
+    for q in path:
+        gone[q] = j
+    return j
 
 
 def _improve_group(at_r: tuple[float, ...], gr: list, ts: list[float], ids: list[int], claimed: set[int],

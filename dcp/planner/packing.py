@@ -32,7 +32,7 @@ def pack(ep: EpochArrays, win: np.ndarray, t_star: float, head: int, head_first:
     ranks are free. Returns the groups in opening order. From BULK_MIN_RANKS ranks: ``rounds.pack_rounds``.
     ``head_first``: the head opens the first group; ``defer_head``: the head is left out (it joins later).
     """
-    order_np = win[np.argsort(ep.rank_desc[win])]  # longest first, ties in release order
+    order_np = ep.by_rank[np.sort(ep.rank_desc[win])]  # longest first, ties in release order (unique ranks)
     if ep.world_size >= BULK_MIN_RANKS:
         return pack_rounds(ep, order_np, t_star, head, head_first, defer_head)
     order = order_np.tolist()

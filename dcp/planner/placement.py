@@ -46,7 +46,11 @@ def place_largest_first(
         run = j - i  # groups of size p, placed together
         i = j
         if p > ranks_per_node:
-            starts.extend(_place_cross(p, nodes, used, gaps, world_size, ranks_per_node) for _ in range(run))
+            lo = 0  # a start that failed fails again (used only grows): each search resumes after the last group
+            for _ in range(run):
+                st = _place_cross(p, nodes, used, gaps, world_size, ranks_per_node, lo)
+                starts.append(st)
+                lo = world_size if st is None else st + p
             continue
         # First fit over nodes: fill each node with as many aligned blocks as fit, then move on (a node that
         # cannot take p now never can: used only grows).
@@ -76,8 +80,10 @@ def _place_cross(
     gaps: list[tuple[int, int]],
     world_size: int,
     ranks_per_node: int,
+    lo: int = 0,
 ) -> int | None:
-    for start in range(0, world_size - p + 1, p):
+    """The first aligned start from ``lo`` (a multiple of p) whose nodes are free from it on; None: none."""
+    for start in range(lo, world_size - p + 1, p):
         end = start + p
         touched = range(start // ranks_per_node, (end - 1) // ranks_per_node + 1)
         if all(nodes[n][0] + used[n] <= max(start, nodes[n][0]) for n in touched):

@@ -84,15 +84,25 @@ def _check_lengths(groups: int, sp: int, rc: int, ga: np.ndarray, mbs: int, seq_
         )
 
 
-def _frozen(values, dtype) -> np.ndarray:
-    """A read-only copy: the plan never shares memory with (or freezes) its caller's arrays."""
+def _frozen(values, dtype, owned: bool = False) -> np.ndarray:
+    """A read-only copy: the plan never shares memory with (or freezes) its caller's arrays, unless the caller
+    hands them over (``owned``: an array of this dtype that owns its memory is frozen in place, not copied)."""
+    if owned and isinstance(values, np.ndarray) and values.dtype == dtype and values.base is None:
+        values.flags.writeable = False
+        return values
     arr = np.array(values, dtype=dtype, copy=True)
     arr.flags.writeable = False
     return arr
 
 
-def _int64(values) -> np.ndarray:
-    return _frozen(values, np.int64)
+def _int64(values, owned: bool = False) -> np.ndarray:
+    return _frozen(values, np.int64, owned)
+
+
+def _runs(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """The positions of consecutive runs (``starts[i]``, ``sizes[i]`` long), concatenated."""
+    offset = np.cumsum(sizes) - sizes
+    return np.repeat(starts - offset, sizes) + np.arange(int(sizes.sum()), dtype=np.int64)
 
 
 class StepPlan:
@@ -152,35 +162,32 @@ class StepPlan:
     @classmethod
     def from_arrays(
         cls, epoch: int, step: int, world_size: int, method: str, *, first_rank, sp_size, recompute_layers,
-        ga_steps, mb_time_s, mb_seq_group, mb_size, sample_ids, seq_lens,
+        ga_steps, mb_time_s, mb_seq_group, mb_size, sample_ids, seq_lens, owned: bool = False,
     ) -> StepPlan:
         """A plan from flat arrays: per group (any order: the plan sorts them by first rank, keeping each
-        group's micro-batches and samples in order), per micro-batch and per sample, as the attributes."""
+        group's micro-batches and samples in order), per micro-batch and per sample, as the attributes.
+        ``owned``: the caller hands its arrays over (the assembler's, made for this plan): those of the plan's
+        dtype are frozen in place instead of copied (a step at 4096 ranks holds up to ~2M samples)."""
         first = np.asarray(first_rank, dtype=np.int64)
         order = np.argsort(first, kind="stable")
         ga = np.asarray(ga_steps, dtype=np.int64)
         _check_lengths(len(first), len(sp_size), len(recompute_layers), ga, len(mb_time_s), len(mb_seq_group),
                        np.asarray(mb_size, dtype=np.int64), len(sample_ids), len(seq_lens))
         if len(order) and np.any(order != np.arange(len(order))):
-            # reorder micro-batches by their group's new place, then samples by their micro-batch's
-            mb_group = np.repeat(np.arange(len(ga)), ga)
-            rank_of = np.empty_like(order)
-            rank_of[order] = np.arange(len(order))
-            mb_order = np.argsort(rank_of[mb_group], kind="stable")
+            # micro-batches by their group's new place, then samples by their micro-batch's: runs, kept in order
             size = np.asarray(mb_size, dtype=np.int64)
-            s_mb = np.repeat(np.arange(len(size)), size)
-            mb_rank = np.empty_like(mb_order)
-            mb_rank[mb_order] = np.arange(len(mb_order))
-            s_order = np.argsort(mb_rank[s_mb], kind="stable")
+            mb_order = _runs((np.cumsum(ga) - ga)[order], ga[order])
+            s_order = _runs((np.cumsum(size) - size)[mb_order], size[mb_order])
             first, ga = first[order], ga[order]
             sp_size, recompute_layers = np.asarray(sp_size)[order], np.asarray(recompute_layers)[order]
             mb_time_s, mb_seq_group = np.asarray(mb_time_s)[mb_order], np.asarray(mb_seq_group)[mb_order]
             mb_size = size[mb_order]
             sample_ids, seq_lens = np.asarray(sample_ids)[s_order], np.asarray(seq_lens)[s_order]
+            owned = True  # every array is a new one made here
         plan = cls.__new__(cls)
         plan._set(epoch, step, world_size, method, first_rank=first, sp_size=sp_size,
                   recompute_layers=recompute_layers, ga_steps=ga, mb_time_s=mb_time_s, mb_seq_group=mb_seq_group,
-                  mb_size=mb_size, sample_ids=sample_ids, seq_lens=seq_lens)
+                  mb_size=mb_size, sample_ids=sample_ids, seq_lens=seq_lens, owned=owned)
         return plan
 
     def with_sample_ids(self, sample_ids) -> StepPlan:
@@ -194,15 +201,17 @@ class StepPlan:
         return plan
 
     def _set(self, epoch, step, world_size, method, *, first_rank, sp_size, recompute_layers, ga_steps,
-             mb_time_s, mb_seq_group, mb_size, sample_ids, seq_lens, groups=None) -> None:
-        """Every constructor's one path: read-only copies, the length and rank-cover checks; ``groups``: the
-        GroupPlans it was built from (kept as its view), else None (the view is built on first use)."""
+             mb_time_s, mb_seq_group, mb_size, sample_ids, seq_lens, groups=None, owned: bool = False) -> None:
+        """Every constructor's one path: read-only copies (``owned``: arrays handed over, frozen in place), the
+        length and rank-cover checks; ``groups``: the GroupPlans it was built from (kept as its view), else None
+        (the view is built on first use)."""
         self.epoch, self.step, self.world_size, self.method = epoch, step, world_size, method
-        self.first_rank, self.sp_size = _int64(first_rank), _int64(sp_size)
-        self.recompute_layers, self.ga_steps = _int64(recompute_layers), _int64(ga_steps)
-        times = _frozen(mb_time_s, np.float64)
-        self.mb_time_s, self.mb_seq_group, self.mb_size = times, _int64(mb_seq_group), _int64(mb_size)
-        self.sample_id_array, self.seq_len_array = _int64(sample_ids), _int64(seq_lens)
+        self.first_rank, self.sp_size = _int64(first_rank, owned), _int64(sp_size, owned)
+        self.recompute_layers, self.ga_steps = _int64(recompute_layers, owned), _int64(ga_steps, owned)
+        times = _frozen(mb_time_s, np.float64, owned)
+        self.mb_time_s, self.mb_seq_group = times, _int64(mb_seq_group, owned)
+        self.mb_size = _int64(mb_size, owned)
+        self.sample_id_array, self.seq_len_array = _int64(sample_ids, owned), _int64(seq_lens, owned)
         _check_lengths(len(self.first_rank), len(self.sp_size), len(self.recompute_layers), self.ga_steps,
                        len(self.mb_time_s), len(self.mb_seq_group), self.mb_size, len(self.sample_id_array),
                        len(self.seq_len_array))

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import math
 import operator
+from typing import NamedTuple
 
 import numpy as np
 
 from dcp.planner.epoch import EpochArrays
+from dcp.planner.sorting import argsort_float, argsort_int
 from dcp.planner.tuning import OPEN_FILL
 
 _FIRST = operator.itemgetter(0)
@@ -35,16 +37,17 @@ def pack_rounds(ep: EpochArrays, order: np.ndarray, t_star: float, head: int, he
         forced = {at} if head_first else {0, at}  # window positions whose group always opens
     if not len(order):
         return []
-    groups: list[list] = []
+    cols = columns(ep, order)
+    g_p, g_r = _grant(ep, order, t_star, forced, cols)
+    groups = [[p, r, 0.0, []] for p, r in zip(g_p, g_r, strict=True)]
     kinds: dict[int, list[tuple[int, list, list[int]]]] = {}
     index: dict[tuple[int, int], list[int]] = {}
-    for p, r in zip(*_grant(ep, order, t_star, forced), strict=True):
-        gids = index.get((p, r))
-        if gids is None:
-            gids = index[(p, r)] = []
-            kinds.setdefault(p, []).append((r, [], gids))
-        gids.append(len(groups))
-        groups.append([p, r, 0.0, []])
+    code = np.asarray(g_p, dtype=np.int64) * (max(g_r, default=0) + 1) + np.asarray(g_r, dtype=np.int64)
+    _, at_first = np.unique(code, return_index=True)
+    for f in np.sort(at_first).tolist():  # the kinds (p, r) in grant order, each with its groups in grant order
+        p, r = g_p[f], g_r[f]
+        gids = index[(p, r)] = np.flatnonzero(code == code[f]).tolist()
+        kinds.setdefault(p, []).append((r, [], gids))
     # Before the rounds: the window's longest (T* was sized on it) and the head, each into the first group
     # of its own kind with room, else of its p with more recompute; the head first with head_first.
     longest = int(rest[0]) if len(rest) else -1
@@ -54,11 +57,48 @@ def pack_rounds(ep: EpochArrays, order: np.ndarray, t_star: float, head: int, he
             continue
         if not place_first(ep, groups, index, k, limit) and k == head:
             return [gr for gr in groups if gr[3]]  # no group for the head: the caller retries head first
-    fill_rounds(ep, groups, kinds, rest[rest != longest] if longest >= 0 else rest, limit)
+    # the rounds take the rest of the window: its positions but the head's and the longest's
+    skip = [i for i in range(min(2, len(order))) if int(order[i]) in (head, longest)]
+    fill_rounds(ep, groups, kinds, order, limit, cols, skip)
     return [gr for gr in groups if gr[3]]
 
 
-def _grant(ep: EpochArrays, order: np.ndarray, t_star: float, forced: set[int]) -> tuple[list[int], list[int]]:
+class Columns(NamedTuple):
+    """A packing's micro-batches (by position) as columns: their primary p and r, and per kind (p, r) its
+    positions, ascending (``kind_of``)."""
+
+    p: np.ndarray
+    """Primary p of each."""
+    r: np.ndarray
+    """Primary r of each."""
+    n_r: int
+    """One more than the largest r: kind (p, r) has the code p x n_r + r."""
+    by_kind: dict[int, np.ndarray]
+    """Kind code -> the positions of that kind, ascending."""
+
+    def kind_of(self, p: int, r: int) -> np.ndarray | None:
+        """Positions of kind (p, r) (None: none)."""
+        return self.by_kind.get(p * self.n_r + r) if r < self.n_r else None
+
+
+def columns(ep: EpochArrays, arr: np.ndarray) -> Columns:
+    """``Columns`` of micro-batches ``arr``: one gather of p and r, and one stable sort by kind (radix where
+    the codes fit 16 bits) instead of a mask over all of them per kind and pass."""
+    p, r = ep.mb_p_np[arr], ep.mb_r_np[arr]
+    n_r = int(r.max()) + 1 if len(arr) else 1
+    kind = p * n_r + r
+    counts = np.bincount(kind)
+    present = np.flatnonzero(counts)
+    if len(present) <= 1:
+        return Columns(p, r, n_r, {int(kd): np.arange(len(arr), dtype=np.int64) for kd in present.tolist()})
+    o = np.argsort(kind.astype(np.int16), kind="stable") if present[-1] < 2**15 else argsort_int(kind)
+    ends = np.cumsum(counts[present]).tolist()
+    return Columns(p, r, n_r, {kd: o[e - c : e] for kd, c, e in zip(present.tolist(), counts[present].tolist(), ends,
+                                                                     strict=True)})
+
+
+def _grant(ep: EpochArrays, order: np.ndarray, t_star: float, forced: set[int],
+           cols: Columns) -> tuple[list[int], list[int]]:
     """The p and r of every group the step gets, in grant order: each kind asks for its j-th group where its
     running window time passes (j - 1) x t_star; the asks that the kind can fill to OPEN_FILL (and the forced
     window positions) first while ranks are free, then the others on ranks still free.
@@ -66,26 +106,21 @@ def _grant(ep: EpochArrays, order: np.ndarray, t_star: float, forced: set[int]) 
     The asks are numpy columns, not a list of tuples: at 4096 ranks a step makes ~4000 asks per packing and
     packs several times; tuples would be that many more objects for the cyclic garbage collector to track."""
     W = ep.world_size
-    p_o, r_o = ep.mb_p_np[order], ep.mb_r_np[order]
-    n_r = int(r_o.max()) + 1
-    kind = p_o * n_r + r_o
-    t_o = ep.mb_t[order]
-    cols: list[tuple[np.ndarray, int, int, np.ndarray]] = []
+    asked: list[tuple[np.ndarray, int, int, np.ndarray]] = []
     """Per kind: (window positions where it asks for its groups, p, r, whether each may open in the first pass)"""
-    for kd in np.unique(kind).tolist():
-        sel = np.flatnonzero(kind == kd)
-        p, r = divmod(kd, n_r)
-        cw = np.cumsum(t_o[sel])
+    for kd, sel in sorted(cols.by_kind.items()):  # the kinds present, ascending; their positions ascending
+        p, r = divmod(kd, cols.n_r)
+        cw = np.cumsum(ep.mb_t[order[sel]])
         total = float(cw[-1])
         n_full = min(W // p, int(total / t_star + (1 - OPEN_FILL)))  # the last one filled >= OPEN_FILL
         n_all = min(W // p, math.ceil(total / t_star - 1e-9))
         asks = sel[np.minimum(np.searchsorted(cw, np.arange(n_all) * t_star, "right"), len(sel) - 1)]
-        cols.append((asks, p, r, np.arange(n_all) < n_full))
-    xs = np.concatenate([c[0] for c in cols])
-    ps = np.concatenate([np.full(len(c[0]), c[1], dtype=np.int64) for c in cols])
-    rs = np.concatenate([np.full(len(c[0]), c[2], dtype=np.int64) for c in cols])
-    fulls = np.concatenate([c[3] for c in cols])
-    srt = np.lexsort((fulls, rs, ps, xs))  # by (position, p, r, full), as tuples would sort
+        asked.append((asks, p, r, np.arange(n_all) < n_full))
+    xs = np.concatenate([c[0] for c in asked])
+    ps = np.concatenate([np.full(len(c[0]), c[1], dtype=np.int64) for c in asked])
+    rs = np.concatenate([np.full(len(c[0]), c[2], dtype=np.int64) for c in asked])
+    fulls = np.concatenate([c[3] for c in asked])
+    srt = _by_ask(xs, ps, rs, fulls)
     free, gp, gr, sp, sr = W, [], [], [], []
     for x, p, r, full in zip(xs[srt].tolist(), ps[srt].tolist(), rs[srt].tolist(), fulls[srt].tolist(),
                              strict=True):
@@ -108,6 +143,16 @@ def _grant(ep: EpochArrays, order: np.ndarray, t_star: float, forced: set[int]) 
     return gp, gr
 
 
+def _by_ask(xs: np.ndarray, ps: np.ndarray, rs: np.ndarray, fulls: np.ndarray) -> np.ndarray:
+    """The asks' order by (position, p, r, full), as tuples would sort: one integer key, ``np.lexsort``'s order."""
+    if len(xs) < 2:
+        return np.arange(len(xs))
+    n_p, n_r = int(ps.max()) + 1, int(rs.max()) + 1
+    if (int(xs.max()) + 1) * n_p * n_r * 2 * len(xs) >= 2**62:
+        return np.lexsort((fulls, rs, ps, xs))
+    return argsort_int(((xs * n_p + ps) * n_r + rs) * 2 + fulls)
+
+
 def place_first(ep: EpochArrays, groups: list[list], index: dict[tuple[int, int], list[int]], k: int,
                 limit: float) -> bool:
     """Put micro-batch k into the first group (in grant order) of its own (p, r) with room for it, else
@@ -123,7 +168,8 @@ def place_first(ep: EpochArrays, groups: list[list], index: dict[tuple[int, int]
     return False
 
 
-def fill_rounds(ep: EpochArrays, groups: list[list], kinds: dict, items, limit: float) -> None:
+def fill_rounds(ep: EpochArrays, groups: list[list], kinds: dict, items, limit: float, cols: Columns | None = None,
+                skip: list[int] = ()) -> None:
     """Longest-first filling of the groups in vectorised rounds.
 
     Per (p, r) kind: the window's remaining micro-batches of exactly that kind, longest first, in rounds
@@ -132,26 +178,29 @@ def fill_rounds(ep: EpochArrays, groups: list[list], kinds: dict, items, limit: 
     with less recompute (timed at the group's r, which fits the same memory): a kind's own work first,
     so a group of more recompute never takes the work its own kind's groups were granted for. What does
     not fit stays for later steps. Reads only ``ep.mb_p_np``, ``ep.mb_r_np`` and ``ep.time_at_np``.
+    ``cols``: the items' ``columns`` (made here when None); ``skip``: item positions that take no part.
     """
     arr = np.asarray(items, dtype=np.int64)
-    p_arr, r_arr = ep.mb_p_np[arr], ep.mb_r_np[arr]
+    cols = columns(ep, arr) if cols is None else cols
     free_item = np.ones(len(arr), dtype=bool)
+    free_item[list(skip)] = False
     passes = [(exact, p, r, gids) for exact in (True, False) for p, entries in kinds.items()
               for r, _, gids in sorted(entries, key=_FIRST, reverse=True)]
     for exact, p, r, gids in passes:
-        sel = np.flatnonzero(free_item & (p_arr == p) & ((r_arr == r) if exact else (r_arr < r)))
-        if not sel.size or not gids:
+        sel = _free_of(cols, free_item, p, r, exact)
+        if sel is None or not sel.size or not gids:
             continue
         ks = arr[sel]
         tt = ep.time_at_np[r][ks]
-        srt = np.argsort(-tt, kind="stable")
-        sel, ks, tt = sel[srt], ks[srt], tt[srt]
+        if not bool(np.all(tt[:-1] >= tt[1:])):  # (a kind's own items come longest first: nothing to sort)
+            srt = argsort_float(-tt)
+            sel, ks, tt = sel[srt], ks[srt], tt[srt]
         dest, loads = _rounds(np.asarray([groups[g][2] for g in gids]), tt, limit)
         got = np.flatnonzero(dest >= 0)
         if not got.size:
             continue
         free_item[sel[got]] = False
-        by = got[np.argsort(dest[got], kind="stable")]
+        by = got[argsort_int(dest[got])]
         d = dest[by]
         cuts = (np.flatnonzero(np.diff(d)) + 1).tolist()
         flat = ks[by].tolist()
@@ -162,6 +211,16 @@ def fill_rounds(ep: EpochArrays, groups: list[list], kinds: dict, items, limit: 
             groups[g][2] = load
 
 
+def _free_of(cols: Columns, free_item: np.ndarray, p: int, r: int, exact: bool) -> np.ndarray | None:
+    """Positions (ascending) of the free items of kind (p, r), or (not ``exact``) of p with less recompute."""
+    if exact:
+        sel = cols.kind_of(p, r)
+    else:
+        parts = [s for r2 in range(min(r, cols.n_r)) if (s := cols.kind_of(p, r2)) is not None]
+        sel = None if not parts else parts[0] if len(parts) == 1 else np.sort(np.concatenate(parts))
+    return None if sel is None else sel[free_item[sel]]
+
+
 def _rounds(loads: np.ndarray, tt: np.ndarray, limit: float) -> tuple[np.ndarray, np.ndarray]:
     """Rounds of one item per group over items of times ``tt`` (longest first): the i-th of a round goes to
     the group with the i-th least load when it fits ``limit``. Returns each item's group position (-1: none)
@@ -170,7 +229,7 @@ def _rounds(loads: np.ndarray, tt: np.ndarray, limit: float) -> tuple[np.ndarray
     dest = np.full(n, -1, dtype=np.int64)
     while pos < n:
         m = min(G, n - pos)
-        tgt = np.argsort(loads, kind="stable")[:m]
+        tgt = argsort_float(loads)[:m]
         t_round = tt[pos : pos + m]
         ok = loads[tgt] + t_round <= limit
         if ok.any():

@@ -48,20 +48,22 @@ def scan(ep: EpochArrays, prog: EpochProgress, head: int, need: Callable[[float]
     else:
         end = bisect.bisect_left(ready, ready[head] + ep.lookahead_samples, lo=head)
     cons = prog.consumed_np()
-    parts: list[np.ndarray] = []
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (indices, their work, their times)
     lo, chunk, done_w, done_t = head, max(256, prog.scan_hint), 0.0, 0.0
     while lo < end:
         hi = min(end, lo + chunk)
         part = lo + np.flatnonzero(cons[lo:hi] == 0)
-        parts.append(part)
+        parts.append((part, ep.mb_work[part], ep.mb_t[part]))
         lo, chunk = hi, chunk * 2
         if part.size:
-            done_w += float(ep.mb_work[part].sum())
-            done_t = max(done_t, float(ep.mb_t[part].max()))
+            done_w += float(parts[-1][1].sum())
+            done_t = max(done_t, float(parts[-1][2].max()))
             if done_w >= need(done_t):
                 break
-    idx = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-    return Scan(idx, np.cumsum(ep.mb_work[idx]), np.maximum.accumulate(ep.mb_t[idx]), lo >= n)
+    if not parts:
+        return Scan(np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0), lo >= n)
+    idx, w, t = (np.concatenate(c) for c in zip(*parts, strict=True))
+    return Scan(idx, np.cumsum(w), np.maximum.accumulate(t), lo >= n)
 
 
 def target(ep: EpochArrays, sc: Scan) -> tuple[float, int, int]:
