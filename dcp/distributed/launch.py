@@ -95,11 +95,16 @@ def run_distributed(
     backend: str = "gloo",
     env: dict[str, str] | None = None,
     pg_timeout_s: float = 60.0,
+    dead_rank_grace_s: float = 30.0,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; return results by rank.
 
     ``fn`` and ``args`` must be picklable (a module-level function). Raises DistributedFailure with the
     first failing rank's traceback, or with a timeout message naming the ranks that did not finish.
+    ``dead_rank_grace_s``: once a rank died without reporting (a signal, ``os._exit``), how long the others get
+    to report before they are stopped. A survivor's gloo collective fails at once on the closed connection and
+    reports where the dead rank was; one waiting on the store for it (a group's creation, a rendezvous) would
+    otherwise wait the whole collective timeout.
     """
     if world_size < 1:
         raise ValueError(f"world_size ({world_size}) must be >= 1: pass the number of processes to start")
@@ -136,6 +141,7 @@ def run_distributed(
                         rank, status, payload = results.get(timeout=0.5)
                     except queue.Empty:
                         errors[i] = f"rank {i} exited with code {procs[i].exitcode} without reporting"
+                        deadline = min(deadline, time.monotonic() + dead_rank_grace_s)
                         continue
                     (out if status == "ok" else errors)[rank] = payload
                 continue

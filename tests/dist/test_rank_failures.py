@@ -157,3 +157,17 @@ def test_a_rank_killed_mid_profile_is_named_with_its_phase(tmp_path):
                            "failed after"), text[-3000:]
     assert "rank 1 is in 'profiling seq_group 0 (s=128) b=1 p=2'" in last and "heartbeat stopped" in last
     assert "it died or was stopped there" in last
+
+
+def _die_or_wait(rank: int, world: int) -> None:
+    if rank == 1:
+        os._exit(3)  # dies without reporting
+    time.sleep(600)  # not in a collective: nothing tells this rank its peer is gone (as on a store wait)
+
+
+def test_a_survivor_waiting_outside_a_collective_is_stopped_after_the_grace():
+    t0 = time.monotonic()
+    with pytest.raises(DistributedFailure) as info:
+        run_distributed(_die_or_wait, 2, timeout_s=300, dead_rank_grace_s=2.0)
+    assert "rank 1 exited with code 3 without reporting" in str(info.value)
+    assert time.monotonic() - t0 < 120  # the grace after the death, not the 300 s timeout (loaded-host margin)
