@@ -96,14 +96,18 @@ def _fix(fix: str) -> str:
     return fix or "delete it and run the command that wrote it again"
 
 
-def read_json(path: str | Path, *, what: str, fix: str = "", error: type[ValueError] = TruncatedFileError) -> Any:
-    """Parse a JSON file; an empty, truncated or malformed file raises ``error`` naming it and the fix."""
-    p = Path(path)
+def _read_text(p: Path, what: str, fix: str, error: type[ValueError]) -> str:
     try:
-        text = p.read_text(encoding="utf-8")
+        return p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise error(f"{what} ({str(p)!r}) cannot be read ({getattr(exc, 'strerror', None) or exc}): "
                     f"{_fix(fix)}") from None
+
+
+def read_json(path: str | Path, *, what: str, fix: str = "", error: type[ValueError] = TruncatedFileError) -> Any:
+    """Parse a JSON file; an empty, truncated or malformed file raises ``error`` naming it and the fix."""
+    p = Path(path)
+    text = _read_text(p, what, fix, error)
     if not text.strip():
         raise error(f"{what} ({str(p)!r}) is empty (0 bytes of JSON: a full disk or a killed writer): {_fix(fix)}")
     try:
@@ -120,11 +124,7 @@ def read_csv_text(path: str | Path, *, what: str, fix: str = "", error: type[Val
     """A CSV file's text; an empty file, or one whose last line has no line end (cut mid-row), raises
     ``error`` naming it and the fix."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise error(f"{what} ({str(p)!r}) cannot be read ({getattr(exc, 'strerror', None) or exc}): "
-                    f"{_fix(fix)}") from None
+    text = _read_text(p, what, fix, error)
     if not text:
         raise error(f"{what} ({str(p)!r}) is empty (0 bytes: a full disk or a killed writer): {_fix(fix)}")
     if not text.endswith("\n"):

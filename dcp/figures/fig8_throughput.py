@@ -27,10 +27,10 @@ def make(out_dir: Path, sizes: common.Sizes) -> list[Path]:
     for model, prefix in common.MODEL_DATASET_PREFIX.items():
         for ds in DATASETS:
             lengths = load_lengths(f"{prefix}-{ds}", num_samples=sizes.fig8_samples, seed=0)
-            table = paper_table(scenario(model, HARDWARE), WORLD_SIZE, shapes=lengths.shapes)
-            target = round(bucket_tokens_per_step(lengths.tokens, table, paper_config(scenario(model, HARDWARE),
-                                                                                      "bucket"),
-                                                  WORLD_SIZE, shapes=lengths.shapes))
+            sc = scenario(model, HARDWARE)
+            table = paper_table(sc, WORLD_SIZE, shapes=lengths.shapes)
+            target = round(bucket_tokens_per_step(lengths.tokens, table, paper_config(sc, "bucket"), WORLD_SIZE,
+                                                  shapes=lengths.shapes))
             runs = common.simulate_runs(lengths.tokens, model, HARDWARE, WORLD_SIZE, FIG8_METHODS, table=table,
                                         shapes=lengths.shapes, tokens_per_step=target)
             base = runs["bucket"].result.tokens_per_s

@@ -69,6 +69,21 @@ SETTLE_IDS = 1 << 20
 """``record_checked`` keeps up to this many sample ids (8 MiB) of finished steps before marking them in the bitmap."""
 
 
+
+def mark_new(mask: np.ndarray, ids: np.ndarray) -> list[int] | str | None:
+    """Set ``mask[ids]`` when every id is new (not set yet, and once in ``ids``) and return None; otherwise leave
+    ``mask`` as it was and return what repeats: up to 8 of the ids already set, ascending, or 'a sample twice in
+    the step'. O(n) counts, not a sort of the ids (~160k per step at 4096 ranks)."""
+    again = ids[mask[ids]]
+    if len(again):
+        return sorted(set(again.tolist()))[:8]
+    before = np.count_nonzero(mask)
+    mask[ids] = True
+    if np.count_nonzero(mask) - before == len(ids):
+        return None
+    mask[ids] = False  # none was set before: undo
+    return "a sample twice in the step"
+
 @dataclass(slots=True)
 class EpochPosition:
     """The data position of one epoch (see the module docstring); mutated as steps finish."""
@@ -121,18 +136,10 @@ class EpochPosition:
     def record(self, sample_ids: np.ndarray, step: int) -> None:
         """A step of the current segment finished, having trained ``sample_ids``; a sample trained twice in
         one epoch is a bug and raises."""
-        ids = np.asarray(sample_ids, dtype=np.int64)
-        again: Any = sorted(set(ids[self.done[ids]].tolist()))[:8]
-        if not again:
-            # a repeat inside the step: fewer newly done samples than ids (O(n) counts, not a sort of the
-            # step's ids: ~160k of them per step at 4096 ranks, on the training thread)
-            before = np.count_nonzero(self.done)
-            self.done[ids] = True
-            if np.count_nonzero(self.done) - before == len(ids):
-                self.steps += 1
-                return
-            self.done[ids] = False  # none was done before: undo the step
-            again = "a sample twice in the step"
+        again = mark_new(self.done, np.asarray(sample_ids, dtype=np.int64))
+        if again is None:
+            self.steps += 1
+            return
         raise PositionError(f"epoch {self.epoch} step {step} trained samples {again} a second time in this epoch: "
                             "this is a bug in the plan source; report it with the plan")
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from dcp.planner.plan import GroupPlan, StepPlan
-from dcp.runtime.position import PositionError
+from dcp.runtime.position import PositionError, mark_new
 from dcp.runtime.weighting import step_normaliser
 
 
@@ -86,16 +86,11 @@ class StepViews:
             raise PositionError(
                 f"epoch {plan.epoch} step {plan.step} plans sample ids outside [0, {len(seen)}) (from "
                 f"{int(ids.min())} to {int(ids.max())}): this is a bug in the plan source; report it with the plan")
-        again: Any = ids[seen[ids]]
-        if not len(again):
-            before = np.count_nonzero(seen)
-            seen[ids] = True
-            if np.count_nonzero(seen) - before == len(ids):
-                return
-            seen[ids] = False  # none was planned before: undo the step
-            again = "a sample twice in the step"
-        else:
-            again = sorted(set((self.ids[again] if self.ids is not None else again).tolist()))[:8]
+        again = mark_new(seen, ids)
+        if again is None:
+            return
+        if self.ids is not None and not isinstance(again, str):
+            again = [int(self.ids[i]) for i in again]  # ascending ids map to ascending dataset ids
         raise PositionError(f"epoch {plan.epoch} step {plan.step} plans samples {again} a second time in this "
                             "epoch: this is a bug in the plan source; report it with the plan")
 
