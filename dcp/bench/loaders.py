@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from dcp.argtypes import sample_count, world_size
+from dcp.bench import common
 
 DISTRIBUTIONS = ("t1d-short", "t1d-balanced", "t1d-long")
 LOADERS = ("fixed", "balanced-closest", "balanced-first", "balanced-packed", "varbatch", "curriculum-varbatch",
@@ -34,28 +35,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=8192, help="token budget of a micro-batch (default 8192)")
     parser.add_argument("--pool-size", type=int, default=64, help="load-balanced pool size (default 64)")
     parser.add_argument("--max-shapes", type=int, default=8, help="static-shapes bucket count (default 8)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the lengths and the shuffles")
+    common.add_seed(parser, "the lengths and the shuffles")
     parser.add_argument("--distributions", nargs="+", default=list(DISTRIBUTIONS), help="distribution names")
     parser.add_argument("--loaders", nargs="+", default=list(LOADERS), choices=LOADERS, help="loaders to measure")
-    parser.add_argument("--json", action="store_true", help="print a JSON object with every row as the last line")
+    common.add_json(parser, help="print a JSON object with every row as the last line")
 
 
 def load_lengths(name: str, num_samples: int, seed: int) -> tuple[list[int], str]:
-    """Lengths from ``dcp.data_dists`` (CPU scale); a local lognormal mixture if that module is missing."""
-    try:
-        from dcp.data_dists import load_distribution
-    except ImportError:
-        load_distribution = None
-    if load_distribution is not None:
-        return load_distribution(name, scale="cpu", num_samples=num_samples, seed=seed), "dcp.data_dists(cpu)"
-    import numpy as np
+    """Lengths of a named distribution from ``dcp.data_dists`` at CPU scale, and where they came from."""
+    from dcp.data_dists import load_distribution
 
-    # fallback: mixtures of a short and a long lognormal mode, capped at 2048 tokens
-    share_long = {"t1d-short": 0.05, "t1d-balanced": 0.2, "t1d-long": 0.5}.get(name, 0.2)
-    rng = np.random.default_rng(seed)
-    long = rng.random(num_samples) < share_long
-    raw = np.where(long, rng.lognormal(7.0, 0.4, num_samples), rng.lognormal(5.0, 0.6, num_samples))
-    return np.clip(raw, 64, 2048).astype(int).tolist(), "local lognormal mixture"
+    return load_distribution(name, scale="cpu", num_samples=num_samples, seed=seed), "dcp.data_dists(cpu)"
 
 
 def _summarise(per_step: list[list[tuple[int, int, int]]], budget: int) -> dict:

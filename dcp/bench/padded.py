@@ -31,31 +31,24 @@ import argparse
 import json
 import random
 import statistics
-import time
 from typing import Any
 
 from dcp.argtypes import int_list
+from dcp.bench import common
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
-    parser.add_argument("--edges", default="128,256,512,1024", help="seq_group bounds (tokens), increasing")
-    parser.add_argument("--batch-sizes", default="1,2,4", help="micro-batch sizes profiled (cells draw 2..max)")
+    common.add_json(parser)
+    common.add_profile_grid(parser, edges="128,256,512,1024", batch_sizes="1,2,4", sizes_note=" (cells draw 2..max)")
     parser.add_argument("--cells", type=int, default=24, help="micro-batches of unequal lengths to measure")
-    parser.add_argument("--reps", type=int, default=5, help="round-robin rounds (medians are compared)")
+    common.add_rounds(parser)
     parser.add_argument("--rows", default="profiler", choices=("profiler", "steps"),
                         help="profiler: dual-layer rows; steps: whole-model steps at the bounds")
-    parser.add_argument("--hidden-size", type=int, default=128, help="model width")
-    parser.add_argument("--num-layers", type=int, default=4, help="layers L")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--clock", default="cpu", choices=("cpu", "wall"),
-                        help="cpu: process CPU time (robust on a shared machine); wall: perf_counter")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the drawn micro-batches")
+    common.add_cpu_model(parser)
+    common.add_seed(parser, "the drawn micro-batches")
     parser.add_argument("--efficiency-lens", default="1024,700,400,200",
                         help="lengths of the padded micro-batch whose real tokens/s is compared with an unpadded one")
     parser.add_argument("--csv", default="", help="write one row per cell to this CSV (e.g. runs/bench_padded.csv)")
-
-
 
 
 def _check(args: argparse.Namespace) -> tuple[list[int], list[int], list[int]]:
@@ -67,22 +60,10 @@ def _check(args: argparse.Namespace) -> tuple[list[int], list[int], list[int]]:
     if max(sizes) < 2:
         raise ValueError(f"--batch-sizes ({args.batch_sizes!r}) must include a size >= 2: micro-batches of "
                          "unequal lengths need two samples")
-    for flag in ("cells", "reps", "hidden_size", "num_layers", "threads"):
-        if getattr(args, flag) < 1:
-            raise ValueError(f"--{flag.replace('_', '-')} ({getattr(args, flag)}) must be >= 1")
+    common.check_positive(args, "cells", "reps", "hidden_size", "num_layers", "threads")
     if args.num_layers < 2 and args.rows == "profiler":
         raise ValueError(f"--num-layers ({args.num_layers}) must be >= 2 with --rows profiler (dual-layer)")
     return edges, sizes, eff_lens
-
-
-def _step_s(model: Any, batch: Any, ctx: Any, clock: str) -> float:
-    now = time.process_time if clock == "cpu" else time.perf_counter
-    start = now()
-    loss, _ = model(batch, ctx)
-    loss.backward()
-    elapsed = now() - start
-    model.zero_grad(set_to_none=True)
-    return elapsed
 
 
 def padded_efficiency(model: Any, lens: list[int], ctx: Any, *, reps: int, clock: str = "cpu",
@@ -99,11 +80,11 @@ def padded_efficiency(model: Any, lens: list[int], ctx: Any, *, reps: int, clock
     each = sum(lens) // len(lens)
     padded = collate_tokens([torch.randint(0, vocab, (n,), generator=gen) for n in lens])
     equal = collate_tokens([torch.randint(0, vocab, (each,), generator=gen) for _ in lens])
-    _step_s(model, padded, ctx, clock), _step_s(model, equal, ctx, clock)
+    common.step_s(model, padded, ctx, clock), common.step_s(model, equal, ctx, clock)
     t_pad, t_eq = [], []
     for _ in range(reps):
-        t_pad.append(_step_s(model, padded, ctx, clock))
-        t_eq.append(_step_s(model, equal, ctx, clock))
+        t_pad.append(common.step_s(model, padded, ctx, clock))
+        t_eq.append(common.step_s(model, equal, ctx, clock))
     tp, te = statistics.median(t_pad), statistics.median(t_eq)
     return {"padded_ms": 1e3 * tp, "unpadded_ms": 1e3 * te,
             "padded_efficiency": (sum(lens) / tp) / (each * len(lens) / te)}
@@ -144,20 +125,16 @@ def run(args: argparse.Namespace) -> int:
 
     def measure_row(k):
         if args.rows == "steps":
-            return _step_s(model, row_batch[k], ctx, args.clock)
+            return common.step_s(model, row_batch[k], ctx, args.clock)
         return measure_candidate(adapter, ctx, k[2], k[1], settings)
 
+    def measure(item):
+        kind, k = item
+        return measure_row(k) if kind == "row" else common.step_s(model, cells[k][2], ctx, args.clock)
+
     items = [("row", k) for k in row_keys] + [("cell", i) for i in range(len(cells))]
-    for kind, k in items:  # warm-up: allocator, kernels, first-touch
-        measure_row(k) if kind == "row" else _step_s(model, cells[k][2], ctx, args.clock)
-    got: dict[tuple[str, Any], list] = {item: [] for item in items}
     with tqdm(total=args.reps * len(items), desc="bench padded", unit="run") as bar:
-        for _ in range(args.reps):
-            order = items[:]
-            rng.shuffle(order)
-            for kind, k in order:
-                got[(kind, k)].append(measure_row(k) if kind == "row" else _step_s(model, cells[k][2], ctx, args.clock))
-                bar.update()
+        got = common.round_robin(items, measure, args.reps, rng, bar)
 
     rows = []
     for g, e, b in row_keys:
@@ -217,9 +194,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dcp bench padded", description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return common.standalone_main("dcp bench padded", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

@@ -113,7 +113,7 @@ def step_pricer(table, config: DCPConfig, hardware, world_size: int) -> Callable
     the slowest group's micro-batches, the gradient sync (overlapped for the ddp engine), the optimizer
     update with the hardware's per-step overhead, and the control plane where that overhead is 0."""
     from dcp.planner.analytic import grad_sync_time_s, optimizer_step_time_s
-    from dcp.sim.cluster import _row_lookup, step_cost
+    from dcp.sim.cluster import row_lookup, step_cost
     from dcp.sim.control import control_plane_s
 
     model, rt = config.model, config.runtime
@@ -122,7 +122,7 @@ def step_pricer(table, config: DCPConfig, hardware, world_size: int) -> Callable
     control = (control_plane_s(world_size, hardware, log_every=rt.log_every, stats_every=rt.stats_every)
                if hardware.step_overhead_s == 0 else 0.0)
     overlap = model.num_params * model.param_bytes if rt.engine == "ddp" else 0.0
-    rows = _row_lookup(table)
+    rows = row_lookup(table)
     return lambda plan: step_cost(plan, None, rows, sync_s=sync, optimizer_s=opt, edges=table.seq_group_edges,
                                   overlap_grad_bytes=overlap, control_s=control)
 

@@ -27,27 +27,24 @@ import json
 from typing import Any
 
 from dcp.argtypes import int_list, positive_int, process_count
+from dcp.bench import common
 
 MODELS = ("t1d-tiny", "t2d-tiny")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+    common.add_json(parser)
     parser.add_argument("--models", default=",".join(MODELS), help="comma list of t1d-tiny, t2d-tiny")
     parser.add_argument("--lengths", default="256,512,1024,2048", help="sequence lengths (tokens)")
     parser.add_argument("--batch-sizes", default="1,2", help="micro-batch sizes")
     parser.add_argument("--sp-sizes", default="1,2", help="SP sizes (each <= --nproc)")
-    parser.add_argument("--hidden-size", type=int, default=128, help="model width of the benchmarked models")
-    parser.add_argument("--num-layers", type=int, default=4, help="layers L of the benchmarked models")
+    common.add_model_size(parser, of=" of the benchmarked models")
     parser.add_argument("--reps", type=positive_int, default=5, help="alternating repetitions (medians are compared)")
     parser.add_argument("--nproc", type=process_count, default=2, help="gloo processes (W)")
     parser.add_argument("--epoch-samples", type=int, default=256, help="samples of the demo epoch")
     parser.add_argument("--timing", default="checkpoint", choices=("checkpoint", "plain"),
                         help="checkpoint: t_f, t_b exact at r = 0 and r = L; plain: the paper's raw t_f, t_b")
-    parser.add_argument("--clock", default="wall", choices=("wall", "cpu"),
-                        help="wall: perf_counter; cpu: process CPU time (robust on a shared machine)")
-
-
+    common.add_clock(parser, "wall")
 
 
 def _percentile(values: list[float], q: float) -> float:

@@ -25,22 +25,17 @@ import statistics
 from typing import Any
 
 from dcp.argtypes import int_list
-from dcp.bench.padded import _step_s
+from dcp.bench import common
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
-    parser.add_argument("--edges", default="512,2048", help="seq_group bounds (tokens), increasing")
-    parser.add_argument("--batch-sizes", default="1,2,4,8", help="micro-batch sizes profiled")
+    common.add_json(parser)
+    common.add_profile_grid(parser, edges="512,2048", batch_sizes="1,2,4,8")
     parser.add_argument("--docs", type=int, default=160, help="documents of the first seq_group to run")
     parser.add_argument("--mean-tokens", type=int, default=120, help="mean document length (lognormal, sigma 1)")
-    parser.add_argument("--reps", type=int, default=5, help="round-robin rounds (medians are compared)")
-    parser.add_argument("--hidden-size", type=int, default=128, help="model width")
-    parser.add_argument("--num-layers", type=int, default=4, help="layers L")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--clock", default="cpu", choices=("cpu", "wall"),
-                        help="cpu: process CPU time (robust on a shared machine); wall: perf_counter")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the documents")
+    common.add_rounds(parser)
+    common.add_cpu_model(parser)
+    common.add_seed(parser, "the documents")
 
 
 def _check(args: argparse.Namespace) -> tuple[list[int], list[int]]:
@@ -50,9 +45,7 @@ def _check(args: argparse.Namespace) -> tuple[list[int], list[int]]:
         raise ValueError(f"--edges ({args.edges!r}) must be strictly increasing and >= 2: e.g. 512,2048")
     if sizes[0] < 1:
         raise ValueError(f"--batch-sizes ({args.batch_sizes!r}) must be >= 1: e.g. 1,2,4,8")
-    for flag in ("docs", "mean_tokens", "reps", "hidden_size", "num_layers", "threads"):
-        if getattr(args, flag) < 1:
-            raise ValueError(f"--{flag.replace('_', '-')} ({getattr(args, flag)}) must be >= 1")
+    common.check_positive(args, "docs", "mean_tokens", "reps", "hidden_size", "num_layers", "threads")
     return edges, sizes
 
 
@@ -106,24 +99,15 @@ def run(args: argparse.Namespace) -> int:
     gen = torch.Generator().manual_seed(args.seed)
     vocab = model.config.vocab_size
     rows = {(g, e, b): model.synthetic_batch(b, e, generator=gen) for g, e in enumerate(edges) for b in sizes}
-    measured: dict[Any, list[float]] = {k: [] for k in rows}
     lens = _documents(args, edges[0])
     docs = [torch.randint(0, vocab, (n,), generator=gen) for n in lens]
     rng = random.Random(args.seed)
-    for k in rows:  # warm-up, then the profile (round-robin, medians)
-        _step_s(model, rows[k], ctx, args.clock)
-    for _ in range(args.reps):
-        for k in rng.sample(list(rows), len(rows)):
-            measured[k].append(_step_s(model, rows[k], ctx, args.clock))
+    measured = common.round_robin(list(rows), lambda k: common.step_s(model, rows[k], ctx, args.clock), args.reps, rng)
     table = _table(model, edges, sizes, measured)
     arms = _arms(table, lens)
     batches = {(arm, i): collate_tokens(docs[a:e]) for arm, (_, runs) in arms.items() for i, (a, e) in enumerate(runs)}
-    got: dict[Any, list[float]] = {k: [] for k in batches}
-    for k in batches:
-        _step_s(model, batches[k], ctx, args.clock)
-    for _ in range(args.reps):
-        for k in rng.sample(list(batches), len(batches)):
-            got[k].append(_step_s(model, batches[k], ctx, args.clock))
+    got = common.round_robin(list(batches), lambda k: common.step_s(model, batches[k], ctx, args.clock), args.reps,
+                             rng)
     times, out = TimeLookup(table), {}
     for arm, (s, runs) in arms.items():
         meas = sum(statistics.median(got[(arm, i)]) for i in range(len(runs)))
@@ -152,9 +136,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dcp bench tokens", description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return common.standalone_main("dcp bench tokens", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

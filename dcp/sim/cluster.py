@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 
 from dcp.config import PEER_METHODS, DCPConfig
 from dcp.planner.analytic import GRAD_BUCKET_MIB, HardwareSpec, grad_sync_time_s, optimizer_step_time_s
+from dcp.planner.assemble import plan_epoch
 from dcp.planner.cost import micro_batch_mem_bytes
 from dcp.planner.intra import best_settings, candidate_settings
 from dcp.planner.plan import StepPlan
@@ -35,14 +36,6 @@ from dcp.planner.tokens import best_token_pack
 
 class SimulationError(ValueError):
     """The simulation cannot run as asked; the message says why and how to fix it."""
-
-
-def _plan_epoch():
-    try:
-        from dcp.planner import plan_epoch
-    except ImportError:  # the planner package may not re-export it yet
-        from dcp.planner.assemble import plan_epoch
-    return plan_epoch
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -172,7 +165,9 @@ def ideal_tokens_per_s(lengths: Sequence[int], table: ProfileTable, config: DCPC
     return float(arr.sum()) * world_size / gpu_s
 
 
-def _row_lookup(table: ProfileTable) -> dict[tuple[int, int], list]:
+def row_lookup(table: ProfileTable) -> dict[tuple[int, int], list]:
+    """The table's rows by (seq_group, sp_size), each list sorted by micro-batch size: the ``rows`` that
+    :func:`step_cost` prices micro-batches and bounds their memory with."""
     rows: dict[tuple[int, int], list] = {}
     for row in table.rows:
         rows.setdefault((row.seq_group, row.sp_size), []).append(row)
@@ -227,8 +222,8 @@ def exposed_sync_s(sync_s: float, overlap_s: float, grad_bytes: float) -> float:
 def step_cost(plan: StepPlan, times: TimeLookup | None, rows: dict, *, sync_s: float, optimizer_s: float,
               edges: Sequence[int] = (), overlap_grad_bytes: float = 0.0, control_s: float = 0.0) -> StepResult:
     """Cost of one StepPlan; ``times`` re-times micro-batches from a truth table (None: planner's times),
-    each from its samples' real lengths (TimeLookup.lengths_time_s, as the planner prices them).
-    ``overlap_grad_bytes`` > 0 (the ddp engine, that many gradient bytes) overlaps the sync with the backward
+    each from its samples' real lengths (TimeLookup.lengths_time_s, as the planner prices them); ``rows``:
+    :func:`row_lookup` of the table. ``overlap_grad_bytes`` > 0 (the ddp engine, that many gradient bytes) overlaps the sync with the backward
     of the slowest group's last micro-batch (:func:`exposed_sync_s`); 0 leaves it all exposed."""
     group_times: list[float] = []
     last_backward: list[float] = []
@@ -309,7 +304,7 @@ def simulate(lengths: Sequence[int], table: ProfileTable, config: DCPConfig, wor
 
         plans = plan_peer_epoch(lengths, table, config, world_size, epoch, shapes=shapes)
     else:
-        plans = _plan_epoch()(lengths, table, config, world_size, epoch, shapes=shapes)
+        plans = plan_epoch(lengths, table, config, world_size, epoch, shapes=shapes)
     plan_s = time.perf_counter() - t0
     model = config.model
     sync = grad_sync_time_s(model, hardware, world_size) if hardware else 0.0
@@ -324,7 +319,7 @@ def simulate(lengths: Sequence[int], table: ProfileTable, config: DCPConfig, wor
         rt = config.runtime
         control = control_plane_s(world_size, hardware, log_every=rt.log_every, stats_every=rt.stats_every)
     times = TimeLookup(truth) if truth_table is not None else None
-    rows = _row_lookup(truth)
+    rows = row_lookup(truth)
     # the ddp engine overlaps the gradient all-reduce with the last backward (dcp.runtime.engines); deepspeed's
     # ZeRO-1 reduces after it
     overlap = model.num_params * model.param_bytes if config.runtime.engine == "ddp" and hardware else 0.0
