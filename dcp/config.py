@@ -22,6 +22,9 @@ from dcp.validate import (
     check_fields as check_fields,
 )
 from dcp.validate import (
+    did_you_mean,
+)
+from dcp.validate import (
     fail as fail,
 )
 from dcp.validate import (
@@ -408,9 +411,10 @@ def _build_section(name: str, cls: type, raw: Any) -> Any:
     valid = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(raw) - set(valid))
     if unknown:
-        raise ConfigError(
-            f"{name}.{unknown[0]} ({raw[unknown[0]]!r}) is not a known key: valid keys of [{name}] are {valid}"
-        )
+        key = unknown[0]
+        home = _home_of(key)
+        raise ConfigError(f"{name}.{key} ({raw[key]!r}) is not a known key: valid keys of [{name}] are {valid}"
+                          + (f"; {key} is a key of [{home}]: move it there" if home else did_you_mean(key, valid)))
     kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
     for f in dataclasses.fields(cls):
         if f.name in kwargs:
@@ -435,13 +439,22 @@ def _check_type(section: str, f: dataclasses.Field, value: Any) -> None:
         raise ConfigError(f"{section}.{f.name} ({value!r}) must be of type {f.type}: write a {f.type} value")
 
 
+def _home_of(key: str) -> str | None:
+    """The section that has a field ``key`` (None: none has)."""
+    return next((name for name, cls in _SECTIONS.items() if key in {f.name for f in dataclasses.fields(cls)}), None)
+
+
 def config_from_dict(raw: dict[str, Any]) -> DCPConfig:
     """Build a DCPConfig from nested dicts; unknown sections or keys are errors listing the valid ones."""
     unknown = sorted(set(raw) - set(_SECTIONS))
+    if unknown and not isinstance(raw[unknown[0]], dict):  # a key above every [section] header
+        key, home = unknown[0], _home_of(unknown[0])
+        raise ConfigError(f"{key} ({raw[key]!r}) stands outside any section: put it under [{home}]" if home else
+                          f"{key} ({raw[key]!r}) is not a known key: keys go under a section header, one of "
+                          f"{sorted(_SECTIONS)}")
     if unknown:
-        raise ConfigError(
-            f"[{unknown[0]}] is not a known section: valid sections are {sorted(_SECTIONS)}"
-        )
+        raise ConfigError(f"[{unknown[0]}] is not a known section: valid sections are {sorted(_SECTIONS)}"
+                          + did_you_mean(unknown[0], sorted(_SECTIONS)))
     return DCPConfig(**{name: _build_section(name, cls, raw[name]) for name, cls in _SECTIONS.items() if name in raw})
 
 

@@ -8,6 +8,7 @@ arguments share one message shape; stdlib only.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import numbers
 import tomllib
@@ -26,6 +27,12 @@ def fail(path: str, value: Any, rule: str, fix: str, *, error: type[ValueError] 
     """Raise ``error`` with the project's message shape ``path (value) rule: fix`` (every module's config
     and argument errors go through here, each with its own ValueError subclass)."""
     raise error(f"{path} ({value!r}) {rule}: {fix}")
+
+
+def did_you_mean(name: str, valid: list[str]) -> str:
+    """``"; did you mean 'x'?"`` for the entry of ``valid`` closest to a misspelt ``name``; "" when none is close."""
+    match = difflib.get_close_matches(name, valid, n=1)
+    return f"; did you mean {match[0]!r}?" if match else ""
 
 
 def read_text_file(

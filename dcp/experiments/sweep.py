@@ -30,6 +30,7 @@ from typing import Any
 from dcp.argtypes import MAX_LOCAL_PROCESSES, MAX_SAMPLES, MAX_WORLD_SIZE
 from dcp.config import METHODS, ConfigError, DCPConfig, config_from_dict, fail, read_toml
 from dcp.named_models import MODEL_NAMES, MODELS
+from dcp.validate import did_you_mean
 
 DATASET_NAMES = ("short", "balanced", "long")
 LAUNCHERS = ("local", "torchrun")
@@ -69,7 +70,7 @@ class SweepSpec:
     models: tuple[str, ...] = ("t1d-tiny",)
     """Model names (dcp.named_models.MODEL_NAMES): t1d-tiny, t2d-tiny, t1d-5b, t2d-1.2b."""
     datasets: tuple[str, ...] = ("balanced",)
-    """Length distributions (dcp.datasets.load_distribution): short, balanced, long."""
+    """Length distributions (dcp.data_dists.load_distribution): short, balanced, long."""
     methods: tuple[str, ...] = METHODS
     """Parallel methods compared: bucket, packed, dcp-inter, dcp-intra."""
     steps: int = 3
@@ -281,7 +282,8 @@ def sweep_from_dict(raw: dict[str, Any], *, overrides: dict[str, Any] | None = N
     """Build a SweepSpec from parsed TOML; unknown tables or keys are errors listing the valid ones."""
     unknown = sorted(set(raw) - set(_TOP_KEYS))
     if unknown:
-        raise SweepError(f"[{unknown[0]}] is not a known table of a sweep file: valid tables are {_TOP_KEYS}")
+        raise SweepError(f"[{unknown[0]}] is not a known table of a sweep file: valid tables are {_TOP_KEYS}"
+                         + did_you_mean(unknown[0], _TOP_KEYS))
     if "sweep" not in raw or not isinstance(raw["sweep"], dict):
         raise SweepError("[sweep] (missing) is required: add a [sweep] table with at least name = \"...\"")
     body = dict(raw["sweep"])
@@ -290,7 +292,8 @@ def sweep_from_dict(raw: dict[str, Any], *, overrides: dict[str, Any] | None = N
         raise SweepError('sweep.name (missing) is required: add name = "my_sweep" to the [sweep] table')
     bad = sorted(set(body) - set(_SWEEP_KEYS))
     if bad:
-        raise SweepError(f"sweep.{bad[0]} ({body[bad[0]]!r}) is not a known key: valid keys of [sweep] are {_SWEEP_KEYS}")
+        raise SweepError(f"sweep.{bad[0]} ({body[bad[0]]!r}) is not a known key: valid keys of [sweep] are {_SWEEP_KEYS}"
+                         + did_you_mean(bad[0], _SWEEP_KEYS))
     hints = {f.name: str(f.type) for f in dataclasses.fields(SweepSpec)}
     for key, value in body.items():
         _check_type(key, hints[key], value)

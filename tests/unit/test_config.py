@@ -123,12 +123,12 @@ def test_load_config_strict(tmp_path):
 
     bad_key = tmp_path / "bad_key.toml"
     bad_key.write_text("[planning]\ngmn = 2\n")
-    with pytest.raises(ConfigError, match=r"planning.gmn \(2\) is not a known key: valid keys of \[planning\]"):
+    with pytest.raises(ConfigError, match=r"planning.gmn \(2\) is not a known key: valid keys of \[planning\] .*; did you mean 'gmin'\?$"):
         load_config(bad_key)
 
     bad_section = tmp_path / "bad_section.toml"
     bad_section.write_text("[plannig]\ngmin = 2\n")
-    with pytest.raises(ConfigError, match=r"\[plannig\] is not a known section: valid sections are"):
+    with pytest.raises(ConfigError, match=r"\[plannig\] is not a known section: valid sections are .*; did you mean 'planning'\?$"):
         load_config(bad_section)
 
     bad_type = tmp_path / "bad_type.toml"
@@ -163,3 +163,18 @@ def test_load_config_strict(tmp_path):
 def test_float_field_accepts_int():
     cfg = config_from_dict({"planning": {"mem_capacity_gib": 2}})
     assert cfg.planning.mem_capacity_gib == 2
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"planning": {"clock": "cpu"}}, r"planning\.clock \('cpu'\) is not a known key: .*; clock is a key of \[profiling\]: move it there$"),
+        ({"planning": {"zzz": 1}}, r"planning\.zzz \(1\) is not a known key: valid keys of \[planning\] are \[[^]]*\]$"),
+        ({"method": "dcp-intra"}, r"^method \('dcp-intra'\) stands outside any section: put it under \[planning\]$"),
+        ({"method": "{x}"}, r"^method \('\{x\}'\) stands outside any section: put it under \[planning\]$"),
+        ({"foo": 3}, r"^foo \(3\) is not a known key: keys go under a section header, one of \['model', "),
+    ],
+)
+def test_misplaced_or_misspelt_keys_say_where_they_belong(raw, message):
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict(raw)

@@ -65,14 +65,14 @@ def test_overrides_replace_sweep_keys():
 
 
 def test_unknown_sweep_key_lists_valid_keys():
-    with pytest.raises(SweepError, match=r"sweep\.stepz \(3\) is not a known key: valid keys of \[sweep\] are .*'steps'"):
+    with pytest.raises(SweepError, match=r"sweep\.stepz \(3\) is not a known key: valid keys of \[sweep\] are .*'steps'.*; did you mean 'steps'\?$"):
         sweep_from_dict(_raw(stepz=3))
 
 
 def test_unknown_table_lists_valid_tables():
     raw = _raw()
     raw["sweeps"] = {}
-    with pytest.raises(SweepError, match=r"\[sweeps\] is not a known table.*\['sweep', 'config'\]"):
+    with pytest.raises(SweepError, match=r"\[sweeps\] is not a known table.*\['sweep', 'config'\]; did you mean 'sweep'\?$"):
         sweep_from_dict(raw)
 
 
