@@ -23,7 +23,9 @@ fi
 # suite that first use fell in test_exact_gradients_deepspeed_zero1 and its build (~2 min on a loaded 2-core
 # machine) ran past pytest's per-test limit. Build it here, once (torch's extension cache keeps it; a built op
 # only loads: a few seconds).
-if .venv/bin/python -c "import deepspeed" 2>/dev/null; then
+# (find_spec, not an import: importing deepspeed logs "Setting accelerator to CPU ..." on stdout, which the demo
+# and CI logs then opened with)
+if .venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('deepspeed') is None)"; then
   DS_ACCELERATOR=cpu .venv/bin/python - <<'PY'
 from deepspeed.accelerator import get_accelerator
 
