@@ -36,6 +36,9 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("bench", "scale"), "dcp.bench.scale", "one rank of a 64-4096 rank job under a fake process group: start-up, groups, collectives, host ms"),
 )
 
+GROUP_HELP = {"bench": "benchmarks: each prints one row per measurement and, with --json, a JSON last line "
+                       "(dcp bench NAME --help; figures in docs/benchmarks.md)"}
+
 
 def _env(args: argparse.Namespace) -> int:
     import platform
@@ -88,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
             p = sub.add_parser(words[0], help=help_text, description=help_text, formatter_class=HelpFormatter)
         else:
             if words[0] not in groups:
-                g = sub.add_parser(words[0], help=f"{words[0]} subcommands", formatter_class=HelpFormatter)
+                text = GROUP_HELP.get(words[0], f"{words[0]} subcommands")
+                g = sub.add_parser(words[0], help=text, description=text, formatter_class=HelpFormatter)
                 groups[words[0]] = g.add_subparsers(dest="sub", required=True)
             p = groups[words[0]].add_parser(words[1], help=help_text, description=help_text,
                                             formatter_class=HelpFormatter)

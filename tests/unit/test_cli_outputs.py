@@ -144,3 +144,10 @@ def test_profile_prints_where_the_table_went(tmp_path, monkeypatch, capsys):
     path = [line.split("table: ", 1)[1] for line in lines if line.startswith("table: ")]
     assert len(path) == 1 and (tmp_path / path[0]).is_file()
     assert "profiling took" in lines[0] and "timed with the wall clock" in lines[0]  # 'auto' on CPU
+
+
+def test_bench_help_says_what_a_bench_prints_and_how_to_get_its_flags(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "benchmarks: each prints one row per measurement" in text and "dcp bench NAME --help" in text
