@@ -21,7 +21,7 @@ import json
 import time
 from collections.abc import Callable, Sequence
 
-from dcp.argtypes import sample_count, world_size
+from dcp.argtypes import positive_int, sample_count, world_size
 from dcp.bench import common
 
 DISTRIBUTIONS = ("t1d-short", "t1d-balanced", "t1d-long")
@@ -32,9 +32,9 @@ LOADERS = ("fixed", "balanced-closest", "balanced-first", "balanced-packed", "va
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-size", type=world_size, default=4, help="data-parallel ranks (default 4)")
     parser.add_argument("--num-samples", type=sample_count, default=8000, help="samples per distribution (default 8000)")
-    parser.add_argument("--max-tokens", type=int, default=8192, help="token budget of a micro-batch (default 8192)")
-    parser.add_argument("--pool-size", type=int, default=64, help="load-balanced pool size (default 64)")
-    parser.add_argument("--max-shapes", type=int, default=8, help="static-shapes bucket count (default 8)")
+    parser.add_argument("--max-tokens", type=positive_int, default=8192, help="token budget of a micro-batch (default 8192)")
+    parser.add_argument("--pool-size", type=positive_int, default=64, help="load-balanced pool size (default 64)")
+    parser.add_argument("--max-shapes", type=positive_int, default=8, help="static-shapes bucket count (default 8)")
     common.add_seed(parser, "the lengths and the shuffles")
     parser.add_argument("--distributions", nargs="+", default=list(DISTRIBUTIONS), help="distribution names")
     parser.add_argument("--loaders", nargs="+", default=list(LOADERS), choices=LOADERS, help="loaders to measure")

@@ -91,6 +91,12 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--log-every ({args.log_every}) must be >= 0: 0 keeps the config's runtime.log_every")
     if not args.mb_ms >= 0:
         raise ValueError(f"--mb-ms ({args.mb_ms}) must be >= 0: 0 runs the model without a device stand-in")
+    from dcp.data_dists import get_spec
+
+    try:
+        get_spec(args.dataset)  # before any worker starts
+    except ValueError as exc:
+        raise ValueError(f"--dataset: {exc}") from None
     jobs = [(w, r) for w in sizes for r in _ranks(args.ranks, w)]
     print(f"# runtime.prefetch = {args.prefetch}" + (": the next micro-batch is collated on a background thread, as "
           "on a GPU job (runtime.prefetch auto), so collation is off the training thread (collate_ms: its time)"
@@ -133,6 +139,9 @@ def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
     """Run one (W, rank) in a fresh Python process (one fake world per process); returns its row."""
     cmd = [sys.executable, "-m", "dcp.bench.scale", json.dumps(spec)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S, check=False)
+    if proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: "):
+        raise ValueError(f"--world-sizes: W {spec['world_size']} (rank {spec['rank']}): "
+                         + proc.stderr.strip().splitlines()[-1].removeprefix("error: "))
     if proc.returncode != 0 or not proc.stdout.strip():
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
         raise RuntimeError(f"dcp bench scale worker W {spec['world_size']} rank {spec['rank']} failed "
@@ -408,4 +417,11 @@ def _row(spec: dict[str, Any], census: Any, probe: _Probe, data: _TokenDataset, 
 
 
 if __name__ == "__main__":
-    print(json.dumps(measure(json.loads(sys.argv[1]))))
+    from dcp.planner.stream import PlanningError
+
+    try:
+        print(json.dumps(measure(json.loads(sys.argv[1]))))
+    except PlanningError as exc:  # a user's choice (this W cannot hold the dataset): one line for run_worker
+        print("error: " + " ".join(str(exc).split()) + "; here: pass larger --world-sizes (the paper's 5B model "
+              "on H200 at paper-scale lengths), e.g. 64", file=sys.stderr)
+        raise SystemExit(2) from None

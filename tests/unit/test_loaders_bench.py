@@ -33,6 +33,10 @@ def test_bench_rejects_bad_flags(capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["--world-size", "0"])
     assert "argument --world-size: '0' must be >= 1" in capsys.readouterr().err
+    for flag in ("--pool-size", "--max-shapes", "--max-tokens"):  # before any work, naming the flag (not the
+        with pytest.raises(SystemExit):                              # loader config field it feeds)
+            parser.parse_args([flag, "0"])
+        assert f"argument {flag}: '0' must be >= 1" in capsys.readouterr().err
     assert bench.run(parser.parse_args(["--world-size", "9", "--num-samples", "8"])) == 2
     assert "--world-size (9), --num-samples (8)" in capsys.readouterr().out
 

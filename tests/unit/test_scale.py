@@ -99,6 +99,7 @@ def test_bench_scale_rows_at_16_ranks(capsys):
     (dict(steps=1), r"--steps \(1\) must be >= 2"),
     (dict(mb_ms=-1.0), r"--mb-ms \(-1.0\) must be >= 0"),
     (dict(log_every=-1), r"--log-every \(-1\) must be >= 0"),
+    (dict(dataset="t1d-shrt"), r"^--dataset: distribution \('t1d-shrt'\) is not known in .*: use one of \["),
 ])
 def test_bench_scale_refuses_bad_flags(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -115,3 +116,12 @@ def test_the_managers_step_done_inside_engine_step_is_filed_as_host_time():
     outer()
     assert probe.manager_cpu_s[-1] > 0 and probe.manager_s[-1] > 0
     assert probe.model_cpu_s[-1] >= probe.manager_cpu_s[-1]  # inside the model-timed call, counted back in _row
+
+
+def test_bench_scale_world_size_too_small_for_the_dataset_is_one_line():
+    # t1d-balanced's longest paper-scale samples need more than 3 ranks: the worker's PlanningError comes back
+    # as one ValueError line (the dcp command prints it and exits 2), not a worker traceback
+    with pytest.raises(ValueError, match=r"^--world-sizes: W 3 \(rank 0\): seq_group \d+ .* has no setting that "
+                       r"fits .*; here: pass larger --world-sizes .*e\.g\. 64$") as exc:
+        scale.run(_args(world_sizes="3", ranks="0", steps=6, json=False))
+    assert "\n" not in str(exc.value)
