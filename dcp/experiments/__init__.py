@@ -4,6 +4,8 @@
     dcp sweep experiments/cpu_small.toml --update-committed   # refresh experiments/results/cpu_small
     dcp sweep experiments/gpu_paper.toml --launcher torchrun  # torchrun per node, NCCL
     dcp sweep --plot DIR                                      # rebuild plots from DIR/runs.csv only
+    dcp sweep --plot experiments/results/cpu_small            # its plot into runs/sweeps/cpu_small/
+    dcp sweep --plot experiments/results/cpu_small --update-committed   # the committed summary.png itself
 
 Results: DIR/runs.csv, DIR/steps.csv, DIR/config.json (see dcp.experiments.results) and DIR/summary.png,
 with the table printed at the end; DIR defaults to runs/sweeps/NAME (git-ignored). A sweep always leaves a
@@ -26,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", nargs="?", help="sweep definition (TOML), e.g. experiments/cpu_small.toml")
     parser.add_argument("--out", default=None, help="output folder (default: sweep.out_dir, else runs/sweeps/NAME)")
     parser.add_argument("--update-committed", action="store_true",
-                        help="write the committed results folder experiments/results/NAME instead")
+                        help="write the committed results folder experiments/results/NAME instead (with --plot: "
+                             "redraw a committed folder's own summary.png)")
     parser.add_argument("--launcher", choices=("local", "torchrun"), default=None,
                         help="local: spawn CPU processes here; torchrun: run inside (or start) torchrun (default: sweep.launcher)")
     parser.add_argument("--steps", type=positive_int, default=None, help="override sweep.steps (measured steps per run)")
@@ -42,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="list the runs and their config hashes, run nothing")
     parser.add_argument("--print-config", action="store_true", help="print the resolved sweep as JSON and exit")
     parser.add_argument("--plot", metavar="RESULTS_DIR", default=None,
-                        help="rebuild the plots and the table of RESULTS_DIR from its runs.csv and exit")
+                        help="rebuild the plot and the table of RESULTS_DIR from its runs.csv and exit (a committed "
+                             "folder's plot is drawn in runs/sweeps/NAME/ unless --update-committed)")
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict:
@@ -68,27 +72,42 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
     return out
 
 
-def report(results_dir: str | Path) -> Path:
-    """Rebuild summary.png from results_dir/runs.csv and print the table with its legend; returns the PNG."""
+def report(results_dir: str | Path, png_path: str | Path | None = None) -> Path:
+    """Rebuild summary.png (default: in results_dir) from results_dir/runs.csv and print the table with its
+    legend; returns the PNG."""
     from dcp.experiments.plot import TABLE_LEGEND, format_table, plot_results
     from dcp.experiments.results import read_runs
 
-    png = plot_results(results_dir)
+    png = plot_results(results_dir, png_path)
     print(format_table(read_runs(results_dir)))
     print(TABLE_LEGEND)
     print(f"plot: {png}")
     return png
 
 
+def plot_target(results_dir: str | Path, update_committed: bool) -> Path | None:
+    """Where ``--plot`` draws: beside the CSV (None), except for a committed results folder without
+    ``--update-committed``, whose plot is redrawn in runs/sweeps/NAME/ (a committed file changes only on request)."""
+    from dcp.experiments.sweep import COMMITTED_RESULTS_ROOT
+
+    folder = Path(results_dir).resolve()
+    if update_committed or not folder.is_relative_to(Path(COMMITTED_RESULTS_ROOT).resolve()):
+        return None
+    return Path("runs") / "sweeps" / folder.name / "summary.png"
+
+
 def run(args: argparse.Namespace) -> int:
     import json
 
     if args.plot:
+        target = plot_target(args.plot, args.update_committed)
         try:
-            report(args.plot)
+            report(args.plot, target)
         except ValueError as exc:  # ResultsError names the file and the fix
             print(f"dcp sweep --plot: {exc}")
             return 2
+        if target is not None:
+            print(f"({args.plot} is committed: its own summary.png changes only with --plot ... --update-committed)")
         return 0
     if not args.spec:
         print("dcp sweep: pass a sweep file (e.g. experiments/cpu_small.toml) or --plot RESULTS_DIR")

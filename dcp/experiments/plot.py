@@ -112,6 +112,7 @@ def plot_results(results_dir: str | Path, out_path: str | Path | None = None) ->
                  f"(git {meta['git_sha']}, {meta['sweep']}; {rows_batch_label(rows)})", fontsize=10)
     fig.tight_layout()
     out = Path(out_path) if out_path else Path(results_dir) / PLOT_NAME
+    out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out

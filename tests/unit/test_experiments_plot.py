@@ -101,6 +101,23 @@ def test_cli_plot_rebuilds_from_csv(results_dir, capsys):
     assert (results_dir / "summary.png").exists()
 
 
+def test_cli_plot_of_a_committed_folder_draws_in_runs_unless_update_committed(results_dir, tmp_path, monkeypatch,
+                                                                              capsys):
+    import dcp.experiments.sweep as sweep_mod
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sweep_mod, "COMMITTED_RESULTS_ROOT", str(results_dir.parent))  # results_dir is "committed"
+    committed_png = results_dir / "summary.png"
+    committed_png.write_bytes(b"committed")
+    assert sweep_run(_args("--plot", str(results_dir))) == 0
+    out = capsys.readouterr().out
+    drawn = tmp_path / "runs" / "sweeps" / results_dir.name / "summary.png"
+    assert drawn.read_bytes()[:4] == b"\x89PNG" and committed_png.read_bytes() == b"committed"
+    assert f"plot: runs/sweeps/{results_dir.name}/summary.png" in out and "changes only with --plot" in out
+    assert sweep_run(_args("--plot", str(results_dir), "--update-committed")) == 0
+    assert committed_png.read_bytes()[:4] == b"\x89PNG" and f"plot: {committed_png}" in capsys.readouterr().out
+
+
 def test_cli_plot_of_missing_folder_names_the_fix(tmp_path, capsys):
     assert sweep_run(_args("--plot", str(tmp_path / "none"))) == 2
     assert "runs.csv does not exist: pass a folder written by `dcp sweep`" in capsys.readouterr().out
