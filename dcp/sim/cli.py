@@ -144,12 +144,13 @@ def run(args: argparse.Namespace) -> int:
                 print(f"note: {kind} lengths on model {args.model}; using total tokens per sample", file=sys.stderr)
             table = paper_table(sc, args.gpus, shapes=lengths.shapes if sc.attention == "2d" else None)
     except (ValueError, OSError) as exc:
-        print(f"dcp simulate: {exc}", file=sys.stderr)
+        print(f"dcp simulate: error: {exc}", file=sys.stderr)
         return 2
     n = len(lengths.tokens)
     print(f"# {n} samples, {sum(lengths.tokens):,} tokens, max {max(lengths.tokens):,}; model {configs[methods[0]].model.name}, "
           f"{sc.hardware.name}, {args.gpus} GPUs, table {args.table or 'analytic'}")
-    print(f"{'method':<10} {'steps':>6} {'tokens/s':>12} {'tok/s/GPU':>10} {'idle':>6} {'idle_b':>6} "
+    w = max(10, *map(len, methods))  # bucket-search is 13 characters
+    print(f"{'method':<{w}} {'steps':>6} {'tokens/s':>12} {'tok/s/GPU':>10} {'idle':>6} {'idle_b':>6} "
           f"{'idle_max':>8} {'ideal tok/s':>12} {'ideal_frac':>10} {'sync%':>6} {'ctl%':>5}  tokens/step min / median / max")
     out, per_step = {}, {}
     for m in methods:
@@ -157,12 +158,12 @@ def run(args: argparse.Namespace) -> int:
             r, steps = simulate(lengths.tokens, table, configs[m], args.gpus, hardware=sc.hardware,
                                 shapes=lengths.shapes, return_steps=True)
         except ValueError as exc:
-            print(f"dcp simulate: {m}: {exc}", file=sys.stderr)
+            print(f"dcp simulate: error: {m}: {exc}", file=sys.stderr)
             return 2
         out[m] = r
         tok = per_step[m] = sorted(s.tokens for s in steps)
         med = statistics.median(tok)
-        print(f"{m:<10} {r.num_steps:>6} {r.tokens_per_s:>12.0f} {r.tokens_per_s / args.gpus:>10.0f} "
+        print(f"{m:<{w}} {r.num_steps:>6} {r.tokens_per_s:>12.0f} {r.tokens_per_s / args.gpus:>10.0f} "
               f"{r.idle_ratio:>6.3f} {r.idle_ratio_batch:>6.3f} {max(r.idle_ratio_per_rank):>8.3f} "
               f"{r.ideal_tokens_per_s:>12.0f} "
               f"{r.ideal_fraction:>10.3f} {100 * r.sync_time_s / r.total_time_s:>6.1f} "

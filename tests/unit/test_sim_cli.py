@@ -61,6 +61,11 @@ def test_simulate_lengths_file_all_methods(tmp_path, capsys):
     # DCP's speedup is reported over the stronger of the two bucket baselines
     base = max(("bucket", "bucket-search"), key=lambda m: last["methods"][m]["tokens_per_s"])
     assert any(line.startswith(f"# speedup over {base}: dcp-inter") for line in out)
+    # the table's columns line up under its header, bucket-search's row too
+    header = next(line for line in out if line.startswith("method "))
+    rows = [line for line in out if line.split(" ", 1)[0] in last["methods"]]
+    end = header.index("steps") + len("steps")
+    assert len(rows) == 5 and all(r[:end].split()[-1].isdigit() and r[end] == " " for r in rows), [header, *rows]
 
 
 def test_simulate_without_lengths_uses_the_balanced_mix_and_says_so(capsys):
@@ -175,7 +180,8 @@ def test_simulate_with_config_on_cpu_model(tmp_path, capsys):
     bad = tmp_path / "bad.toml"
     bad.write_text("[modle]\n")
     assert _run(cli, ["--dataset", "t1d-short", "--config", str(bad)]) == 2
-    assert "not a known section" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("dcp simulate: error: [modle] is not a known section") and "did you mean 'model'?" in err
 
 
 def test_bench_prefers_the_profiled_update_time(tmp_path):
