@@ -104,13 +104,14 @@ def run(args: argparse.Namespace) -> int:
         try:
             report(args.plot, target)
         except ValueError as exc:  # ResultsError names the file and the fix
-            print(f"dcp sweep --plot: {exc}")
+            print(f"dcp sweep --plot: error: {exc}", file=sys.stderr)
             return 2
         if target is not None:
             print(f"({args.plot} is committed: its own summary.png changes only with --plot ... --update-committed)")
         return 0
     if not args.spec:
-        print("dcp sweep: pass a sweep file (e.g. experiments/cpu_small.toml) or --plot RESULTS_DIR")
+        print("dcp sweep: error: pass a sweep file (e.g. experiments/cpu_small.toml) or --plot RESULTS_DIR",
+              file=sys.stderr)
         return 2
     from dcp.experiments.sweep import COMMITTED_RESULTS_ROOT, load_sweep
 
@@ -124,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
             overrides["out_dir"] = f"{COMMITTED_RESULTS_ROOT}/{spec.name}"  # torchrun children get it as --out
             spec = load_sweep(args.spec, overrides=overrides)
     except ValueError as exc:
-        print(f"dcp sweep: {exc}")
+        print(f"dcp sweep: error: {exc}", file=sys.stderr)
         return 2
     if args.print_config:
         print(json.dumps(spec.to_dict(), indent=2, sort_keys=True))
@@ -146,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             claim_output(spec)  # before any work: a foreign or read-only folder is refused in one line
         except ValueError as exc:
-            print(f"dcp sweep: {exc}")
+            print(f"dcp sweep: error: {exc}", file=sys.stderr)
             return 2
         (spec.output_dir / PLOT_NAME).unlink(missing_ok=True)  # never leave a plot of older results beside new CSVs
     try:
@@ -155,8 +156,8 @@ def run(args: argparse.Namespace) -> int:
         # the groups that finished before are already written; the failing rank's traceback follows
         detail = str(exc) if os.environ.get("DCP_TRACEBACK") else \
             f"{exc.summary()} (set DCP_TRACEBACK=1 for the ranks' tracebacks)"
-        print(f"dcp sweep: a run failed (the finished runs' results are in {spec.output_dir}; the same command "
-              f"resumes after them): {detail}")
+        print(f"dcp sweep: error: a run failed (the finished runs' results are in {spec.output_dir}; the same command "
+              f"resumes after them): {detail}", file=sys.stderr)
         rc = 1
     if (inside_torchrun and os.environ.get("RANK") != "0") or (not inside_torchrun and spec.launcher == "torchrun"):
         return rc  # other ranks write nothing; torchrun's rank 0 has already printed the report
@@ -165,6 +166,6 @@ def run(args: argparse.Namespace) -> int:
         try:
             report(spec.output_dir)
         except ValueError as exc:
-            print(f"dcp sweep: no plot: {exc}")
+            print(f"dcp sweep: error: no plot: {exc}", file=sys.stderr)
             rc = rc or 1
     return rc

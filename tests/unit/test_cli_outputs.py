@@ -63,7 +63,7 @@ def test_sweep_update_committed_targets_experiments_results(capsys):
     assert main(["sweep", spec, "--dry-run"]) == 0
     assert "results would go to runs/sweeps/cpu_small" in capsys.readouterr().out
     assert main(["sweep", spec, "--update-committed", "--out", "x"]) == 2
-    assert "--update-committed disagree" in capsys.readouterr().out
+    assert "dcp sweep: error: --out ('x') and --update-committed disagree" in capsys.readouterr().err
 
 
 def test_sweep_rebuilds_its_plot_and_prints_the_table(tmp_path, monkeypatch, capsys):

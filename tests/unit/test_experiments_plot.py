@@ -120,12 +120,12 @@ def test_cli_plot_of_a_committed_folder_draws_in_runs_unless_update_committed(re
 
 def test_cli_plot_of_missing_folder_names_the_fix(tmp_path, capsys):
     assert sweep_run(_args("--plot", str(tmp_path / "none"))) == 2
-    assert "runs.csv does not exist: pass a folder written by `dcp sweep`" in capsys.readouterr().out
+    assert "dcp sweep --plot: error: " in (err := capsys.readouterr().err) and "runs.csv does not exist: pass a folder written by `dcp sweep`" in err
 
 
 def test_cli_needs_a_spec_or_plot(capsys):
     assert sweep_run(_args()) == 2
-    assert "pass a sweep file" in capsys.readouterr().out
+    assert "pass a sweep file" in capsys.readouterr().err
 
 
 def test_cli_dry_run_lists_runs_with_hashes(capsys):
@@ -138,7 +138,7 @@ def test_cli_dry_run_lists_runs_with_hashes(capsys):
 def test_cli_reports_bad_sweep_values(capsys):
     spec = str(REPO / "experiments" / "cpu_small.toml")
     assert sweep_run(_args(spec, "--dry-run", "--methods", "magic")) == 2
-    assert "sweep.methods ('magic') is not one of" in capsys.readouterr().out
+    assert "sweep.methods ('magic') is not one of" in capsys.readouterr().err
 
 
 def test_overrides_from_args():
