@@ -37,8 +37,9 @@ def test_bench_rejects_bad_flags(capsys):
         with pytest.raises(SystemExit):                              # loader config field it feeds)
             parser.parse_args([flag, "0"])
         assert f"argument {flag}: '0' must be >= 1" in capsys.readouterr().err
-    assert bench.run(parser.parse_args(["--world-size", "9", "--num-samples", "8"])) == 2
-    assert "--world-size (9), --num-samples (8)" in capsys.readouterr().out
+    with pytest.raises(ValueError, match=r"^--num-samples \(8\) < --world-size \(9\): every rank needs samples: "
+                       r"pass --num-samples >= 9$"):  # `dcp` prints it as one line on stderr, exit 2
+        bench.run(parser.parse_args(["--world-size", "9", "--num-samples", "8"]))
 
 
 def test_bench_module_imports_without_torch():
