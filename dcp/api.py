@@ -17,6 +17,7 @@ import torch.distributed as dist
 from dcp.config import ConfigError, DCPConfig, ModelShapeConfig, PlanningConfig
 from dcp.distributed.device import module_device, resolve_precision
 from dcp.integrations import hf
+from dcp.integrations.hf_defaults import fit_profiling
 from dcp.profiler.source import CachedProfiler
 from dcp.runtime.engines import Engine, build_engine
 from dcp.runtime.log import get_logger
@@ -67,6 +68,15 @@ def _resolve_config(model: torch.nn.Module, config: DCPConfig | None, integratio
     return config
 
 
+def _dataset_lengths(dataset: Any) -> list[int]:
+    """The dataset's sample lengths for fitting the profile to them; [] when it has none to give (the
+    manager's dataset check then names the problem)."""
+    try:
+        return [int(n) for n in dataset.lengths()]
+    except Exception:  # noqa: BLE001 - any failure here is reported by the manager's dataset check
+        return []
+
+
 def _resolve_engine(engine: str | Engine | None, model: torch.nn.Module, config: DCPConfig, optimizer: Any,
                     lr_scheduler: Any, world: int, deepspeed_config: dict[str, Any] | None) -> Engine:
     """A ready engine checked against runtime.precision, or one built by name (default runtime.engine)."""
@@ -108,8 +118,9 @@ def set_manager(model: torch.nn.Module, dataset: Any, config: DCPConfig | None =
 
     ``set_manager(model, dataset)`` works with defaults for the reference models and for any Hugging Face
     causal LM routed through transformers' AttentionInterface (:func:`dcp.integrations.hf.for_manager`:
-    Ulysses attention, forward, profiler adapter, model shape, and profile edges, micro-batch cap and SP
-    sizes fitted to the data and the model where the config leaves them at the library defaults).
+    Ulysses attention, forward, profiler adapter, model shape, and SP sizes fitted to the model). For every
+    model, the profile's seq_group edges and micro-batch cap, where the config leaves them at the library
+    defaults, are fitted to ``dataset.lengths()`` (:func:`dcp.integrations.hf_defaults.fit_profiling`).
 
     config: the DCPConfig; its ``model`` section, when left at the default, is derived from the model
     (``model.config.shape()`` for the reference models, the HF config for HF models). optimizer: default
@@ -123,19 +134,26 @@ def set_manager(model: torch.nn.Module, dataset: Any, config: DCPConfig | None =
     _check_arguments(model, config, table)
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     integration = None
+    lengths = _dataset_lengths(dataset)
     if hf.is_hf_model(model):
         # the HF integration supplies the forward and the profiler adapter (unless given) and fits the config's
         # defaults to the model and the data (raises, naming what to pass, for a model it cannot drive)
-        lengths = dataset.lengths() if hasattr(dataset, "lengths") else []
         parts = hf.for_manager(model, lengths, config, forward_fn=forward_fn, adapter=adapter, world_size=world)
         config, forward_fn, adapter, integration = parts.config, parts.forward_fn, parts.adapter, parts.integration
-    config = _resolve_config(model, config, integration)
+        config = _resolve_config(model, config, integration)
+    else:
+        # profile edges and micro-batch cap left at the library defaults (512 .. 4096 tokens) fitted to the
+        # data's lengths, as for HF models: a first run profiles only lengths its samples have
+        config = _resolve_config(model, config, integration)
+        config = config.replace(profiling=fit_profiling(config.profiling, lengths))
     if table is not None:  # a table of another model (depth, width) would price every step wrongly
         _check_table(table, model, adapter, config)
     if optimizer is None and not isinstance(engine, Engine):
         optimizer = torch.optim.AdamW(model.parameters())
-        get_logger(dist.get_rank() if world > 1 else 0).info(
-            "set_manager: no optimizer given, using torch.optim.AdamW(model.parameters()) with torch's defaults")
+        rank = dist.get_rank() if world > 1 else 0
+        if rank == 0:  # one line per job, as the manager's other one-time messages (every rank builds the same)
+            get_logger(rank).info(
+                "set_manager: no optimizer given, using torch.optim.AdamW(model.parameters()) with torch's defaults")
     eng = _resolve_engine(engine, model, config, optimizer, lr_scheduler, world, deepspeed_config)
     mgr = DCPManager(model, dataset, config, eng, table=table, plans=plans, forward_fn=forward_fn, adapter=adapter,
                      profiler=CachedProfiler())

@@ -4,7 +4,8 @@ The library-wide defaults (profile edges 512 .. 4096 tokens, micro-batches up to
 suit a GPU and long data; on a 64-sample set of at most 1024 tokens and a 4-head model they profile
 lengths no sample has and SP sizes the heads cannot be split into. :func:`fit_config` replaces each of
 those three settings by one derived from the dataset's lengths, the model's heads and the world size,
-only where the given config still holds the library default (a value the user set is kept):
+only where the given config still holds the library default (a value the user set is kept). The first two
+(:func:`fit_profiling`) are fitted for every model ``dcp.set_manager`` is given, the SP sizes for HF models:
 
 - ``profiling.seq_group_edges`` (:func:`edges_for`): powers of two ending at the longest sample's group
   (the smallest power of two >= the longest sample, never past it), at most :data:`MAX_GROUPS` of them,
@@ -62,21 +63,29 @@ def micro_batch_cap(edges: Sequence[int]) -> int:
     return max(1, min(MAX_MICRO_BATCH, max(edges[-1], MIN_MB_TOKENS) // edges[0]))
 
 
+def fit_profiling(prof: ProfilingConfig, lengths: Sequence[int]) -> ProfilingConfig:
+    """``prof`` with ``seq_group_edges`` (:func:`edges_for`) and ``max_micro_batch_size``
+    (:func:`micro_batch_cap`) derived from ``lengths`` where each is still the library default; ``prof``
+    itself when ``lengths`` is empty. ``dcp.set_manager`` applies it for every model (the HF path through
+    :func:`fit_config`), so a first run profiles the lengths its data has."""
+    default = ProfilingConfig()
+    changes: dict[str, object] = {}
+    if lengths and prof.seq_group_edges == default.seq_group_edges:
+        changes["seq_group_edges"] = edges_for(lengths)
+    if lengths and prof.max_micro_batch_size == default.max_micro_batch_size:
+        changes["max_micro_batch_size"] = micro_batch_cap(changes.get("seq_group_edges", prof.seq_group_edges))
+    return dataclasses.replace(prof, **changes) if changes else prof
+
+
 def fit_config(config: DCPConfig, *, lengths: Sequence[int], num_heads: int, num_kv_heads: int, world_size: int,
                model: ModelShapeConfig | None = None) -> DCPConfig:
     """``config`` with each of the three settings above derived where it is still the library default (edges
-    and micro-batch cap only when ``lengths`` is not empty), and ``model`` as its ``[model]`` section when given
-    (in the same replace: a 4-head model's config never passes through SP size 8)."""
-    prof, plan = config.profiling, config.planning
-    default_prof, default_plan = ProfilingConfig(), PlanningConfig()
-    changes_prof: dict[str, object] = {}
-    if lengths and prof.seq_group_edges == default_prof.seq_group_edges:
-        changes_prof["seq_group_edges"] = edges_for(lengths)
-    if lengths and prof.max_micro_batch_size == default_prof.max_micro_batch_size:
-        changes_prof["max_micro_batch_size"] = micro_batch_cap(changes_prof.get("seq_group_edges", prof.seq_group_edges))
+    and micro-batch cap only when ``lengths`` is not empty: :func:`fit_profiling`), and ``model`` as its
+    ``[model]`` section when given (in the same replace: a 4-head model's config never passes through SP size 8)."""
+    plan = config.planning
     sizes = plan.sp_sizes
-    if sizes == default_plan.sp_sizes:
+    if sizes == PlanningConfig().sp_sizes:
         sizes = sp_sizes_for(num_heads, num_kv_heads, world_size)
     sections = {"model": model} if model is not None else {}
-    return dataclasses.replace(config, profiling=dataclasses.replace(prof, **changes_prof),
+    return dataclasses.replace(config, profiling=fit_profiling(config.profiling, lengths),
                                planning=dataclasses.replace(plan, sp_sizes=sizes), **sections)

@@ -1,0 +1,75 @@
+"""``dcp.set_manager``'s derived defaults for a model of the package (not HF): the profile fitted to the data's
+lengths (the HF path's :func:`fit_profiling`), an explicit setting kept, and the default-optimizer line logged
+once per job (rank 0), not by every rank."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dcp.api import set_manager
+from dcp.config import DCPConfig, ProfilingConfig
+from dcp.integrations.hf_defaults import edges_for, micro_batch_cap
+from dcp.models import build_model
+from dcp.runtime.data import SyntheticTokenDataset
+
+LENGTHS = [40, 256, 97, 180, 33, 255, 128, 64]  # the README snippet's kind of data: every sample <= 256 tokens
+
+
+def _manager(config=None, lengths=LENGTHS):
+    model = build_model("t1d-tiny")
+    data = SyntheticTokenDataset(lengths, vocab_size=model.config.vocab_size)
+    return set_manager(model, data, config, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def test_default_profile_is_fitted_to_the_data_lengths():
+    prof = _manager().config.profiling
+    # before: the library default (512, 1024, 2048, 4096): a first run profiled lengths no sample has
+    assert prof.seq_group_edges == edges_for(LENGTHS) == (64, 128, 256)
+    assert prof.max_micro_batch_size == micro_batch_cap(prof.seq_group_edges) == 8
+
+
+def test_default_profile_reaches_the_longest_sample():
+    prof = _manager(lengths=[300, 6000, 1000]).config.profiling
+    assert prof.seq_group_edges == (1024, 2048, 4096, 8192)  # the default stopped at 4096, below the data
+    assert prof.max_micro_batch_size == micro_batch_cap((1024, 2048, 4096, 8192)) == 8
+
+
+def test_explicit_profile_settings_are_kept():
+    shape = build_model("t1d-tiny").config.shape()
+    mine = DCPConfig(model=shape, profiling=ProfilingConfig(seq_group_edges=(512, 1024), max_micro_batch_size=2))
+    prof = _manager(mine).config.profiling
+    assert prof.seq_group_edges == (512, 1024) and prof.max_micro_batch_size == 2
+    # edges set, cap left at its default: the cap is fitted to the user's edges
+    edges_only = DCPConfig(model=shape, profiling=ProfilingConfig(seq_group_edges=(2048, 4096)))
+    prof = _manager(edges_only).config.profiling
+    assert prof.seq_group_edges == (2048, 4096) and prof.max_micro_batch_size == micro_batch_cap((2048, 4096)) == 2
+
+
+FAKE_RANK = """
+import logging, sys
+import torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from dcp.api import set_manager
+from dcp.models import build_model
+from dcp.runtime.data import SyntheticTokenDataset
+rank = int(sys.argv[1])
+dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=2)
+lines = []
+handler = logging.Handler()
+handler.emit = lambda record: lines.append(record.getMessage())
+logging.getLogger("dcp").addHandler(handler)
+model = build_model("t1d-tiny")
+set_manager(model, SyntheticTokenDataset([64, 32, 48, 16], vocab_size=model.config.vocab_size))
+print(sum("no optimizer given" in line for line in lines))
+"""
+
+
+@pytest.mark.parametrize("rank, count", [(0, 1), (1, 0)])
+def test_default_optimizer_line_is_logged_by_rank_0_only(rank, count):
+    out = subprocess.run([sys.executable, "-c", FAKE_RANK, str(rank)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert int(out.stdout.strip().splitlines()[-1]) == count  # before: 1 on every rank
