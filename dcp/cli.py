@@ -10,6 +10,7 @@ import argparse
 import importlib
 import os
 import sys
+from collections.abc import Callable
 
 from dcp.argtypes import HelpFormatter
 
@@ -36,6 +37,8 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("bench", "scale"), "dcp.bench.scale", "one rank of a 64-4096 rank job under a fake process group: start-up, groups, collectives, host ms"),
 )
 
+GROUP_WHAT = {"bench": "benchmark"}
+"""What a group's subcommand is called in the one-line error of the group given none (``dcp bench``)."""
 GROUP_HELP = {"bench": "benchmarks: each prints one row per measurement and, with --json, a JSON last line "
                        "(dcp bench NAME --help; figures in docs/benchmarks.md)"}
 
@@ -79,10 +82,23 @@ def _env(args: argparse.Namespace) -> int:
     return 0
 
 
+def _name_one(prog: str, what: str, choices: argparse._SubParsersAction) -> Callable[[argparse.Namespace], int]:
+    """The run of ``prog`` given no subcommand: one line on stderr listing them, exit 2 (argparse's own error,
+    'the following arguments are required: sub', named none). The choices are read when it runs, so
+    subcommands added after it count."""
+    def fail(args: argparse.Namespace) -> int:
+        names = ", ".join(choices.choices)
+        print(f"{prog}: error: name a {what}: {names} ({prog} NAME --help says what each does)", file=sys.stderr)
+        return 2
+
+    return fail
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dcp", description="Data-Centric Parallel training tools",
                                      formatter_class=HelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command")
+    parser.set_defaults(_run=_name_one("dcp", "command", sub))
     env = sub.add_parser("env", help="versions of torch, CUDA, NCCL, DeepSpeed, flash-attn", formatter_class=HelpFormatter)
     env.set_defaults(_run=_env)
     groups: dict[str, argparse._SubParsersAction] = {}
@@ -93,7 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
             if words[0] not in groups:
                 text = GROUP_HELP.get(words[0], f"{words[0]} subcommands")
                 g = sub.add_parser(words[0], help=text, description=text, formatter_class=HelpFormatter)
-                groups[words[0]] = g.add_subparsers(dest="sub", required=True)
+                groups[words[0]] = g.add_subparsers(dest="sub")
+                g.set_defaults(_run=_name_one(f"dcp {words[0]}", GROUP_WHAT.get(words[0], "subcommand"),
+                                              groups[words[0]]))
             p = groups[words[0]].add_parser(words[1], help=help_text, description=help_text,
                                             formatter_class=HelpFormatter)
         module = importlib.import_module(module_name)

@@ -234,39 +234,36 @@ def _exposed(planner_kwargs: dict, ahead: str, work: Callable[[float], None], pa
     return np.asarray(exposed)
 
 
-def run(args: argparse.Namespace) -> int:
+def _check(args: argparse.Namespace) -> list[int]:
+    """The world sizes to time; a bad flag raises one ValueError line naming it, its value, the rule and a fix
+    (``dcp`` prints it on stderr as ``dcp bench planner: error: ...`` and exits 2)."""
     try:
         sizes = [int(x) for x in args.world_sizes.split(",") if x.strip()]
     except ValueError:
-        print(
-            f"dcp bench planner: error: --world-sizes ({args.world_sizes!r}) must be comma-separated integers, "
-            "e.g. 8,32,256"
-        )
-        return 2
+        raise ValueError(f"--world-sizes ({args.world_sizes!r}) must be comma-separated integers, e.g. 8,32,256") from None
     if not sizes or min(sizes) < 1 or max(sizes) > MAX_WORLD_SIZE:
-        print(f"dcp bench planner: error: --world-sizes ({args.world_sizes!r}) must be integers in [1, "
-              f"{MAX_WORLD_SIZE:,}], e.g. 8,32,256")
-        return 2
+        raise ValueError(f"--world-sizes ({args.world_sizes!r}) must be integers in [1, {MAX_WORLD_SIZE:,}], "
+                         "e.g. 8,32,256")
     if args.step_ms is not None and args.step_ms < 0:
-        print(f"dcp bench planner: error: --step-ms ({args.step_ms}) must be >= 0: the simulated compute per step")
-        return 2
+        raise ValueError(f"--step-ms ({args.step_ms}) must be >= 0: the simulated compute per step")
     if args.pace_cap_ms < 0:
-        print(f"dcp bench planner: error: --pace-cap-ms ({args.pace_cap_ms}) must be >= 0: the longest simulated "
-              "step the consumer spends, e.g. 500")
-        return 2
+        raise ValueError(f"--pace-cap-ms ({args.pace_cap_ms}) must be >= 0: the longest simulated step the "
+                         "consumer spends, e.g. 500")
     if args.steps < 1:
-        print(f"dcp bench planner: error: --steps ({args.steps}) must be >= 1: time at least one step")
-        return 2
+        raise ValueError(f"--steps ({args.steps}) must be >= 1: time at least one step")
     if args.samples_per_rank < 0:
-        print(f"dcp bench planner: error: --samples-per-rank ({args.samples_per_rank}) must be >= 0: 0 sizes the "
-              "stream for --steps, e.g. 2000 for short documents")
-        return 2
+        raise ValueError(f"--samples-per-rank ({args.samples_per_rank}) must be >= 0: 0 sizes the stream for "
+                         "--steps, e.g. 2000 for short documents")
     from dcp.data_dists import distribution_names
 
     if args.dataset != "synthetic" and args.dataset not in distribution_names():
-        print(f"dcp bench planner: error: --dataset ({args.dataset!r}) is not 'synthetic' or one of "
-              f"{distribution_names()}: pick one of those")
-        return 2
+        raise ValueError(f"--dataset ({args.dataset!r}) is not 'synthetic' or one of {distribution_names()}: "
+                         "pick one of those")
+    return sizes
+
+
+def run(args: argparse.Namespace) -> int:
+    sizes = _check(args)
     rows = []
     cols = (
         "world_size",

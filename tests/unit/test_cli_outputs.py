@@ -151,3 +151,20 @@ def test_bench_help_says_what_a_bench_prints_and_how_to_get_its_flags(capsys):
         main(["bench", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "benchmarks: each prints one row per measurement" in text and "dcp bench NAME --help" in text
+
+
+@pytest.mark.parametrize("argv, head, names", [
+    (["bench"], "dcp bench: error: name a benchmark: ", ["planner", "loaders", "scale"]),
+    ([], "dcp: error: name a command: ", ["env", "bench", "sweep"]),
+])
+def test_a_missing_subcommand_is_one_line_listing_them(capsys, argv, head, names):
+    # before: argparse's usage and 'the following arguments are required: sub' (or: command), naming none
+    assert main(argv) == 2
+    out = capsys.readouterr()
+    lines = out.err.strip().splitlines()
+    assert out.out == "" and len(lines) == 1 and lines[0].startswith(head), out.err
+    listed = lines[0][len(head):].split(" (")[0].split(", ")
+    assert set(names) <= set(listed) and "NAME --help" in lines[0]
+    parser = dict(_subparsers(build_parser())).get(" ".join(["dcp", *argv]), build_parser())
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert listed == list(sub.choices)  # every subcommand, in --help's order

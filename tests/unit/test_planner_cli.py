@@ -105,15 +105,13 @@ def test_bench_plans_a_named_distribution(capsys):
     assert _run(bench, ["--world-sizes", "8", "--steps", "2", "--dataset", "text", "--step-ms", "0", "--json"]) == 0
     row = json.loads(capsys.readouterr().out.splitlines()[-1])["rows"][0]
     assert row["dataset"] == "text" and row["steps"] == 2 and row["step_time_s"] > 0
-    assert _run(bench, ["--world-sizes", "8", "--dataset", "nope"]) == 2
-    assert "--dataset ('nope') is not 'synthetic' or one of [" in capsys.readouterr().out
+    _bench_error(capsys, ["--world-sizes", "8", "--dataset", "nope"], "--dataset ('nope') is not 'synthetic' or one of [")
     # the stream's length: all of it planned when it is short
     assert _run(bench, ["--world-sizes", "4", "--steps", "50", "--samples-per-rank", "40", "--step-ms", "0",
                         "--json"]) == 0
     row = json.loads(capsys.readouterr().out.splitlines()[-1])["rows"][0]
     assert row["samples"] == 160 and row["steps"] < 50
-    assert _run(bench, ["--world-sizes", "4", "--samples-per-rank", "-1"]) == 2
-    assert "--samples-per-rank (-1) must be >= 0" in capsys.readouterr().out
+    _bench_error(capsys, ["--world-sizes", "4", "--samples-per-rank", "-1"], "--samples-per-rank (-1) must be >= 0")
 
 
 @pytest.mark.parametrize("model, hardware", [("t1d-tiny", "cpu"), ("t1d-5b", "h200")])
@@ -139,25 +137,28 @@ def test_bench_busy_consumer(capsys):
     assert rows[0]["consumer"] == "busy" and rows[0]["steps"] == 3 and rows[0]["exposed_median_ms"] >= 0
 
 
+def _bench_error(capsys, argv, needle):
+    """``dcp bench planner ARGV`` exits 2 with one line on stderr, 'dcp bench planner: error: ...NEEDLE...',
+    and nothing on stdout (before: the line was printed on stdout)."""
+    from dcp.cli import main
+
+    assert main(["bench", "planner", *argv]) == 2
+    out = capsys.readouterr()
+    assert out.out == "", out.out
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dcp bench planner: error: ") and needle in lines[0], out.err
+
+
 def test_bench_bad_world_sizes(capsys):
-    assert _run(bench, ["--world-sizes", "8,x"]) == 2
-    assert "--world-sizes ('8,x')" in capsys.readouterr().out
+    _bench_error(capsys, ["--world-sizes", "8,x"], "--world-sizes ('8,x')")
 
 
 def test_bench_planner_rejects_bad_arguments(capsys):
-    import argparse
-
-    from dcp.bench import planner as bench
-
-    for world_sizes, steps, step_ms, needle in (
-        ("8,x", 5, 200.0, "must be comma-separated integers"),
-        ("0", 5, 200.0, "must be integers in [1, 131,072]"),
-        ("8", 0, 200.0, "--steps (0) must be >= 1"),
-        ("8", 5, -1.0, "--step-ms (-1.0) must be >= 0"),
-        ("8", 5, None, "--pace-cap-ms (-2.0) must be >= 0"),
+    for argv, needle in (
+        (["--world-sizes", "8,x"], "must be comma-separated integers"),
+        (["--world-sizes", "0"], "must be integers in [1, 131,072]"),
+        (["--world-sizes", "8", "--steps", "0"], "--steps (0) must be >= 1"),
+        (["--world-sizes", "8", "--step-ms", "-1"], "--step-ms (-1.0) must be >= 0"),
+        (["--world-sizes", "8", "--pace-cap-ms", "-2"], "--pace-cap-ms (-2.0) must be >= 0"),
     ):
-        args = argparse.Namespace(world_sizes=world_sizes, steps=steps, method="dcp-intra", json=True,
-                                  step_ms=step_ms, pace_cap_ms=-2.0 if step_ms is None else 500.0,
-                                  dataset="synthetic", samples_per_rank=0)
-        assert bench.run(args) == 2
-        assert needle in capsys.readouterr().out
+        _bench_error(capsys, argv, needle)
