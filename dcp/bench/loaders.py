@@ -32,7 +32,7 @@ LOADERS = ("fixed", "balanced-closest", "balanced-first", "balanced-packed", "va
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-size", type=world_size, default=4, help="data-parallel ranks (default 4)")
     parser.add_argument("--num-samples", type=sample_count, default=8000, help="samples per distribution (default 8000)")
-    parser.add_argument("--max-tokens", type=positive_int, default=8192, help="token budget of a micro-batch (default 8192)")
+    parser.add_argument("--max-tokens", type=positive_int, default=8192, help="token budget of a micro-batch, at least the longest sample (default 8192)")
     parser.add_argument("--pool-size", type=positive_int, default=64, help="load-balanced pool size (default 64)")
     parser.add_argument("--max-shapes", type=positive_int, default=8, help="static-shapes bucket count (default 8)")
     common.add_seed(parser, "the lengths and the shuffles")
@@ -135,10 +135,29 @@ COLUMNS = ("distribution", "loader", "waste_pct", "work_bal", "real_bal", "fill_
            "plan_ms")
 
 
+def _check_budget(args: argparse.Namespace, data: dict[str, tuple[list[int], str]]) -> None:
+    """Every loader needs a micro-batch to hold any one sample: below the longest sample, varbatch and
+    static-shapes refuse it mid-run and fixed and balanced run it alone over the budget (fill_pct in the thousands
+    of percent), so the loaders would not be compared at one budget. One line naming the flag, before any row."""
+    name, longest = max(((d, max(lengths)) for d, (lengths, _) in data.items()), key=lambda x: x[1])
+    need = longest
+    if "static-shapes" in args.loaders:  # its shapes are padded to a multiple of its pad_to_multiple_of
+        from dcp.loaders.static_shapes import StaticShapeConfig
+
+        k = StaticShapeConfig().pad_to_multiple_of
+        need = -(-longest // k) * k
+    if args.max_tokens < need:
+        raise ValueError(f"--max-tokens ({args.max_tokens}) is below the longest sample ({longest} tokens, in {name} "
+                         f"with --num-samples {args.num_samples} --seed {args.seed}): a micro-batch must hold any "
+                         f"one sample: pass --max-tokens >= {need}")
+
+
 def run(args: argparse.Namespace) -> int:
     if args.num_samples < args.world_size:  # each flag alone is checked >= 1 as it is parsed
         raise ValueError(f"--num-samples ({args.num_samples}) < --world-size ({args.world_size}): every rank needs "
                          f"samples: pass --num-samples >= {args.world_size}")
+    data = {d: load_lengths(d, args.num_samples, args.seed) for d in args.distributions}
+    _check_budget(args, data)
     rows, sources = [], {}
     print(f"# world_size={args.world_size} max_tokens={args.max_tokens} num_samples={args.num_samples} "
           f"pool={args.pool_size} max_shapes={args.max_shapes} seed={args.seed}")
@@ -147,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
 
     bar = tqdm(total=len(args.distributions) * len(args.loaders), desc="bench loaders", unit="row", dynamic_ncols=True)
     for dist_name in args.distributions:
-        lengths, source = load_lengths(dist_name, args.num_samples, args.seed)
+        lengths, source = data[dist_name]
         sources[dist_name] = source
         for loader in args.loaders:
             bar.set_postfix_str(f"{dist_name} {loader}")

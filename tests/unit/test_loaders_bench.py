@@ -42,6 +42,31 @@ def test_bench_rejects_bad_flags(capsys):
         bench.run(parser.parse_args(["--world-size", "9", "--num-samples", "8"]))
 
 
+def test_bench_rejects_a_budget_below_the_longest_sample(capsys, monkeypatch):
+    # before: --max-tokens 10 ran, fixed and balanced reporting fill_pct 7484 (one over-budget sample per
+    # micro-batch), and varbatch then failed on lengths[i] naming its config field, not the flag
+    monkeypatch.setattr(bench, "load_lengths", lambda name, n, seed: ([100] + [37] * (n - 1), "test"))
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+
+    def run(*argv):
+        return bench.run(parser.parse_args(["--num-samples", "40", "--distributions", "t1d-short", *argv]))
+
+    with pytest.raises(ValueError, match=r"^--max-tokens \(99\) is below the longest sample \(100 tokens, in t1d-short "
+                       r"with --num-samples 40 --seed 0\): a micro-batch must hold any one sample: pass "
+                       r"--max-tokens >= 104$"):  # static-shapes pads its shapes to a multiple of 8
+        run("--max-tokens", "99")
+    assert capsys.readouterr().out == ""  # before any row
+    with pytest.raises(ValueError, match=r"pass --max-tokens >= 104$"):
+        run("--max-tokens", "103")
+    with pytest.raises(ValueError, match=r"^--max-tokens \(99\) .* pass --max-tokens >= 100$"):
+        run("--max-tokens", "99", "--loaders", "fixed", "varbatch")
+    assert run("--max-tokens", "100", "--loaders", "fixed", "varbatch", "--json") == 0
+    assert run("--max-tokens", "104", "--json") == 0
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"]
+    assert len(rows) == len(bench.LOADERS) and all(r["fill_pct"] <= 100 for r in rows)
+
+
 def test_bench_module_imports_without_torch():
     code = "import sys, dcp.bench.loaders, dcp.loaders; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
