@@ -3,13 +3,12 @@
 The overhead is the share of a micro-batch's time (b = 1, full recompute) spent in all-to-alls: the time of the
 analytic row minus the time of the same row on a copy of the hardware with free communication (infinite
 bandwidth, zero latency), over the former; the formulas stay in ``dcp.planner.analytic``. SP sizes above 8
-leave the node and cross InfiniBand. CPU-measured points are overlaid when ``CPU_CSV`` exists (columns
-seq_len, sp_size, comm_fraction).
+leave the node and cross InfiniBand. The figure is analytic only: no command measures the all-to-all share on
+CPU (docs/results.md, "Not reproduced").
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 from pathlib import Path
 
@@ -17,7 +16,6 @@ from dcp.figures.common import Sizes, progress, pyplot, save, write_csv
 
 SP_SIZES = (2, 4, 8, 16)
 LENGTHS = tuple(2**k for k in range(10, 20))
-CPU_CSV = Path("experiments/results/alltoall.csv")
 
 
 def overhead_rows(model_name: str = "t1d-5b", hardware_name: str = "h200") -> list[dict]:
@@ -42,29 +40,16 @@ def overhead_rows(model_name: str = "t1d-5b", hardware_name: str = "h200") -> li
     return rows
 
 
-def _cpu_points(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    with open(path, newline="") as fh:
-        return [{"seq_len": int(r["seq_len"]), "sp_size": int(r["sp_size"]), "comm_fraction": float(r["comm_fraction"])}
-                for r in csv.DictReader(fh)]
-
-
 def make(out_dir: Path, sizes: Sizes) -> list[Path]:
     rows = overhead_rows()
     csv_path = write_csv(out_dir / "fig5_alltoall.csv", rows)
-    cpu = _cpu_points(CPU_CSV)
-    progress(f"fig5: {len(rows)} analytic points, {len(cpu)} CPU-measured points")
+    progress(f"fig5: {len(rows)} analytic points")
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     for p in SP_SIZES:
         pts = [r for r in rows if r["sp_size"] == p]
         ax.plot([r["seq_len"] / 1024 for r in pts], [100 * r["comm_fraction"] for r in pts], "o-", ms=3,
                 label=f"SP={p}" + (" (inter-node)" if pts[0]["inter_node"] else ""))
-        mine = [r for r in cpu if r["sp_size"] == p]
-        if mine:
-            ax.plot([r["seq_len"] / 1024 for r in mine], [100 * r["comm_fraction"] for r in mine], "x", ms=6,
-                    label=f"SP={p} CPU measured")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("sequence length (k tokens)")
     ax.set_ylabel("all-to-all share of step time (%)")
