@@ -134,7 +134,7 @@ def set_manager(model: torch.nn.Module, dataset: Any, config: DCPConfig | None =
     _check_arguments(model, config, table)
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     integration = None
-    lengths = _dataset_lengths(dataset)
+    lengths = _dataset_lengths(dataset) if hf.is_hf_model(model) or (table is None and plans is None) else []
     if hf.is_hf_model(model):
         # the HF integration supplies the forward and the profiler adapter (unless given) and fits the config's
         # defaults to the model and the data (raises, naming what to pass, for a model it cannot drive)
@@ -143,7 +143,8 @@ def set_manager(model: torch.nn.Module, dataset: Any, config: DCPConfig | None =
         config = _resolve_config(model, config, integration)
     else:
         # profile edges and micro-batch cap left at the library defaults (512 .. 4096 tokens) fitted to the
-        # data's lengths, as for HF models: a first run profiles only lengths its samples have
+        # data's lengths, as for HF models: a first run profiles only lengths its samples have. Only where this
+        # run profiles: a given table or plans fix the edges they were made with (lengths is [] then)
         config = _resolve_config(model, config, integration)
         config = config.replace(profiling=fit_profiling(config.profiling, lengths))
     if table is not None:  # a table of another model (depth, width) would price every step wrongly

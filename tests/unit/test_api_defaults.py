@@ -73,3 +73,18 @@ def test_default_optimizer_line_is_logged_by_rank_0_only(rank, count):
     out = subprocess.run([sys.executable, "-c", FAKE_RANK, str(rank)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert int(out.stdout.strip().splitlines()[-1]) == count  # before: 1 on every rank
+
+
+def test_a_given_table_keeps_the_edges_it_was_made_with():
+    """Fitting is for a run that profiles: a table passed in was priced at the config's edges, so they stay
+    (a refit config would disagree with the table the planner prices from)."""
+    from dcp.planner import CPU_SMALL, analytic_table
+
+    model = build_model("t1d-tiny")
+    data = SyntheticTokenDataset(LENGTHS, vocab_size=model.config.vocab_size)
+    config = DCPConfig(model=model.config.shape())
+    edges = config.profiling.seq_group_edges
+    table = analytic_table(config.model, edges, sp_sizes=(1,), max_micro_batch_size=8, world_size=1,
+                           hardware=CPU_SMALL, mem_capacity_bytes=config.planning.mem_capacity_bytes)
+    mgr = set_manager(model, data, config, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), table=table)
+    assert mgr.config.profiling.seq_group_edges == edges == ProfilingConfig().seq_group_edges
