@@ -14,7 +14,7 @@ from dcp.planner.epoch import EpochArrays, EpochProgress
 from dcp.planner.improve import idle, improve, join_head, work
 from dcp.planner.packing import pack
 from dcp.planner.plan import StepPlan
-from dcp.planner.step_tokens import TOKEN_LAG, TOKEN_TARGETS, fill_share, token_target, window_at
+from dcp.planner.step_tokens import TOKEN_LAG, TOKEN_TARGETS, fill_share, thin_window, token_target, window_at
 from dcp.planner.tuning import (
     FILL_LONG,
     FILL_LONG_GAIN,
@@ -212,7 +212,9 @@ def _other_targets(ep: EpochArrays, prog: EpochProgress, head: int, sc: Scan, to
     """A balanced step at a global batch that still idles more than RETRY_IDLE (its longest kind's work is not
     a whole number of groups at T*: three 300k-500k-token samples on one 16-rank group of a 32-rank world
     while the other groups end a third earlier) is planned again at other targets ``TOKEN_TARGETS`` x T*,
-    each from its own window (``step_tokens.window_at``: its work, at most ``top`` tokens); the plan whose
+    each from its own window (``step_tokens.window_at``: its work, at most ``top`` tokens) and from that window
+    with its widest kind cut to one group's worth (``step_tokens.thin_window``: the other giants wait for a later
+    step rather than queue on one group); the plan whose
     placed work at the micro-batches' own settings fills the most of W x its time is kept
     (``step_tokens.fill_share``), among those whose tokens stay within the bounds."""
     want, cap, mb_tok, low, _ = budget
@@ -230,12 +232,16 @@ def _other_targets(ep: EpochArrays, prog: EpochProgress, head: int, sc: Scan, to
         if sized is None:
             continue
         t_try, m, j_long = sized
-        alt = _balanced(ep, prog, head, (t_try, window(sc.idx, m, j_long)), budget, per_token)
-        if not floor <= _tokens(ep, alt[2], head, mb_tok) <= ceil:
-            continue
-        alt_share = fill_share(ep, alt[2], head)
-        if alt_share > share + 1e-9:
-            best, share = alt, alt_share
+        w_try = window(sc.idx, m, j_long)
+        for w in (w_try, thin_window(ep, w_try, t_try, head)):
+            if w is None:
+                continue
+            alt = _balanced(ep, prog, head, (t_try, w), budget, per_token)
+            if not floor <= _tokens(ep, alt[2], head, mb_tok) <= ceil:
+                continue
+            alt_share = fill_share(ep, alt[2], head)
+            if alt_share > share + 1e-9:
+                best, share = alt, alt_share
     return best
 
 

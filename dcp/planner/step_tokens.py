@@ -176,6 +176,25 @@ def window_at(cumw: np.ndarray, t_all: np.ndarray, tok_all: np.ndarray, world_si
     return t_star, m, int(np.argmax(t_all[:m]))
 
 
+def thin_window(ep, win: np.ndarray, t_star: float, head: int) -> np.ndarray | None:
+    """``win`` with its widest kind (the largest p, when one group of it holds at least a quarter of the world)
+    cut to what one group of that p holds at ``t_star`` (release order; the head always kept): the others wait
+    for a later step. None when nothing is cut."""
+    p_win = ep.mb_p_np[win]
+    p_top = int(p_win.max())
+    if 4 * p_top < ep.world_size:
+        return None
+    wide = np.flatnonzero(p_win == p_top)
+    t = ep.mb_t[win[wide]]
+    keep = np.cumsum(t) <= t_star * (1 + 1e-9)
+    keep |= win[wide] == head
+    if keep.all():
+        return None
+    out = np.ones(len(win), dtype=bool)
+    out[wide[~keep]] = False
+    return win[out]
+
+
 def fill_share(ep, groups: list[list], head: int) -> float:
     """The share of W x the step's time that the placed ``groups`` ([p, r, load, items]) fill with work at
     their micro-batches' own settings (time x p, ``EpochArrays.mb_work``): idle ranks and micro-batches run at

@@ -14,7 +14,7 @@ from test_planner_balance import _long_tail
 
 import dcp.planner.step as step_mod
 from dcp.planner import EpochPlanner, plan_epoch
-from dcp.planner.step_tokens import TOKEN_LAG, fill_share, step_tokens, window_at
+from dcp.planner.step_tokens import TOKEN_LAG, fill_share, step_tokens, thin_window, window_at
 
 
 def _at(cfg, tokens_per_step: int):
@@ -73,3 +73,18 @@ def test_fill_share_counts_idle_ranks_and_costlier_settings():
     t = float(ep.mb_t[k])
     assert fill_share(ep, [[1, int(ep.mb_r[k]), t, [k]]], k) == pytest.approx(1 / 8)  # 7 ranks idle
     assert fill_share(ep, [[1, int(ep.mb_r[k]), 2 * t, [k]]], k) == pytest.approx(1 / 16)  # at twice its time
+
+
+def test_thin_window_defers_the_widest_kind_beyond_one_group():
+    cfg, table = make(8, method="dcp-intra")
+    lengths = _long_tail(0)
+    ep = EpochPlanner(lengths, table, _at(cfg, int(lengths.sum() / 20)), 8).arrays
+    wide = np.flatnonzero(ep.mb_p_np == ep.mb_p_np.max())[:3]
+    short = np.flatnonzero(ep.mb_p_np == ep.mb_p_np.min())[:5]
+    win = np.concatenate([short[:1], wide, short[1:]])
+    t = ep.mb_t[wide]
+    out = thin_window(ep, win, float(t[0] + t[1]) * 1.001, int(short[0]))
+    assert out is not None and out.tolist() == [int(short[0]), *wide[:2].tolist(), *short[1:].tolist()]
+    assert thin_window(ep, win, float(t.sum()) * 1.001, int(short[0])) is None  # nothing to cut
+    head = int(wide[2])  # the head always stays
+    assert head in thin_window(ep, win, float(t[0]) * 1.001, head).tolist()
