@@ -16,6 +16,7 @@ from dcp.planner.packing import pack
 from dcp.planner.plan import StepPlan
 from dcp.planner.step_tokens import TOKEN_LAG, TOKEN_TARGETS, fill_share, thin_window, token_target, window_at
 from dcp.planner.tuning import (
+    BULK_MIN_RANKS,
     FILL_LONG,
     FILL_LONG_GAIN,
     HEAD_ALONE,
@@ -219,7 +220,7 @@ def _other_targets(ep: EpochArrays, prog: EpochProgress, head: int, sc: Scan, to
     (``step_tokens.fill_share``), among those whose tokens stay within the bounds."""
     want, cap, mb_tok, low, _ = budget
     share = fill_share(ep, best[2], head)
-    if 1.0 - share <= RETRY_IDLE:
+    if 1.0 - share <= RETRY_IDLE or ep.world_size >= BULK_MIN_RANKS:
         return best
     t_all, tok_all = ep.mb_t[sc.idx], mb_tok[sc.idx]
     # tokens near the wanted ones: the epoch's running total stays within TOKEN_LAG x the target's of step x target
