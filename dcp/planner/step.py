@@ -219,13 +219,14 @@ def _other_targets(ep: EpochArrays, prog: EpochProgress, head: int, sc: Scan, to
     placed work at the micro-batches' own settings fills the most of W x its time is kept
     (``step_tokens.fill_share``), among those whose tokens stay within the bounds."""
     want, cap, mb_tok, low, _ = budget
-    share = fill_share(ep, best[2], head)
-    if 1.0 - share <= RETRY_IDLE or ep.world_size >= BULK_MIN_RANKS:
-        return best
+    share, first = fill_share(ep, best[2], head), _tokens(ep, best[2], head, mb_tok)
+    if (1.0 - share <= RETRY_IDLE and first >= low) or ep.world_size >= BULK_MIN_RANKS:
+        return best  # (a first plan below the lower bound: any other plan within the bounds replaces it)
+    if first < low:
+        share = -1.0
     t_all, tok_all = ep.mb_t[sc.idx], mb_tok[sc.idx]
     # tokens near the wanted ones: the epoch's running total stays within TOKEN_LAG x the target's of step x target
     # (``want`` at a bound hides how far the total is off: then no further than the first plan)
-    first = _tokens(ep, best[2], head, mb_tok)
     floor = max(low, first if want >= cap else min(first, want - lag))
     ceil = min(cap, first if want <= low else max(first, want + lag))
     for x in TOKEN_TARGETS:
