@@ -219,8 +219,10 @@ def _other_targets(ep: EpochArrays, prog: EpochProgress, head: int, sc: Scan, to
     placed work at the micro-batches' own settings fills the most of W x its time is kept
     (``step_tokens.fill_share``), among those whose tokens stay within the bounds."""
     want, cap, mb_tok, low, _ = budget
+    if ep.world_size >= BULK_MIN_RANKS:
+        return best
     share, first = fill_share(ep, best[2], head), _tokens(ep, best[2], head, mb_tok)
-    if (1.0 - share <= RETRY_IDLE and first >= low) or ep.world_size >= BULK_MIN_RANKS:
+    if 1.0 - share <= RETRY_IDLE and first >= low:
         return best  # (a first plan below the lower bound: any other plan within the bounds replaces it)
     if first < low:
         share = -1.0
