@@ -14,8 +14,9 @@ from dcp.planner.epoch import EpochArrays, EpochProgress
 from dcp.planner.improve import idle, improve, join_head, work
 from dcp.planner.packing import pack
 from dcp.planner.plan import StepPlan
-from dcp.planner.step_tokens import token_target
+from dcp.planner.step_tokens import TOKEN_LAG, TOKEN_TARGETS, fill_share, thin_window, token_target, window_at
 from dcp.planner.tuning import (
+    BULK_MIN_RANKS,
     FILL_LONG,
     FILL_LONG_GAIN,
     HEAD_ALONE,
@@ -146,9 +147,10 @@ def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
                 budget: tuple[float, float, np.ndarray, float, float]) -> StepPlan:
     """A step at the user's global batch (``dcp.planner.step_tokens.token_target``): T* from the release-order
     batch of about the wanted tokens, the window capped in tokens; the same packing, local search and head
-    re-pack as any step, but no other targets (they would change the step's tokens) and no Gmax bound (the
-    batch decides the step's length). A packing below the lower bound (``low`` tokens) stretches T*
-    (``_reach_low``); the epoch's last step stretches it until it takes all that is left, so no short tail."""
+    re-pack as any step, balanced (``dcp.planner.balance``), no Gmax bound (the batch decides the step's
+    length), and other targets only while the tokens stay near the wanted ones (``_other_targets``). A packing
+    below the lower bound (``low`` tokens) stretches T* (``_reach_low``); the epoch's last step stretches it
+    until it takes all that is left, so no short tail."""
     want, cap, mb_tok, low, target = budget
     f = WINDOW_WORK_FACTOR * ep.world_size
     per_token = float(ep.mb_work.sum()) / max(1.0, float(mb_tok.sum()))  # GPU-s per token of the epoch
@@ -169,20 +171,82 @@ def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
     else:
         t_star, m, j_long = _fill_long(ep, sc, mb_tok, (t_star, m, j_long), want, top, target)
     win = window(sc.idx, m, j_long)
-    groups, joined = _pack_head(ep, win, t_star, head), None
+    joined = None
     if last:
         t_star, groups, joined = _take_all(ep, win, t_star, head)
-    head_t = None
     if joined is None:  # (the epoch's last kinds may not share the ranks: then a step like any)
-        t_star, win, groups, head_t = _reach_low(ep, prog, mb_tok, head, (t_star, win, groups),
-                                                 (want, cap, per_token), low)
-    if not joined:  # micro-batches joined at another p keep their groups as they are
-        groups, win, head_t = _improve_within(ep, prog, (groups, win, head_t), head, t_star, mb_tok, low)
+        t_star, win, groups, head_t, joined = _balanced(ep, prog, head, (t_star, win), budget, per_token)
+        if not last:
+            lag = TOKEN_LAG * (step + 1) * target
+            t_star, win, groups, head_t, joined = _other_targets(ep, prog, head, sc, top, lag, budget, per_token,
+                                                                 (t_star, win, groups, head_t, joined))
+    elif not joined:  # micro-batches joined at another p keep their groups as they are
+        groups, win, head_t = _improve_within(ep, prog, (groups, win, None), head, t_star, mb_tok, low)
         groups, joined = balance(ep, prog, win, groups, head, {} if head_t is None else {head: head_t[1]},
                                  (mb_tok, want))
         groups = [gr for gr in groups if gr[3]]
+    else:
+        head_t = None
     prog.scan_hint = len(win)
     return place_and_build(ep, prog, step, head, win, groups, t_star, head_t, joined=joined)
+
+
+def _balanced(ep: EpochArrays, prog: EpochProgress, head: int, sized: tuple[float, np.ndarray],
+              budget: tuple[float, float, np.ndarray, float, float], per_token: float) -> tuple:
+    """A step at a global batch packed from window ``sized[1]`` at T* ``sized[0]``: packed with the head
+    (``_pack_head``), stretched to the lower bound (``_reach_low``), improved (``_improve_within``) and
+    balanced (``balance``). Returns (T*, window, groups, the head's (group, time) or None, the times of the
+    micro-batches balance moved)."""
+    want, cap, mb_tok, low, _ = budget
+    t_star, win = sized
+    groups = _pack_head(ep, win, t_star, head)
+    t_star, win, groups, head_t = _reach_low(ep, prog, mb_tok, head, (t_star, win, groups),
+                                             (want, cap, per_token), low)
+    groups, win, head_t = _improve_within(ep, prog, (groups, win, head_t), head, t_star, mb_tok, low)
+    groups, joined = balance(ep, prog, win, groups, head, {} if head_t is None else {head: head_t[1]},
+                             (mb_tok, want))
+    return t_star, win, [gr for gr in groups if gr[3]], head_t, joined
+
+
+def _other_targets(ep: EpochArrays, prog: EpochProgress, head: int, sc: Scan, top: float, lag: float,
+                   budget: tuple[float, float, np.ndarray, float, float], per_token: float, best: tuple) -> tuple:
+    """A balanced step at a global batch that still idles more than RETRY_IDLE (its longest kind's work is not
+    a whole number of groups at T*: three 300k-500k-token samples on one 16-rank group of a 32-rank world
+    while the other groups end a third earlier) is planned again at other targets ``TOKEN_TARGETS`` x T*,
+    each from its own window (``step_tokens.window_at``: its work, at most ``top`` tokens) and from that window
+    with its widest kind cut to one group's worth (``step_tokens.thin_window``: the other giants wait for a later
+    step rather than queue on one group); the plan whose
+    placed work at the micro-batches' own settings fills the most of W x its time is kept
+    (``step_tokens.fill_share``), among those whose tokens stay within the bounds."""
+    want, cap, mb_tok, low, _ = budget
+    if ep.world_size >= BULK_MIN_RANKS:
+        return best
+    share, first = fill_share(ep, best[2], head), _tokens(ep, best[2], head, mb_tok)
+    if 1.0 - share <= RETRY_IDLE and first >= low:
+        return best  # (a first plan below the lower bound: any other plan within the bounds replaces it)
+    if first < low:
+        share = -1.0
+    t_all, tok_all = ep.mb_t[sc.idx], mb_tok[sc.idx]
+    # tokens near the wanted ones: the epoch's running total stays within TOKEN_LAG x the target's of step x target
+    # (``want`` at a bound hides how far the total is off: then no further than the first plan)
+    floor = max(low, first if want >= cap else min(first, want - lag))
+    ceil = min(cap, first if want <= low else max(first, want + lag))
+    for x in TOKEN_TARGETS:
+        sized = window_at(sc.cumw, t_all, tok_all, ep.world_size, best[0] * x, top, WINDOW_WORK_FACTOR)
+        if sized is None:
+            continue
+        t_try, m, j_long = sized
+        w_try = window(sc.idx, m, j_long)
+        for w in (w_try, thin_window(ep, w_try, t_try, head)):
+            if w is None:
+                continue
+            alt = _balanced(ep, prog, head, (t_try, w), budget, per_token)
+            if not floor <= _tokens(ep, alt[2], head, mb_tok) <= ceil:
+                continue
+            alt_share = fill_share(ep, alt[2], head)
+            if alt_share > share + 1e-9:
+                best, share = alt, alt_share
+    return best
 
 
 def _fill_long(ep: EpochArrays, sc: Scan, mb_tok: np.ndarray, sized: tuple[float, int, int], want: float,

@@ -148,6 +148,67 @@ def token_target(cumw: np.ndarray, t_all: np.ndarray, tok_all: np.ndarray, world
     return t_star, m, int(np.argmax(t_all[:m]))
 
 
+TOKEN_TARGETS = (0.6, 0.7, 0.8, 0.9, 1.1, 1.25, 1.5)
+"""The other targets (x T*) a step at a global batch is planned at when its balanced plan still idles more than
+RETRY_IDLE (``dcp.planner.step._other_targets``)."""
+
+
+TOKEN_LAG = 0.02
+"""Those other plans may hold fewer (more) tokens than wanted while the epoch's running total stays within this
+share of step x target of it: the epoch's mean stays within about this share of the target."""
+
+
+def window_at(cumw: np.ndarray, t_all: np.ndarray, tok_all: np.ndarray, world_size: int, t_star: float,
+              cap: float, window_factor: float) -> tuple[float, int, int] | None:
+    """(T*, window length, position of its longest micro-batch) of a step at target ``t_star`` over the scanned
+    micro-batches (as ``token_target``'s): the window reaches ``window_factor`` x W x T* of work, at most
+    ``cap`` tokens, and stops before a micro-batch longer than T*; None when the head (position 0) is longer
+    than T*."""
+    if t_all[0] > t_star * (1 + 1e-9):
+        return None
+    cumtok = np.cumsum(tok_all)
+    n = len(t_all)
+    m = max(1, min(int(np.searchsorted(cumw, window_factor * world_size * t_star)) + 1,
+                   int(np.searchsorted(cumtok, cap, side="right")), n))
+    over = np.flatnonzero(t_all[:m] > t_star * (1 + 1e-9))
+    if over.size:
+        m = int(over[0])
+    return t_star, m, int(np.argmax(t_all[:m]))
+
+
+def thin_window(ep, win: np.ndarray, t_star: float, head: int) -> np.ndarray | None:
+    """``win`` with its widest kind (the largest p, when one group of it holds at least a quarter of the world)
+    cut to what one group of that p holds at ``t_star`` (release order; the head always kept): the others wait
+    for a later step. None when nothing is cut."""
+    p_win = ep.mb_p_np[win]
+    p_top = int(p_win.max())
+    if 4 * p_top < ep.world_size:
+        return None
+    wide = np.flatnonzero(p_win == p_top)
+    t = ep.mb_t[win[wide]]
+    keep = np.cumsum(t) <= t_star * (1 + 1e-9)
+    keep |= win[wide] == head
+    if keep.all():
+        return None
+    out = np.ones(len(win), dtype=bool)
+    out[wide[~keep]] = False
+    return win[out]
+
+
+def fill_share(ep, groups: list[list], head: int) -> float:
+    """The share of W x the step's time that the placed ``groups`` ([p, r, load, items]) fill with work at
+    their micro-batches' own settings (time x p, ``EpochArrays.mb_work``): idle ranks and micro-batches run at
+    a costlier setting both lower it."""
+    from dcp.planner.build import placed_groups
+
+    placed = placed_groups(ep, groups, head)[0]
+    t_step = max((gr[2] for gr in placed), default=0.0)
+    if t_step <= 0:
+        return 0.0
+    work = sum(float(ep.mb_work[gr[3]].sum()) for gr in placed)
+    return work / (ep.world_size * t_step)
+
+
 LR_RULES = LR_SCALING
 """How a step's learning rate follows its batch (``runtime.lr_scaling``, ``dcp.loaders.lr_scaling``): the config's
 one list of rule names."""

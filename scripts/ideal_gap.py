@@ -1,0 +1,93 @@
+"""Where DCP-intra's time goes against the ideal bound, per dataset, at ``dcp bench peers``'s setup (32 simulated
+H200, 30k samples, seed 0, tokens_per_step = bucket's mean tokens per step, micro_batch_tokens auto).
+
+    python scripts/ideal_gap.py [dataset ...]
+
+W x the epoch's time = the ideal GPU-s (each sample at its best per-GPU efficiency, token packs included: the bound
+of ``dcp.sim.cluster.ideal_tokens_per_s``) + excess GPU-s of micro-batches at their seq_group's primary setting
+(padding, partial micro-batches) + excess of micro-batches run at another (p, r) (moved by the balance, or at a
+group's higher recompute) + idle GPU-s in the compute phases (the last step's share shown) + W x (exposed sync +
+optimizer + control plane). Each printed as a share of W x the time, so fraction of ideal = 1 - their sum.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import sys
+
+import numpy as np
+
+from dcp.bench.peers import DATASETS, MODEL_OF
+from dcp.data_dists import get_spec, load_lengths
+from dcp.planner.assemble import EpochPlanner
+from dcp.planner.intra import best_settings, candidate_settings
+from dcp.planner.peers import bucket_tokens_per_step
+from dcp.planner.stream import TimeLookup, seq_groups_of
+from dcp.planner.tokens import best_token_pack
+from dcp.sim.cluster import simulate
+from dcp.sim.scenario import paper_config, paper_table, scenario
+
+
+def sample_ideal_gpu_s(lengths, table, cfg, world: int, two_d: bool) -> np.ndarray:
+    """Per sample, its GPU-seconds in the ideal bound (the same rule as ``ideal_tokens_per_s``)."""
+    pc = cfg.planning
+    kw = dict(mem_capacity_bytes=pc.mem_capacity_bytes, sp_sizes=pc.sp_sizes, world_size=world,
+              ranks_per_node=pc.ranks_per_node, dynamic_recompute=True)
+    best = best_settings(table, **kw)
+    packs = None if two_d else candidate_settings(table, **kw)
+    arr, groups = seq_groups_of(lengths, table)
+    times = TimeLookup(table)
+    out = np.zeros(len(arr))
+    for g in sorted(set(groups.tolist())):
+        s, m = best[g], groups == g
+        per = times.padded_times_s(g, s.sp_size, s.recompute_layers, s.micro_batch_size, arr[m])
+        per = per * s.sp_size / s.micro_batch_size
+        if packs is not None:
+            pick, per_token = best_token_pack(times, s, packs.get(g, []), arr[m])
+            if pick is not None and per_token * arr[m].sum() < per.sum():
+                per = per_token * arr[m].astype(float)
+        out[m] = per
+    return out
+
+
+def gap(ds: str, world: int = 32, seed: int = 0) -> str:
+    lengths = load_lengths(ds, num_samples=30000, seed=seed)
+    sc = scenario(MODEL_OF[get_spec(ds).grid], "h200")
+    table = paper_table(sc, world, shapes=lengths.shapes)
+    target = bucket_tokens_per_step(lengths.tokens, table, paper_config(sc, "bucket", seed=seed), world,
+                                    shapes=lengths.shapes)
+    cfg = paper_config(sc, "dcp-intra", seed=seed)
+    cfg = cfg.replace(planning=dataclasses.replace(cfg.planning, tokens_per_step=round(target),
+                                                   micro_batch_tokens="auto"))
+    planner = EpochPlanner(lengths.tokens, table, cfg, world, 0, shapes=lengths.shapes)
+    plans = list(planner)
+    primary = {g: (s.sp_size, s.recompute_layers) for g, s in planner.settings.items()}
+    ideal = sample_ideal_gpu_s(lengths.tokens, table, cfg, world, lengths.shapes is not None)
+    parts = collections.Counter()
+    last = max(p.step for p in plans)
+    for p in plans:
+        loads = []
+        for g in p.groups:
+            for mb in g.micro_batches:
+                at_primary = primary.get(mb.seq_group) == (g.sp_size, g.recompute_layers)
+                excess = g.sp_size * mb.time_s - ideal[np.asarray(mb.sample_ids)].sum()
+                parts["excess at primary" if at_primary else "excess moved"] += excess
+                parts["ideal"] += ideal[np.asarray(mb.sample_ids)].sum()
+            loads.append((g.sp_size, sum(mb.time_s for mb in g.micro_batches)))
+        t_step = max(t for _, t in loads)
+        idle = sum(q * (t_step - t) for q, t in loads)
+        parts["idle"] += idle
+        parts["idle of the last step"] += idle if p.step == last else 0.0
+    res = simulate(lengths.tokens, table, cfg, world, hardware=sc.hardware, shapes=lengths.shapes)
+    parts["sync+optimizer+control"] = world * (res.total_time_s - res.compute_time_s)
+    total = world * res.total_time_s
+    shares = ", ".join(f"{k} {parts[k] / total:.4f}" for k in ("excess at primary", "excess moved", "idle",
+                                                                "idle of the last step", "sync+optimizer+control"))
+    return (f"{ds}: fraction of ideal {res.ideal_fraction:.4f} (from the parts {parts['ideal'] / total:.4f}), "
+            f"idle {res.idle_ratio:.4f}, {res.num_steps} steps | shares of W x time: {shares}")
+
+
+if __name__ == "__main__":
+    for name in sys.argv[1:] or DATASETS:
+        print(gap(name), flush=True)
