@@ -1,8 +1,8 @@
 """Tokens per optimizer step as a user setting (``planning.tokens_per_step``, docs/planner.md).
 
 Every method's steps hold about the target, each within ``planning.step_tokens_bounds`` of it and the epoch's
-mean on it: ``cut_by_tokens`` cuts items (samples, micro-batches) in release order so that the running total
-stays on step x target (``desired_tokens``); ``slot_steps`` puts the fixed-SP baselines' micro-batches of a
+mean on it: ``cut_by_tokens`` cuts items (samples, micro-batches) in release order into about total / target
+steps of an equal share each; ``desired_tokens`` keeps a DCP step's running total on step x target; ``slot_steps`` puts the fixed-SP baselines' micro-batches of a
 step on their slots; ``token_target`` sizes a DCP step for the tokens it wants. ``step_tokens`` and
 ``summary`` report tokens per step; ``lr_factor`` is the LR rule of ``runtime.lr_scaling`` (shared with
 ``dcp.loaders.lr_scaling``).
@@ -46,17 +46,21 @@ def desired_tokens(step: int, done_tokens: int, tokens_per_step: int, bounds: tu
 
 def cut_by_tokens(tokens: Sequence[int], tokens_per_step: float, bounds: tuple[float, float]) -> list[tuple[int, int]]:
     """[start, end) runs of consecutive items (samples or micro-batches in release order), one per step: each
-    takes items while that brings it nearer the tokens ``desired_tokens`` asks (the running total stays on
-    step x target), never past ``high`` x target unless one item alone is larger; a remainder below ``low`` x
+    takes items while that brings it nearer its share (what is left over the steps left of round(total /
+    target), within the bounds), never past ``high`` x target unless one item alone is larger; a remainder below ``low`` x
     target joins the step before it when the two stay within ``high``, as does a step cut short before an item
     larger than ``high`` (``_merge_short``)."""
     low, high = bounds[0] * tokens_per_step, bounds[1] * tokens_per_step
     n = len(tokens)
     rest = np.concatenate([np.cumsum(np.asarray(tokens, dtype=np.int64)[::-1])[::-1], [0]]).tolist()
+    # the epoch is cut into about round(total / target) steps: each step asks for an equal share of what is
+    # left over the steps left, so the epoch mean is total / N, within 1 / (2N) of the target (a running
+    # total on step x target drifted by a whole step on coarse items: 19 steps of a 20-target epoch)
+    steps = max(1, round(rest[0] / tokens_per_step)) if n else 0
     cuts: list[tuple[int, int]] = []
-    i, done = 0, 0
+    i = 0
     while i < n:
-        want = desired_tokens(len(cuts), done, int(tokens_per_step), bounds)
+        want = min(max(rest[i] / max(1, steps - len(cuts)), low), high)
         a, tok = i, tokens[i]
         i += 1
         while i < n:
@@ -67,7 +71,6 @@ def cut_by_tokens(tokens: Sequence[int], tokens_per_step: float, bounds: tuple[f
             tok += t
             i += 1
         cuts.append((a, i))
-        done += tok
     return _merge_short(cuts, rest, low, high)
 
 

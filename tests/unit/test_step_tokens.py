@@ -81,3 +81,15 @@ def test_cut_by_tokens_a_giant_stands_alone_and_a_short_end_joins():
     tok = [sum(tokens[a:e]) for a, e in cuts]
     assert tok == [500, 500, 2500, 300, 300, 420]  # after the giant the running total asks for the least
     assert cuts[-1][1] == len(tokens) and tokens[cuts[-1][0] : cuts[-1][1]][-1] == 20  # the 20 joined a step
+
+
+def test_coarse_items_keep_the_epoch_mean_on_target():
+    """300-token items at a 400-token target: a running total on step x target took 600 on ties and ended a
+    20-target epoch in 19 steps (mean 1.053 x); cutting into round(total / target) equal shares gives 20."""
+    tokens = [18, 29, 29, 61, 61, 69, 4, 1, 71, 84, 159, 160, 166, 170, 181, 184, 203, 208, 249] + [300] * 12 + \
+        [199, 189, 1, 27, 82, 97, 198] + [300] * 5
+    assert sum(tokens) == 20 * 400
+    cuts = cut_by_tokens(tokens, 400, (0.5, 2.0))
+    assert [c[0] for c in cuts[1:]] == [c[1] for c in cuts[:-1]] and cuts[0][0] == 0 and cuts[-1][1] == len(tokens)
+    tok = [sum(tokens[a:e]) for a, e in cuts]
+    assert len(cuts) == 20 and all(200 <= t <= 800 for t in tok)

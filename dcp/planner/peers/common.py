@@ -32,7 +32,7 @@ from dcp.planner.table import ProfileTable
 def cut_steps(lengths: np.ndarray, target_tokens: float,
               bounds: tuple[float, float] = (0.5, 2.0)) -> list[tuple[int, int]]:
     """Consecutive [start, end) ranges of the stream (lengths in stream order), one per optimizer step of about
-    ``target_tokens`` (``dcp.planner.step_tokens.cut_by_tokens``: the running total on step x target, every
+    ``target_tokens`` (``dcp.planner.step_tokens.cut_by_tokens``: about total / target steps of an equal share, every
     step within the bounds unless one sample alone is larger)."""
     if not target_tokens > 0:
         raise PlanningError(f"tokens per step ({target_tokens}) must be > 0: pass a positive token budget")
