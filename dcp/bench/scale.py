@@ -325,6 +325,13 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         manager_s, groups_s = time.perf_counter() - t0, census.new_group_s
         eng = mgr.engine
         mgr.step_done = probe.manager_part(mgr.step_done)  # the engine's step calls it: manager time, not model
+        loop_done = mgr._loop.step_done
+
+        def step_done(sync: Any) -> None:  # every step ends here (an idle one too, outside the engine's calls)
+            loop_done(sync)
+            probe.mark()
+
+        mgr._loop.step_done = step_done
         eng.backward = probe.timed(eng.backward, census, "grad-sync")
         eng.step = probe.timed(eng.step, census, "grad-sync")
         eng.idle_step = probe.timed(eng.idle_step, census, "grad-sync")
@@ -400,6 +407,7 @@ def _row(spec: dict[str, Any], census: Any, probe: _Probe, data: _TokenDataset, 
         "host_wall_ms_per_step": round(statistics.median(wall), 3),
         "micro_batches_per_step": statistics.median(probe.micro_batches[t] for t in ticks),
         "host_ms_per_micro_batch": round(sum(host) / max(1, sum(probe.micro_batches[t] for t in ticks)), 3),
+        "teardown_ms": round(1e3 * (end[2] - probe.step_start[marks[-1]][2] - probe.model_cpu_s[marks[-1]]), 3),
         "steps_timed": len(ticks), "logged_steps_timed": len(world_logged),
         "collectives": collectives,
         "samples": spec["samples_per_rank"] * w * (spec["steps"] + 2), "mb_ms": spec["mb_ms"],

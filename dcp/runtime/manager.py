@@ -58,7 +58,7 @@ from dcp.runtime.profiling import Measurements, MicroBatchTimer, ProfileSource, 
 from dcp.runtime.recompute import run_layer, wrap_layers
 from dcp.runtime.registry import SPGroupRegistry
 from dcp.runtime.step import ManagerError, OpenStep, StepTally
-from dcp.runtime.stepview import StepViews
+from dcp.runtime.stepview import PlanFeed, StepViews
 from dcp.runtime.weighting import micro_batch_weight
 
 PlanSource = Callable[[int], Any]  # epoch -> iterable of StepPlans
@@ -224,7 +224,7 @@ class DCPManager:
             return remapped(planned_ahead(kwargs, self.config.planning.plan_ahead), ids)
         views = StepViews(rank=self.rank, world_size=self.world_size, target_counts=self._target_counts_np,
                           loss_weighting=self.config.runtime.loss_weighting, ids=ids)
-        return planned_ahead(kwargs, self.config.planning.plan_ahead, prepare=views)
+        return PlanFeed(planned_ahead(kwargs, self.config.planning.plan_ahead, prepare=views))  # freed off-thread
 
     def get_data_iter(self, max_steps: int | None = None) -> Iterator[Any]:
         """This rank's micro-batches (Batch objects) of the current epoch's untrained samples (see state_dict).
