@@ -123,10 +123,11 @@ class StepLoop:
                 mbs, board = step.group.micro_batches, self.board
                 n = len(mbs)
                 for i, mb in enumerate(mbs):
-                    batch = fetch.take(mb.sample_ids)
                     if i + 1 < n:
-                        fetch.ahead(mbs[i + 1].sample_ids)
-                    elif fetch.enabled and (max_steps is None or done < max_steps):
+                        batch = fetch.take(mb.sample_ids, then=mbs[i + 1].sample_ids)  # the next one collates now
+                    else:
+                        batch = fetch.take(mb.sample_ids)
+                    if i + 1 == n and fetch.enabled and (max_steps is None or done < max_steps):
                         upcoming = next(todo, None)
                         if upcoming is not None and upcoming.group is not None:
                             ahead = upcoming.group.micro_batches
@@ -198,8 +199,15 @@ class StepLoop:
         if step is None:
             idle.add(loss, count)
         elif torch.is_grad_enabled():
-            step.count_forward()  # raises on a second forward of the micro-batch
-            step.tally.add(loss, count)
+            if step.mb_forwards:
+                step.count_forward()  # a second forward of the micro-batch: raises
+            step.forwards += 1  # StepOpen.count_forward and StepTally.add inlined: this runs per micro-batch
+            step.mb_forwards = 1
+            tally = step.tally
+            tally.losses.append(loss.detach())
+            if count is not None:
+                tally.counts.append(count)
+                tally.has_count = True
 
     def step_done(self, sync: Span | float) -> None:
         """The open step's gradient sync + update ran: close it and count it."""
