@@ -18,7 +18,9 @@ per step (CPU time of the training thread in a step minus its CPU time in the mo
 and optimizer step and the census's own work; the manager's step_done, which engine.step calls, counts as host; waiting for the GIL, a plan or other processes on a shared
 host is not counted; ``host_wall_ms_per_step`` is the wall-clock version, which counts them), planning CPU per step (CPU of threads other than the
 training thread) and its exposed part (time the training thread waited for a plan), and the steps planned
-before step 0 ran. Steps 1.. are used (step 0 starts inside start-up). The run prefetches
+before step 0 ran. Steps 1.. are used (step 0 starts inside start-up); a step ends where the manager's step loop
+counts it done (``StepLoop.step_done``, also for a step in which the rank is idle), and the loop's exit after the
+last step (the epoch's last agreement check, stopping the prefetch and plan threads) is ``teardown_ms``. The run prefetches
 (``runtime.prefetch = "on"``, ``--prefetch``): the next micro-batch is collated on a background thread while
 the current one trains, as on a GPU job (where ``auto`` turns it on); its collation CPU is reported apart
 (``collate_offthread_ms_per_step``), neither host nor planning time. ``--json``: the last line is
