@@ -18,11 +18,26 @@ per step (CPU time of the training thread in a step minus its CPU time in the mo
 and optimizer step and the census's own work; the manager's step_done, which engine.step calls, counts as host; waiting for the GIL, a plan or other processes on a shared
 host is not counted; ``host_wall_ms_per_step`` is the wall-clock version, which counts them), planning CPU per step (CPU of threads other than the
 training thread) and its exposed part (time the training thread waited for a plan), and the steps planned
-before step 0 ran. Steps 1.. are used (step 0 starts inside start-up). The run prefetches
+before step 0 ran. Steps 1.. are used (step 0 starts inside start-up); a step ends where the manager's step loop
+counts it done (``StepLoop.step_done``, also for a step in which the rank is idle), and the loop's exit after the
+last step (the epoch's last agreement check, stopping the prefetch and plan threads) is ``teardown_ms``. The run prefetches
 (``runtime.prefetch = "on"``, ``--prefetch``): the next micro-batch is collated on a background thread while
 the current one trains, as on a GPU job (where ``auto`` turns it on); its collation CPU is reported apart
 (``collate_offthread_ms_per_step``), neither host nor planning time. ``--json``: the last line is
 ``{"rows": [...]}``, each row with its ``prefetch`` mode.
+
+The device stand-in (``--device-standin``). ``sleep`` (the default, and every figure before it existed):
+the training thread sleeps ``--mb-ms`` at the end of each forward, so it is descheduled 20 times a second and
+wakes on a core whose caches, TLB and branch predictors other threads and processes have used; whatever runs
+first after the sleep pays for that (on this 2-core shared host ~10-40 us for each of the first few torch
+calls, ~0.2-0.3 ms per micro-batch in all), and that is the runtime's ``after_forward``, timed as host. A
+CUDA host thread does not sleep per micro-batch: kernel launches are asynchronous, and when it runs ahead of
+the device it blocks inside a launch, where CUDA's default schedule spins while the process's contexts do not
+outnumber the cores. ``spin`` stands in for that: the thread stays runnable, reading the clock and releasing
+the GIL between reads (the plan-ahead thread takes it meanwhile, as it would during a launch). On a host
+with fewer idle cores than runnable threads (this one) a spinning thread is still preempted, so neither mode
+is a cluster node; ``--mb-ms 0`` gives the warm cost of the runtime's own code (the planner then lags
+and its waits are reported as exposed planning, not host time). Report them side by side.
 """
 
 from __future__ import annotations
@@ -50,6 +65,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=6, help="steps run per (W, rank); steps 1.. are timed")
     parser.add_argument("--mb-ms", type=float, default=50.0,
                         help="sleep per micro-batch standing in for the device's compute (model time, not host time)")
+    parser.add_argument("--device-standin", choices=("sleep", "spin"), default="sleep",
+                        help="how the training thread spends --mb-ms: sleep (default; descheduled, as the figures so "
+                             "far) or spin (stays on its core, releasing the GIL between clock reads, as a CUDA host "
+                             "thread blocked in a kernel launch does); see the module docstring")
     parser.add_argument("--dataset", default="t1d-balanced", help="paper-scale length distribution (datasets/)")
     parser.add_argument("--samples-per-rank", type=int, default=40,
                         help="samples per rank and step to draw (a paper-scale step holds ~40 per rank)")
@@ -102,11 +121,13 @@ def run(args: argparse.Namespace) -> int:
           "on a GPU job (runtime.prefetch auto), so collation is off the training thread (collate_ms: its time)"
           if args.prefetch == "on" else ": collation runs on the training thread unless prefetching is on"),
           flush=True)
+    if args.mb_ms:
+        print(f"# device stand-in: {args.device_standin} {args.mb_ms:g} ms per micro-batch", flush=True)
     rows = []
     for w, r in jobs:
         spec = {"world_size": w, "rank": r, "steps": args.steps, "mb_ms": args.mb_ms, "dataset": args.dataset,
                 "samples_per_rank": args.samples_per_rank, "log_every": args.log_every,
-                "prefetch": args.prefetch}
+                "prefetch": args.prefetch, "device_standin": args.device_standin}
         rows.append(run_worker(spec))
         print(_line(rows[-1]), flush=True) if len(rows) == 1 else print(_line(rows[-1], header=False), flush=True)
     for row in rows:
@@ -302,6 +323,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(1)
     logging.getLogger("dcp").setLevel(logging.WARNING)
     w, rank, steps, mb_s = spec["world_size"], spec["rank"], spec["steps"], spec["mb_ms"] / 1e3
+    spin = spec.get("device_standin", "sleep") == "spin"
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=w)
     sc = scenario("t1d-5b", "h200")
     config, table = paper_config(sc, "dcp-intra"), paper_table(sc, w)
@@ -320,8 +342,13 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         # the model sees 16 tokens of each sample; the count is the batch's labelled tokens, as planned (the
         # model's own work: timed with it)
         count = (batch.targets != -100).sum()
-        if mb_s:
-            time.sleep(mb_s)  # the device's compute: the plan-ahead thread runs meanwhile
+        if mb_s:  # the device's compute: the plan-ahead thread runs meanwhile
+            if spin:
+                end = time.perf_counter() + mb_s
+                while time.perf_counter() < end:
+                    time.sleep(0)  # releases the GIL (the plan-ahead thread may take it) without a timed wait
+            else:
+                time.sleep(mb_s)
         probe.model_s[tick] += time.perf_counter() - t0
         probe.model_cpu_s[tick] += time.thread_time() - c0
         return loss, count
@@ -334,6 +361,13 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         manager_s, groups_s = time.perf_counter() - t0, census.new_group_s
         eng = mgr.engine
         mgr.step_done = probe.manager_part(mgr.step_done)  # the engine's step calls it: manager time, not model
+        loop_done = mgr._loop.step_done
+
+        def step_done(sync: Any) -> None:  # every step ends here (an idle one too, outside the engine's calls)
+            loop_done(sync)
+            probe.mark()
+
+        mgr._loop.step_done = step_done
         eng.backward = probe.timed(eng.backward, census, "grad-sync")
         eng.step = probe.timed(eng.step, census, "grad-sync")
         eng.idle_step = probe.timed(eng.idle_step, census, "grad-sync")
@@ -409,9 +443,11 @@ def _row(spec: dict[str, Any], census: Any, probe: _Probe, data: _TokenDataset, 
         "host_wall_ms_per_step": round(statistics.median(wall), 3),
         "micro_batches_per_step": statistics.median(probe.micro_batches[t] for t in ticks),
         "host_ms_per_micro_batch": round(sum(host) / max(1, sum(probe.micro_batches[t] for t in ticks)), 3),
+        "teardown_ms": round(1e3 * (end[2] - probe.step_start[marks[-1]][2] - probe.model_cpu_s[marks[-1]]), 3),
         "steps_timed": len(ticks), "logged_steps_timed": len(world_logged),
         "collectives": collectives,
         "samples": spec["samples_per_rank"] * w * (spec["steps"] + 2), "mb_ms": spec["mb_ms"],
+        "device_standin": spec.get("device_standin", "sleep"),
         "log_every": config_log_every, "prefetch": spec.get("prefetch", "on"),
     }
 

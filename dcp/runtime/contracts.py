@@ -59,3 +59,20 @@ def check_forward_output(out: Any, *, where: str = "forward_fn") -> tuple[torch.
     if isinstance(count, int) and count < 0:
         raise ForwardContractError(f"{where}'s token_count ({count}) is negative: {FIX}")
     return loss, count
+
+
+_FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+_INTS = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
+
+
+def forward_pair(out: Any) -> tuple[torch.Tensor, Any]:
+    """``check_forward_output(out)`` with a fast path for the usual pair (a tuple of a plain one-element
+    float tensor and an int >= 0 or a plain integer tensor), which it accepts with a few type and dtype
+    reads: it runs on every micro-batch, on the training thread. Anything else takes the full check (the
+    same verdicts and messages)."""
+    if type(out) is tuple and len(out) == 2:
+        loss, count = out
+        if (type(loss) is torch.Tensor and loss.dtype in _FLOATS and loss.numel() == 1
+                and ((type(count) is torch.Tensor and count.dtype in _INTS) or (type(count) is int and count >= 0))):
+            return loss, count
+    return check_forward_output(out)

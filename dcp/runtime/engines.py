@@ -28,6 +28,7 @@ loss weights ``sync_divisor / N_step`` give the gradient of the step's mean loss
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -67,6 +68,8 @@ class Engine:
         self.precision = resolve_precision(precision, self.device)
         """'bf16' or 'fp32' (runtime.precision resolved on ``device``)."""
         self._mgr: EngineHooks | None = None
+        self._casts: bool | None = None
+        """Whether the forward runs under an autocast context (``_autocast()`` is not a no-op); None: not known yet."""
         self.optimizer_steps = 0
         """Optimizer updates applied so far (one per DCP step, whatever the ranks' ga_steps)."""
 
@@ -94,9 +97,14 @@ class Engine:
 
     def __call__(self, batch: Any) -> torch.Tensor:
         """Forward of this rank's part of ``batch``; returns the (unweighted) loss_sum."""
-        mgr = self._manager()
+        mgr = self._mgr if self._mgr is not None else self._manager()
         ctx = mgr.before_forward(batch)
-        with self._autocast():
+        if self._casts is None:  # once: an fp32 forward needs no context at all (it runs per micro-batch)
+            self._casts = not isinstance(self._autocast(), contextlib.nullcontext)
+        if self._casts:
+            with self._autocast():
+                out = mgr.forward_fn(self.forward_model, batch, ctx)
+        else:
             out = mgr.forward_fn(self.forward_model, batch, ctx)
         return mgr.after_forward(out)
 
@@ -106,14 +114,15 @@ class Engine:
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of ``loss * weight``: weight = sync_divisor / N_step (see dcp.runtime.weighting)."""
-        self._backward(loss * self._manager().loss_weight())
+        mgr = self._mgr if self._mgr is not None else self._manager()
+        self._backward(loss * mgr.loss_weight())
 
     def step(self) -> bool:
         """Sync gradients over all ranks and update, only after this rank's last micro-batch of the step.
 
         Returns True when the optimizer stepped, False on a non-boundary micro-batch (nothing happens).
         """
-        mgr = self._manager()
+        mgr = self._mgr if self._mgr is not None else self._manager()
         if not mgr.at_boundary():
             return False
         watch = mgr.watch()
@@ -204,8 +213,7 @@ class DDPEngine(Engine):
         return buckets
 
     def _backward(self, loss: torch.Tensor) -> None:
-        mgr = self._manager()
-        if not (self._distributed and mgr.in_last_micro_batch()):
+        if not (self._distributed and self._manager().in_last_micro_batch()):
             loss.backward()
             return
         # the rank's last backward of the step: each bucket's all-reduce starts inside it (_on_final_grad)

@@ -120,21 +120,23 @@ class StepLoop:
                 if not step.group.micro_batches:
                     engine.idle_step()
                     self.step_done(0.0)
-                mbs = step.group.micro_batches
+                mbs, board = step.group.micro_batches, self.board
+                n = len(mbs)
                 for i, mb in enumerate(mbs):
-                    batch = fetch.take(mb.sample_ids)
-                    if i + 1 < len(mbs):
-                        fetch.ahead(mbs[i + 1].sample_ids)
-                    elif fetch.enabled and (max_steps is None or done < max_steps):
+                    if i + 1 < n:
+                        batch = fetch.take(mb.sample_ids, then=mbs[i + 1].sample_ids)  # the next one collates now
+                    else:
+                        batch = fetch.take(mb.sample_ids)
+                    if i + 1 == n and fetch.enabled and (max_steps is None or done < max_steps):
                         upcoming = next(todo, None)
                         if upcoming is not None and upcoming.group is not None:
                             ahead = upcoming.group.micro_batches
                             if ahead:
                                 fetch.ahead(ahead[0].sample_ids)
-                    step.start_micro_batch(i, mb)
-                    if self.board is not None:
+                    step.mb_index, step.pending, step.applied, step.mb_forwards = i, mb, False, 0  # start_micro_batch
+                    if board is not None:
                         # the step's first micro-batch is written to the store; later ones at the next heartbeat
-                        self.board.enter(self.phase(f"micro-batch {i + 1}/{len(mbs)}"), publish=i == 0)
+                        board.enter(f"micro-batch {i + 1}/{n}{step.where}", publish=i == 0)
                     yield batch
                 if step.open:
                     raise ManagerError(
@@ -177,7 +179,8 @@ class StepLoop:
         if plan is None:
             return None
         self.step = OpenStep(plan=plan, group=view.group, n_step=view.n_step, global_step=self.global_step + 1,
-                             t0=now, tally=StepTally.zeros(self.device), trained=view.trained)
+                             t0=now, tally=StepTally.zeros(self.device), trained=view.trained,
+                             where=f" of epoch {self.epoch} step {plan.step}")
         if self.lr is not None:
             self.lr.apply(view.tokens)
         return self.step
@@ -196,8 +199,15 @@ class StepLoop:
         if step is None:
             idle.add(loss, count)
         elif torch.is_grad_enabled():
-            step.count_forward(lambda: self.phase(f"micro-batch {step.mb_index + 1}/{len(step.group.micro_batches)}"))
-            step.tally.add(loss, count)
+            if step.mb_forwards:
+                step.count_forward()  # a second forward of the micro-batch: raises
+            step.forwards += 1  # StepOpen.count_forward and StepTally.add inlined: this runs per micro-batch
+            step.mb_forwards = 1
+            tally = step.tally
+            tally.losses.append(loss.detach())
+            if count is not None:
+                tally.counts.append(count)
+                tally.has_count = True
 
     def step_done(self, sync: Span | float) -> None:
         """The open step's gradient sync + update ran: close it and count it."""

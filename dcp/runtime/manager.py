@@ -40,7 +40,7 @@ from dcp.distributed.device import Span, Stopwatch, module_device, resolve_preci
 from dcp.planner.plan import StepPlan
 from dcp.runtime import checkpoint as ckpt
 from dcp.runtime.context import SPContext
-from dcp.runtime.contracts import check_forward_output
+from dcp.runtime.contracts import forward_pair
 from dcp.runtime.data import check_dataset, target_counts
 from dcp.runtime.engines import Engine
 from dcp.runtime.exchange import (
@@ -58,7 +58,7 @@ from dcp.runtime.profiling import Measurements, MicroBatchTimer, ProfileSource, 
 from dcp.runtime.recompute import run_layer, wrap_layers
 from dcp.runtime.registry import SPGroupRegistry
 from dcp.runtime.step import ManagerError, OpenStep, StepTally
-from dcp.runtime.stepview import StepViews
+from dcp.runtime.stepview import PlanFeed, StepViews
 from dcp.runtime.weighting import micro_batch_weight
 
 PlanSource = Callable[[int], Any]  # epoch -> iterable of StepPlans
@@ -224,7 +224,7 @@ class DCPManager:
             return remapped(planned_ahead(kwargs, self.config.planning.plan_ahead), ids)
         views = StepViews(rank=self.rank, world_size=self.world_size, target_counts=self._target_counts_np,
                           loss_weighting=self.config.runtime.loss_weighting, ids=ids)
-        return planned_ahead(kwargs, self.config.planning.plan_ahead, prepare=views)
+        return PlanFeed(planned_ahead(kwargs, self.config.planning.plan_ahead, prepare=views))  # freed off-thread
 
     def get_data_iter(self, max_steps: int | None = None) -> Iterator[Any]:
         """This rank's micro-batches (Batch objects) of the current epoch's untrained samples (see state_dict).
@@ -259,24 +259,22 @@ class DCPManager:
     # ----- per micro-batch (paper steps 3-6) -----------------------------------------------------
     def optimize_dynamics(self, batch: Any, model: Any = None) -> SPContext:
         """Switch to this micro-batch's SP group and recompute setting and set its loss weight."""
-        step = self._step
+        step = self._loop.step
         mb = step.pending if step is not None else None
         if mb is None:
             raise ManagerError("optimize_dynamics called outside get_data_iter(): iterate the manager's batches")
-        ids = tuple(getattr(batch, "sample_ids", mb.sample_ids))
-        if ids != mb.sample_ids:
+        ids = getattr(batch, "sample_ids", mb.sample_ids)
+        if ids is not mb.sample_ids and tuple(ids) != mb.sample_ids:
             raise ManagerError(
-                f"batch sample_ids {ids} are not the planned micro-batch {mb.sample_ids}: pass the batch that "
+                f"batch sample_ids {tuple(ids)} are not the planned micro-batch {mb.sample_ids}: pass the batch that "
                 "get_data_iter() yielded, unchanged"
             )
-        group = step.group
-        key = (group.first_rank, group.sp_size, group.recompute_layers)
-        if key not in self._ctx_cache:
-            self._ctx_cache[key] = self.registry.context(group, self.rank, attention=self.config.runtime.attention)
-        self._ctx = self._ctx_cache[key]
-        step.loss_weight = micro_batch_weight(
-            mb, step.n_step, self.target_counts, self.config.runtime.loss_weighting, self.engine.sync_divisor
-        )
+        if step.ctx is None:  # the step's first micro-batch: its group's context and (tokens) weight, once
+            _open_step(self, step)
+        self._ctx = step.ctx
+        weight = step.weight
+        step.loss_weight = weight if weight is not None else micro_batch_weight(
+            mb, step.n_step, self.target_counts, self.config.runtime.loss_weighting, self.engine.sync_divisor)
         step.applied = True
         return self._ctx
 
@@ -339,24 +337,28 @@ class DCPManager:
     def before_forward(self, batch: Any) -> SPContext:
         if self._forward_error is not None:
             raise self._forward_error
-        if self._step is None or not self._step.applied:
+        step = self._loop.step
+        if step is None or not step.applied:
             self.optimize_dynamics(batch)
         self._layer_counter = 0
         return self._ctx
 
     def after_forward(self, out: Any) -> torch.Tensor:
-        loss, count = check_forward_output(out)  # (loss_sum, token_count), or a one-line refusal with the fix
+        loss, count = forward_pair(out)  # (loss_sum, token_count), or a one-line refusal with the fix
         self._loop.forward_done(loss, count, idle=self._idle_tally)
         return loss
 
     def loss_weight(self) -> float:
-        return self._step.loss_weight if self._step is not None else 0.0
+        step = self._loop.step
+        return step.loss_weight if step is not None else 0.0
 
     def in_last_micro_batch(self) -> bool:
-        return self._step is not None and self._step.in_last_micro_batch()
+        step = self._loop.step
+        return step is not None and step.open and step.mb_index == step.last_index
 
     def at_boundary(self) -> bool:
-        return self._step is not None and self._step.applied and self._step.in_last_micro_batch()
+        step = self._loop.step
+        return step is not None and step.applied and step.open and step.mb_index == step.last_index
 
     def watch(self) -> Stopwatch:
         return self._watch
@@ -369,6 +371,19 @@ class DCPManager:
             return nullcontext()
         return self._board.collective(self._loop.phase(what), timeout_s=timeout_s or self.config.runtime.collective_timeout_s)
 
+
+
+def _open_step(mgr: DCPManager, step: OpenStep) -> None:
+    """What every micro-batch of ``step`` shares, set at its first optimize_dynamics: its group's SPContext
+    (cached per group) and, under tokens weighting, the loss weight ``sync_divisor / N_step``."""
+    group = step.group
+    key = (group.first_rank, group.sp_size, group.recompute_layers)
+    if key not in mgr._ctx_cache:
+        mgr._ctx_cache[key] = mgr.registry.context(group, mgr.rank, attention=mgr.config.runtime.attention)
+    step.ctx = mgr._ctx_cache[key]
+    if mgr.config.runtime.loss_weighting == "tokens":  # the same for every micro-batch of the step
+        step.weight = micro_batch_weight(step.pending, step.n_step, mgr.target_counts, "tokens",
+                                         mgr.engine.sync_divisor)
 
 
 def _forward_problem(model: Any) -> ManagerError | None:

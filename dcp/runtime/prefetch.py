@@ -65,8 +65,9 @@ class BatchPrefetcher:
             self._ahead = tuple(sample_ids)
             self._requests.put(self._ahead)
 
-    def take(self, sample_ids: tuple[int, ...]) -> Any:
-        """The micro-batch of ``sample_ids`` on the run's device (the prefetched one when it is that one)."""
+    def take(self, sample_ids: tuple[int, ...], then: tuple[int, ...] | None = None) -> Any:
+        """The micro-batch of ``sample_ids`` on the run's device (the prefetched one when it is that one);
+        ``then``: the micro-batch to collate next (``ahead(then)`` once this one is in hand)."""
         ids, self._ahead = self._ahead, None
         if ids is not None:
             batch, error = self._results.get()
@@ -74,8 +75,13 @@ class BatchPrefetcher:
                 raise error  # the worker's exception, here on the training thread
             if ids == tuple(sample_ids):
                 self.prefetched += 1
-                return batch if self._move is None else self._move(batch, self.device)
-        batch = self._collate(tuple(sample_ids))
+            else:
+                batch = self._collate(tuple(sample_ids))
+        else:
+            batch = self._collate(tuple(sample_ids))
+        if then is not None and self._requests is not None:
+            self._ahead = tuple(then)
+            self._requests.put(self._ahead)
         return batch if self._move is None else self._move(batch, self.device)
 
     def _collate(self, sample_ids: tuple[int, ...]) -> Any:

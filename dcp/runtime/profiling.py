@@ -119,7 +119,11 @@ class MicroBatchTimer:
         if len(tally.syncs) > self._syncs:
             tally.busy.extend((-1, s) for s in tally.syncs[self._syncs:])
         if self._key is not None:
-            self._timings.add(self._key, span)
+            timings = self._timings
+            if timings.cuda:
+                timings.add(self._key, span)
+            else:  # a host span is read now: straight into the rows (Measurements.add would resolve it at once)
+                timings.rows.append((*self._key, span.seconds()))
 
 
 class Measurements:
@@ -130,12 +134,14 @@ class Measurements:
 
     def __init__(self, *, cuda: bool, maxlen: int = 100_000, max_unresolved: int = 4096) -> None:
         self.rows: deque[tuple[int, int, int, int, float]] = deque(maxlen=maxlen)
-        self._cuda, self._max_unresolved = cuda, max_unresolved
+        self.cuda = cuda
+        """True: spans are CUDA event pairs, resolved when read (``resolve``); False: host spans, read at once."""
+        self._max_unresolved = max_unresolved
         self._unresolved: list[tuple[tuple[int, int, int, int], Span]] = []
 
     def add(self, key: tuple[int, int, int, int], span: Span) -> None:
         self._unresolved.append((key, span))
-        if not self._cuda or len(self._unresolved) >= self._max_unresolved:
+        if not self.cuda or len(self._unresolved) >= self._max_unresolved:
             self.resolve()
 
     def resolve(self) -> None:

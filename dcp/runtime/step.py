@@ -105,26 +105,40 @@ class OpenStep:
     trained: Any = None
     """The step's sample ids, ascending, checked new in the epoch when the plan was prepared
     (``dcp.runtime.stepview.RankStep.trained``); None: the position checks them as the step finishes."""
+    where: str = ""
+    """" of epoch E step S": the end of the step's phase names (the loop builds it once, not per micro-batch)."""
+    last_index: int = -1
+    """``group.ga_steps - 1``: the index of this rank's last micro-batch of the step."""
+    ctx: Any = None
+    """The SPContext of ``group`` (set by the manager at the step's first optimize_dynamics; one per step)."""
+    weight: float | None = None
+    """The loss weight of every micro-batch of the step when it is the same for all (tokens weighting:
+    ``sync_divisor / N_step``), computed once; None: computed per micro-batch."""
+
+    def __post_init__(self) -> None:
+        self.last_index = self.group.ga_steps - 1
 
     def start_micro_batch(self, index: int, mb: MicroBatch) -> None:
         self.mb_index, self.pending, self.applied, self.mb_forwards = index, mb, False, 0
 
-    def count_forward(self, where: Callable[[], str]) -> None:
+    def count_forward(self, where: Callable[[], str] | None = None) -> None:
         """A forward with gradients ran on the pending micro-batch; a second one raises (its loss and tokens
         would count twice in the step, and its backward twice in the gradients). ``where()`` names the
         micro-batch in that error (built only then: this runs on every micro-batch)."""
         self.forwards += 1
         self.mb_forwards += 1
         if self.mb_forwards > 1:
+            at = where() if where is not None else (
+                f"micro-batch {self.mb_index + 1}/{len(self.group.micro_batches)}{self.where}")
             raise ManagerError(
-                f"{where()} ran its forward twice with gradients: DCP counts every forward's loss_sum and tokens "
+                f"{at} ran its forward twice with gradients: DCP counts every forward's loss_sum and tokens "
                 "into the step (and its backward into the gradients); run one forward and one backward per "
                 "micro-batch (an extra forward for logging belongs under torch.no_grad(), which is not counted)")
 
     def in_last_micro_batch(self) -> bool:
         """True from the forward to the step() of this rank's last micro-batch of the step: its backward
         gives the parameters their final gradients of the step (the ddp engine starts their sync then)."""
-        return self.open and self.mb_index == self.group.ga_steps - 1
+        return self.open and self.mb_index == self.last_index
 
     def finish(self, now: float) -> FinishedStep:
         # a rank that ran no forward this step (idle) counted 0 tokens; -1 marks "model gave no count"

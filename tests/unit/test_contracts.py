@@ -130,3 +130,27 @@ def test_a_sweep_beyond_the_local_launchers_process_limit_is_refused():
         sweep_from_dict({"sweep": {"name": "big", "world_sizes": [2, 100000]}})
     spec = sweep_from_dict({"sweep": {"name": "big", "world_sizes": [100000], "launcher": "torchrun"}})
     assert dataclasses.replace(spec).world_sizes == (100000,)
+
+
+@pytest.mark.parametrize("out", [
+    (torch.tensor(2.0), 3), (torch.tensor([2.0], dtype=torch.bfloat16), torch.tensor(3)),
+    (torch.tensor(2.0, dtype=torch.float64), torch.tensor([1, 2], dtype=torch.int32)), [torch.tensor(2.0), 3],
+    (torch.nn.Parameter(torch.tensor(2.0)), 3), (torch.tensor(2.0), torch.tensor(3, dtype=torch.uint8)),
+    torch.tensor(2.0), (torch.tensor(2.0),), (torch.tensor([1.0, 2.0]), 3), (torch.tensor(2), 3),
+    (torch.tensor(2.0), -1), (torch.tensor(2.0), True), (torch.tensor(2.0), 3.0),
+    (torch.tensor(2.0), torch.tensor(3.0)), (torch.tensor(2.0), torch.tensor(True)),
+    (torch.tensor(2.0, dtype=torch.complex64), 3), (torch.tensor(2.0), torch.tensor(1j)),
+])
+def test_forward_pair_fast_path_agrees_with_the_full_check(out):
+    """forward_pair's fast path accepts only what check_forward_output accepts, and refuses with its message."""
+    from dcp.runtime.contracts import forward_pair
+
+    try:
+        want = check_forward_output(out)
+    except ForwardContractError as exc:
+        with pytest.raises(ForwardContractError) as got:
+            forward_pair(out)
+        assert str(got.value) == str(exc)
+        return
+    got = forward_pair(out)
+    assert got[0] is want[0] and got[1] is want[1]

@@ -116,3 +116,20 @@ def test_a_collation_error_on_the_prefetch_thread_surfaces_in_the_loop():
         fetch.close()
     assert not worker.is_alive() and not fetch.enabled
     assert fetch.take((6,)).sample_ids == (6,)  # closed: collated on the calling thread
+
+
+def test_take_then_collates_the_next_micro_batch_ahead():
+    """take(ids, then=next_ids) hands over ids' batch and starts collating next_ids: the loop's one call per
+    micro-batch; without a worker ``then`` is ignored and every batch is collated on the calling thread."""
+    data = SyntheticTokenDataset(LENGTHS, vocab_size=16)
+    fetch = BatchPrefetcher(data, torch.device("cpu"), enabled=True)
+    try:
+        assert fetch.take((0,), then=(1,)).sample_ids == (0,) and fetch.prefetched == 0
+        assert fetch.take((1,), then=(2, 3)).sample_ids == (1,) and fetch.prefetched == 1
+        assert fetch.take((2, 3)).sample_ids == (2, 3) and fetch.prefetched == 2
+        assert fetch.take((4,)).sample_ids == (4,) and fetch.prefetched == 2  # nothing was ahead
+    finally:
+        fetch.close()
+    off = BatchPrefetcher(data, torch.device("cpu"), enabled=False)
+    assert off.take((0,), then=(1,)).sample_ids == (0,) and off.take((1,)).sample_ids == (1,)
+    assert off.prefetched == 0

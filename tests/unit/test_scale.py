@@ -65,7 +65,7 @@ def test_registry_creates_every_block_where_groups_split_from_the_world():
 
 def _args(**kw) -> argparse.Namespace:
     base = dict(world_sizes="16", ranks="0,15", steps=3, mb_ms=0.0, dataset="t1d-balanced", samples_per_rank=40,
-                log_every=0, prefetch="on", json=True)
+                log_every=0, prefetch="on", json=True, device_standin="sleep")
     base.update(kw)
     return argparse.Namespace(**base)
 
@@ -90,6 +90,14 @@ def test_bench_scale_rows_at_16_ranks(capsys):
         # the census holds the step's gradient sync: one all-reduce over all 16 ranks of the model's gradients
         sync = [c for c in r["collectives"] if c["tag"] == "grad-sync" and c["kind"] == "all_reduce"]
         assert sync and sync[0]["group_size"] == 16 and sync[0]["bytes"] == 4 * (1000 * 16 + 16 * 1000 + 1000)
+
+
+def test_bench_scale_spin_standin_runs_and_is_reported(capsys):
+    # --device-standin spin: the device time is spent on the training thread's core (a busy wait), and the row
+    # says which stand-in it ran under
+    assert scale.run(_args(ranks="15", steps=2, mb_ms=2.0, device_standin="spin")) == 0
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"]
+    assert [r["device_standin"] for r in rows] == ["spin"] and rows[0]["host_ms_per_step"] > 0
 
 
 @pytest.mark.parametrize(("kw", "match"), [
