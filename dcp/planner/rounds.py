@@ -91,10 +91,24 @@ def columns(ep: EpochArrays, arr: np.ndarray) -> Columns:
     present = np.flatnonzero(counts)
     if len(present) <= 1:
         return Columns(p, r, n_r, {int(kd): np.arange(len(arr), dtype=np.int64) for kd in present.tolist()})
+    top = int(present[np.argmax(counts[present])])
+    if 2 * int(counts[top]) >= len(arr):
+        # one kind holds most (text at 4096 ranks: 99% p = 1): its positions by one mask, the others sorted
+        is_top = kind == top
+        minor = np.flatnonzero(~is_top)
+        rest = present[present != top]
+        by_kind = _split_by_kind(minor[argsort_int(kind[minor])], rest, counts)
+        by_kind[top] = np.flatnonzero(is_top)
+        return Columns(p, r, n_r, dict(sorted(by_kind.items())))
     o = np.argsort(kind.astype(np.int16), kind="stable") if present[-1] < 2**15 else argsort_int(kind)
+    return Columns(p, r, n_r, _split_by_kind(o, present, counts))
+
+
+def _split_by_kind(o: np.ndarray, present: np.ndarray, counts: np.ndarray) -> dict[int, np.ndarray]:
+    """Kind code -> its positions, from ``o``: positions stably sorted by kind, of the kinds ``present``
+    (ascending) with ``counts`` each."""
     ends = np.cumsum(counts[present]).tolist()
-    return Columns(p, r, n_r, {kd: o[e - c : e] for kd, c, e in zip(present.tolist(), counts[present].tolist(), ends,
-                                                                     strict=True)})
+    return {kd: o[e - c : e] for kd, c, e in zip(present.tolist(), counts[present].tolist(), ends, strict=True)}
 
 
 def _grant(ep: EpochArrays, order: np.ndarray, t_star: float, forced: set[int],
