@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from dcp.planner.epoch import EpochArrays
-from dcp.planner.sorting import argsort_float, argsort_int
+from dcp.planner.sorting import SMALL, argsort_float, argsort_int
 from dcp.planner.tuning import OPEN_FILL
 
 _FIRST = operator.itemgetter(0)
@@ -243,13 +243,28 @@ def _rounds(loads: np.ndarray, tt: np.ndarray, limit: float) -> tuple[np.ndarray
     dest = np.full(n, -1, dtype=np.int64)
     while pos < n:
         m = min(G, n - pos)
-        tgt = argsort_float(loads)[:m]
-        t_round = tt[pos : pos + m]
-        ok = loads[tgt] + t_round <= limit
-        if ok.any():
-            loads[tgt[ok]] += t_round[ok]
+        tgt = _least_loaded(loads, m)
+        new = loads[tgt] + tt[pos : pos + m]
+        ok = new <= limit
+        if ok.all():  # (most rounds: no mask to apply)
+            loads[tgt] = new
+            dest[pos : pos + m] = tgt
+        elif ok.any():
+            loads[tgt[ok]] = new[ok]
             dest[pos : pos + m][ok] = tgt[ok]
         pos += m
         if limit - loads.min() < tt[-1]:
             break  # no group has room for even the shortest left
     return dest, loads
+
+
+def _least_loaded(loads: np.ndarray, m: int) -> np.ndarray:
+    """The m least loaded groups, ties in group order (``argsort_float(loads)[:m]``): loads are rarely equal
+    after the first round, so numpy's own sort once, and the tie-breaking one only where two loads are equal."""
+    if len(loads) < SMALL:
+        return np.argsort(loads, kind="stable")[:m]
+    order = np.argsort(loads)
+    v = loads[order]
+    if bool((v[1:] == v[:-1]).any()):
+        return argsort_float(loads)[:m]
+    return order[:m]

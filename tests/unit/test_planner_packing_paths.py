@@ -1,6 +1,7 @@
 """The packing's fast paths give what the plain forms give: a window longest first (``packing.longest_first``: a
 mask over the epoch's order or a sort), a packing's positions per kind (``rounds.columns``: one dominant kind by a
-mask, else one stable sort), and the head's group (``build._has_head``)."""
+mask, else one stable sort), the head's group (``build._has_head``) and a round's least loaded groups
+(``rounds._least_loaded``)."""
 
 from __future__ import annotations
 
@@ -57,3 +58,19 @@ def test_has_head_marks_the_one_group_holding_it():
     groups = [[1, 0, 1.0, [5, 6]], [2, 0, 1.0, [7, 3]], [1, 0, 1.0, [8]]]
     assert _has_head(groups, 3) == [False, True, False]
     assert _has_head(groups, 9) == [False, False, False]
+
+
+@settings(max_examples=150, deadline=None)
+@given(values=st.lists(st.sampled_from([0.0, 0.25, 1.0, 1.5, 2.0, 7.5]), min_size=1, max_size=40),
+       distinct=st.booleans(), long=st.booleans(), m=st.integers(1, 5000), seed=st.integers(0, 9))
+def test_least_loaded_is_the_stable_order_cut(values, distinct, long, m, seed):
+    """``rounds._least_loaded`` (numpy's sort unless two loads tie) is ``argsort_float(loads)[:m]``: short and
+    long (>= SMALL) loads, with ties and without."""
+    from dcp.planner.rounds import _least_loaded
+    from dcp.planner.sorting import SMALL, argsort_float
+
+    rng = np.random.default_rng(seed)
+    loads = np.resize(np.asarray(values), SMALL + len(values)) if long else np.asarray(values)
+    if distinct:
+        loads = loads + rng.random(len(loads))
+    assert _least_loaded(loads.copy(), m).tolist() == argsort_float(loads)[:m].tolist()
