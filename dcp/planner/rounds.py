@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from dcp.planner.epoch import EpochArrays
-from dcp.planner.sorting import SMALL, argsort_float, argsort_int
+from dcp.planner.sorting import SMALL, argsort_float, argsort_int, stable_from
 from dcp.planner.tuning import OPEN_FILL
 
 _FIRST = operator.itemgetter(0)
@@ -259,12 +259,9 @@ def _rounds(loads: np.ndarray, tt: np.ndarray, limit: float) -> tuple[np.ndarray
 
 
 def _least_loaded(loads: np.ndarray, m: int) -> np.ndarray:
-    """The m least loaded groups, ties in group order (``argsort_float(loads)[:m]``): loads are rarely equal
-    after the first round, so numpy's own sort once, and the tie-breaking one only where two loads are equal."""
+    """The m least loaded groups, ties in group order (``argsort_float(loads)[:m]`` without its test for sorted
+    loads, which a round's loads rarely are): numpy's own sort, and the tie-breaking one only where two loads
+    are equal."""
     if len(loads) < SMALL:
         return np.argsort(loads, kind="stable")[:m]
-    order = np.argsort(loads)
-    v = loads[order]
-    if bool((v[1:] == v[:-1]).any()):
-        return argsort_float(loads)[:m]
-    return order[:m]
+    return stable_from(loads, np.argsort(loads))[:m]
