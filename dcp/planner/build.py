@@ -42,7 +42,7 @@ def placed_groups(ep: EpochArrays, groups: list[list], head: int) -> tuple[list[
     group first among equal p, then packing order; when alignment leaves no slot for the head's group, the
     larger groups are dropped."""
     W, rpn = ep.world_size, ep.ranks_per_node
-    has_head = [head in gr[3] for gr in groups]
+    has_head = _has_head(groups, head)
     # by p descending, the head's group first among equal p, then packing order (numpy: no key tuples)
     order = np.lexsort((np.arange(len(groups)), ~np.asarray(has_head, dtype=bool),
                         -np.fromiter((gr[0] for gr in groups), dtype=np.int64, count=len(groups)))).tolist()
@@ -57,6 +57,16 @@ def placed_groups(ep: EpochArrays, groups: list[list], head: int) -> tuple[list[
     placed = [groups[i] for i, st in zip(order, starts, strict=True) if st is not None]
     firsts = [st for st in starts if st is not None]
     return placed, firsts, free
+
+
+def _has_head(groups: list[list], head: int) -> list[bool]:
+    """Per group: whether it holds the head. The head is in one group at most: a search that stops there, not a
+    scan of every group's micro-batches (~10^5 at 4096 ranks)."""
+    has = [False] * len(groups)
+    i = next((i for i, gr in enumerate(groups) if head in gr[3]), None)
+    if i is not None:
+        has[i] = True
+    return has
 
 
 def _fill_free(ep: EpochArrays, left: np.ndarray, placed: list, free: list[tuple[int, int]], t_star: float,
@@ -177,8 +187,9 @@ def _build(ep: EpochArrays, prog: EpochProgress, step: int, firsts: list[int], p
     # the samples of every micro-batch: consecutive runs of the epoch's flat sample arrays
     offset = np.cumsum(size) - size
     pos = np.repeat(ep.mb_flat[kk] - offset, size) + np.arange(int(size.sum()))
-    cols = dict(first=firsts, p=[gr[0] for gr in placed], r=r_of.tolist(), ga=counts,
-                t=[times], g=[ep.mb_group[kk]], n=[size], ids=[ep.flat_ids[pos]], lens=[ep.flat_lens[pos]])
+    # np.take, not fancy indexing: the same values, ~30% faster for a step's ~10^6 samples
+    cols = dict(first=firsts, p=[gr[0] for gr in placed], r=r_of.tolist(), ga=counts, t=[times],
+                g=[ep.mb_group[kk]], n=[size], ids=[np.take(ep.flat_ids, pos)], lens=[np.take(ep.flat_lens, pos)])
     for st, s, ks in fillers:
         _add_filler(ep, prog, cols, st, s, ks)
     cols["first"].extend(idle)

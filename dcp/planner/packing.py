@@ -19,6 +19,9 @@ from dcp.planner.rounds import pack_rounds
 from dcp.planner.tuning import BULK_MIN_RANKS, OPEN_FILL
 
 _FIRST = operator.itemgetter(0)
+DENSE_WINDOW = 4
+"""``longest_first`` marks a mask instead of sorting from windows of 1/DENSE_WINDOW of the epoch (here the two
+break even near 1/6: 1.1M micro-batches, a window of 400k: sort 4.4 ms, mask 2.4 ms; of 140k: 1.4 / 1.6 ms)."""
 
 
 def pack(ep: EpochArrays, win: np.ndarray, t_star: float, head: int, head_first: bool = False,
@@ -32,7 +35,7 @@ def pack(ep: EpochArrays, win: np.ndarray, t_star: float, head: int, head_first:
     ranks are free. Returns the groups in opening order. From BULK_MIN_RANKS ranks: ``rounds.pack_rounds``.
     ``head_first``: the head opens the first group; ``defer_head``: the head is left out (it joins later).
     """
-    order_np = ep.by_rank[np.sort(ep.rank_desc[win])]  # longest first, ties in release order (unique ranks)
+    order_np = longest_first(ep, win)
     if ep.world_size >= BULK_MIN_RANKS:
         return pack_rounds(ep, order_np, t_star, head, head_first, defer_head)
     order = order_np.tolist()
@@ -48,6 +51,20 @@ def pack(ep: EpochArrays, win: np.ndarray, t_star: float, head: int, head_first:
         pool[ep.mb_p[head]] -= ep.mb_t_list[head]
     forced = {order[0]} if defer_head else {head} if head_first else {head, order[0]}
     return _best_fit(ep, order, t_star, pool, forced)
+
+
+def longest_first(ep: EpochArrays, win: np.ndarray) -> np.ndarray:
+    """The window's micro-batches longest first, ties in release order: their places in the epoch's
+    longest-first order (unique), ascending. A window of more than 1/DENSE_WINDOW of the epoch's micro-batches
+    marks its places in a mask over that order (a pass over it) instead of sorting them (4096 ranks, text: a
+    window of 400k of 1.1M)."""
+    ranks = ep.rank_desc[win]
+    n = len(ep.by_rank)
+    if len(win) * DENSE_WINDOW < n:
+        return ep.by_rank[np.sort(ranks)]
+    mask = np.zeros(n, dtype=bool)
+    mask[ranks] = True
+    return ep.by_rank[np.flatnonzero(mask)]
 
 
 def _best_fit(ep: EpochArrays, order: list[int], t_star: float, pool: dict[int, float],

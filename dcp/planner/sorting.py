@@ -36,7 +36,12 @@ def argsort_float(x: np.ndarray) -> np.ndarray:
         return np.argsort(x, kind="stable")
     if bool(np.all(x[1:] >= x[:-1])):
         return np.arange(len(x), dtype=np.int64)
-    order = np.argsort(x)
+    return stable_from(x, np.argsort(x))
+
+
+def stable_from(x: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """``np.argsort(x, kind="stable")`` for floats without NaN from ``order``, any order that sorts ``x`` (an
+    unstable sort's): ``order`` itself where the values are distinct, else the dense ranks sorted with the index."""
     v = x[order]
     new = np.empty(len(x), dtype=bool)
     new[0] = True

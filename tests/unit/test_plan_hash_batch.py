@@ -1,0 +1,35 @@
+"""scripts/plan_hash_batch.py: a case index out of range is one clear line and exit 2; a small case prints its
+epoch's step count and digest, the same twice."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[2] / "scripts" / "plan_hash_batch.py"
+
+
+@pytest.fixture()
+def phb():
+    spec = importlib.util.spec_from_file_location("plan_hash_batch", _PATH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("arg", ["99", "x"])
+def test_a_bad_case_is_one_line_and_exit_2(phb, capsys, arg):
+    assert phb.main([arg]) == 2
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and f"case {arg!r} is not an index in [0, {len(phb.CASES) - 1}]" in out[0]
+
+
+def test_a_small_case_prints_the_same_digest_twice(phb, capsys):
+    i = next(i for i, c in enumerate(phb.CASES) if c[:2] == ("text", 32))
+    assert phb.main([str(i)]) == 0
+    first = capsys.readouterr().out.split()
+    assert phb.main([str(i)]) == 0
+    again = capsys.readouterr().out.split()
+    assert first[0] == again[0] == "text/32/dcp-intra/x1.0" and first[1:3] == again[1:3] and int(first[1]) > 1
