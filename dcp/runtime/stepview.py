@@ -103,8 +103,9 @@ class PlanFeed:
     When ``get_data_iter`` ends (the epoch's end, ``max_steps``, a break) the plan source still holds plans:
     those computed ahead and not run, the last ones taken. At 4096 ranks a plan holds ~20,000 micro-batches
     and freeing the few held took ~100 ms of the training thread's CPU (``dcp bench scale``'s ``host_ms_max``).
-    The helper thread is not a daemon, so the interpreter waits for it (bounded by one plan's computation,
-    as ``PlanAhead.close``) and a planner child process is always ended."""
+    ``close`` itself stops the source (``PlanAhead.close``: the planning thread joined, bounded by one plan's
+    computation, and a planner child process ended), so nothing plans on after the loop; only the freeing
+    runs on the helper thread."""
 
     __slots__ = ("_plans",)
 
@@ -120,21 +121,24 @@ class PlanFeed:
         return next(self._plans)
 
     def close(self) -> None:
-        """Stop the plan source and drop it, on a helper thread (idempotent)."""
+        """Stop the plan source now, then drop it on a helper thread (idempotent)."""
         if self._plans is None:
             return
+        # stopped here: when get_data_iter returns, no planning thread runs on and a planner child process
+        # has exited (only the freeing of the plans it held is left to the helper)
+        close = getattr(self._plans, "close", None)
+        if close is not None:
+            close()
+        del close  # a bound method: a reference to the plans this thread must not keep
         # handed over in a box that the helper empties, so that this thread keeps no reference that could
         # be the last one dropped (the helper may finish before this call returns)
         box, self._plans = [self._plans], None
-        threading.Thread(target=_close, args=(box,), name="dcp-plan-close").start()
+        threading.Thread(target=_drop, args=(box,), name="dcp-plan-free").start()
 
 
-def _close(box: list[Any]) -> None:
+def _drop(box: list[Any]) -> None:
     plans = box.pop()
-    close = getattr(plans, "close", None)
-    if close is not None:
-        close()
-    del close, plans  # the last references: the plans are freed here, on this thread
+    del plans  # the last reference: the plans are freed here, on this thread
 
 
 def rank_steps(plans: Iterable[Any], views: StepViews) -> Iterator[RankStep]:

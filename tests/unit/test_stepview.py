@@ -159,8 +159,10 @@ def test_a_custom_plan_source_that_repeats_a_sample_is_refused_before_the_step_t
 
 
 def test_plan_feed_closes_and_frees_its_plans_off_the_calling_thread():
-    """PlanFeed.close() stops the source and drops it on a helper thread: the plans it still holds (computed
-    ahead, ~100 ms to free at 4096 ranks) are not freed on the training thread; next() then ends the feed."""
+    """PlanFeed.close() stops the source on the calling thread (nothing plans on after the loop; a planner
+    child has exited when get_data_iter returns) and drops it on a helper thread: the plans it still holds
+    (computed ahead, ~100 ms to free at 4096 ranks) are not freed on the training thread; next() then ends
+    the feed."""
     import threading
 
     from dcp.runtime.stepview import PlanFeed
@@ -188,6 +190,6 @@ def test_plan_feed_closes_and_frees_its_plans_off_the_calling_thread():
     feed.close()
     feed.close()  # idempotent
     assert done.wait(10)
-    assert where == {"closed": "dcp-plan-close", "freed": "dcp-plan-close"}
+    assert where == {"closed": threading.current_thread().name, "freed": "dcp-plan-free"}
     with pytest.raises(StopIteration):
         next(feed)
