@@ -30,7 +30,10 @@ def fail(path: str, value: Any, rule: str, fix: str, *, error: type[ValueError] 
 
 
 def did_you_mean(name: str, valid: list[str]) -> str:
-    """``"; did you mean 'x'?"`` for the entry of ``valid`` closest to a misspelt ``name``; "" when none is close."""
+    """``"; did you mean 'x'?"`` for the entry of ``valid`` closest to a misspelt ``name``; "" when none is close
+    (or ``name`` is not a string: a dict built in Python may hold any key, which difflib cannot compare)."""
+    if not isinstance(name, str):
+        return ""
     match = difflib.get_close_matches(name, valid, n=1)
     return f"; did you mean {match[0]!r}?" if match else ""
 

@@ -178,3 +178,17 @@ def test_float_field_accepts_int():
 def test_misplaced_or_misspelt_keys_say_where_they_belong(raw, message):
     with pytest.raises(ConfigError, match=message):
         config_from_dict(raw)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"planning": {3: 1}}, r"^planning\.3 \(1\) is not a known key: valid keys of \[planning\] are \[[^]]*\]$"),
+        ({3: {"gmin": 2}}, r"^\[3\] is not a known section: valid sections are \[[^]]*\]$"),
+    ],
+)
+def test_a_non_string_key_of_a_python_dict_is_one_config_error(raw, message):
+    """config_from_dict is public: a dict built in Python may hold a non-string key. It is refused with the
+    unknown-key line (did_you_mean has nothing to compare it with), not a TypeError from difflib."""
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict(raw)
