@@ -160,9 +160,9 @@ def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
     """Run one (W, rank) in a fresh Python process (one fake world per process); returns its row."""
     cmd = [sys.executable, "-m", "dcp.bench.scale", json.dumps(spec)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S, check=False)
-    if proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: "):
-        raise ValueError(f"--world-sizes: W {spec['world_size']} (rank {spec['rank']}): "
-                         + proc.stderr.strip().splitlines()[-1].removeprefix("error: "))
+    last = (proc.stderr.strip().splitlines() or [""])[-1]
+    if proc.returncode == 2 and last.startswith("error: "):
+        raise ValueError(f"--world-sizes: W {spec['world_size']} (rank {spec['rank']}): " + last.removeprefix("error: "))
     if proc.returncode != 0 or not proc.stdout.strip():
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
         raise RuntimeError(f"dcp bench scale worker W {spec['world_size']} rank {spec['rank']} failed "

@@ -133,3 +133,14 @@ def test_bench_scale_world_size_too_small_for_the_dataset_is_one_line():
                        r"fits .*; here: pass larger --world-sizes .*e\.g\. 64$") as exc:
         scale.run(_args(world_sizes="3", ranks="0", steps=6, json=False))
     assert "\n" not in str(exc.value)
+
+
+def test_a_worker_exiting_2_without_stderr_is_the_worker_failure_not_an_index_error(monkeypatch):
+    # a worker's exit status 2 with nothing on stderr (a silent sys.exit(2)) has no 'error: ' line to pass on: it
+    # is reported as any failed worker is (it raised IndexError on stderr's last line)
+    def silent(cmd, **kw):
+        return subprocess.CompletedProcess(cmd, 2, stdout="", stderr="")
+
+    monkeypatch.setattr(scale.subprocess, "run", silent)
+    with pytest.raises(RuntimeError, match=r"^dcp bench scale worker W 16 rank 0 failed \(exit 2\)"):
+        scale.run_worker({"world_size": 16, "rank": 0})
