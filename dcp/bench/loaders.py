@@ -147,9 +147,11 @@ def _check_budget(args: argparse.Namespace, data: dict[str, tuple[list[int], str
         k = StaticShapeConfig().pad_to_multiple_of
         need = -(-longest // k) * k
     if args.max_tokens < need:
-        raise ValueError(f"--max-tokens ({args.max_tokens}) is below the longest sample ({longest} tokens, in {name} "
-                         f"with --num-samples {args.num_samples} --seed {args.seed}): a micro-batch must hold any "
-                         f"one sample: pass --max-tokens >= {need}")
+        where = f"({longest} tokens, in {name} with --num-samples {args.num_samples} --seed {args.seed})"
+        rule = (f"is below the longest sample {where}" if args.max_tokens < longest else  # else only its padding
+                f"is below {need} tokens, the longest sample {where} padded to static-shapes' multiple of {k}")
+        raise ValueError(f"--max-tokens ({args.max_tokens}) {rule}: a micro-batch must hold any one sample: pass "
+                         f"--max-tokens >= {need}")
 
 
 def run(args: argparse.Namespace) -> int:

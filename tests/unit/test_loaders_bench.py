@@ -57,7 +57,9 @@ def test_bench_rejects_a_budget_below_the_longest_sample(capsys, monkeypatch):
                        r"--max-tokens >= 104$"):  # static-shapes pads its shapes to a multiple of 8
         run("--max-tokens", "99")
     assert capsys.readouterr().out == ""  # before any row
-    with pytest.raises(ValueError, match=r"pass --max-tokens >= 104$"):
+    with pytest.raises(ValueError, match=r"^--max-tokens \(103\) is below 104 tokens, the longest sample \(100 tokens, in "
+                       r"t1d-short with --num-samples 40 --seed 0\) padded to static-shapes' multiple of 8: a "
+                       r"micro-batch must hold any one sample: pass --max-tokens >= 104$"):  # was 'below ... (100'
         run("--max-tokens", "103")
     with pytest.raises(ValueError, match=r"^--max-tokens \(99\) .* pass --max-tokens >= 100$"):
         run("--max-tokens", "99", "--loaders", "fixed", "varbatch")
