@@ -146,7 +146,11 @@ def set_manager(model: torch.nn.Module, dataset: Any, config: DCPConfig | None =
         # data's lengths, as for HF models: a first run profiles only lengths its samples have. Only where this
         # run profiles: a given table or plans fix the edges they were made with (lengths is [] then)
         config = _resolve_config(model, config, integration)
-        config = config.replace(profiling=fit_profiling(config.profiling, lengths))
+        fitted = fit_profiling(config.profiling, lengths)
+        # a table cached for the unfitted config (``dcp profile`` has no data to fit to) is used as it is
+        # (need_profile: a collective lookup, rank 0's answer on every rank)
+        if fitted != config.profiling and CachedProfiler().need_profile(model, config, world):
+            config = config.replace(profiling=fitted)
     if table is not None:  # a table of another model (depth, width) would price every step wrongly
         _check_table(table, model, adapter, config)
     if optimizer is None and not isinstance(engine, Engine):

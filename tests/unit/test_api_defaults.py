@@ -54,6 +54,7 @@ import logging, sys
 import torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from dcp.api import set_manager
+from dcp.config import DCPConfig, ProfilingConfig
 from dcp.models import build_model
 from dcp.runtime.data import SyntheticTokenDataset
 rank = int(sys.argv[1])
@@ -63,7 +64,9 @@ handler = logging.Handler()
 handler.emit = lambda record: lines.append(record.getMessage())
 logging.getLogger("dcp").addHandler(handler)
 model = build_model("t1d-tiny")
-set_manager(model, SyntheticTokenDataset([64, 32, 48, 16], vocab_size=model.config.vocab_size))
+# the profile set explicitly: nothing to fit, so no cache lookup (a collective the fake backend carries no data for)
+config = DCPConfig(model=model.config.shape(), profiling=ProfilingConfig(seq_group_edges=(64,), max_micro_batch_size=2))
+set_manager(model, SyntheticTokenDataset([64, 32, 48, 16], vocab_size=model.config.vocab_size), config)
 print(sum("no optimizer given" in line for line in lines))
 """
 
@@ -88,3 +91,27 @@ def test_a_given_table_keeps_the_edges_it_was_made_with():
                            hardware=CPU_SMALL, mem_capacity_bytes=config.planning.mem_capacity_bytes)
     mgr = set_manager(model, data, config, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), table=table)
     assert mgr.config.profiling.seq_group_edges == edges == ProfilingConfig().seq_group_edges
+
+
+def test_a_table_cached_for_the_default_profile_is_used_not_refitted(tmp_path, monkeypatch):
+    """`dcp profile` has no dataset to fit to: its table is cached under the default edges. A later
+    set_manager(model, dataset) keeps the default edges when that table is in the cache (it found no table
+    after the fit was added and silently re-profiled, or refused under profiling.strict_cache)."""
+    import dataclasses
+
+    from dcp.planner import analytic_table_for
+    from dcp.planner.table import ProfileTable
+    from dcp.profiler import cache
+    from dcp.profiler.dual_layer import cache_key_for
+
+    monkeypatch.chdir(tmp_path)
+    model = build_model("t1d-tiny")
+    config = DCPConfig(model=model.config.shape())
+    key = cache_key_for(model, config, 1)
+    table = analytic_table_for(config, 1)
+    meta = dataclasses.replace(table.meta, model=key.model, hardware=key.hardware, dtype=key.dtype,
+                               world_size=key.world_size, version=key.version)
+    cache.store(cache.with_key(ProfileTable(table.rows, meta), key), config.profiling.cache_dir, key)
+    mgr = _manager(config)
+    assert mgr.config.profiling.seq_group_edges == ProfilingConfig().seq_group_edges
+    assert not mgr.need_profile()  # the cached table is this run's
