@@ -91,7 +91,10 @@ def plot_target(results_dir: str | Path, update_committed: bool) -> Path | None:
     from dcp.experiments.sweep import COMMITTED_RESULTS_ROOT
 
     folder = Path(results_dir).resolve()
-    if update_committed or not folder.is_relative_to(Path(COMMITTED_RESULTS_ROOT).resolve()):
+    # the committed folder of the checkout this package runs from, and of the current directory's checkout
+    roots = {(Path(__file__).resolve().parents[2] / COMMITTED_RESULTS_ROOT).resolve(),
+             Path(COMMITTED_RESULTS_ROOT).resolve()}
+    if update_committed or not any(folder.is_relative_to(root) for root in roots):
         return None
     return Path("runs") / "sweeps" / folder.name / "summary.png"
 

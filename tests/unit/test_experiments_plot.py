@@ -159,3 +159,15 @@ def test_torchrun_commands():
     assert single[-6:] == ["--world-sizes", "8", "--out", "o", "--methods", "bucket"]
     multi = torchrun_command("s.toml", 32, 8, {}, multi_node=True)
     assert "--nnodes=4" in multi and "--rdzv-backend=c10d" in multi
+
+
+def test_plot_target_knows_the_checkout_s_committed_folder_from_any_directory(tmp_path, monkeypatch):
+    """The committed folder is the package checkout's experiments/results, whatever the current directory:
+    `dcp sweep --plot /abs/path/to/experiments/results/cpu_small` run from elsewhere rewrote its summary.png."""
+    from dcp.experiments import plot_target
+
+    committed = REPO / "experiments" / "results" / "cpu_small"
+    monkeypatch.chdir(tmp_path)  # not the checkout
+    assert plot_target(committed, False) == Path("runs") / "sweeps" / "cpu_small" / "summary.png"
+    assert plot_target(committed, True) is None
+    assert plot_target(tmp_path, False) is None
