@@ -38,6 +38,22 @@ the GIL between reads (the plan-ahead thread takes it meanwhile, as it would dur
 with fewer idle cores than runnable threads (this one) a spinning thread is still preempted, so neither mode
 is a cluster node; ``--mb-ms 0`` gives the warm cost of the runtime's own code (the planner then lags
 and its waits are reported as exposed planning, not host time). Report them side by side.
+
+The bench's own clocks (``dcp.bench.scale_probe``). The probe's calls on the training thread (the loop's
+``mark`` and micro-batch count, the forward's bracket, ``timed`` around backward and step, the plan wrapper,
+the step-end marks, ``manager_part``) are partly outside the brackets that file model time, so they land in
+host time although no user's loop makes them. After the loop the worker runs the same calls with no-ops in
+place of the runtime's and the model's functions, 7 x 2000 times, accounted exactly as a step is
+(``harness_cost``), and reports the median as ``harness_us_per_micro_batch`` / ``harness_us_per_step_extra``;
+``harness_ms_per_step`` (per step: that cost x the step's micro-batches + the per-step part) is taken out of
+every host figure (``host_ms_per_step``, ``_max``, ``_logged``, ``_unlogged``, ``host_ms_per_micro_batch``);
+``host_ms_raw_per_step`` is the figure before it. Nothing the runtime runs is in it: only the probe's own
+Python and clock reads. It is calibrated hot, so it is about the least those calls cost (in the loop caches
+are colder), and a step's first ``mark`` (clocks, ``getrusage``) and the census's counting of a control
+collective are left in host time: the bench's cost is under-subtracted, never over. The wall-clock column is
+not corrected. ``train_voluntary_switches_per_step`` / ``train_involuntary_switches_per_step``: the training
+thread's context switches per step (``getrusage(RUSAGE_THREAD)``): voluntary ones are mostly waits for the
+GIL (the plan-ahead and prefetch threads) or a plan, involuntary ones preemptions by other runnable threads.
 """
 
 from __future__ import annotations
@@ -45,6 +61,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import resource
 import statistics
 import subprocess
 import sys
@@ -52,13 +69,15 @@ import time
 from collections import Counter
 from typing import Any
 
+from dcp.bench.scale_probe import Plans as _Plans
+from dcp.bench.scale_probe import Probe as _Probe
+from dcp.bench.scale_probe import harness_cost as _harness_cost
+
 SUBPROCESS_TIMEOUT_S = 1800
 """Wall-clock limit of one (W, rank) worker."""
 ROW_KEYS = ("world_size", "rank", "startup_s", "process_groups", "world_collectives_unlogged_step",
             "host_ms_per_step", "plan_exposed_ms", "planned_before_step0")
 """The keys every JSON row starts with (more follow: the breakdowns)."""
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-sizes", default="64,512,4096", help="comma-separated W values")
     parser.add_argument("--ranks", default="", help="comma-separated ranks (default: 0, W/2 and W-1 of each W)")
@@ -135,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
             f"{c['tag'] or 'control'} {c['kind']} x{c['per_step']:g} over {c['group_size']} ranks, {c['bytes']} B"
             for c in row["collectives"]))
     print("# measured on this host's CPU under the fake process group (no data moves); host_ms: training-thread "
-          "CPU outside the model; wall_ms: wall time outside the model, the device stand-in and the exposed "
+          "CPU outside the model, less the bench's own probe calls (harness_ms, calibrated; raw_ms before); wall_ms: wall time outside the model, the device stand-in and the exposed "
           "planning wait (plan_exp_ms), so it also counts waiting for the GIL and for other processes")
     if args.json:
         print(json.dumps({"rows": rows}))
@@ -145,7 +164,8 @@ def run(args: argparse.Namespace) -> int:
 def _line(row: dict[str, Any], header: bool = True) -> str:
     cols = [("W", "world_size", 6), ("rank", "rank", 6), ("startup_s", "startup_s", 10), ("groups", "process_groups", 7),
             ("world_ctl/unlogged", "world_collectives_unlogged_step", 19), ("world_ctl/logged", "world_collectives_logged_step", 17),
-            ("host_ms", "host_ms_per_step", 8), ("wall_ms", "host_wall_ms_per_step", 8), ("mbs", "micro_batches_per_step", 5), ("collate_ms", "collate_ms_per_step", 11),
+            ("host_ms", "host_ms_per_step", 8), ("raw_ms", "host_ms_raw_per_step", 8),
+            ("harness_ms", "harness_ms_per_step", 11), ("wall_ms", "host_wall_ms_per_step", 8), ("mbs", "micro_batches_per_step", 5), ("collate_ms", "collate_ms_per_step", 11),
             ("plan_cpu_ms", "plan_cpu_ms_per_step", 12), ("plan_exp_ms", "plan_exposed_ms", 12),
             ("planned<0", "planned_before_step0", 10)]
 
@@ -209,88 +229,6 @@ class _TokenDataset:
         return batch
 
 
-class _Plans:
-    """An epoch's plan iterator that counts the plans taken and times each wait for one (on the training thread)."""
-
-    def __init__(self, inner: Any, probe: _Probe) -> None:
-        self.inner, self.probe = iter(inner), probe
-
-    def __iter__(self) -> _Plans:
-        return self
-
-    def __next__(self) -> Any:
-        t0 = time.perf_counter()
-        try:
-            plan = next(self.inner)
-        finally:
-            self.probe.plan_wait_s[self.probe.tick()] += time.perf_counter() - t0
-        self.probe.plans_taken += 1
-        return plan
-
-    def close(self) -> None:
-        close = getattr(self.inner, "close", None)
-        if close is not None:
-            close()
-
-
-class _Probe:
-    """Per-step clocks of one rank's loop, keyed by the manager's finished steps (``global_step``)."""
-
-    def __init__(self) -> None:
-        self.mgr: Any = None
-        self.model_s: Counter = Counter()
-        self.model_cpu_s: Counter = Counter()
-        """Training-thread CPU seconds inside the model (forward, backward, optimizer step), per tick."""
-        self.plan_wait_s: Counter = Counter()
-        self.manager_s: Counter = Counter()
-        self.manager_cpu_s: Counter = Counter()
-        """Wall / training-thread CPU seconds of the manager's own work run inside ``engine.step`` (its step_done:
-        closing the step, recording its samples in the epoch's position), per tick: host time, not model."""
-        self.plans_taken = 0
-        self.micro_batches: Counter = Counter()
-        """Micro-batches this rank ran, per tick (host time grows with them: collation, phase, engine)."""
-        self.step_start: dict[int, tuple[float, float, float]] = {}
-        """tick -> (wall, process CPU, training-thread CPU) when the manager reached it."""
-
-    def tick(self) -> int:
-        return self.mgr.global_step if self.mgr is not None else -1
-
-    def mark(self) -> None:
-        t = self.tick()
-        if t not in self.step_start:
-            self.step_start[t] = (time.perf_counter(), time.process_time(), time.thread_time())
-
-    def timed(self, fn: Any, census: Any = None, tag: str = "") -> Any:
-        """``fn`` with its wall time filed as model time (and its collectives under ``tag``)."""
-        def call(*args: Any, **kwargs: Any) -> Any:
-            self.mark()  # a step finished outside a wrapper (an idle step's step_done) starts the next one here
-            tick, t0, c0 = self.tick(), time.perf_counter(), time.thread_time()
-            if census is not None:
-                census.tag = tag
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                if census is not None:
-                    census.tag = ""
-                self.model_s[tick] += time.perf_counter() - t0
-                self.model_cpu_s[tick] += time.thread_time() - c0
-                self.mark()  # engine.step() / idle_step() end a step: the next one starts here
-
-        return call
-
-    def manager_part(self, fn: Any) -> Any:
-        """``fn`` (a manager call made from inside a model-timed wrapper) with its time filed back as host time."""
-        def call(*args: Any, **kwargs: Any) -> Any:
-            tick, t0, c0 = self.tick(), time.perf_counter(), time.thread_time()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.manager_s[tick] += time.perf_counter() - t0
-                self.manager_cpu_s[tick] += time.thread_time() - c0
-
-        return call
-
-
 def _without_count(row: Any) -> Any:
     """Another rank's agreement row in the fake world: this rank's, but with no label count (-1, as from a model
     that reports none), since the real counts of the other ranks are unknown here; the manager then skips the
@@ -335,7 +273,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     data.clock = probe.tick
 
     def forward(model: Any, batch: Any, ctx: Any) -> Any:
-        tick, t0, c0 = probe.tick(), time.perf_counter(), time.thread_time()
+        tick, t0, c0 = probe.tick(), time.perf_counter(), time.thread_time()  # harness_cost (scale_probe) runs these lines
         logits = model(batch.inputs[:, :16])
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch.targets[:, :16].flatten(),
                                                  ignore_index=-100, reduction="sum")
@@ -349,8 +287,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
                     time.sleep(0)  # releases the GIL (the plan-ahead thread may take it) without a timed wait
             else:
                 time.sleep(mb_s)
-        probe.model_s[tick] += time.perf_counter() - t0
-        probe.model_cpu_s[tick] += time.thread_time() - c0
+        probe.model_done(tick, t0, c0)
         return loss, count
 
     census = Census(dist, clock=probe.tick, agreeing_world=True, others_row=_without_count)
@@ -389,26 +326,36 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
                 eng.step()
         probe.mark()
         end = (time.perf_counter(), time.process_time(), time.thread_time())
+        use = resource.getrusage(resource.RUSAGE_THREAD)
+        probe.switches[None] = (use.ru_nvcsw, use.ru_nivcsw)
+        harness = _harness_cost(mgr, census)  # after the loop: nothing else of the run is timed now
     logged = {s.global_step for s in mgr.step_stats}
     return _row(spec, census, probe, data, end, logged, manager_s=manager_s, groups_s=groups_s,
-                first_s=first_s, before0=before0, config_log_every=config.runtime.log_every)
+                first_s=first_s, before0=before0, config_log_every=config.runtime.log_every, harness=harness)
 
 
 def _row(spec: dict[str, Any], census: Any, probe: _Probe, data: _TokenDataset, end: tuple, logged: set[int], *,
          manager_s: float, groups_s: float, first_s: float | None, before0: int | None,
-         config_log_every: int) -> dict[str, Any]:
+         config_log_every: int, harness: tuple[float, float] = (0.0, 0.0)) -> dict[str, Any]:
     w = spec["world_size"]
     marks = sorted(probe.step_start)
     ticks = [t for t in marks if t >= 1 and t + 1 in probe.step_start] or [t for t in marks if t >= 0]
     nxt = {t: probe.step_start.get(t + 1, end) for t in ticks}
     by_tick = census.by_tick()
     host, wall, plan_cpu, world_unlogged, world_logged, host_logged, host_unlogged = [], [], [], [], [], [], []
+    raw, own_probe, switches = [], [], []
     for t in ticks:
         (w0, p0, th0), (w1, p1, th1) = probe.step_start[t], nxt[t]
         own = census.own_s.get(t, 0.0)
         # the training thread's CPU outside the model: waiting (for the GIL, a plan, other processes on the
         # host) is not work, so this is what the runtime costs the host per step whatever else runs
-        host.append(1e3 * ((th1 - th0) - probe.model_cpu_s[t] + probe.manager_cpu_s[t] - own))
+        raw.append(1e3 * ((th1 - th0) - probe.model_cpu_s[t] + probe.manager_cpu_s[t] - own))
+        # less the bench's own probe calls in the step, at their calibrated (hot, least) cost: _harness_cost
+        own_probe.append(1e3 * (harness[0] * probe.micro_batches[t] + harness[1]))
+        host.append(raw[-1] - own_probe[-1])
+        after = probe.switches.get(t + 1, probe.switches.get(None))
+        if t in probe.switches and after is not None:
+            switches.append((after[0] - probe.switches[t][0], after[1] - probe.switches[t][1]))
         wall.append(1e3 * (w1 - w0 - probe.model_s[t] + probe.manager_s[t] - probe.plan_wait_s[t] - own))
         # CPU of the other threads: the plan-ahead thread (a prefetch thread's collation taken out)
         plan_cpu.append(1e3 * ((p1 - p0) - (th1 - th0) - data.offthread_cpu_s[t]))
@@ -441,6 +388,11 @@ def _row(spec: dict[str, Any], census: Any, probe: _Probe, data: _TokenDataset, 
         "host_ms_logged": round(statistics.median(host_logged), 3) if host_logged else None,
         "host_ms_unlogged": round(statistics.median(host_unlogged), 3) if host_unlogged else None,
         "host_wall_ms_per_step": round(statistics.median(wall), 3),
+        "host_ms_raw_per_step": round(statistics.median(raw), 3),
+        "harness_ms_per_step": round(statistics.median(own_probe), 3),
+        "harness_us_per_micro_batch": round(1e6 * harness[0], 3), "harness_us_per_step_extra": round(1e6 * harness[1], 3),
+        "train_voluntary_switches_per_step": statistics.median(v for v, _ in switches) if switches else None,
+        "train_involuntary_switches_per_step": statistics.median(i for _, i in switches) if switches else None,
         "micro_batches_per_step": statistics.median(probe.micro_batches[t] for t in ticks),
         "host_ms_per_micro_batch": round(sum(host) / max(1, sum(probe.micro_batches[t] for t in ticks)), 3),
         "teardown_ms": round(1e3 * (end[2] - probe.step_start[marks[-1]][2] - probe.model_cpu_s[marks[-1]]), 3),

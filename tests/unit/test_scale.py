@@ -144,3 +144,43 @@ def test_a_worker_exiting_2_without_stderr_is_the_worker_failure_not_an_index_er
     monkeypatch.setattr(scale.subprocess, "run", silent)
     with pytest.raises(RuntimeError, match=r"^dcp bench scale worker W 16 rank 0 failed \(exit 2\)"):
         scale.run_worker({"world_size": 16, "rank": 0})
+
+
+def test_the_benchs_own_probe_calls_are_reported_and_taken_out_of_host_time():
+    # two timed steps of 10 micro-batches, each 100 ms of training-thread CPU outside the model; the calibrated
+    # probe cost (1 ms per micro-batch + 2 ms per step) is reported apart and taken out; the raw figure stays
+    from dcp.bench.census import Census
+    from dcp.bench.scale import _Probe, _row, _TokenDataset
+
+    probe = _Probe()
+    probe.step_start = {0: (0.0, 0.0, 0.0), 1: (1.0, 1.0, 0.5), 2: (2.0, 2.0, 1.0), 3: (3.0, 3.0, 1.5)}
+    probe.switches = {1: (5, 1), 2: (9, 4), 3: (11, 4)}
+    for t in (1, 2):
+        probe.micro_batches[t], probe.model_cpu_s[t], probe.model_s[t] = 10, 0.4, 0.8
+    spec = {"world_size": 16, "rank": 0, "steps": 3, "samples_per_rank": 40, "mb_ms": 0.0}
+    row = _row(spec, Census(object()), probe, _TokenDataset([10]), (4.0, 4.0, 2.0), set(), manager_s=0.1,
+               groups_s=0.0, first_s=0.1, before0=1, config_log_every=1, harness=(1e-3, 2e-3))
+    assert row["host_ms_raw_per_step"] == pytest.approx(100.0)
+    assert row["harness_ms_per_step"] == pytest.approx(12.0)
+    assert row["host_ms_per_step"] == pytest.approx(88.0) and row["host_ms_max"] == pytest.approx(88.0)
+    assert row["harness_us_per_micro_batch"] == pytest.approx(1000.0)
+    assert row["train_voluntary_switches_per_step"] == 3 and row["train_involuntary_switches_per_step"] == 1.5
+
+
+def test_harness_calibration_runs_the_probes_calls_on_the_managers_clock():
+    # the calibration runs the probe's calls around no-ops, reading the step from the run's manager as the
+    # loop's probe does: a positive cost per micro-batch and per step
+    from dcp.bench import scale_probe
+
+    class Mgr:
+        reads = 0
+
+        @property
+        def global_step(self) -> int:
+            Mgr.reads += 1
+            return 7
+
+    per_mb, per_step = scale_probe.harness_cost(Mgr(), None)
+    assert per_mb > 0 and per_step > 0
+    # per round and micro-batch: mark (1), the count (1), the forward's bracket (1), two timed calls (3 each)
+    assert Mgr.reads >= scale_probe.CALIBRATION_ROUNDS * scale_probe.CALIBRATION_CALLS * 9
