@@ -39,11 +39,12 @@ def main(argv: list[str]) -> int:
     bad = [a for a in argv if not a.isdigit() or int(a) >= len(CASES)]
     if bad:
         print(f"plan_hash_batch: error: case {bad[0]!r} is not an index in [0, {len(CASES) - 1}]: pass indices "
-              "or nothing for every case")
+              "or nothing for every case", file=sys.stderr)
         return 2
     sc = scenario("t1d-5b", "h200")
+    chosen = {int(a) for a in argv}  # "04" is case 4
     for i, (ds, w, n, method, factor) in enumerate(CASES):
-        if argv and str(i) not in argv:
+        if chosen and i not in chosen:
             continue
         data = load_lengths(ds, num_samples=n, seed=0)
         table = paper_table(sc, w)

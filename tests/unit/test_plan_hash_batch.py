@@ -22,8 +22,9 @@ def phb():
 @pytest.mark.parametrize("arg", ["99", "x"])
 def test_a_bad_case_is_one_line_and_exit_2(phb, capsys, arg):
     assert phb.main([arg]) == 2
-    out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 1 and f"case {arg!r} is not an index in [0, {len(phb.CASES) - 1}]" in out[0]
+    captured = capsys.readouterr()
+    out = captured.err.strip().splitlines()
+    assert len(out) == 1 and not captured.out and f"case {arg!r} is not an index in [0, {len(phb.CASES) - 1}]" in out[0]
 
 
 def test_a_small_case_prints_the_same_digest_twice(phb, capsys):
@@ -33,3 +34,5 @@ def test_a_small_case_prints_the_same_digest_twice(phb, capsys):
     assert phb.main([str(i)]) == 0
     again = capsys.readouterr().out.split()
     assert first[0] == again[0] == "text/32/dcp-intra/x1.0" and first[1:3] == again[1:3] and int(first[1]) > 1
+    assert phb.main(["0" + str(i)]) == 0  # a zero-padded index is the same case, not silently none
+    assert capsys.readouterr().out.split()[:3] == first[:3]
