@@ -142,13 +142,19 @@ def token_target(cumw: np.ndarray, t_all: np.ndarray, tok_all: np.ndarray, world
     while j > 0 and cumtok[j] > cap:
         j -= 1
     t_star = max(float(t_all[: j + 1].max()), float(cumw[j]) / world_size, t_min)
-    m = min(int(np.searchsorted(cumw, window_factor * world_size * t_star)) + 1,
-            int(np.searchsorted(cumtok, cap, side="right")), n)
-    m = max(m, j + 1)
-    over = np.flatnonzero(t_all[j + 1 : m] > t_star * (1 + 1e-9))
-    if over.size:
-        m = j + 1 + int(over[0])
+    m = _window_len(cumw, t_all, cumtok, window_factor * world_size * t_star, t_star, cap, j + 1)
     return t_star, m, int(np.argmax(t_all[:m]))
+
+
+def _window_len(cumw: np.ndarray, t_all: np.ndarray, cumtok: np.ndarray, work: float, t_star: float, cap: float,
+                first: int) -> int:
+    """How many scanned micro-batches a step's window holds: those up to ``work`` of cumulative work, at most
+    ``cap`` tokens, at least ``first`` (micro-batches no longer than T*), ending before the first micro-batch
+    past ``first`` that is longer than T*."""
+    m = max(first, min(int(np.searchsorted(cumw, work)) + 1, int(np.searchsorted(cumtok, cap, side="right")),
+                       len(t_all)))
+    over = np.flatnonzero(t_all[first:m] > t_star * (1 + 1e-9))
+    return first + int(over[0]) if over.size else m
 
 
 TOKEN_TARGETS = (0.6, 0.7, 0.8, 0.9, 1.1, 1.25, 1.5)
@@ -169,13 +175,7 @@ def window_at(cumw: np.ndarray, t_all: np.ndarray, tok_all: np.ndarray, world_si
     than T*."""
     if t_all[0] > t_star * (1 + 1e-9):
         return None
-    cumtok = np.cumsum(tok_all)
-    n = len(t_all)
-    m = max(1, min(int(np.searchsorted(cumw, window_factor * world_size * t_star)) + 1,
-                   int(np.searchsorted(cumtok, cap, side="right")), n))
-    over = np.flatnonzero(t_all[:m] > t_star * (1 + 1e-9))
-    if over.size:
-        m = int(over[0])
+    m = _window_len(cumw, t_all, np.cumsum(tok_all), window_factor * world_size * t_star, t_star, cap, 1)
     return t_star, m, int(np.argmax(t_all[:m]))
 
 
