@@ -9,8 +9,9 @@ Prints the median step's host ms (compare ``host_ms_raw_per_step``), the distrib
 host time (median, mean, p90, p99), the share of the total in the steps' first micro-batches and in
 micro-batches over 150 us, and the mean and median of each segment (``next``: the data iterator, its step
 boundary included; ``optdyn``; ``enter`` / ``exit``: ``mgr.profile``; ``callfwd``: ``engine(batch)`` minus the
-forward; ``step_done``). A median per segment (``scripts/host_segments.py``) leaves out the step boundaries and
-the rare slow micro-batches; this script shows what they add.
+forward; ``step_done``), and of the model's ``fwd``, ``backward`` and ``step`` (not host). A median per segment
+leaves out the step boundaries and the rare slow micro-batches; the mean beside it shows what they add. (It
+replaced ``scripts/host_segments.py``, which printed the medians alone.)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import time
 from collections import defaultdict
 
 SEGMENTS = ("next", "optdyn", "enter", "callfwd", "exit", "step_done")
+MODEL_SEGMENTS = ("fwd", "backward", "step")
 
 
 def main() -> None:
@@ -105,7 +107,10 @@ def main() -> None:
         timer.__exit__(None, None, None)
         c7 = tt()
         seg = {"next": c1 - c0, "optdyn": c2 - c1, "enter": c3 - c2, "callfwd": c4 - c3 - acc["fwd"],
-               "exit": c7 - c6, "step_done": acc["sd"]}
+               "exit": c7 - c6, "step_done": acc["sd"],
+               # the model's and the engine's, not host (backward and step hold the runtime's loss weight and
+               # boundary checks)
+               "fwd": acc["fwd"], "backward": c5 - c4, "step": c6 - c5 - acc["sd"]}
         model_ns = acc["fwd"] + (c5 - c4) + (c6 - c5 - acc["sd"])
         per_mb.append((t, index[t], c7 - c0 - model_ns, seg, model_ns))
         index[t] += 1
@@ -125,9 +130,10 @@ def main() -> None:
     print(f"per micro-batch host us: n {n} median {hs[n // 2]:.1f} mean {total / n:.1f} p90 {hs[int(0.9 * n)]:.1f} "
           f"p99 {hs[int(0.99 * n)]:.1f}; first of a step: {first / total:.0%} of the total; later ones over 150 us: "
           f"{len(slow)}, {sum(slow) / total:.0%} of the total")
-    for k in SEGMENTS:
+    for k in SEGMENTS + MODEL_SEGMENTS:
         v = [mb[k] / 1e3 for _, _, _, mb, _ in timed]
-        print(f"{k:10s} median {statistics.median(v):8.1f} us  mean {sum(v) / len(v):8.1f} us")
+        print(f"{k:10s} median {statistics.median(v):8.1f} us  mean {sum(v) / len(v):8.1f} us"
+              + ("  (model)" if k in MODEL_SEGMENTS else ""))
 
 
 if __name__ == "__main__":

@@ -3,24 +3,17 @@ these use a stubbed hash_all)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from dcp.planner import plan_epoch
 from tests.unit.test_planner_assemble import lengths_for, make
 
-_PATH = Path(__file__).resolve().parents[2] / "scripts" / "plan_hash.py"
-
 
 @pytest.fixture()
-def ph():
-    spec = importlib.util.spec_from_file_location("plan_hash", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def ph(load_script):
+    return load_script("plan_hash")
 
 
 def test_digest_sees_every_decision(ph):

@@ -3,20 +3,12 @@ epoch's step count and digest, the same twice."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-_PATH = Path(__file__).resolve().parents[2] / "scripts" / "plan_hash_batch.py"
 
 
 @pytest.fixture()
-def phb():
-    spec = importlib.util.spec_from_file_location("plan_hash_batch", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def phb(load_script):
+    return load_script("plan_hash_batch")
 
 
 @pytest.mark.parametrize("arg", ["99", "x"])
