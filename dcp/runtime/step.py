@@ -8,7 +8,6 @@ logged step's stats are exchanged: nothing is computed or read back before) and 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,19 +120,18 @@ class OpenStep:
     def start_micro_batch(self, index: int, mb: MicroBatch) -> None:
         self.mb_index, self.pending, self.applied, self.mb_forwards = index, mb, False, 0
 
-    def count_forward(self, where: Callable[[], str] | None = None) -> None:
+    def count_forward(self) -> None:
         """A forward with gradients ran on the pending micro-batch; a second one raises (its loss and tokens
-        would count twice in the step, and its backward twice in the gradients). ``where()`` names the
-        micro-batch in that error (built only then: this runs on every micro-batch)."""
+        would count twice in the step, and its backward twice in the gradients). The loop counts the first
+        one inline (``dcp.runtime.loop``, per micro-batch) and calls this for a second."""
         self.forwards += 1
         self.mb_forwards += 1
         if self.mb_forwards > 1:
-            at = where() if where is not None else (
-                f"micro-batch {self.mb_index + 1}/{len(self.group.micro_batches)}{self.where}")
             raise ManagerError(
-                f"{at} ran its forward twice with gradients: DCP counts every forward's loss_sum and tokens "
-                "into the step (and its backward into the gradients); run one forward and one backward per "
-                "micro-batch (an extra forward for logging belongs under torch.no_grad(), which is not counted)")
+                f"micro-batch {self.mb_index + 1}/{len(self.group.micro_batches)}{self.where} ran its forward twice "
+                "with gradients: DCP counts every forward's loss_sum and tokens into the step (and its backward "
+                "into the gradients); run one forward and one backward per micro-batch (an extra forward for "
+                "logging belongs under torch.no_grad(), which is not counted)")
 
     def in_last_micro_batch(self) -> bool:
         """True from the forward to the step() of this rank's last micro-batch of the step: its backward
