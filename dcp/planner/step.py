@@ -14,7 +14,7 @@ from dcp.planner.epoch import EpochArrays, EpochProgress
 from dcp.planner.improve import idle, improve, join_head, work
 from dcp.planner.packing import pack
 from dcp.planner.plan import StepPlan
-from dcp.planner.step_tokens import TOKEN_LAG, TOKEN_TARGETS, fill_share, thin_window, token_target, window_at
+from dcp.planner.step_tokens import TOKEN_LAG, TOKEN_TARGETS, thin_window, token_target, window_at
 from dcp.planner.tuning import (
     BULK_MIN_RANKS,
     FILL_LONG,
@@ -217,11 +217,12 @@ def _other_targets(ep: EpochArrays, prog: EpochProgress, head: int, sc: Scan, to
     with its widest kind cut to one group's worth (``step_tokens.thin_window``: the other giants wait for a later
     step rather than queue on one group); the plan whose
     placed work at the micro-batches' own settings fills the most of W x its time is kept
-    (``step_tokens.fill_share``), among those whose tokens stay within the bounds."""
+    (``fill_share``), among those whose tokens stay within the bounds."""
     want, cap, mb_tok, low, _ = budget
     if ep.world_size >= BULK_MIN_RANKS:
         return best
-    share, first = fill_share(ep, best[2], head), _tokens(ep, best[2], head, mb_tok)
+    placed = placed_groups(ep, best[2], head)[0]  # placed once per plan: its tokens and its fill from one placement
+    share, first = fill_share(ep, placed), _placed_tokens(placed, mb_tok)
     if 1.0 - share <= RETRY_IDLE and first >= low:
         return best  # (a first plan below the lower bound: any other plan within the bounds replaces it)
     if first < low:
@@ -241,9 +242,10 @@ def _other_targets(ep: EpochArrays, prog: EpochProgress, head: int, sc: Scan, to
             if w is None:
                 continue
             alt = _balanced(ep, prog, head, (t_try, w), budget, per_token)
-            if not floor <= _tokens(ep, alt[2], head, mb_tok) <= ceil:
+            placed = placed_groups(ep, alt[2], head)[0]
+            if not floor <= _placed_tokens(placed, mb_tok) <= ceil:
                 continue
-            alt_share = fill_share(ep, alt[2], head)
+            alt_share = fill_share(ep, placed)
             if alt_share > share + 1e-9:
                 best, share = alt, alt_share
     return best
@@ -371,4 +373,19 @@ def _reach_low(ep: EpochArrays, prog: EpochProgress, mb_tok: np.ndarray, head: i
 
 def _tokens(ep: EpochArrays, groups: list[list], head: int, mb_tok: np.ndarray) -> int:
     """Tokens of the micro-batches in the ``groups`` that placement keeps (fillers may add more)."""
-    return sum(int(mb_tok[list(gr[3])].sum()) for gr in placed_groups(ep, groups, head)[0])
+    return _placed_tokens(placed_groups(ep, groups, head)[0], mb_tok)
+
+
+def _placed_tokens(placed: list[list], mb_tok: np.ndarray) -> int:
+    return sum(int(mb_tok[list(gr[3])].sum()) for gr in placed)
+
+
+def fill_share(ep: EpochArrays, placed: list[list]) -> float:
+    """The share of W x the step's time that the ``placed`` groups ([p, r, load, items], as
+    ``build.placed_groups`` keeps them) fill with work at their micro-batches' own settings (time x p,
+    ``EpochArrays.mb_work``): idle ranks and micro-batches run at a costlier setting both lower it."""
+    t_step = max((gr[2] for gr in placed), default=0.0)
+    if t_step <= 0:
+        return 0.0
+    work = sum(float(ep.mb_work[gr[3]].sum()) for gr in placed)
+    return work / (ep.world_size * t_step)

@@ -198,20 +198,6 @@ def thin_window(ep, win: np.ndarray, t_star: float, head: int) -> np.ndarray | N
     return win[out]
 
 
-def fill_share(ep, groups: list[list], head: int) -> float:
-    """The share of W x the step's time that the placed ``groups`` ([p, r, load, items]) fill with work at
-    their micro-batches' own settings (time x p, ``EpochArrays.mb_work``): idle ranks and micro-batches run at
-    a costlier setting both lower it."""
-    from dcp.planner.build import placed_groups
-
-    placed = placed_groups(ep, groups, head)[0]
-    t_step = max((gr[2] for gr in placed), default=0.0)
-    if t_step <= 0:
-        return 0.0
-    work = sum(float(ep.mb_work[gr[3]].sum()) for gr in placed)
-    return work / (ep.world_size * t_step)
-
-
 LR_RULES = LR_SCALING
 """How a step's learning rate follows its batch (``runtime.lr_scaling``, ``dcp.loaders.lr_scaling``): the config's
 one list of rule names."""
