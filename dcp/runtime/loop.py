@@ -135,8 +135,9 @@ class StepLoop:
                                 fetch.ahead(ahead[0].sample_ids)
                     step.mb_index, step.pending, step.applied, step.mb_forwards = i, mb, False, 0  # start_micro_batch
                     if board is not None:
-                        # the step's first micro-batch is written to the store; later ones at the next heartbeat
-                        board.enter(f"micro-batch {i + 1}/{n}{step.where}", publish=i == 0)
+                        # the step's first micro-batch is written to the store (by the heartbeat thread, woken now); later
+                        # ones at its next beat
+                        board.enter(f"micro-batch {i + 1}/{n}{step.where}", publish=i == 0, soon=True)
                     yield batch
                 if step.open:
                     raise ManagerError(
