@@ -96,6 +96,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefetch", choices=("on", "off", "auto"), default="on",
                         help="runtime.prefetch of the run: on (default) collates the next micro-batch on a background "
                              "thread, as a GPU job does (auto is on only on CUDA)")
+    parser.add_argument("--plan-ahead", choices=("thread", "process"), default="thread",
+                        help="planning.plan_ahead of the run: thread (the default of the config) or process (a child "
+                             "process plans; its CPU is not in plan_cpu_ms_per_step, which then counts the thread "
+                             "that receives the plans)")
     parser.add_argument("--json", action="store_true", help='print a last line {"rows": [...]}')
 
 
@@ -146,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     for w, r in jobs:
         spec = {"world_size": w, "rank": r, "steps": args.steps, "mb_ms": args.mb_ms, "dataset": args.dataset,
                 "samples_per_rank": args.samples_per_rank, "log_every": args.log_every,
-                "prefetch": args.prefetch, "device_standin": args.device_standin}
+                "prefetch": args.prefetch, "device_standin": args.device_standin, "plan_ahead": args.plan_ahead}
         rows.append(run_worker(spec))
         print(_line(rows[-1]), flush=True) if len(rows) == 1 else print(_line(rows[-1], header=False), flush=True)
     for row in rows:
@@ -268,6 +272,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("log_every"):
         config = config.replace(runtime=dataclasses.replace(config.runtime, log_every=spec["log_every"]))
     config = config.replace(runtime=dataclasses.replace(config.runtime, prefetch=spec.get("prefetch", "on")))
+    config = config.replace(planning=dataclasses.replace(config.planning, plan_ahead=spec.get("plan_ahead", "thread")))
     lengths = load_lengths(spec["dataset"], scale="paper", num_samples=spec["samples_per_rank"] * w * (steps + 2))
     data, model, probe = _TokenDataset(lengths.tokens), _tiny_model(), _Probe()
     data.clock = probe.tick
@@ -400,7 +405,7 @@ def _row(spec: dict[str, Any], census: Any, probe: _Probe, data: _TokenDataset, 
         "collectives": collectives,
         "samples": spec["samples_per_rank"] * w * (spec["steps"] + 2), "mb_ms": spec["mb_ms"],
         "device_standin": spec.get("device_standin", "sleep"),
-        "log_every": config_log_every, "prefetch": spec.get("prefetch", "on"),
+        "log_every": config_log_every, "prefetch": spec.get("prefetch", "on"), "plan_ahead": spec.get("plan_ahead", "thread"),
     }
 
 

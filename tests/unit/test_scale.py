@@ -65,7 +65,7 @@ def test_registry_creates_every_block_where_groups_split_from_the_world():
 
 def _args(**kw) -> argparse.Namespace:
     base = dict(world_sizes="16", ranks="0,15", steps=3, mb_ms=0.0, dataset="t1d-balanced", samples_per_rank=40,
-                log_every=0, prefetch="on", json=True, device_standin="sleep")
+                log_every=0, prefetch="on", json=True, device_standin="sleep", plan_ahead="thread")
     base.update(kw)
     return argparse.Namespace(**base)
 
@@ -98,6 +98,14 @@ def test_bench_scale_spin_standin_runs_and_is_reported(capsys):
     assert scale.run(_args(ranks="15", steps=2, mb_ms=2.0, device_standin="spin")) == 0
     rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"]
     assert [r["device_standin"] for r in rows] == ["spin"] and rows[0]["host_ms_per_step"] > 0
+
+
+def test_bench_scale_runs_with_the_planner_in_a_child_process(capsys):
+    # --plan-ahead process: the row says so, and the plans reached the loop (steps timed) from the child
+    assert scale.run(_args(ranks="15", steps=3, plan_ahead="process")) == 0
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"]
+    assert [r["plan_ahead"] for r in rows] == ["process"] and rows[0]["steps_timed"] >= 1
+    assert rows[0]["host_ms_per_step"] > 0
 
 
 @pytest.mark.parametrize(("kw", "match"), [
