@@ -39,8 +39,10 @@ PEER_METHODS = ("megatron-dyncp", "flexsp")
 """Other schedulers re-implemented as baselines (``dcp.planner.peers``): planned and simulated, not run."""
 LR_SCALING = ("none", "linear", "sqrt")
 """runtime.lr_scaling choices (the rules of dcp.loaders.lr_scaling)."""
-PLAN_AHEAD = ("thread", "process")
+PLAN_AHEAD = ("auto", "thread", "process")
 """Where plans are computed ahead (planning.plan_ahead)."""
+PROCESS_PLAN_MIN_RANKS = 512
+"""planning.plan_ahead = "auto" plans in a child process from this world size on (a thread below it)."""
 MICRO_BATCH_TOKENS = ("off", "auto")
 """How DCP micro-batches are sized (planning.micro_batch_tokens): by samples only, or by tokens where cheaper."""
 CLOCKS = ("auto", "wall", "cpu", "pipelined")
@@ -210,11 +212,13 @@ class PlanningConfig:
     per SP group), as before this setting existed."""
     step_tokens_bounds: tuple[float, float] = (0.5, 2.0)
     """[lowest, highest] tokens of one step as fractions of tokens_per_step (used only when that is set)."""
-    plan_ahead: str = "thread"
+    plan_ahead: str = "auto"
     """Where the next steps' plans are computed while a step runs: "thread" (a background thread of this
-    process: hidden while the loop waits on GPU kernels, but a loop busy in Python starves it of the GIL) or
-    "process" (a child process per rank, ``dcp.planner.serve``: hidden either way; costs a process start per
-    epoch). The plans are the same."""
+    process: hidden while the loop waits on GPU kernels, but it shares the GIL with the training thread),
+    "process" (a child process per rank, ``dcp.planner.serve``: its planning CPU leaves the training process;
+    costs a process start per epoch, ~0.4 s) or "auto" (a process from PROCESS_PLAN_MIN_RANKS = 512 ranks on,
+    where planning takes ~10-250 ms of CPU per step: measured with ``dcp bench scale --plan-ahead``, the
+    training thread's host time per step fell ~35% at 512 ranks; a thread below). The plans are the same."""
     micro_batch_tokens: str = "off"
     """DCP methods, 1D data: "auto" lets each seq_group whose documents sit well below its bound form its
     micro-batches by a token budget (b x bound of the profiled row with the best predicted time per token at
@@ -261,11 +265,17 @@ class PlanningConfig:
                  "e.g. [0.5, 2.0] (a step holds 0.5x to 2x of tokens_per_step)")
         if self.plan_ahead not in PLAN_AHEAD:
             fail("planning.plan_ahead", self.plan_ahead, f"is not one of {list(PLAN_AHEAD)}",
-                 'write plan_ahead = "thread" (or "process" for a loop busy in Python)')
+                 'write plan_ahead = "auto" (or "thread" / "process" to choose)')
 
     @property
     def mem_capacity_bytes(self) -> int:
         return int(self.mem_capacity_gib * GIB)
+
+    def plan_ahead_at(self, world_size: int) -> str:
+        """Where plans are computed ahead at ``world_size`` ranks: "thread" or "process" ("auto" resolved)."""
+        if self.plan_ahead != "auto":
+            return self.plan_ahead
+        return "process" if world_size >= PROCESS_PLAN_MIN_RANKS else "thread"
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

@@ -221,10 +221,11 @@ class DCPManager:
         kwargs = dict(lengths=[self.lengths[i] for i in ids], table=self.table, config=self.config, epoch=epoch,
                       world_size=self.world_size, shapes=[self.shapes[i] for i in ids] if self.shapes else None)
         if not per_rank:
-            return remapped(planned_ahead(kwargs, self.config.planning.plan_ahead), ids)
+            return remapped(planned_ahead(kwargs, self.config.planning.plan_ahead_at(self.world_size)), ids)
         views = StepViews(rank=self.rank, world_size=self.world_size, target_counts=self._target_counts_np,
                           loss_weighting=self.config.runtime.loss_weighting, ids=ids)
-        return PlanFeed(planned_ahead(kwargs, self.config.planning.plan_ahead, prepare=views))  # freed off-thread
+        where = self.config.planning.plan_ahead_at(self.world_size)
+        return PlanFeed(planned_ahead(kwargs, where, prepare=views))  # freed off-thread
 
     def get_data_iter(self, max_steps: int | None = None) -> Iterator[Any]:
         """This rank's micro-batches (Batch objects) of the current epoch's untrained samples (see state_dict).
