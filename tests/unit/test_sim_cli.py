@@ -76,6 +76,22 @@ def test_simulate_without_lengths_uses_the_balanced_mix_and_says_so(capsys):
     assert json.loads(cap.out.strip().splitlines()[-1])["control_plane_share"] >= 0.0
 
 
+def test_the_default_epoch_grows_with_the_gpus_from_32_on(monkeypatch):
+    # an epoch must hold many of DCP's steps, whose size grows with the GPUs: 20k samples up to 32 GPUs, then
+    # 625 per GPU (at 4096 GPUs 40 per GPU made 3 steps and 0.43 of the ideal bound)
+    import argparse
+
+    import dcp.data_dists
+
+    drawn = []
+    monkeypatch.setattr(dcp.data_dists, "load_lengths",
+                        lambda dataset, *, scale, num_samples, seed: drawn.append(num_samples))
+    for gpus in (8, 32, 64, 4096):
+        cli._lengths(argparse.Namespace(lengths=None, dataset=None, num_samples=None, gpus=gpus, scale="paper",
+                                        seed=0, model="t1d-5b"))
+    assert drawn == [20000, 20000, 40000, 2560000]
+
+
 @pytest.mark.parametrize(
     "argv,match",
     [
