@@ -35,6 +35,7 @@ from dcp.planner.step_tokens import desired_tokens, micro_batch_tokens
 from dcp.planner.stream import PlanningError
 from dcp.planner.table import ProfileTable
 from dcp.planner.tail import is_penultimate, plan_tail
+from dcp.planner.tuning import BULK_MIN_RANKS
 
 BASELINES = ("bucket", "packed", "bucket-search")
 """Methods planned by ``dcp.planner.baselines``; the others are DCP's."""
@@ -111,8 +112,9 @@ def _dcp_steps(ep: EpochArrays, tokens_per_step: int = 0, bounds: tuple[float, f
         if mb_tok is not None:
             budget = (desired_tokens(step, done, tokens_per_step, bounds), bounds[1] * tokens_per_step, mb_tok,
                       bounds[0] * tokens_per_step, tokens_per_step)
-            if is_penultimate(step, done, tokens_per_step, bounds, total - done):
-                # the last two steps planned together (``dcp.planner.tail``); they end the epoch
+            if ep.world_size < BULK_MIN_RANKS and is_penultimate(step, done, tokens_per_step, bounds, total - done):
+                # the last two steps planned together (``dcp.planner.tail``; from 512 ranks each try would be
+                # two full numpy packings: t1d-long at 4096 ranks, 400k samples, 3.7 -> 7.8 s per epoch)
                 for plan in plan_tail(ep, prog, step, done, tokens_per_step, bounds, mb_tok):
                     done += plan.tokens
                     step += 1

@@ -7,7 +7,8 @@ the penultimate one (what is left after its wanted tokens fits one step), ``plan
 end from several wanted tokens for that step (``TAIL_WANTS`` x the wanted ones, the last step's share within
 the bounds), each on a copy of the progress, and keeps the tail that ends the epoch in as many steps as the
 plain one in the least time (the sum of its steps' times). The steps are the same count, so the epoch's mean
-tokens per step is unchanged; every step is planned by ``plan_step`` and so keeps its bounds.
+tokens per step is unchanged; another tail is kept only with every step within the bounds. Below 512 ranks
+(``dcp.planner.assemble``), as the other targets of ``dcp.planner.step``.
 """
 
 from __future__ import annotations
