@@ -26,13 +26,14 @@ TAIL_WANTS = (0.8, 0.9, 1.1, 1.2)
 """The penultimate step's other wanted tokens, x the running total's (``desired_tokens``). At ``dcp bench peers``'s
 setup each dataset's shortest tail wanted 0.8 (text), 0.9 (t2d-short, t2d-balanced), 1.1 (t2d-long) or 1.2
 (t1d-short, t1d-balanced) x; 0.7 and 1.3 won nowhere and cost two more step plans each."""
-TAIL_REACH = (1.1, 1.2)
+TAIL_REACH = (1.2,)
 """Wanted tokens (x the running total's) at which the penultimate step is also planned with a lower bound of 0: its
 window reaches the whole rest of the epoch (``step._token_step`` keeps the lower bound's tokens for the last step
 otherwise) and nothing stretches it to the bound (both steps must land within the bounds to be kept). Text at 32
 H200, seed 4: a p = 8 sample of 4.2 s began at 1.64 x the target into a rest of 2.15 x, past the window's
 1.65 x, and ran in a last step 20% idle; with it 0.932 -> 0.940 of the ideal bound (seed 2: 0.932 -> 0.941). 1.2 x
-was the shortest on every set where these won (text seeds 2 and 4, t1d-balanced, t2d-short); 1.1 x tied on one."""
+was the shortest on every set where these won (text seeds 2 and 4, t1d-balanced, t2d-short; 1.0, 0.8, 0.9 and
+1.1 x tried too, 1.1 x tied on one): the others would cost two step plans each."""
 TAIL_GAIN = 1e-3
 """Another tail replaces the plain one only when it is at least this share shorter (ties keep the plain one)."""
 TAIL_STEPS = 4
