@@ -34,6 +34,8 @@ from dcp.planner.step import plan_step
 from dcp.planner.step_tokens import desired_tokens, micro_batch_tokens
 from dcp.planner.stream import PlanningError
 from dcp.planner.table import ProfileTable
+from dcp.planner.tail import is_penultimate, plan_tail
+from dcp.planner.tuning import BULK_MIN_RANKS
 
 BASELINES = ("bucket", "packed", "bucket-search")
 """Methods planned by ``dcp.planner.baselines``; the others are DCP's."""
@@ -101,6 +103,7 @@ def _dcp_steps(ep: EpochArrays, tokens_per_step: int = 0, bounds: tuple[float, f
     consumed = prog.consumed
     head, step, done = 0, 0, 0
     mb_tok = micro_batch_tokens(ep.flat_lens, ep.mb_flat, ep.mb_count) if tokens_per_step else None
+    total = int(mb_tok.sum()) if mb_tok is not None else 0
     while True:
         head = consumed.find(0, head)  # the first unconsumed micro-batch (C speed: a step takes ~10^5)
         if head < 0:
@@ -109,6 +112,14 @@ def _dcp_steps(ep: EpochArrays, tokens_per_step: int = 0, bounds: tuple[float, f
         if mb_tok is not None:
             budget = (desired_tokens(step, done, tokens_per_step, bounds), bounds[1] * tokens_per_step, mb_tok,
                       bounds[0] * tokens_per_step, tokens_per_step)
+            if ep.world_size < BULK_MIN_RANKS and is_penultimate(step, done, tokens_per_step, bounds, total - done):
+                # the last two steps planned together (``dcp.planner.tail``; from 512 ranks each try would be
+                # two full numpy packings: t1d-long at 4096 ranks, 400k samples, 3.7 -> 7.8 s per epoch)
+                for plan in plan_tail(ep, prog, step, done, tokens_per_step, bounds, mb_tok):
+                    done += plan.tokens
+                    step += 1
+                    yield plan
+                continue
         plan = plan_step(ep, prog, step, head, budget)
         if mb_tok is not None:  # (a sum over the step's samples: only a global batch needs it)
             done += plan.tokens

@@ -23,10 +23,11 @@ from dcp.planner.tokens import token_runs
 
 def place_and_build(ep: EpochArrays, prog: EpochProgress, step: int, head: int, win: np.ndarray,
                     groups: list[list], t_star: float, head_t: tuple[int, float] | None,
-                    joined: dict[int, float] | None = None) -> StepPlan:
+                    joined: dict[int, float] | None = None, longest_last: bool = False) -> StepPlan:
     """Place ``groups`` (the head's first among equal p), fill free ranks and build the step's plan.
     ``head_t``: (group, the head's time there) when the head joined a group of another p or r; ``joined``:
-    other micro-batches that did so (the epoch's last step at a global batch), with their times there."""
+    other micro-batches that did so (the epoch's last step at a global batch), with their times there;
+    ``longest_last``: every group runs its longest micro-batch last (``_longest_last``)."""
     placed, firsts, free = placed_groups(ep, groups, head)
     if len(placed) < len(groups):
         t_star = _cap_to_gmax(ep, placed, head, t_star)
@@ -34,7 +35,7 @@ def place_and_build(ep: EpochArrays, prog: EpochProgress, step: int, head: int, 
     idle: list[int] = []
     if free:
         _fill_free(ep, left_over(prog, win, placed), placed, free, t_star, fillers, idle)
-    return _build(ep, prog, step, firsts, placed, fillers, idle, head, head_t, joined or {})
+    return _build(ep, prog, step, firsts, placed, fillers, idle, head, head_t, joined or {}, longest_last)
 
 
 def placed_groups(ep: EpochArrays, groups: list[list], head: int) -> tuple[list[list], list[int], list[tuple[int, int]]]:
@@ -157,9 +158,11 @@ def _filler(ep: EpochArrays, local: int, room: int, rest: dict[int, list[int]], 
 
 
 def _build(ep: EpochArrays, prog: EpochProgress, step: int, firsts: list[int], placed: list, fillers: list,
-           idle: list[int], head: int, head_t: tuple[int, float] | None, joined: dict[int, float]) -> StepPlan:
-    """The StepPlan's arrays: placed groups in numpy (their micro-batches in release order), then the
-    smaller-p fillers (a few, chunked one by one) and the idle one-rank groups."""
+           idle: list[int], head: int, head_t: tuple[int, float] | None, joined: dict[int, float],
+           longest_last: bool = False) -> StepPlan:
+    """The StepPlan's arrays: placed groups in numpy (their micro-batches in release order, or with the longest
+    last: ``_longest_last``), then the smaller-p fillers (a few, chunked one by one) and the idle one-rank
+    groups."""
     counts = [len(gr[3]) for gr in placed]
     kk = np.fromiter(itertools.chain.from_iterable(gr[3] for gr in placed), dtype=np.int64,
                      count=sum(counts))
@@ -182,6 +185,8 @@ def _build(ep: EpochArrays, prog: EpochProgress, step: int, firsts: list[int], p
         o = np.argsort(keys)
         hit = np.isin(kk, keys)
         times[hit] = vals[o][np.searchsorted(keys[o], kk[hit])]
+    if longest_last:
+        kk, times = _longest_last(kk, times, gidx)
     prog.consumed_np()[kk] = 1
     size = ep.mb_count[kk]
     # the samples of every micro-batch: consecutive runs of the epoch's flat sample arrays
@@ -191,7 +196,7 @@ def _build(ep: EpochArrays, prog: EpochProgress, step: int, firsts: list[int], p
     cols = dict(first=firsts, p=[gr[0] for gr in placed], r=r_of.tolist(), ga=counts, t=[times],
                 g=[ep.mb_group[kk]], n=[size], ids=[np.take(ep.flat_ids, pos)], lens=[np.take(ep.flat_lens, pos)])
     for st, s, ks in fillers:
-        _add_filler(ep, prog, cols, st, s, ks)
+        _add_filler(ep, prog, cols, st, s, ks, longest_last)
     cols["first"].extend(idle)
     cols["p"].extend([1] * len(idle))
     cols["r"].extend([0] * len(idle))
@@ -203,17 +208,38 @@ def _build(ep: EpochArrays, prog: EpochProgress, step: int, firsts: list[int], p
     )
 
 
+def _longest_last(kk: np.ndarray, times: np.ndarray, gidx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``kk`` and ``times`` (micro-batches grouped by ``gidx``, ascending) with each group's longest micro-batch
+    (the first of equal ones) moved to its group's end, the others in their order. The ddp engine all-reduces
+    the step's gradients during the backward of every rank's last micro-batch (``dcp.runtime.engines``): the
+    longer that backward, the less of the sync is left after it (``dcp.sim.cluster.exposed_sync_s``)."""
+    if not len(kk):
+        return kk, times
+    new_run = np.concatenate([[True], gidx[1:] != gidx[:-1]])
+    run = np.cumsum(new_run) - 1
+    hit = np.flatnonzero(times == np.maximum.reduceat(times, np.flatnonzero(new_run))[run])
+    first = hit[np.unique(run[hit], return_index=True)[1]]
+    flag = np.zeros(len(kk), dtype=np.int8)
+    flag[first] = 1
+    o = np.lexsort((flag, gidx))  # stable: the others keep their order
+    return kk[o], times[o]
+
+
 def _cat(parts: list[np.ndarray]) -> np.ndarray:
     """The parts as one new array (the one part itself when alone: ``_build`` made it for the plan)."""
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-def _add_filler(ep: EpochArrays, prog: EpochProgress, cols: dict, st: int, s: Setting, ks: list[int]) -> None:
-    """Append a filler group (first rank st, setting s, primary micro-batches ks) to the plan's columns."""
+def _add_filler(ep: EpochArrays, prog: EpochProgress, cols: dict, st: int, s: Setting, ks: list[int],
+                longest_last: bool = False) -> None:
+    """Append a filler group (first rank st, setting s, primary micro-batches ks) to the plan's columns; with
+    ``longest_last``, its longest chunk runs last (``_longest_last``)."""
     ks.sort()
     for k in ks:
         prog.consumed[k] = 1
     mbs = _chunked(ep, s.seq_group, s, ks)
+    if longest_last and len(mbs) > 1:
+        mbs.append(mbs.pop(max(range(len(mbs)), key=lambda i: (mbs[i].time_s, -i))))
     cols["first"].append(st)
     cols["p"].append(s.sp_size)
     cols["r"].append(s.recompute_layers)

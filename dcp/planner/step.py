@@ -188,7 +188,7 @@ def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
     else:
         head_t = None
     prog.scan_hint = len(win)
-    return place_and_build(ep, prog, step, head, win, groups, t_star, head_t, joined=joined)
+    return place_and_build(ep, prog, step, head, win, groups, t_star, head_t, joined=joined, longest_last=True)
 
 
 def _balanced(ep: EpochArrays, prog: EpochProgress, head: int, sized: tuple[float, np.ndarray],
