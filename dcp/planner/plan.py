@@ -444,4 +444,5 @@ def _view_r(plan: StepPlan, a: int, e: int) -> list[int]:
     if plan.mb_recompute_layers is None:
         return [-1] * (e - a)
     own = plan.mb_recompute_layers[a:e]
-    return np.where(own == np.repeat(plan.recompute_layers, plan.ga_steps)[a:e], -1, own).tolist()
+    group = np.searchsorted(plan._mb_start, np.arange(a, e), side="right") - 1  # (a rank's view: its group only)
+    return np.where(own == plan.recompute_layers[group], -1, own).tolist()
