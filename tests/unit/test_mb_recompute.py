@@ -101,3 +101,17 @@ def test_simulator_prices_and_bounds_memory_per_micro_batch():
     # memory: the most of any micro-batch at its own r (the r = 0 one keeps all its activations)
     assert c_own.peak_mem_bytes == pytest.approx(micro_batch_mem_bytes(row, 0))
     assert c_same.peak_mem_bytes == pytest.approx(micro_batch_mem_bytes(row, row.num_layers))
+
+
+def test_experiments_predicted_peak_reads_each_micro_batchs_r():
+    from dcp.experiments.execute import predicted_peak
+
+    _, _, _, _, table = _epoch()
+    row = next(r for r in table.rows if r.micro_batch_size == 1 and r.num_layers > 1)
+    mbs = (MicroBatch((0,), (row.seq_len,), row.seq_group, 1.0, 0), MicroBatch((1,), (row.seq_len,), row.seq_group))
+    own = StepPlan(0, 0, row.sp_size, "dcp-intra", (GroupPlan(0, row.sp_size, row.num_layers, mbs),))
+    one = StepPlan(0, 0, row.sp_size, "dcp-intra", (GroupPlan(0, row.sp_size, row.num_layers, mbs[1:]),))
+    rows = sorted((r for r in table.rows if (r.seq_group, r.sp_size) == (row.seq_group, row.sp_size)),
+                  key=lambda r: r.micro_batch_size)
+    assert predicted_peak([own], table) == pytest.approx(micro_batch_mem_bytes(rows[0], 0))
+    assert predicted_peak([one], table) == pytest.approx(micro_batch_mem_bytes(rows[0], row.num_layers))
