@@ -115,3 +115,20 @@ def test_experiments_predicted_peak_reads_each_micro_batchs_r():
                   key=lambda r: r.micro_batch_size)
     assert predicted_peak([own], table) == pytest.approx(micro_batch_mem_bytes(rows[0], 0))
     assert predicted_peak([one], table) == pytest.approx(micro_batch_mem_bytes(rows[0], row.num_layers))
+
+
+def test_large_world_rounds_fill_a_group_of_its_p_at_any_r():
+    from dcp.planner.rounds import fill_rounds, place_first
+
+    pl, *_ = _epoch()
+    ep = pl.arrays
+    hi, lo = _pair(ep)
+    p = ep.mb_p[hi]
+    limit = ep.mb_t_list[hi] + ep.mb_t_list[lo]
+    for k, other in ((hi, lo), (lo, hi)):  # the other's kind only: its group takes k at k's own time
+        groups = [[p, ep.mb_r[other], 0.0, []]]
+        fill_rounds(ep, groups, {p: [(ep.mb_r[other], [], [0])]}, [k], limit)
+        assert groups[0][3] == [k] and groups[0][2] == ep.mb_t_list[k]
+        groups = [[p, ep.mb_r[other], 0.0, []]]
+        assert place_first(ep, groups, {(p, ep.mb_r[other]): [0]}, k, limit)
+        assert groups[0][3] == [k] and groups[0][2] == ep.mb_t_list[k]
