@@ -283,7 +283,7 @@ class DCPManager:
 
     def recompute(self, layer: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``layer(*args)``, checkpointed when its index (layer.layer_index, else call order within this
-        forward) is below the current group's recompute_layers."""
+        forward) is below the current micro-batch's recompute_layers."""
         index = getattr(layer, "layer_index", None)
         if index is None:
             index = self._layer_counter
@@ -292,7 +292,7 @@ class DCPManager:
 
     def wrap_layers(self, layers: Any) -> None:
         """Route every layer of ``layers`` (e.g. an HF model's ``model.model.layers``) through the recompute
-        switch: layer i is checkpointed when i < the current group's recompute_layers. Parameter names
+        switch: layer i is checkpointed when i < the current micro-batch's recompute_layers. Parameter names
         and state dicts are unchanged (the layer's forward is wrapped, not the module)."""
         wrap_layers(layers, lambda: self._ctx.recompute_layers)
 
