@@ -5,9 +5,9 @@ H200, 30k samples, seed 0, tokens_per_step = bucket's mean tokens per step, micr
 
 W x the epoch's time = the ideal GPU-s (each sample at its best per-GPU efficiency, token packs included: the bound
 of ``dcp.sim.cluster.ideal_tokens_per_s``) + excess GPU-s of micro-batches at their seq_group's primary setting
-(padding, partial micro-batches) + excess of micro-batches run at another (p, r) (moved by the balance, or at a
-group's higher recompute) + idle GPU-s in the compute phases (the last step's share shown) + W x (exposed sync +
-optimizer + control plane). Each printed as a share of W x the time, so fraction of ideal = 1 - their sum.
+(padding, partial micro-batches) + excess of micro-batches run at another (p, r) (moved by the balance to
+another p; each runs its own r since ``StepPlan.mb_recompute_layers``) + idle GPU-s in the compute phases (the
+last step's share shown) + W x (exposed sync + optimizer + control plane). Each printed as a share of W x the time, so fraction of ideal = 1 - their sum.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def gap(ds: str, world: int = 32, seed: int = 0) -> str:
         loads = []
         for g in p.groups:
             for mb in g.micro_batches:
-                at_primary = primary.get(mb.seq_group) == (g.sp_size, g.recompute_layers)
+                at_primary = primary.get(mb.seq_group) == (g.sp_size, g.recompute_of(mb))
                 excess = g.sp_size * mb.time_s - ideal[np.asarray(mb.sample_ids)].sum()
                 parts["excess at primary" if at_primary else "excess moved"] += excess
                 parts["ideal"] += ideal[np.asarray(mb.sample_ids)].sum()

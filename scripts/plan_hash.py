@@ -50,6 +50,9 @@ def plan_digest(plan) -> str:
         h.update(arr.dtype.str.encode())
         h.update(str(arr.shape).encode())
         h.update(arr.tobytes())
+    if plan.mb_recompute_layers is not None:  # (absent: the hash of a plan without the field, as before it existed)
+        h.update(b"mb_recompute_layers")
+        h.update(plan.mb_recompute_layers.tobytes())
     return h.hexdigest()
 
 

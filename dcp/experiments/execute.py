@@ -189,7 +189,7 @@ def predicted_peak(plans: list[Any], table: Any) -> float:
                 cands = sorted(rows.get((mb.seq_group, g.sp_size), []), key=lambda r: r.micro_batch_size)
                 row = next((r for r in cands if r.micro_batch_size >= mb.size), None)
                 if row is not None:
-                    best = max(best, micro_batch_mem_bytes(row, g.recompute_layers))
+                    best = max(best, micro_batch_mem_bytes(row, g.recompute_of(mb)))  # (its own r)
     return best
 
 

@@ -5,10 +5,10 @@ of each micro-batch's primary p up to T*, but the batch rarely holds each kind's
 long sample alone on 16 ranks runs 6 s of a 13.5 s step (t1d-short), or the short kinds overflow their few
 groups while a p = 4 group runs a third of the step (t1d-long). Within the step's one layout:
 
-1. **Shed**: every group over a goal time hands micro-batches to groups with room, at that group's p and r
-   where the micro-batch's seq_group has a setting there that holds it (the memory rule of ``join_head``: the
-   same p at no less recompute, or a setting at the other p whose b holds its samples and whose recompute is at
-   most the group's), priced from its real lengths there. The goal is bisected between the work spread over
+1. **Shed**: every group over a goal time hands micro-batches to groups with room, at that group's p where
+   the micro-batch's seq_group has a setting there that holds it (the memory rule of ``join_head``: the same
+   p, or a setting at the other p whose b holds its samples), at its own r there whatever the group's (a
+   micro-batch runs its own minimal r, ``StepPlan.mb_recompute_layers``), priced from its real lengths. The goal is bisected between the work spread over
    the world and the step's time.
 2. **Shrink**: a group far shorter than the step runs at half its p (or less) where its micro-batches fit
    there and stay within the step's time (the long sample at p = 8 with more recompute: 97% of its p = 16
@@ -48,22 +48,21 @@ from dcp.planner.tuning import (
 
 
 class _Times:
-    """Time of a micro-batch in a group of (p, r), or None where the memory rule forbids it; cached."""
+    """Time of a micro-batch in a group of (p, r), or None where the memory rule forbids it; cached. The
+    micro-batch runs its own r at p (``EpochArrays.own_r``), whatever the group's r."""
 
-    __slots__ = ("ep", "combos", "cache")
+    __slots__ = ("ep", "cache")
 
     def __init__(self, ep: EpochArrays) -> None:
         self.ep = ep
-        self.combos = {(s.sp_size, s.recompute_layers) for s in ep.settings.values()}
-        """(p, r) of the primary settings: ``ep.time_at`` holds every micro-batch's time at them."""
-        self.cache: dict[tuple[int, int], dict[int, float | None]] = {}
-        """Per (p, r): per micro-batch its time there (a row per group kind: no key tuple per look-up)."""
+        self.cache: dict[int, dict[int, float | None]] = {}
+        """Per p: per micro-batch its time there (a row per group size: no key tuple per look-up)."""
 
     def row(self, p: int, r: int) -> dict[int, float | None]:
-        """The cached times in a group of (p, r): ``at`` fills it."""
-        row = self.cache.get((p, r))
+        """The cached times in a group of (p, r) (the same at every r): ``at`` fills it."""
+        row = self.cache.get(p)
         if row is None:
-            row = self.cache[(p, r)] = {}
+            row = self.cache[p] = {}
         return row
 
     def at(self, k: int, p: int, r: int) -> float | None:
@@ -71,17 +70,15 @@ class _Times:
         if k in row:
             return row[k]
         ep = self.ep
-        g, p_k, r_k = ep.mbq.group[k], ep.mb_p[k], ep.mb_r[k]
+        g = ep.mbq.group[k]
         t: float | None = None
-        if p == p_k and r == r_k:
+        if p == ep.mb_p[k]:
             t = ep.mb_t_list[k]
-        elif p == p_k and r > r_k and (p, r) in self.combos:
-            t = ep.time_at[r][k]
         elif g not in ep.mbq.token_budget:
             s = ep.by_sp[g].get(p)
-            if s is not None and s.micro_batch_size >= int(ep.mb_count[k]) and s.recompute_layers <= r:
+            if s is not None and s.micro_batch_size >= int(ep.mb_count[k]):
                 lens = ep.mbq.lens_list[g][ep.mbq.start[k] : ep.mb_end[k]]
-                t = ep.times.lengths_time_s(g, p, r, lens)
+                t = ep.times.lengths_time_s(g, p, s.recompute_layers, lens)
         row[k] = t
         return t
 

@@ -171,12 +171,7 @@ def _build(ep: EpochArrays, prog: EpochProgress, step: int, firsts: list[int], p
     n = ep.num_micro_batches
     gidx = np.repeat(np.arange(len(placed), dtype=np.int64), counts)
     kk = np.sort(gidx * n + kk) - gidx * n
-    r_mb = r_of[gidx]
-    times = np.empty(len(kk))
-    for r in np.unique(r_of).tolist():
-        sel = r_mb == r
-        # (a depth no primary setting uses: a shrunk group's, ``dcp.planner.balance``; its times are in joined)
-        times[sel] = ep.time_at_np.get(r, ep.mb_t)[kk[sel]]
+    times = ep.mb_t[kk]  # each at its own r (``epoch._times_at``); other p: overridden below
     if head_t is not None:  # the head joined a group of another p or r (``improve.join_head``): its time there
         times[kk == head] = head_t[1]
     if joined:
@@ -188,6 +183,7 @@ def _build(ep: EpochArrays, prog: EpochProgress, step: int, firsts: list[int], p
     if longest_last:
         kk, times = _longest_last(kk, times, gidx)
     prog.consumed_np()[kk] = 1
+    r_of, mb_r = _own_r(ep, placed, kk, gidx, r_of)
     size = ep.mb_count[kk]
     # the samples of every micro-batch: consecutive runs of the epoch's flat sample arrays
     offset = np.cumsum(size) - size
@@ -196,7 +192,9 @@ def _build(ep: EpochArrays, prog: EpochProgress, step: int, firsts: list[int], p
     cols = dict(first=firsts, p=[gr[0] for gr in placed], r=r_of.tolist(), ga=counts, t=[times],
                 g=[ep.mb_group[kk]], n=[size], ids=[np.take(ep.flat_ids, pos)], lens=[np.take(ep.flat_lens, pos)])
     for st, s, ks in fillers:
-        _add_filler(ep, prog, cols, st, s, ks, longest_last)
+        n_mb = _add_filler(ep, prog, cols, st, s, ks, longest_last)
+        if mb_r is not None:
+            mb_r.append(np.full(n_mb, s.recompute_layers, dtype=np.int64))
     cols["first"].extend(idle)
     cols["p"].extend([1] * len(idle))
     cols["r"].extend([0] * len(idle))
@@ -204,7 +202,8 @@ def _build(ep: EpochArrays, prog: EpochProgress, step: int, firsts: list[int], p
     return StepPlan.from_arrays(
         ep.epoch, step, ep.world_size, ep.method, first_rank=cols["first"], sp_size=cols["p"],
         recompute_layers=cols["r"], ga_steps=cols["ga"], mb_time_s=_cat(cols["t"]), mb_seq_group=_cat(cols["g"]),
-        mb_size=_cat(cols["n"]), sample_ids=_cat(cols["ids"]), seq_lens=_cat(cols["lens"]), owned=True,
+        mb_size=_cat(cols["n"]), sample_ids=_cat(cols["ids"]), seq_lens=_cat(cols["lens"]),
+        mb_recompute_layers=None if mb_r is None else _cat(mb_r), owned=True,
     )
 
 
@@ -225,15 +224,35 @@ def _longest_last(kk: np.ndarray, times: np.ndarray, gidx: np.ndarray) -> tuple[
     return kk[o], times[o]
 
 
+def _own_r(ep: EpochArrays, placed: list, kk: np.ndarray, gidx: np.ndarray,
+           r_of: np.ndarray) -> tuple[np.ndarray, list[np.ndarray] | None]:
+    """The r each placed micro-batch runs at (``EpochArrays.own_r``: its primary r at its p, its setting's at
+    another p) and the groups' r. Where every one runs its group's r: (``r_of``, None), the plan as without
+    per-micro-batch recompute; else the groups' r is the most their micro-batches run at, and the micro-batches'
+    r a list of one array (the fillers' are appended)."""
+    p_of = np.asarray([gr[0] for gr in placed], dtype=np.int64)
+    own = ep.mb_r_np[kk]
+    other = np.flatnonzero(ep.mb_p_np[kk] != p_of[gidx])
+    if other.size:
+        own = own.copy()
+        own[other] = [ep.own_r(k, p) for k, p in zip(kk[other].tolist(), p_of[gidx[other]].tolist(), strict=True)]
+    if np.array_equal(own, r_of[gidx]):
+        return r_of, None
+    top = r_of.copy()
+    top[np.bincount(gidx, minlength=len(placed)) > 0] = 0
+    np.maximum.at(top, gidx, own)
+    return top, [own]
+
+
 def _cat(parts: list[np.ndarray]) -> np.ndarray:
     """The parts as one new array (the one part itself when alone: ``_build`` made it for the plan)."""
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def _add_filler(ep: EpochArrays, prog: EpochProgress, cols: dict, st: int, s: Setting, ks: list[int],
-                longest_last: bool = False) -> None:
+                longest_last: bool = False) -> int:
     """Append a filler group (first rank st, setting s, primary micro-batches ks) to the plan's columns; with
-    ``longest_last``, its longest chunk runs last (``_longest_last``)."""
+    ``longest_last``, its longest chunk runs last (``_longest_last``). Returns its micro-batch count."""
     ks.sort()
     for k in ks:
         prog.consumed[k] = 1
@@ -249,6 +268,7 @@ def _add_filler(ep: EpochArrays, prog: EpochProgress, cols: dict, st: int, s: Se
     cols["n"].append(np.asarray([len(mb.sample_ids) for mb in mbs], dtype=np.int64))
     cols["ids"].append(np.asarray([i for mb in mbs for i in mb.sample_ids], dtype=np.int64))
     cols["lens"].append(np.asarray([n for mb in mbs for n in mb.seq_lens], dtype=np.int64))
+    return len(mbs)
 
 
 def _chunked(ep: EpochArrays, g: int, s: Setting, ks: list[int]) -> list[MicroBatch]:

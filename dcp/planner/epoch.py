@@ -92,8 +92,9 @@ class EpochArrays:
     mb_work: np.ndarray
     """GPU-seconds of every micro-batch (time x p)."""
     time_at_np: dict[int, np.ndarray]
-    """Per recompute depth r some primary setting uses: every micro-batch's time in a group of its p at r (its
-    own time where it runs at r already, or where no group of its p runs at r), so packing never branches."""
+    """Per recompute depth r some primary setting uses: every micro-batch's time in a group of its p at r. A
+    micro-batch runs its own r in any group (``StepPlan.mb_recompute_layers``): its own time at every r; kept
+    per r so that the packing's look-ups stay one table read."""
     time_at: dict[int, tuple[float, ...]]
     """``time_at_np`` as Python floats."""
     mb_end: tuple[int, ...]
@@ -114,6 +115,13 @@ class EpochArrays:
     @property
     def num_micro_batches(self) -> int:
         return self.mbq.num
+
+    def own_r(self, k: int, p: int) -> int:
+        """r micro-batch k runs at in a group of p ranks: its primary r at its own p, else its seq_group's
+        setting's at p (a micro-batch runs its own minimal r whatever its group's, ``_times_at``)."""
+        if p == self.mb_p[k]:
+            return self.mb_r[k]
+        return self.by_sp[self.mbq.group[k]][p].recompute_layers
 
     def chunk(self, setting: Setting) -> int:
         """Samples per chunk when a group runs a primary micro-batch with this (possibly smaller-p) setting."""
@@ -179,20 +187,13 @@ def _unit_times(settings: dict[int, Setting], options: dict[int, list[Setting]],
     return out
 
 
-def _times_at(mbq: MicroBatchQueues, times: TimeLookup, primary: dict[int, tuple[int, int]],
-              mb_time: np.ndarray, grp: np.ndarray) -> dict[int, np.ndarray]:
-    """A micro-batch may join a group of its p with more recompute (same memory or less). Once per epoch:
-    every micro-batch's time in a group of recompute r, for every r a primary setting uses (its own time where
-    it runs at r already), so the per-step packing reads one table, never branches."""
-    out: dict[int, np.ndarray] = {}
-    for r in sorted({r for _, r in primary.values()}):
-        up = {g: (p, r) for g, (p, rg) in primary.items() if rg < r and any(
-            p2 == p and r2 == r for p2, r2 in primary.values())}
-        t_r = mb_time
-        if up:
-            t_r = np.where(np.isin(grp, list(up)), micro_batch_times(mbq, times, up), mb_time)
-        out[r] = t_r
-    return out
+def _times_at(primary: dict[int, tuple[int, int]], mb_time: np.ndarray) -> dict[int, np.ndarray]:
+    """Every micro-batch's time in a group of its p at recompute r, for every r a primary setting uses. A group
+    runs its micro-batches one after another and frees each one's activations after its backward, so memory
+    is per micro-batch: each runs its own minimal r whatever its group's (Eq. 6 holds micro-batch by
+    micro-batch), at its own time. (Until 2026-11-26 a group ran one r, and a micro-batch of less recompute
+    in it paid the group's.)"""
+    return {r: mb_time for r in sorted({r for _, r in primary.values()})}
 
 
 def _flat_samples(mbq: MicroBatchQueues, n_groups: int, grp: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -253,7 +254,7 @@ def prepare_epoch(inp: EpochInput) -> EpochArrays:
     for g, (p, r) in primary.items():
         p_by_g[g], r_by_g[g] = p, r
     mb_p_np, mb_r_np = p_by_g[grp], r_by_g[grp]
-    time_at_np = _times_at(mbq, times, primary, mb_time, grp)
+    time_at_np = _times_at(primary, mb_time)
     count = np.asarray(mbq.count, dtype=np.int64)
     flat_ids, flat_lens, mb_flat = _flat_samples(mbq, n_groups, grp)
     cfg = inp.config.planning

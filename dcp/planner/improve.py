@@ -53,7 +53,7 @@ def left_over(prog: EpochProgress, win: np.ndarray, groups: list[list]) -> np.nd
 
 def improve(ep: EpochArrays, prog: EpochProgress, win: np.ndarray, groups: list[list], head: int) -> None:
     """Local search: in the emptiest groups (at most IMPROVE_GROUPS), swap a micro-batch for a longer one
-    left in the window (same p, recompute at most the group's) while the group stays within the step's
+    left in the window (same p, any recompute: each runs its own) while the group stays within the step's
     time (its longest group, not T*), and add left-over micro-batches that fit. The head stays. From
     BULK_MIN_RANKS ranks only the adding: the rounds leave groups of many short micro-batches, whose swaps
     cost a Python step each for little (t2d-balanced at 512 GPUs: 0.990 -> 0.980 of the ideal bound
@@ -72,15 +72,15 @@ def improve(ep: EpochArrays, prog: EpochProgress, win: np.ndarray, groups: list[
         return
     swaps = ep.world_size < BULK_MIN_RANKS
     spare: dict[tuple[int, int], tuple] = {}
-    """Per (p, group r): left-over micro-batches that may join, (times at that r ascending, ids), as lists
+    """Per (p, group r): left-over micro-batches of that p, (times ascending, ids), as lists
     (swaps) or arrays (only the adding: one look-up per group, not the whole list in Python objects)."""
-    p_rest, r_rest = ep.mb_p_np[rest], ep.mb_r_np[rest]
+    p_rest = ep.mb_p_np[rest]
     claimed: set[int] = set()
     """Left-over micro-batches given to a group here: kinds of one p with different r share left-overs."""
     for i in emptiest:
         p, r = groups[i][0], groups[i][1]
         if (p, r) not in spare:
-            sel = rest[(p_rest == p) & (r_rest <= r)]
+            sel = rest[p_rest == p]
             ts_np = ep.time_at_np[r][sel]
             o = argsort_float(ts_np)
             spare[(p, r)] = (ts_np[o].tolist(), sel[o].tolist()) if swaps else (ts_np[o], sel[o], {})
@@ -154,28 +154,25 @@ def _improve_group(at_r: tuple[float, ...], gr: list, ts: list[float], ids: list
 
 def join_head(ep: EpochArrays, groups: list[list], head: int, t_star: float) -> tuple[int, float] | None:
     """Put the head (left out of ``groups``) into the fullest group it fits within t_star: a group of its
-    primary p whose r is at least its own, or of a larger p where its seq_group has a setting whose b holds
-    it and whose r is at most the group's (the same memory rule as for smaller-p fillers). Returns (the
-    group's index, the head's time there), or None when no group has room."""
+    primary p, or of a larger p where its seq_group has a setting whose b holds it (the same memory rule as
+    for smaller-p fillers), at any group r: it runs its own r there (its primary's, or that setting's).
+    Returns (the group's index, the head's time there), or None when no group has room."""
     mbq = ep.mbq
-    g, p_h, r_h = mbq.group[head], ep.mb_p[head], ep.mb_r[head]
+    g, p_h, t_h = mbq.group[head], ep.mb_p[head], ep.mb_t_list[head]
     lens = mbq.lens_list[g][mbq.start[head] : ep.mb_end[head]]
     limit = t_star * (1 + 1e-9)
     best, best_load = None, -1.0
-    memo: dict[tuple[int, int], float] = {}
-    for i, (p, r, load, _) in enumerate(groups):
+    memo: dict[int, float] = {}
+    for i, (p, _, load, _) in enumerate(groups):
         if p < p_h or load <= best_load:
             continue
-        if p == p_h:
-            if r < r_h:
-                continue
-        else:
+        if p != p_h:
             s = ep.by_sp[g].get(p)
-            if s is None or s.micro_batch_size < len(lens) or s.recompute_layers > r:
+            if s is None or s.micro_batch_size < len(lens):
                 continue
-        t = memo.get((p, r))
+        t = memo.get(p)
         if t is None:
-            t = memo[(p, r)] = ep.times.lengths_time_s(g, p, r, lens) if p != p_h else ep.time_at[r][head]
+            t = memo[p] = ep.times.lengths_time_s(g, p, s.recompute_layers, lens) if p != p_h else t_h
         if load + t <= limit:
             best, best_load = (i, t), load
     if best is None:

@@ -1,7 +1,7 @@
 """Step 3 of a DCP step: packing the window's micro-batches into SP groups of at most T* each.
 
 A group is a list ``[p, r, load, items]`` (mutable: the local search and the head's join change it). Longest
-first, best fit: a micro-batch joins the open group of its p (and at least its recompute) with the most load
+first, best fit: a micro-batch joins the open group of its p (at any r: each runs its own) with the most load
 that still fits T*, or opens a group on free ranks when its p's window work can fill one (the head and the
 longest always do); a second pass uses ranks still free. From BULK_MIN_RANKS ranks the packing runs in numpy
 (``dcp.planner.rounds``).
@@ -28,9 +28,9 @@ def pack(ep: EpochArrays, win: np.ndarray, t_star: float, head: int, head_first:
          defer_head: bool = False) -> list[list]:
     """Longest-first best-fit of the window's micro-batches into SP groups of at most t_star each.
 
-    A group is [p, r, load, items]; a micro-batch joins a group of its primary p whose r is at least its
-    own (more recompute fits the same memory), timed at the group's r. It opens a new group when none has
-    room, ranks are free and its p's unassigned window work can fill one more group (the head, and the
+    A group is [p, r, load, items]; a micro-batch joins a group of its primary p at any r, running its own
+    r there (``StepPlan.mb_recompute_layers``: memory is per micro-batch) at its own time. It opens a new
+    group when none has room, ranks are free and its p's unassigned window work can fill one more group (the head, and the
     window's longest micro-batch, always open one). A second pass opens groups for what is left while
     ranks are free. Returns the groups in opening order. From BULK_MIN_RANKS ranks: ``rounds.pack_rounds``.
     ``head_first``: the head opens the first group; ``defer_head``: the head is left out (it joins later).
@@ -87,8 +87,6 @@ def _best_fit(ep: EpochArrays, order: list[int], t_star: float, pool: dict[int, 
             p, r, t = p_of[k], r_of[k], t_of[k]
             best_load, best = -1.0, None
             for r2, loads, gids in kinds.get(p, ()):
-                if r2 < r:
-                    continue
                 t2 = t if r2 == r else at[r2][k]
                 i = bisect_right(loads, limit - t2) - 1
                 if i >= 0 and loads[i] > best_load:

@@ -27,6 +27,10 @@ class MicroBatch(NamedTuple):
     """seq_group index of the samples; -1 for a packed micro-batch of mixed lengths."""
     time_s: float = 0.0
     """Predicted time of this micro-batch on its SP group."""
+    recompute_layers: int = -1
+    """r this micro-batch runs at; -1: its group's (``GroupPlan.recompute_layers``). A group runs its
+    micro-batches one after another and frees activations after each backward, so each may run its own
+    minimal r at the group's p (``StepPlan.mb_recompute_layers``)."""
 
     @property
     def tokens(self) -> int:
@@ -48,7 +52,8 @@ class GroupPlan(NamedTuple):
     sp_size: int
     """p: ranks sharing each sequence of this group."""
     recompute_layers: int
-    """r: layers that recompute activations in backward (r = L: full recompute)."""
+    """r: layers that recompute activations in backward (r = L: full recompute); the most any of its
+    micro-batches runs at (a micro-batch may run less, ``MicroBatch.recompute_layers``)."""
     micro_batches: tuple[MicroBatch, ...]
     """The group's micro-batches; len() is its ga_steps. Empty: the ranks idle this step."""
 
@@ -71,6 +76,10 @@ class GroupPlan(NamedTuple):
     @property
     def samples(self) -> int:
         return sum(mb.size for mb in self.micro_batches)
+
+    def recompute_of(self, mb: MicroBatch) -> int:
+        """r that micro-batch ``mb`` (one of this group's) runs at."""
+        return mb.recompute_layers if mb.recompute_layers >= 0 else self.recompute_layers
 
 
 def _check_lengths(groups: int, sp: int, rc: int, ga: np.ndarray, mbs: int, seq_groups: int, mb_size: np.ndarray,
@@ -117,7 +126,7 @@ class StepPlan:
 
     __slots__ = ("epoch", "step", "world_size", "method", "first_rank", "sp_size", "recompute_layers",
                  "ga_steps", "mb_time_s", "mb_seq_group", "mb_size", "sample_id_array", "seq_len_array",
-                 "_mb_start", "_sample_start", "_owner", "_groups", "_views")
+                 "mb_recompute_layers", "_mb_start", "_sample_start", "_owner", "_groups", "_views")
 
     epoch: int
     """Epoch the step belongs to."""
@@ -145,6 +154,10 @@ class StepPlan:
     """Per sample, micro-batch by micro-batch: dataset index."""
     seq_len_array: np.ndarray
     """Per sample: token count."""
+    mb_recompute_layers: np.ndarray | None
+    """Per micro-batch: the r it runs at, where some micro-batch runs another r than its group's (a group
+    runs its micro-batches one after another, so each may use its own minimal r at the group's p); None:
+    every micro-batch runs its group's r (then the plan and its digest are as without the field)."""
 
     def __init__(self, epoch: int, step: int, world_size: int, method: str, groups: Sequence[GroupPlan]) -> None:
         groups = tuple(groups)
@@ -156,23 +169,27 @@ class StepPlan:
             mb_time_s=[mb.time_s for mb in mbs], mb_seq_group=[mb.seq_group for mb in mbs],
             mb_size=[len(mb.sample_ids) for mb in mbs],
             sample_ids=[i for mb in mbs for i in mb.sample_ids], seq_lens=[n for mb in mbs for n in mb.seq_lens],
-            groups=groups,
+            groups=groups, mb_recompute_layers=_mb_r_of(groups),
         )
 
     @classmethod
     def from_arrays(
         cls, epoch: int, step: int, world_size: int, method: str, *, first_rank, sp_size, recompute_layers,
-        ga_steps, mb_time_s, mb_seq_group, mb_size, sample_ids, seq_lens, owned: bool = False,
+        ga_steps, mb_time_s, mb_seq_group, mb_size, sample_ids, seq_lens, mb_recompute_layers=None,
+        owned: bool = False,
     ) -> StepPlan:
         """A plan from flat arrays: per group (any order: the plan sorts them by first rank, keeping each
         group's micro-batches and samples in order), per micro-batch and per sample, as the attributes.
         ``owned``: the caller hands its arrays over (the assembler's, made for this plan): those of the plan's
-        dtype are frozen in place instead of copied (a step at 4096 ranks holds up to ~2M samples)."""
+        dtype are frozen in place instead of copied (a step at 4096 ranks holds up to ~2M samples).
+        ``mb_recompute_layers``: per micro-batch its r, or None (each runs its group's)."""
         first = np.asarray(first_rank, dtype=np.int64)
         order = np.argsort(first, kind="stable")
         ga = np.asarray(ga_steps, dtype=np.int64)
         _check_lengths(len(first), len(sp_size), len(recompute_layers), ga, len(mb_time_s), len(mb_seq_group),
                        np.asarray(mb_size, dtype=np.int64), len(sample_ids), len(seq_lens))
+        if mb_recompute_layers is not None:
+            mb_recompute_layers = _mb_r(mb_recompute_layers, len(mb_time_s), owned)
         if len(order) and np.any(order != np.arange(len(order))):
             # micro-batches by their group's new place, then samples by their micro-batch's: runs, kept in order
             size = np.asarray(mb_size, dtype=np.int64)
@@ -181,13 +198,16 @@ class StepPlan:
             first, ga = first[order], ga[order]
             sp_size, recompute_layers = np.asarray(sp_size)[order], np.asarray(recompute_layers)[order]
             mb_time_s, mb_seq_group = np.asarray(mb_time_s)[mb_order], np.asarray(mb_seq_group)[mb_order]
+            if mb_recompute_layers is not None:
+                mb_recompute_layers = np.asarray(mb_recompute_layers)[mb_order]
             mb_size = size[mb_order]
             sample_ids, seq_lens = np.asarray(sample_ids)[s_order], np.asarray(seq_lens)[s_order]
             owned = True  # every array is a new one made here
         plan = cls.__new__(cls)
         plan._set(epoch, step, world_size, method, first_rank=first, sp_size=sp_size,
                   recompute_layers=recompute_layers, ga_steps=ga, mb_time_s=mb_time_s, mb_seq_group=mb_seq_group,
-                  mb_size=mb_size, sample_ids=sample_ids, seq_lens=seq_lens, owned=owned)
+                  mb_size=mb_size, sample_ids=sample_ids, seq_lens=seq_lens, owned=owned,
+                  mb_recompute_layers=mb_recompute_layers)
         return plan
 
     def with_sample_ids(self, sample_ids) -> StepPlan:
@@ -197,11 +217,12 @@ class StepPlan:
         plan._set(self.epoch, self.step, self.world_size, self.method, first_rank=self.first_rank,
                   sp_size=self.sp_size, recompute_layers=self.recompute_layers, ga_steps=self.ga_steps,
                   mb_time_s=self.mb_time_s, mb_seq_group=self.mb_seq_group, mb_size=self.mb_size,
-                  sample_ids=sample_ids, seq_lens=self.seq_len_array)
+                  sample_ids=sample_ids, seq_lens=self.seq_len_array, mb_recompute_layers=self.mb_recompute_layers)
         return plan
 
     def _set(self, epoch, step, world_size, method, *, first_rank, sp_size, recompute_layers, ga_steps,
-             mb_time_s, mb_seq_group, mb_size, sample_ids, seq_lens, groups=None, owned: bool = False) -> None:
+             mb_time_s, mb_seq_group, mb_size, sample_ids, seq_lens, groups=None, owned: bool = False,
+             mb_recompute_layers=None) -> None:
         """Every constructor's one path: read-only copies (``owned``: arrays handed over, frozen in place), the
         length and rank-cover checks; ``groups``: the GroupPlans it was built from (kept as its view), else None
         (the view is built on first use)."""
@@ -215,6 +236,9 @@ class StepPlan:
         _check_lengths(len(self.first_rank), len(self.sp_size), len(self.recompute_layers), self.ga_steps,
                        len(self.mb_time_s), len(self.mb_seq_group), self.mb_size, len(self.sample_id_array),
                        len(self.seq_len_array))
+        self.mb_recompute_layers = None
+        if mb_recompute_layers is not None:
+            self.mb_recompute_layers = _mb_r(mb_recompute_layers, len(self.mb_size), owned)
         self._mb_start = np.concatenate([[0], np.cumsum(self.ga_steps)])
         self._sample_start = np.concatenate([[0], np.cumsum(self.mb_size)])
         self._owner = self._cover()
@@ -255,9 +279,9 @@ class StepPlan:
             cuts = self._sample_start[a : e + 1].tolist()
             ids, lens = self.sample_id_array, self.seq_len_array
             mbs = tuple(
-                MicroBatch(tuple(ids[lo:hi].tolist()), tuple(lens[lo:hi].tolist()), sg, t)
-                for lo, hi, sg, t in zip(cuts[:-1], cuts[1:], self.mb_seq_group[a:e].tolist(),
-                                          self.mb_time_s[a:e].tolist(), strict=True)
+                MicroBatch(tuple(ids[lo:hi].tolist()), tuple(lens[lo:hi].tolist()), sg, t, r)
+                for lo, hi, sg, t, r in zip(cuts[:-1], cuts[1:], self.mb_seq_group[a:e].tolist(),
+                                             self.mb_time_s[a:e].tolist(), _view_r(self, a, e), strict=True)
             )
             view = self._views[gi] = GroupPlan(int(self.first_rank[gi]), int(self.sp_size[gi]),
                                                int(self.recompute_layers[gi]), mbs)
@@ -270,9 +294,10 @@ class StepPlan:
             ids, lens = tuple(self.sample_id_array.tolist()), tuple(self.seq_len_array.tolist())
             cuts = self._sample_start.tolist()
             mbs = [
-                MicroBatch(ids[lo:hi], lens[lo:hi], sg, t)
-                for lo, hi, sg, t in zip(cuts[:-1], cuts[1:], self.mb_seq_group.tolist(), self.mb_time_s.tolist(),
-                                          strict=True)
+                MicroBatch(ids[lo:hi], lens[lo:hi], sg, t, r)
+                for lo, hi, sg, t, r in zip(cuts[:-1], cuts[1:], self.mb_seq_group.tolist(),
+                                             self.mb_time_s.tolist(), _view_r(self, 0, len(self.mb_size)),
+                                             strict=True)
             ]
             starts = self._mb_start.tolist()
             self._groups = tuple(
@@ -344,6 +369,9 @@ class StepPlan:
                     self.sample_id_array):
             h.update(len(arr).to_bytes(8, "little"))
             h.update(arr.astype("<i8", copy=False).tobytes())
+        if self.mb_recompute_layers is not None:  # (absent: the digest of a plan without the field)
+            h.update(b"mb_recompute_layers")
+            h.update(self.mb_recompute_layers.astype("<i8", copy=False).tobytes())
         return h.hexdigest()
 
     def summary(self) -> str:
@@ -359,6 +387,7 @@ class StepPlan:
             (self.epoch, self.step, self.world_size, self.method)
             == (other.epoch, other.step, other.world_size, other.method)
             and all(np.array_equal(getattr(self, a), getattr(other, a)) for a in _ARRAYS)
+            and _same_mb_r(self.mb_recompute_layers, other.mb_recompute_layers)
         )
 
     def __hash__(self) -> int:
@@ -366,14 +395,15 @@ class StepPlan:
         return hash((self.digest(), self.mb_time_s.tobytes()))
 
     def __getstate__(self) -> dict:
-        return {a: getattr(self, a) for a in (*_HEADER, *_ARRAYS, "_groups")}
+        return {a: getattr(self, a) for a in (*_HEADER, *_ARRAYS, "mb_recompute_layers", "_groups")}
 
     def __setstate__(self, state: dict) -> None:
         # rebuilt through _set: read-only copies and the rank cover again, as on construction
         self._set(*(state[a] for a in _HEADER), first_rank=state["first_rank"], sp_size=state["sp_size"],
                   recompute_layers=state["recompute_layers"], ga_steps=state["ga_steps"],
                   mb_time_s=state["mb_time_s"], mb_seq_group=state["mb_seq_group"], mb_size=state["mb_size"],
-                  sample_ids=state["sample_id_array"], seq_lens=state["seq_len_array"], groups=state["_groups"])
+                  sample_ids=state["sample_id_array"], seq_lens=state["seq_len_array"], groups=state["_groups"],
+                  mb_recompute_layers=state.get("mb_recompute_layers"))
 
     def __repr__(self) -> str:
         return (f"StepPlan(epoch={self.epoch}, step={self.step}, world_size={self.world_size}, "
@@ -384,3 +414,35 @@ class StepPlan:
 _HEADER = ("epoch", "step", "world_size", "method")
 _ARRAYS = ("first_rank", "sp_size", "recompute_layers", "ga_steps", "mb_time_s", "mb_seq_group", "mb_size",
            "sample_id_array", "seq_len_array")
+
+
+def _mb_r(values, n: int, owned: bool) -> np.ndarray:
+    """``mb_recompute_layers`` frozen, checked: one r >= 0 per micro-batch."""
+    arr = _int64(values, owned)
+    if arr.shape != (n,) or (n and int(arr.min()) < 0):
+        raise ValueError(
+            f"StepPlan mb_recompute_layers (shape {arr.shape}, min {int(arr.min()) if arr.size else None}) must "
+            f"hold one r >= 0 per micro-batch ({n}): build it with the plan's micro-batches, or pass None"
+        )
+    return arr
+
+
+def _same_mb_r(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    return (a is None) == (b is None) and (a is None or np.array_equal(a, b))
+
+
+def _mb_r_of(groups: Sequence[GroupPlan]) -> list[int] | None:
+    """``mb_recompute_layers`` of GroupPlans: None unless some micro-batch runs another r than its group's."""
+    if all(mb.recompute_layers in (-1, g.recompute_layers) for g in groups for mb in g.micro_batches):
+        return None
+    return [g.recompute_of(mb) for g in groups for mb in g.micro_batches]
+
+
+def _view_r(plan: StepPlan, a: int, e: int) -> list[int]:
+    """Micro-batches a .. e-1 of ``plan``: the r each runs at where it is not its group's, else -1 (the view's
+    ``MicroBatch.recompute_layers``: a plan built from those views is this plan)."""
+    if plan.mb_recompute_layers is None:
+        return [-1] * (e - a)
+    own = plan.mb_recompute_layers[a:e]
+    group = np.searchsorted(plan._mb_start, np.arange(a, e), side="right") - 1  # (a rank's view: its group only)
+    return np.where(own == plan.recompute_layers[group], -1, own).tolist()

@@ -169,10 +169,10 @@ def _by_ask(xs: np.ndarray, ps: np.ndarray, rs: np.ndarray, fulls: np.ndarray) -
 
 def place_first(ep: EpochArrays, groups: list[list], index: dict[tuple[int, int], list[int]], k: int,
                 limit: float) -> bool:
-    """Put micro-batch k into the first group (in grant order) of its own (p, r) with room for it, else
-    of its p with more recompute (timed there); False when none has room."""
+    """Put micro-batch k into the first group (in grant order) of its own (p, r) with room for it, else of
+    its p at another r (ascending; it runs its own r there, at its own time); False when none has room."""
     p_k, r_k = ep.mb_p[k], ep.mb_r[k]
-    for key in sorted((key for key in index if key[0] == p_k and key[1] >= r_k), key=lambda q: q[1]):
+    for key in sorted((key for key in index if key[0] == p_k), key=lambda q: (q[1] != r_k, q[1])):
         for g in index[key]:
             t = ep.time_at[key[1]][k]
             if groups[g][2] + t <= limit:
@@ -188,8 +188,8 @@ def fill_rounds(ep: EpochArrays, groups: list[list], kinds: dict, items, limit: 
 
     Per (p, r) kind: the window's remaining micro-batches of exactly that kind, longest first, in rounds
     of one per group: the i-th longest of the round goes to the group with the i-th most room if it fits
-    (LPT's choice, made for a whole round at once). Then, in the same way, what is left of the same p
-    with less recompute (timed at the group's r, which fits the same memory): a kind's own work first,
+    (LPT's choice, made for a whole round at once). Then, in the same way, what is left of the same p at
+    other recompute depths (each runs its own r, ``StepPlan.mb_recompute_layers``): a kind's own work first,
     so a group of more recompute never takes the work its own kind's groups were granted for. What does
     not fit stays for later steps. Reads only ``ep.mb_p_np``, ``ep.mb_r_np`` and ``ep.time_at_np``.
     ``cols``: the items' ``columns`` (made here when None); ``skip``: item positions that take no part.
@@ -226,11 +226,11 @@ def fill_rounds(ep: EpochArrays, groups: list[list], kinds: dict, items, limit: 
 
 
 def _free_of(cols: Columns, free_item: np.ndarray, p: int, r: int, exact: bool) -> np.ndarray | None:
-    """Positions (ascending) of the free items of kind (p, r), or (not ``exact``) of p with less recompute."""
+    """Positions (ascending) of the free items of kind (p, r), or (not ``exact``) of p at another r."""
     if exact:
         sel = cols.kind_of(p, r)
     else:
-        parts = [s for r2 in range(min(r, cols.n_r)) if (s := cols.kind_of(p, r2)) is not None]
+        parts = [s for r2 in range(cols.n_r) if r2 != r and (s := cols.kind_of(p, r2)) is not None]
         sel = None if not parts else parts[0] if len(parts) == 1 else np.sort(np.concatenate(parts))
     return None if sel is None else sel[free_item[sel]]
 

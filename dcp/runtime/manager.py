@@ -199,7 +199,7 @@ class DCPManager:
         if step is None:
             return MicroBatchTimer(self._watch, self._timings, self._idle_tally, None)
         mb, group = step.pending, step.group
-        key = (mb.seq_group, len(mb.sample_ids), group.sp_size, group.recompute_layers) if mb is not None else None
+        key = (mb.seq_group, len(mb.sample_ids), group.sp_size, group.recompute_of(mb)) if mb is not None else None
         return MicroBatchTimer(self._watch, self._timings, step.tally, key)
 
     # ----- data (paper step 2) -------------------------------------------------------------------
@@ -272,7 +272,10 @@ class DCPManager:
             )
         if step.ctx is None:  # the step's first micro-batch: its group's context and (tokens) weight, once
             _open_step(self, step)
-        self._ctx = step.ctx
+        ctx = step.ctx
+        if mb.recompute_layers >= 0 and mb.recompute_layers != ctx.recompute_layers:
+            ctx = _own_recompute(self, step.group, ctx, mb.recompute_layers)
+        self._ctx = ctx
         weight = step.weight
         step.loss_weight = weight if weight is not None else micro_batch_weight(
             mb, step.n_step, self.target_counts, self.config.runtime.loss_weighting, self.engine.sync_divisor)
@@ -281,7 +284,7 @@ class DCPManager:
 
     def recompute(self, layer: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``layer(*args)``, checkpointed when its index (layer.layer_index, else call order within this
-        forward) is below the current group's recompute_layers."""
+        forward) is below the current micro-batch's recompute_layers."""
         index = getattr(layer, "layer_index", None)
         if index is None:
             index = self._layer_counter
@@ -290,7 +293,7 @@ class DCPManager:
 
     def wrap_layers(self, layers: Any) -> None:
         """Route every layer of ``layers`` (e.g. an HF model's ``model.model.layers``) through the recompute
-        switch: layer i is checkpointed when i < the current group's recompute_layers. Parameter names
+        switch: layer i is checkpointed when i < the current micro-batch's recompute_layers. Parameter names
         and state dicts are unchanged (the layer's forward is wrapped, not the module)."""
         wrap_layers(layers, lambda: self._ctx.recompute_layers)
 
@@ -385,6 +388,16 @@ def _open_step(mgr: DCPManager, step: OpenStep) -> None:
     if mgr.config.runtime.loss_weighting == "tokens":  # the same for every micro-batch of the step
         step.weight = micro_batch_weight(step.pending, step.n_step, mgr.target_counts, "tokens",
                                          mgr.engine.sync_divisor)
+
+
+def _own_recompute(mgr: DCPManager, group: Any, ctx: SPContext, r: int) -> SPContext:
+    """The group's context at another recompute depth: a micro-batch that runs its own r
+    (``StepPlan.mb_recompute_layers``; memory is per micro-batch). Cached per (group, r) like the group's."""
+    key = (group.first_rank, group.sp_size, r)
+    out = mgr._ctx_cache.get(key)
+    if out is None:
+        out = mgr._ctx_cache[key] = ctx.replace(recompute_layers=r)
+    return out
 
 
 def _forward_problem(model: Any) -> ManagerError | None:

@@ -1,7 +1,8 @@
 """The recompute switch (DCP-intra): checkpoint a layer's activations or keep them, per micro-batch.
 
-The planner picks r per SP group; the model checkpoints its first r layers. Every rank of an SP group
-gets the same r from the same plan, so the collectives replayed inside a recomputed layer (the Ulysses
+The planner picks r per micro-batch (its own minimal r at its group's p: ``StepPlan.mb_recompute_layers``,
+else its group's); the model checkpoints its first r layers. Every rank of an SP group gets the same r for the
+same micro-batch from the same plan, so the collectives replayed inside a recomputed layer (the Ulysses
 all-to-alls) happen on all ranks of the group in the same order during backward.
 """
 

@@ -230,18 +230,19 @@ def step_cost(plan: StepPlan, times: TimeLookup | None, rows: dict, *, sync_s: f
     peak = 0.0
     for g in plan.groups:
         t = t_mb = 0.0
-        row = None
+        row, r = None, g.recompute_layers
         for mb in g.micro_batches:
+            r = g.recompute_of(mb)  # each micro-batch at its own r (``StepPlan.mb_recompute_layers``)
             if times is not None and mb.seq_group >= 0:
-                t_mb = times.lengths_time_s(mb.seq_group, g.sp_size, g.recompute_layers, mb.seq_lens)
+                t_mb = times.lengths_time_s(mb.seq_group, g.sp_size, r, mb.seq_lens)
             else:
                 t_mb = mb.time_s
             t += t_mb
             row = _mem_row(mb, g.sp_size, rows, edges)
-            if row is not None:
-                peak = max(peak, micro_batch_mem_bytes(row, g.recompute_layers))
+            if row is not None:  # memory is per micro-batch: its activations are freed after its backward
+                peak = max(peak, micro_batch_mem_bytes(row, r))
         group_times.append(t)
-        last_backward.append(t_mb * backward_share(row, g.recompute_layers) if row is not None else 0.0)
+        last_backward.append(t_mb * backward_share(row, r) if row is not None else 0.0)
     t_star = max(group_times, default=0.0)
     if overlap_grad_bytes > 0 and group_times:
         sync_s = exposed_sync_s(sync_s, last_backward[group_times.index(t_star)], overlap_grad_bytes)

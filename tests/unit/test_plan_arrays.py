@@ -110,3 +110,51 @@ def test_arrays_are_copied_groups_keep_their_order_and_bad_sizes_are_named():
     assert copy == unsorted and not copy.sample_id_array.flags.writeable
     with pytest.raises(ValueError, match="every sp_size >= 1: world_size 4, group 1 has sp_size 0"):
         StepPlan(0, 0, 4, "dcp-intra", (GroupPlan(0, 4, 0, ()), GroupPlan(2, 0, 0, ())))
+
+
+# ----- per-micro-batch recompute (StepPlan.mb_recompute_layers) --------------------------------------------
+
+
+def _own_r_groups():
+    """_groups() with the group of p = 2 at r = 3 and its first micro-batch running its own r = 1."""
+    g = _groups()
+    first = g[0]
+    return (GroupPlan(0, 2, 3, (first.micro_batches[0]._replace(recompute_layers=1), first.micro_batches[1])),
+            *g[1:])
+
+
+def test_micro_batches_of_their_own_recompute_in_arrays_views_digest_and_pickle():
+    plan = StepPlan(0, 0, 4, "dcp-intra", _own_r_groups())
+    assert plan.mb_recompute_layers.tolist() == [1, 3, 0]
+    arrays = dict(_arrays_unsorted(), recompute_layers=[0, 3, 0], mb_recompute_layers=[0, 1, 3])
+    lazy = StepPlan.from_arrays(0, 0, 4, "dcp-intra", **arrays)  # unsorted: the array follows its micro-batches
+    assert lazy.mb_recompute_layers.tolist() == [1, 3, 0] and lazy == plan
+    g0 = lazy.group_of(1)
+    assert [g0.recompute_of(mb) for mb in g0.micro_batches] == [1, 3] and g0.recompute_layers == 3
+    assert lazy.groups == plan.groups == _own_r_groups() and lazy.digest() == plan.digest()
+    # the same decisions but every micro-batch at its group's r: another digest, not equal
+    plain = StepPlan(0, 0, 4, "dcp-intra", (GroupPlan(0, 2, 3, _groups()[0].micro_batches), *_groups()[1:]))
+    assert plain.mb_recompute_layers is None and plain.digest() != plan.digest() and plain != plan
+    assert [plain.groups[0].recompute_of(mb) for mb in plain.groups[0].micro_batches] == [3, 3]
+    copy = pickle.loads(pickle.dumps(lazy))
+    assert copy == plan and copy.mb_recompute_layers.tolist() == [1, 3, 0]
+    assert not copy.mb_recompute_layers.flags.writeable
+    assert lazy.with_sample_ids(np.arange(6)).mb_recompute_layers.tolist() == [1, 3, 0]
+
+
+def test_micro_batches_at_their_groups_recompute_leave_the_plan_as_without_the_field():
+    # every micro-batch's r given, all equal to its group's: no array, the same digest and equality as before
+    explicit = tuple(g._replace(micro_batches=tuple(mb._replace(recompute_layers=g.recompute_layers)
+                                                     for mb in g.micro_batches)) for g in _groups())
+    plan = StepPlan(0, 0, 4, "dcp-intra", explicit)
+    ref = StepPlan(0, 0, 4, "dcp-intra", _groups())
+    assert plan.mb_recompute_layers is None and plan == ref and plan.digest() == ref.digest()
+    lazy = StepPlan.from_arrays(0, 0, 4, "dcp-intra", **_arrays_unsorted())
+    assert all(mb.recompute_layers == -1 for g in lazy.groups for mb in g.micro_batches)
+
+
+@pytest.mark.parametrize("bad", [[0, 1], [0, -1, 2]])
+def test_bad_micro_batch_recompute_is_named(bad):
+    with pytest.raises(ValueError, match=r"StepPlan mb_recompute_layers \(shape .*\) must hold one r >= 0 per "
+                                         r"micro-batch \(3\)"):
+        StepPlan.from_arrays(0, 0, 4, "dcp-intra", **dict(_arrays_unsorted(), mb_recompute_layers=bad))

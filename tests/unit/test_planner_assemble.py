@@ -342,7 +342,8 @@ def test_filler_uses_smaller_p_in_chunks():
 def test_head_joins_a_larger_group_on_long_tail():
     """t1d-long at 32 H200: when the head's kind has too little work in the window to fill its own group, the
     head joins a larger-p group (its ranks go to a second group of the longest kind); it runs there with a
-    setting whose memory fits (a b that holds it, recompute at most the group's), timed at that setting."""
+    setting whose memory fits (a b that holds it) at that setting's own r (``StepPlan.mb_recompute_layers``: at
+    most the group's), timed there."""
     from dcp.data_dists import load_lengths
     from dcp.planner.stream import TimeLookup
     from dcp.sim.scenario import paper_config, paper_table, scenario
@@ -361,8 +362,9 @@ def test_head_joins_a_larger_group_on_long_tail():
                 if g.sp_size > planner.settings[mb.seq_group].sp_size:
                     joined += 1
                     s = planner.arrays.by_sp[mb.seq_group][g.sp_size]
-                    assert s.micro_batch_size >= mb.size and s.recompute_layers <= g.recompute_layers
-                    want = times.lengths_time_s(mb.seq_group, g.sp_size, g.recompute_layers, mb.seq_lens)
+                    assert s.micro_batch_size >= mb.size and s.recompute_layers == g.recompute_of(mb)
+                    assert g.recompute_of(mb) <= g.recompute_layers
+                    want = times.lengths_time_s(mb.seq_group, g.sp_size, g.recompute_of(mb), mb.seq_lens)
                     assert mb.time_s == pytest.approx(want)
     assert joined >= 1
 

@@ -29,28 +29,30 @@ def _at(cfg, tokens_per_step: int, **planning):
 
 
 def _check_memory_and_prices(pl: EpochPlanner, plans) -> None:
-    """Every micro-batch runs at a (p, r) its seq_group's memory rule allows (its primary setting at r at least
-    its own, or a setting at that p whose b holds it and whose recompute is at most r; a token pack: the budget
-    holds its tokens) and is priced at no less than its real lengths cost there."""
+    """Every micro-batch runs at a (p, r) its seq_group's memory rule allows (its own r, ``recompute_of``: its
+    primary setting's r or more at its p, or a setting at that p whose b holds it and whose recompute is at most
+    r; a token pack: the budget holds its tokens), no more than its group's r, and is priced at no less than its
+    real lengths cost there."""
     ep = pl.arrays
     for plan in plans:
         for g in plan.groups:
             for mb in g.micro_batches:
-                sg = mb.seq_group
+                sg, r = mb.seq_group, g.recompute_of(mb)
+                assert r <= g.recompute_layers
                 s = ep.by_sp[sg].get(g.sp_size)
                 prim = ep.settings[sg]
                 assert s is not None or prim.sp_size == g.sp_size, (sg, g.sp_size)
                 if sg in ep.mbq.token_budget:  # its own p, or a filler's setting (re-packed to that budget)
                     row = prim if g.sp_size == prim.sp_size else s
-                    assert row.recompute_layers <= g.recompute_layers
+                    assert row.recompute_layers <= r
                     assert sum(mb.seq_lens) <= row.micro_batch_size * row.seq_len or mb.size == 1
                     continue
                 if prim.sp_size == g.sp_size:
-                    assert g.recompute_layers >= prim.recompute_layers
+                    assert r >= prim.recompute_layers
                     assert mb.size <= max(prim.micro_batch_size, s.micro_batch_size if s else 0)
                 else:
-                    assert s.micro_batch_size >= mb.size and s.recompute_layers <= g.recompute_layers
-                real = ep.times.lengths_time_s(sg, g.sp_size, g.recompute_layers, mb.seq_lens)
+                    assert s.micro_batch_size >= mb.size and s.recompute_layers <= r
+                real = ep.times.lengths_time_s(sg, g.sp_size, r, mb.seq_lens)
                 assert mb.time_s >= real * (1 - 1e-9), (mb.time_s, real)
 
 
