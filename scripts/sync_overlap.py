@@ -4,12 +4,13 @@ tokens_per_step = bucket's mean tokens per step, micro_batch_tokens auto).
 
     python scripts/sync_overlap.py [dataset ...]
 
-The simulator (``dcp.sim.cluster.exposed_sync_s``) overlaps the sync with the backward of the slowest group's last
-micro-batch only. Every rank's buckets take part in every all-reduce, so a bucket's all-reduce starts once the last
-rank to produce it has: with group g ending at T_g after a last backward of B_g, its buckets ready evenly over
-[T_g - B_g, T_g] and n buckets of sync / n each run one after another, the sync ends at
-max_i (max_g (T_g - B_g (1 - (i + 1) / n)) + (n - i) sync / n), at least T* + the last bucket. Printed: both as
-shares of the epoch's compute time, summed over the steps.
+Until 2026-11-26 the simulator (``dcp.sim.cluster.exposed_sync_s``) overlapped the sync with the backward of the
+slowest group's last micro-batch only. Every rank's buckets take part in every all-reduce, so a bucket's all-reduce
+starts once the last rank to produce it has (``dcp.sim.cluster.exposed_sync_groups_s``, the simulator's rule since):
+with group g ending at T_g after a last backward of B_g, its buckets ready evenly over [T_g - B_g, T_g] and n
+buckets of sync / n each run one after another, the sync ends at max_i (max_g (T_g - B_g (1 - (i + 1) / n)) +
+(n - i) sync / n), at least T* + the last bucket. Printed: both as shares of the epoch's compute time, summed over
+the steps.
 """
 
 from __future__ import annotations
@@ -24,17 +25,8 @@ from dcp.data_dists import get_spec, load_lengths
 from dcp.planner.analytic import grad_sync_time_s
 from dcp.planner.assemble import EpochPlanner
 from dcp.planner.peers import bucket_tokens_per_step
-from dcp.sim.cluster import DDP_BUCKET_BYTES, _mem_row, backward_share, exposed_sync_s, row_lookup
+from dcp.sim.cluster import _mem_row, backward_share, exposed_sync_groups_s, exposed_sync_s, row_lookup
 from dcp.sim.scenario import paper_config, paper_table, scenario
-
-
-def every_group_sync_s(ends: np.ndarray, last_bw: np.ndarray, sync_s: float, buckets: int) -> float:
-    """Exposed sync of a step whose groups end at ``ends`` after last backwards ``last_bw`` (module docstring)."""
-    i = np.arange(buckets)
-    ready = (ends[:, None] - last_bw[:, None] * (1 - (i[None, :] + 1) / buckets)).max(axis=0)
-    done = float((ready + (buckets - i) * sync_s / buckets).max())
-    t_star = float(ends.max())
-    return max(done, t_star + sync_s / buckets) - t_star
 
 
 def overlap(ds: str, world: int = 32, seed: int = 0) -> str:
@@ -49,7 +41,6 @@ def overlap(ds: str, world: int = 32, seed: int = 0) -> str:
     rows, edges, model = row_lookup(table), table.seq_group_edges, cfg.model
     sync = grad_sync_time_s(model, sc.hardware, world)
     grad_bytes = model.num_params * model.param_bytes
-    buckets = max(1, round(grad_bytes / DDP_BUCKET_BYTES))
     compute = by_sim = by_all = 0.0
     for p in EpochPlanner(lengths.tokens, table, cfg, world, 0, shapes=lengths.shapes):
         ends, last_bw = [], []
@@ -61,9 +52,10 @@ def overlap(ds: str, world: int = 32, seed: int = 0) -> str:
         e, b = np.asarray(ends), np.asarray(last_bw)
         compute += float(e.max())
         by_sim += exposed_sync_s(sync, float(b[int(np.argmax(e))]), grad_bytes)
-        by_all += every_group_sync_s(e, b, sync, buckets)
-    return (f"{ds}: sync {sync:.3f} s per step, {buckets} buckets; exposed over the epoch's compute: "
-            f"simulator {by_sim / compute:.4f}, every group {by_all / compute:.4f}")
+        by_all += exposed_sync_groups_s(sync, e, b, grad_bytes)
+    return (f"{ds}: sync {sync:.3f} s per step; exposed over the epoch's compute: "
+            f"slowest group only {by_sim / compute:.4f}, every group (the simulator since 2026-11-26) "
+            f"{by_all / compute:.4f}")
 
 
 if __name__ == "__main__":

@@ -8,9 +8,11 @@ For every StepPlan of ``plan_epoch`` (the same code the runtime uses):
 - the step's compute phase lasts as long as its slowest group; ranks of faster groups idle until then
   (data-parallel ranks meet at the gradient synchronisation, so nobody may start the next step earlier);
 - then every rank runs the ZeRO-1 gradient sync (reduce-scatter of gradients + all-gather of the updated
-  parameters over all W ranks, ring formula) and its 1/W share of the optimizer update. The sync is not
-  overlapped with backward here (DeepSpeed can overlap part of it), which makes the per-step cost an
-  upper bound and penalises methods that take more steps, as the paper describes for bucket parallel.
+  parameters over all W ranks, ring formula) and its 1/W share of the optimizer update. With the deepspeed
+  engine the sync is not overlapped with backward here (DeepSpeed can overlap part of it), which makes the
+  per-step cost an upper bound and penalises methods that take more steps, as the paper describes for bucket
+  parallel; the ddp engine's bucketed all-reduce overlaps the last backwards of every busy group
+  (:func:`exposed_sync_groups_s`).
 
 The ideal bound runs every sample at its best per-GPU efficiency from the truth table (Eq. 1 optimum with
 minimal recompute, Algorithm 1), with no idle time and no synchronisation: ``tokens / (sum_i GPU-s_i / W)``.
@@ -22,6 +24,8 @@ import bisect
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+
+import numpy as np
 
 from dcp.config import PEER_METHODS, DCPConfig
 from dcp.planner.analytic import GRAD_BUCKET_MIB, HardwareSpec, grad_sync_time_s, optimizer_step_time_s
@@ -49,8 +53,8 @@ class StepResult:
     sync_time_s: float
     """The step's gradient sync over all ranks (all-reduce, or ZeRO-1 reduce-scatter + all-gather), the part
     the compute phase does not hide: all of it for the deepspeed engine; for the ddp engine, which starts
-    each bucket inside the backward of a rank's last micro-batch, what is left after the slowest group's
-    last backward (:func:`exposed_sync_s`)."""
+    each bucket inside the backward of a rank's last micro-batch, what is left after the groups' last
+    backwards (:func:`exposed_sync_groups_s`)."""
     optimizer_time_s: float
     """Each rank's 1/W share of the Adam update."""
     tokens: int
@@ -219,12 +223,31 @@ def exposed_sync_s(sync_s: float, overlap_s: float, grad_bytes: float) -> float:
     return max(last_bucket, sync_s - overlap_s)
 
 
+def exposed_sync_groups_s(sync_s: float, ends_s: np.ndarray, last_backward_s: np.ndarray, grad_bytes: float) -> float:
+    """What is left of a gradient all-reduce of ``sync_s`` after a step whose busy groups end at ``ends_s``, each
+    after a last backward of ``last_backward_s``. Every rank's buckets take part in every all-reduce, so a
+    bucket's all-reduce starts once the LAST rank has produced it: the buckets of a group come ready evenly over
+    its last backward [end - backward, end], and n buckets of sync / n each run one after another, so the sync
+    ends at max_i (max_g (end_g - backward_g (1 - (i + 1) / n)) + (n - i) sync / n), at least the slowest
+    group's end + one bucket. A group that ends a little before the slowest one after a short last backward
+    holds the early buckets back (the slowest group's backward alone, :func:`exposed_sync_s`, would hide
+    them). Idle ranks' zero gradients are ready at once."""
+    if not len(ends_s):
+        return sync_s
+    n = max(1, round(grad_bytes / DDP_BUCKET_BYTES)) if grad_bytes > 0 else 1
+    x = (np.arange(n) + 1.0) / n
+    ready = (ends_s[:, None] - last_backward_s[:, None] * (1.0 - x[None, :])).max(axis=0)
+    t_star = float(ends_s.max())
+    done = float((ready + (n - np.arange(n)) * sync_s / n).max())
+    return max(done, t_star + sync_s / n) - t_star
+
+
 def step_cost(plan: StepPlan, times: TimeLookup | None, rows: dict, *, sync_s: float, optimizer_s: float,
               edges: Sequence[int] = (), overlap_grad_bytes: float = 0.0, control_s: float = 0.0) -> StepResult:
     """Cost of one StepPlan; ``times`` re-times micro-batches from a truth table (None: planner's times),
     each from its samples' real lengths (TimeLookup.lengths_time_s, as the planner prices them); ``rows``:
-    :func:`row_lookup` of the table. ``overlap_grad_bytes`` > 0 (the ddp engine, that many gradient bytes) overlaps the sync with the backward
-    of the slowest group's last micro-batch (:func:`exposed_sync_s`); 0 leaves it all exposed."""
+    :func:`row_lookup` of the table. ``overlap_grad_bytes`` > 0 (the ddp engine, that many gradient bytes) overlaps the sync with the
+    backwards of the groups' last micro-batches (:func:`exposed_sync_groups_s`); 0 leaves it all exposed."""
     group_times: list[float] = []
     last_backward: list[float] = []
     peak = 0.0
@@ -245,7 +268,9 @@ def step_cost(plan: StepPlan, times: TimeLookup | None, rows: dict, *, sync_s: f
         last_backward.append(t_mb * backward_share(row, r) if row is not None else 0.0)
     t_star = max(group_times, default=0.0)
     if overlap_grad_bytes > 0 and group_times:
-        sync_s = exposed_sync_s(sync_s, last_backward[group_times.index(t_star)], overlap_grad_bytes)
+        busy_g = [i for i, g in enumerate(plan.groups) if g.micro_batches]
+        sync_s = exposed_sync_groups_s(sync_s, np.asarray([group_times[i] for i in busy_g]),
+                                       np.asarray([last_backward[i] for i in busy_g]), overlap_grad_bytes)
     per_group = tuple((g.first_rank, g.sp_size, t_star - t) for g, t in zip(plan.groups, group_times, strict=True))
     idle = sum(p * i for _, p, i in per_group)
     busy = [t for g, t in zip(plan.groups, group_times, strict=True) if g.micro_batches]

@@ -156,7 +156,7 @@ def test_exposed_sync_by_hand():
     assert exposed_sync_s(0.5, 9.0, DDP_BUCKET_BYTES / 2) == 0.5  # one bucket: no overlap possible
 
 
-def test_step_cost_overlaps_the_sync_with_the_slowest_groups_last_backward():
+def test_step_cost_overlaps_the_sync_with_every_busy_groups_last_backward():
     from dcp.planner.table import ProfileRow
     from dcp.sim.cluster import DDP_BUCKET_BYTES, backward_share
 
@@ -170,5 +170,13 @@ def test_step_cost_overlaps_the_sync_with_the_slowest_groups_last_backward():
     plain = step_cost(plan, None, rows, sync_s=0.5, optimizer_s=0.0)
     over = step_cost(plan, None, rows, sync_s=0.5, optimizer_s=0.0, overlap_grad_bytes=1000 * DDP_BUCKET_BYTES)
     assert plain.sync_time_s == 0.5
-    # the slowest group (1.6 s) ends with a 0.6 s micro-batch, 2/3 of it backward: 0.4 s of the sync is hidden
-    assert over.sync_time_s == pytest.approx(0.1) and over.compute_time_s == plain.compute_time_s
+    # the slowest group (1.6 s) ends with a 0.6 s micro-batch, 2/3 of it backward: 0.4 s of the sync is hidden,
+    # less the first of its 1000 buckets' wait (its gradients come ready over that backward, 0.4 ms each)
+    assert over.sync_time_s == pytest.approx(0.1 + 0.4 / 1000) and over.compute_time_s == plain.compute_time_s
+    # a group ending 0.05 s earlier after a 0.05 s micro-batch (its backward 1/30 s) holds the early buckets back:
+    # its first bucket is ready at 1.55 - 1/30 s, so the sync ends ~0.417 s after the step's compute, not 0.1
+    late = StepPlan(0, 0, 2, "dcp-intra", (GroupPlan(0, 1, 0, (mb(1.0), mb(0.6))),
+                                           GroupPlan(1, 1, 0, (mb(1.5), mb(0.05)))))
+    got = step_cost(late, None, rows, sync_s=0.5, optimizer_s=0.0, overlap_grad_bytes=1000 * DDP_BUCKET_BYTES)
+    assert got.sync_time_s == pytest.approx(1.55 - 0.05 * 2 / 3 * (1 - 1 / 1000) + 0.5 - 1.6, abs=1e-9)
+    assert got.sync_time_s > 0.41
