@@ -10,6 +10,7 @@ import numpy as np
 
 from dcp.planner.balance import balance
 from dcp.planner.build import place_and_build, placed_groups
+from dcp.planner.dense import dense_window
 from dcp.planner.epoch import EpochArrays, EpochProgress
 from dcp.planner.improve import idle, improve, join_head, work
 from dcp.planner.packing import pack
@@ -215,9 +216,9 @@ def _other_targets(ep: EpochArrays, prog: EpochProgress, head: int, sc: Scan, to
     while the other groups end a third earlier) is planned again at other targets ``TOKEN_TARGETS`` x T*,
     each from its own window (``step_tokens.window_at``: its work, at most ``top`` tokens) and from that window
     with its widest kind cut to one group's worth (``step_tokens.thin_window``: the other giants wait for a later
-    step rather than queue on one group); the plan whose
-    placed work at the micro-batches' own settings fills the most of W x its time is kept
-    (``fill_share``), among those whose tokens stay within the bounds."""
+    step rather than queue on one group), then from a dense window (``dense.dense_window``); the plan whose placed
+    work at the micro-batches' own settings fills the most of W x its time is kept (``fill_share``), among those
+    whose tokens stay within the bounds."""
     want, cap, mb_tok, low, _ = budget
     if ep.world_size >= BULK_MIN_RANKS:
         return best
@@ -248,6 +249,13 @@ def _other_targets(ep: EpochArrays, prog: EpochProgress, head: int, sc: Scan, to
             alt_share = fill_share(ep, placed)
             if alt_share > share + 1e-9:
                 best, share = alt, alt_share
+    # a long micro-batch's step runs that long whatever it holds: up to want + lag tokens even with ``want`` at low
+    w = dense_window(ep, prog, head, best[0], (want * per_token, most := min(top, max(first, want + lag))), mb_tok)
+    if w is not None:
+        alt = _balanced(ep, prog, head, (best[0], w), budget, per_token)
+        placed = placed_groups(ep, alt[2], head)[0]
+        if floor <= _placed_tokens(placed, mb_tok) <= most and fill_share(ep, placed) > share + 1e-9:
+            best = alt
     return best
 
 
