@@ -11,7 +11,7 @@ import numpy as np
 from dcp.planner.balance import balance
 from dcp.planner.build import place_and_build, placed_groups
 from dcp.planner.epoch import EpochArrays, EpochProgress
-from dcp.planner.improve import idle, improve, join_head, work
+from dcp.planner.improve import idle, improve, join_head, left_over, work
 from dcp.planner.packing import pack
 from dcp.planner.plan import StepPlan
 from dcp.planner.step_tokens import TOKEN_LAG, TOKEN_TARGETS, thin_window, token_target, window_at
@@ -156,7 +156,9 @@ def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
     per_token = float(ep.mb_work.sum()) / max(1.0, float(mb_tok.sum()))  # GPU-s per token of the epoch
     sc = scan(ep, prog, head, lambda t: f * max(t, want * per_token / ep.world_size))
     left = float(mb_tok[prog.consumed_np() == 0].sum())
-    last = left <= min(cap, want + low)  # the epoch's end: what is left, unless it makes two steps
+    # the epoch's end: what is left, unless it makes two steps (not when the head alone leaves less than the lower
+    # bound after it: a long sample that would run alone before a short last step)
+    last = left <= min(cap, want + low) or (left <= cap and mb_tok[head] > left - low)
     if last and not sc.all:
         sc = scan(ep, prog, head, lambda t: math.inf)
     # the window may hold a little more than the batch (choice for the packing), never past the cap, nor so far
@@ -181,14 +183,29 @@ def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
             t_star, win, groups, head_t, joined = _other_targets(ep, prog, head, sc, top, lag, budget, per_token,
                                                                  (t_star, win, groups, head_t, joined))
     elif not joined:  # micro-batches joined at another p keep their groups as they are
-        groups, win, head_t = _improve_within(ep, prog, (groups, win, None), head, t_star, mb_tok, low)
+        groups, win, head_t = _improve_within(ep, prog, (groups, win, None), head, t_star, mb_tok, (low, cap))
         groups, joined = balance(ep, prog, win, groups, head, {} if head_t is None else {head: head_t[1]},
                                  (mb_tok, want))
         groups = [gr for gr in groups if gr[3]]
     else:
         head_t = None
     prog.scan_hint = len(win)
+    win = _filler_window(prog, win, groups, mb_tok, cap)
     return place_and_build(ep, prog, step, head, win, groups, t_star, head_t, joined=joined, longest_last=True)
+
+
+def _filler_window(prog: EpochProgress, win: np.ndarray, groups: list[list], mb_tok: np.ndarray,
+                   cap: float) -> np.ndarray:
+    """``win`` as placement's fillers may draw on it (``build.place_and_build``: ranks no group took run left-over
+    window micro-batches): its left-overs cut, in window order, to what keeps the step within ``cap`` tokens with
+    all of ``groups``' micro-batches (fillers once took a 32-rank step's second long sample past the bound)."""
+    held = sum(int(mb_tok[gr[3]].sum()) for gr in groups if gr[3])
+    rest = left_over(prog, win, groups)
+    tok = np.cumsum(mb_tok[rest])
+    if not len(rest) or held + tok[-1] <= cap:
+        return win
+    keep = rest[: int(np.searchsorted(tok, cap - held, side="right"))]
+    return np.concatenate([np.fromiter((k for gr in groups for k in gr[3]), dtype=np.int64), keep])
 
 
 def _balanced(ep: EpochArrays, prog: EpochProgress, head: int, sized: tuple[float, np.ndarray],
@@ -202,10 +219,16 @@ def _balanced(ep: EpochArrays, prog: EpochProgress, head: int, sized: tuple[floa
     groups = _pack_head(ep, win, t_star, head)
     t_star, win, groups, head_t = _reach_low(ep, prog, mb_tok, head, (t_star, win, groups),
                                              (want, cap, per_token), low)
-    groups, win, head_t = _improve_within(ep, prog, (groups, win, head_t), head, t_star, mb_tok, low)
+    groups, win, head_t = _improve_within(ep, prog, (groups, win, head_t), head, t_star, mb_tok, (low, cap))
+    before = [[*gr[:3], list(gr[3])] for gr in groups]
+    held = _tokens(ep, groups, head, mb_tok)
     groups, joined = balance(ep, prog, win, groups, head, {} if head_t is None else {head: head_t[1]},
                              (mb_tok, want))
-    return t_star, win, [gr for gr in groups if gr[3]], head_t, joined
+    groups = [gr for gr in groups if gr[3]]
+    if held <= cap and sum(int(mb_tok[gr[3]].sum()) for gr in groups) > cap and _tokens(ep, groups, head, mb_tok) > cap:
+        # balance's layout let placement keep more than the upper bound (a group it had dropped fits now)
+        groups, joined = [gr for gr in before if gr[3]], {} if head_t is None else {head: head_t[1]}
+    return t_star, win, groups, head_t, joined
 
 
 def _other_targets(ep: EpochArrays, prog: EpochProgress, head: int, sc: Scan, top: float, lag: float,
@@ -270,18 +293,19 @@ def _fill_long(ep: EpochArrays, sc: Scan, mb_tok: np.ndarray, sized: tuple[float
 
 
 def _improve_within(ep: EpochArrays, prog: EpochProgress, packed: tuple, head: int, t_star: float,
-                    mb_tok: np.ndarray, low: float) -> tuple:
+                    mb_tok: np.ndarray, bounds: tuple[float, float]) -> tuple:
     """``improve`` and, unless the head already joined another group, ``_try_head_elsewhere`` on ``packed``
     (groups, window, head's (group, time) or None); their swaps trade micro-batches for longer ones, which
-    can hold fewer tokens (one long sample for many short ones): when that takes a step that held ``low``
-    tokens below them, the packing before is kept."""
+    can hold fewer tokens (one long sample for many short ones) or more (a second long sample for short ones):
+    when that takes a step that held ``bounds`` (low, high) tokens out of them, the packing before is kept."""
     groups, win, head_t = packed
     before = [[*gr[:3], list(gr[3])] for gr in groups]
     improve(ep, prog, win, groups, head)
     if head_t is None:
         groups, _, win, head_t = _try_head_elsewhere(ep, prog, (groups, idle(groups, ep.world_size), win, None),
                                                      head, t_star)
-    if _tokens(ep, groups, head, mb_tok) < low <= _tokens(ep, before, head, mb_tok):
+    low, cap = bounds
+    if not low <= _tokens(ep, groups, head, mb_tok) <= cap and low <= _tokens(ep, before, head, mb_tok) <= cap:
         return before, packed[1], packed[2]
     return groups, win, head_t
 
@@ -347,28 +371,85 @@ def _reach_low(ep: EpochArrays, prog: EpochProgress, mb_tok: np.ndarray, head: i
     a longer micro-batch, or the head's kind leaves its p alone on the ranks): T* grows by 10% and the window
     reaches on to twice the upper bound's tokens (``sizes``: tokens wanted, the upper bound, GPU-s per token),
     at most LOW_STRETCHES times, each packed with the head in its own group and else joining another group
-    (``join_head``); the first packing that holds ``low`` to the upper bound's tokens is kept, else ``packed``
-    (the data allow no such step). Returns (T*, window, groups, the head's (group, time) or None)."""
+    (``join_head``); the first packing that holds ``low`` to the upper bound's tokens is kept. Failing that, the
+    same from ``packed``'s T* with a window that passes over micro-batches longer than T* (they wait for a later
+    step; the running total stays near step x target), and then with T* jumping to the micro-batch that stopped
+    the window (the step takes it). Else ``packed`` (the data allow no such step). Returns (T*, window, groups,
+    the head's (group, time) or None)."""
     if _tokens(ep, packed[2], head, mb_tok) >= low:
         return (*packed, None)
     want, cap, per_token = sizes
     sc = scan(ep, prog, head, lambda t: WINDOW_WORK_FACTOR * ep.world_size * max(t, 2 * cap * per_token))
-    t_star = packed[0]
+    best, best_tok = None, math.inf
+    for mode in LOW_MODES:
+        got = _low_stretch(ep, sc, mb_tok, head, (packed[0], mode), (want, cap), low)
+        # the first mode's step unless it holds far more than wanted (running ahead of step x target): then
+        # the nearest to the wanted tokens
+        if got is not None and abs(got[1] - want) < abs(best_tok - want):
+            best, best_tok = got
+        if best_tok <= TOKEN_SLACK * want:
+            break
+    return best if best is not None else (*packed, None)
+
+
+def _low_stretch(ep: EpochArrays, sc: Scan, mb_tok: np.ndarray, head: int, start: tuple[float, str],
+                 sizes: tuple[float, float], low: float) -> tuple | None:
+    """One of ``_reach_low``'s modes (``start``: the T* it stretches from, the mode): ((T*, window, groups, the
+    head's (group, time) or None), tokens) of its first packing within ``low`` and the upper bound, else None."""
+    (t_star, mode), (want, cap) = start, sizes
     for _ in range(LOW_STRETCHES):
         t_star *= 1.1
-        _, m, j_long = token_target(sc.cumw, ep.mb_t[sc.idx], mb_tok[sc.idx], ep.world_size, want, 2 * cap,
-                                    WINDOW_WORK_FACTOR, t_min=t_star)
-        win = window(sc.idx, m, j_long)
-        groups = _pack_head(ep, win, t_star, head)
-        if low <= _tokens(ep, groups, head, mb_tok) <= cap:
-            return t_star, win, groups, None
-        if len(win) > 1:
-            groups = pack(ep, win, t_star, head, defer_head=True)
-            # the head joins a group of another p (its setting there, the memory rule) even past T*
-            head_t = join_head(ep, groups, head, math.inf) if groups else None
-            if head_t is not None and low <= _tokens(ep, groups, head, mb_tok) <= cap:
-                return max(t_star, max(gr[2] for gr in groups)), win, groups, head_t
-    return (*packed, None)
+        # (the plain window reaches on to twice the upper bound; the others hold little more than the wanted
+        # tokens: the packing takes about all of a window that passed over its long ones)
+        reach = 2 * cap if mode == "plain" else min(cap, TOKEN_SLACK * want)
+        win, blocked = _low_window(ep, sc, mb_tok, t_star, want, reach, mode == "skip")
+        if win is None:
+            return None  # (skip: no micro-batch longer than T* in reach, the plain window was this one)
+        got = _low_pack(ep, win, t_star, head, mb_tok, (low, cap))
+        if got is not None:
+            return got
+        if mode == "jump" and blocked > t_star * 1.1:
+            t_star = blocked / 1.1  # 10% more adds nothing until T* reaches the micro-batch that stopped it
+    return None
+
+
+LOW_MODES = ("plain", "skip", "jump")
+"""``_reach_low``'s windows, in order: stretched, passing over micro-batches longer than T*, T* jumping to them."""
+
+
+def _low_window(ep: EpochArrays, sc: Scan, mb_tok: np.ndarray, t_star: float, want: float, cap: float,
+                skip: bool) -> tuple[np.ndarray | None, float]:
+    """``_reach_low``'s window at ``t_star`` over the scan ``sc`` (``token_target``: about ``want`` tokens, on to
+    ``cap``), and the time of the micro-batch that stopped it (0 when none did). ``skip``: from the scanned
+    micro-batches no longer than T* (the head always), None when that is all of them."""
+    idx, cumw = sc.idx, sc.cumw
+    if skip:
+        keep = ep.mb_t[idx] <= t_star * (1 + 1e-9)
+        keep[0] = True
+        if keep.all():
+            return None, 0.0
+        idx = idx[keep]
+        cumw = np.cumsum(ep.mb_work[idx])
+    _, m, j_long = token_target(cumw, ep.mb_t[idx], mb_tok[idx], ep.world_size, want, cap, WINDOW_WORK_FACTOR,
+                                t_min=t_star)
+    return window(idx, m, j_long), float(ep.mb_t[idx[m]]) if m < len(idx) else 0.0
+
+
+def _low_pack(ep: EpochArrays, win: np.ndarray, t_star: float, head: int, mb_tok: np.ndarray,
+              bounds: tuple[float, float]) -> tuple | None:
+    """``win`` packed at ``t_star`` with the head in its own group, else with the head joining a group of another
+    p (its setting there, the memory rule) even past T*: ((T*, window, groups, the head's (group, time) or None),
+    tokens) for the first whose placed groups hold ``bounds`` (low, high) tokens, else None."""
+    low, cap = bounds
+    groups = _pack_head(ep, win, t_star, head)
+    if low <= (tok := _tokens(ep, groups, head, mb_tok)) <= cap:
+        return (t_star, win, groups, None), tok
+    if len(win) > 1:
+        groups = pack(ep, win, t_star, head, defer_head=True)
+        head_t = join_head(ep, groups, head, math.inf) if groups else None
+        if head_t is not None and low <= (tok := _tokens(ep, groups, head, mb_tok)) <= cap:
+            return (max(t_star, max(gr[2] for gr in groups)), win, groups, head_t), tok
+    return None
 
 
 def _tokens(ep: EpochArrays, groups: list[list], head: int, mb_tok: np.ndarray) -> int:
