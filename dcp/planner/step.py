@@ -200,19 +200,22 @@ def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
 def _lift_low(ep: EpochArrays, prog: EpochProgress, head: int, sized: tuple[float, np.ndarray],
               budget: tuple[float, float, np.ndarray, float, float], per_token: float, best: tuple,
               flagged: bool) -> tuple:
-    """``best`` (T*, window, groups, head's (group, time) or None, balance's times), or where ``_reach_low``
-    ``flagged`` the first plan and ``best``'s groups still hold fewer than the lower bound's tokens or more than
-    TOKEN_SLACK x the wanted ones (after balance and the other targets, whose plans idle less where one is
-    within the bounds: t1d-balanced at 32 H200 2.9% rather than 4.2% idle with these first), the step packed
-    from ``sized`` (T*, window) with ``_reach_low``'s other windows, when that holds them within the bounds
-    (and fewer than ``best``)."""
+    """``best`` (T*, window, groups, head's (group, time) or None, balance's times), or, where ``_reach_low``
+    ``flagged`` the first plan and ``best`` is still below the bound (or far past the wanted tokens while the
+    total is ahead), ``sized`` (T*, window) packed with its other windows when that is within the bounds."""
     want, cap, mb_tok, low, _ = budget
-    tok = _tokens(ep, best[2], head, mb_tok)
-    if low <= tok <= max(low, TOKEN_SLACK * want) or not flagged:
+    if not flagged:
+        return best
+    tok = _tokens(ep, best[2], head, mb_tok)  # (far past the wanted tokens only while wanting the lower bound)
+    if low <= tok <= (TOKEN_SLACK * want if want <= low else cap):
         return best
     alt = _balanced(ep, prog, head, sized, budget, per_token, LOW_MODES[1:])
     alt_tok = _tokens(ep, alt[2], head, mb_tok)
-    return alt[:5] if low <= alt_tok <= cap and (tok < low or alt_tok < tok) else best
+    if not low <= alt_tok <= cap or (tok >= low and alt_tok >= tok):
+        return best
+    # (a step far past its wanted tokens gives way only to one that fills the ranks as well)
+    fill = [fill_share(ep, placed_groups(ep, b[2], head)[0]) for b in (best, alt)]
+    return alt[:5] if tok < low or fill[1] >= fill[0] - LIFT_FILL else best
 
 
 def _filler_window(prog: EpochProgress, win: np.ndarray, groups: list[list], mb_tok: np.ndarray,
@@ -385,14 +388,11 @@ def _reach_low(ep: EpochArrays, prog: EpochProgress, mb_tok: np.ndarray, head: i
                sizes: tuple[float, float, float], low: float, modes: tuple[str, ...]) -> tuple:
     """``packed`` (T*, window, groups) of a step at a global batch whose placed groups hold fewer than ``low``
     tokens (the head's group took all ranks and the window held no more of its kind, the window stopped before
-    a longer micro-batch, or the head's kind leaves its p alone on the ranks): T* grows by 10% and the window
-    reaches on to twice the upper bound's tokens (``sizes``: tokens wanted, the upper bound, GPU-s per token),
-    at most LOW_STRETCHES times, each packed with the head in its own group and else joining another group
-    (``join_head``); the first packing that holds ``low`` to the upper bound's tokens is kept. Failing that, the
-    same from ``packed``'s T* with a window that passes over micro-batches longer than T* (they wait for a later
-    step; the running total stays near step x target), and then with T* jumping to the micro-batch that stopped
-    the window (the step takes it). Else ``packed`` (the data allow no such step). Returns (T*, window, groups,
-    the head's (group, time) or None)."""
+    a longer micro-batch, or the head's kind leaves its p alone on the ranks): for each of ``modes``
+    (``_low_stretch``, LOW_MODES) the first packing within ``low`` and the upper bound (``sizes``: tokens
+    wanted, the upper bound, GPU-s per token); the first mode's unless it holds more than TOKEN_SLACK x the
+    wanted tokens, then the one nearest them. Else ``packed`` (the data allow no such step). Returns (T*,
+    window, groups, the head's (group, time) or None, whether ``_lift_low`` should try the other modes)."""
     if _tokens(ep, packed[2], head, mb_tok) >= low:
         return (*packed, None, False)
     want, cap, per_token = sizes
@@ -412,8 +412,12 @@ def _reach_low(ep: EpochArrays, prog: EpochProgress, mb_tok: np.ndarray, head: i
 
 def _low_stretch(ep: EpochArrays, sc: Scan, mb_tok: np.ndarray, head: int, start: tuple[float, str],
                  sizes: tuple[float, float], low: float) -> tuple | None:
-    """One of ``_reach_low``'s modes (``start``: the T* it stretches from, the mode): ((T*, window, groups, the
-    head's (group, time) or None), tokens) of its first packing within ``low`` and the upper bound, else None."""
+    """One of ``_reach_low``'s modes (``start``: the T* it stretches from, the mode): T* grows by 10% at most
+    LOW_STRETCHES times, each packed with the head in its own group, else joining another (``_low_pack``);
+    ((T*, window, groups, head's (group, time) or None), tokens) of the first within ``low`` and the upper
+    bound, else None. Windows: plain (on to twice the upper bound), skip (passing over micro-batches longer than
+    T*: they wait for a later step, the running total stays on step x target), jump (T* jumps to the
+    micro-batch that stopped the window: the step takes it)."""
     (t_star, mode), (want, cap) = start, sizes
     # (the plain window reaches on to twice the upper bound; the others hold little more than the wanted tokens:
     # the packing takes about all of a window that passed over its long ones)
@@ -432,8 +436,11 @@ def _low_stretch(ep: EpochArrays, sc: Scan, mb_tok: np.ndarray, head: int, start
     return None
 
 
+LIFT_FILL = 0.05
+"""``_lift_low`` takes a step nearer the wanted tokens for one far past them if its ``fill_share`` is at most
+this much lower (0: 3 of 240 small epochs' means 5.3% over the target; 0.2: DCP-inter t1d-long 0.809 -> 0.801)."""
 LOW_MODES = ("plain", "skip", "jump")
-"""``_reach_low``'s windows, in order: stretched, passing over micro-batches longer than T*, T* jumping to them."""
+"""``_reach_low``'s windows (``_low_stretch``), in order."""
 
 
 def _low_window(ep: EpochArrays, sc: Scan, mb_tok: np.ndarray, t_star: float, want: float, cap: float,
