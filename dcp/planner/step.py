@@ -11,7 +11,7 @@ import numpy as np
 from dcp.planner.balance import balance
 from dcp.planner.build import place_and_build, placed_groups
 from dcp.planner.epoch import EpochArrays, EpochProgress
-from dcp.planner.improve import idle, improve, join_head, left_over, work
+from dcp.planner.improve import idle, improve, join_head, work
 from dcp.planner.packing import pack
 from dcp.planner.plan import StepPlan
 from dcp.planner.step_tokens import TOKEN_LAG, TOKEN_TARGETS, thin_window, token_target, window_at
@@ -193,7 +193,6 @@ def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
     else:
         head_t = None
     prog.scan_hint = len(win)
-    win = _filler_window(prog, win, groups, mb_tok, cap)
     return place_and_build(ep, prog, step, head, win, groups, t_star, head_t, joined=joined, longest_last=True)
 
 
@@ -216,20 +215,6 @@ def _lift_low(ep: EpochArrays, prog: EpochProgress, head: int, sized: tuple[floa
     # (a step far past its wanted tokens gives way only to one that fills the ranks as well)
     fill = [fill_share(ep, placed_groups(ep, b[2], head)[0]) for b in (best, alt)]
     return alt[:5] if tok < low or fill[1] >= fill[0] - LIFT_FILL else best
-
-
-def _filler_window(prog: EpochProgress, win: np.ndarray, groups: list[list], mb_tok: np.ndarray,
-                   cap: float) -> np.ndarray:
-    """``win`` as placement's fillers may draw on it (``build.place_and_build``: ranks no group took run left-over
-    window micro-batches): its left-overs cut, in window order, to what keeps the step within ``cap`` tokens with
-    all of ``groups``' micro-batches (fillers once took a 32-rank step's second long sample past the bound)."""
-    held = sum(int(mb_tok[gr[3]].sum()) for gr in groups if gr[3])
-    rest = left_over(prog, win, groups)
-    tok = np.cumsum(mb_tok[rest])
-    if not len(rest) or held + tok[-1] <= cap:
-        return win
-    keep = rest[: int(np.searchsorted(tok, cap - held, side="right"))]
-    return np.concatenate([np.fromiter((k for gr in groups for k in gr[3]), dtype=np.int64), keep])
 
 
 def _balanced(ep: EpochArrays, prog: EpochProgress, head: int, sized: tuple[float, np.ndarray],
