@@ -157,7 +157,9 @@ def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
     per_token = float(ep.mb_work.sum()) / max(1.0, float(mb_tok.sum()))  # GPU-s per token of the epoch
     sc = scan(ep, prog, head, lambda t: f * max(t, want * per_token / ep.world_size))
     left = float(mb_tok[prog.consumed_np() == 0].sum())
-    last = left <= min(cap, want + low)  # the epoch's end: what is left, unless it makes two steps
+    # the epoch's end: what is left, unless it makes two steps (not when the head alone leaves less than the lower
+    # bound after it: a long sample that would run alone before a short last step)
+    last = left <= min(cap, want + low) or (left <= cap and mb_tok[head] > left - low)
     if last and not sc.all:
         sc = scan(ep, prog, head, lambda t: math.inf)
     # the window may hold a little more than the batch (choice for the packing), never past the cap, nor so far
@@ -176,13 +178,16 @@ def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
     if last:
         t_star, groups, joined = _take_all(ep, win, t_star, head)
     if joined is None:  # (the epoch's last kinds may not share the ranks: then a step like any)
-        t_star, win, groups, head_t, joined = _balanced(ep, prog, head, (t_star, win), budget, per_token)
+        sized = (t_star, win)
+        t_star, win, groups, head_t, joined, flagged = _balanced(ep, prog, head, sized, budget, per_token)
         if not last:
             lag = TOKEN_LAG * (step + 1) * target
             t_star, win, groups, head_t, joined = _other_targets(ep, prog, head, sc, top, lag, budget, per_token,
                                                                  (t_star, win, groups, head_t, joined))
+        t_star, win, groups, head_t, joined = _lift_low(ep, prog, head, sized, budget, per_token,
+                                                        (t_star, win, groups, head_t, joined), flagged)
     elif not joined:  # micro-batches joined at another p keep their groups as they are
-        groups, win, head_t = _improve_within(ep, prog, (groups, win, None), head, t_star, mb_tok, low)
+        groups, win, head_t = _improve_within(ep, prog, (groups, win, None), head, t_star, mb_tok, (low, cap))
         groups, joined = balance(ep, prog, win, groups, head, {} if head_t is None else {head: head_t[1]},
                                  (mb_tok, want))
         groups = [gr for gr in groups if gr[3]]
@@ -192,21 +197,44 @@ def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
     return place_and_build(ep, prog, step, head, win, groups, t_star, head_t, joined=joined, longest_last=True)
 
 
+def _lift_low(ep: EpochArrays, prog: EpochProgress, head: int, sized: tuple[float, np.ndarray],
+              budget: tuple[float, float, np.ndarray, float, float], per_token: float, best: tuple,
+              flagged: bool) -> tuple:
+    """``best`` (T*, window, groups, head's (group, time) or None, balance's times), or, where ``_reach_low``
+    ``flagged`` the first plan and ``best`` is still below the bound (or far past the wanted tokens while the
+    total is ahead), ``sized`` (T*, window) packed with its other windows when that is within the bounds."""
+    want, cap, mb_tok, low, _ = budget
+    if not flagged:
+        return best
+    tok = _tokens(ep, best[2], head, mb_tok)  # (far past the wanted tokens only while wanting the lower bound)
+    if low <= tok <= (TOKEN_SLACK * want if want <= low else cap):
+        return best
+    alt = _balanced(ep, prog, head, sized, budget, per_token, LOW_MODES[1:])
+    alt_tok = _tokens(ep, alt[2], head, mb_tok)
+    if not low <= alt_tok <= cap or (tok >= low and alt_tok >= tok):
+        return best
+    # (a step far past its wanted tokens gives way only to one that fills the ranks as well)
+    fill = [fill_share(ep, placed_groups(ep, b[2], head)[0]) for b in (best, alt)]
+    return alt[:5] if tok < low or fill[1] >= fill[0] - LIFT_FILL else best
+
+
 def _balanced(ep: EpochArrays, prog: EpochProgress, head: int, sized: tuple[float, np.ndarray],
-              budget: tuple[float, float, np.ndarray, float, float], per_token: float) -> tuple:
+              budget: tuple[float, float, np.ndarray, float, float], per_token: float,
+              modes: tuple[str, ...] = ("plain",)) -> tuple:
     """A step at a global batch packed from window ``sized[1]`` at T* ``sized[0]``: packed with the head
     (``_pack_head``), stretched to the lower bound (``_reach_low``), improved (``_improve_within``) and
     balanced (``balance``). Returns (T*, window, groups, the head's (group, time) or None, the times of the
-    micro-batches balance moved)."""
+    micro-batches balance moved, whether ``_reach_low`` left it below the lower bound). ``modes``: ``_reach_low``'s
+    windows."""
     want, cap, mb_tok, low, _ = budget
     t_star, win = sized
     groups = _pack_head(ep, win, t_star, head)
-    t_star, win, groups, head_t = _reach_low(ep, prog, mb_tok, head, (t_star, win, groups),
-                                             (want, cap, per_token), low)
-    groups, win, head_t = _improve_within(ep, prog, (groups, win, head_t), head, t_star, mb_tok, low)
+    t_star, win, groups, head_t, short = _reach_low(ep, prog, mb_tok, head, (t_star, win, groups),
+                                                    (want, cap, per_token), low, modes)
+    groups, win, head_t = _improve_within(ep, prog, (groups, win, head_t), head, t_star, mb_tok, (low, cap))
     groups, joined = balance(ep, prog, win, groups, head, {} if head_t is None else {head: head_t[1]},
                              (mb_tok, want))
-    return t_star, win, [gr for gr in groups if gr[3]], head_t, joined
+    return t_star, win, [gr for gr in groups if gr[3]], head_t, joined, short
 
 
 def _other_targets(ep: EpochArrays, prog: EpochProgress, head: int, sc: Scan, top: float, lag: float,
@@ -242,7 +270,7 @@ def _other_targets(ep: EpochArrays, prog: EpochProgress, head: int, sc: Scan, to
         for w in (w_try, thin_window(ep, w_try, t_try, head)):
             if w is None:
                 continue
-            alt = _balanced(ep, prog, head, (t_try, w), budget, per_token)
+            alt = _balanced(ep, prog, head, (t_try, w), budget, per_token)[:5]
             placed = placed_groups(ep, alt[2], head)[0]
             if not floor <= _placed_tokens(placed, mb_tok) <= ceil:
                 continue
@@ -278,18 +306,19 @@ def _fill_long(ep: EpochArrays, sc: Scan, mb_tok: np.ndarray, sized: tuple[float
 
 
 def _improve_within(ep: EpochArrays, prog: EpochProgress, packed: tuple, head: int, t_star: float,
-                    mb_tok: np.ndarray, low: float) -> tuple:
+                    mb_tok: np.ndarray, bounds: tuple[float, float]) -> tuple:
     """``improve`` and, unless the head already joined another group, ``_try_head_elsewhere`` on ``packed``
     (groups, window, head's (group, time) or None); their swaps trade micro-batches for longer ones, which
-    can hold fewer tokens (one long sample for many short ones): when that takes a step that held ``low``
-    tokens below them, the packing before is kept."""
+    can hold fewer tokens (one long sample for many short ones) or more (a second long sample for short ones):
+    when that takes a step that held ``bounds`` (low, high) tokens out of them, the packing before is kept."""
     groups, win, head_t = packed
     before = [[*gr[:3], list(gr[3])] for gr in groups]
     improve(ep, prog, win, groups, head)
     if head_t is None:
         groups, _, win, head_t = _try_head_elsewhere(ep, prog, (groups, idle(groups, ep.world_size), win, None),
                                                      head, t_star)
-    if _tokens(ep, groups, head, mb_tok) < low <= _tokens(ep, before, head, mb_tok):
+    low, cap = bounds
+    if not low <= _tokens(ep, groups, head, mb_tok) <= cap and low <= _tokens(ep, before, head, mb_tok) <= cap:
         return before, packed[1], packed[2]
     return groups, win, head_t
 
@@ -349,34 +378,99 @@ def _pack_head(ep: EpochArrays, win: np.ndarray, t_star: float, head: int) -> li
 
 
 def _reach_low(ep: EpochArrays, prog: EpochProgress, mb_tok: np.ndarray, head: int, packed: tuple,
-               sizes: tuple[float, float, float], low: float) -> tuple:
+               sizes: tuple[float, float, float], low: float, modes: tuple[str, ...]) -> tuple:
     """``packed`` (T*, window, groups) of a step at a global batch whose placed groups hold fewer than ``low``
     tokens (the head's group took all ranks and the window held no more of its kind, the window stopped before
-    a longer micro-batch, or the head's kind leaves its p alone on the ranks): T* grows by 10% and the window
-    reaches on to twice the upper bound's tokens (``sizes``: tokens wanted, the upper bound, GPU-s per token),
-    at most LOW_STRETCHES times, each packed with the head in its own group and else joining another group
-    (``join_head``); the first packing that holds ``low`` to the upper bound's tokens is kept, else ``packed``
-    (the data allow no such step). Returns (T*, window, groups, the head's (group, time) or None)."""
+    a longer micro-batch, or the head's kind leaves its p alone on the ranks): for each of ``modes``
+    (``_low_stretch``, LOW_MODES) the first packing within ``low`` and the upper bound (``sizes``: tokens
+    wanted, the upper bound, GPU-s per token); the first mode's unless it holds more than TOKEN_SLACK x the
+    wanted tokens, then the one nearest them. Else ``packed`` (the data allow no such step). Returns (T*,
+    window, groups, the head's (group, time) or None, whether ``_lift_low`` should try the other modes)."""
     if _tokens(ep, packed[2], head, mb_tok) >= low:
-        return (*packed, None)
+        return (*packed, None, False)
     want, cap, per_token = sizes
     sc = scan(ep, prog, head, lambda t: WINDOW_WORK_FACTOR * ep.world_size * max(t, 2 * cap * per_token))
-    t_star = packed[0]
+    best, best_tok = None, math.inf
+    for mode in modes:
+        got = _low_stretch(ep, sc, mb_tok, head, (packed[0], mode), (want, cap), low)
+        # the first mode's step unless it holds far more than wanted (running ahead of step x target): then
+        # the nearest to the wanted tokens
+        if got is not None and abs(got[1] - want) < abs(best_tok - want):
+            best, best_tok = got
+        if best_tok <= TOKEN_SLACK * want:
+            break
+    # (flagged for ``_lift_low``: no step within the bounds, or one far past the wanted tokens)
+    return (*best, best_tok > TOKEN_SLACK * want) if best is not None else (*packed, None, True)
+
+
+def _low_stretch(ep: EpochArrays, sc: Scan, mb_tok: np.ndarray, head: int, start: tuple[float, str],
+                 sizes: tuple[float, float], low: float) -> tuple | None:
+    """One of ``_reach_low``'s modes (``start``: the T* it stretches from, the mode): T* grows by 10% at most
+    LOW_STRETCHES times, each packed with the head in its own group, else joining another (``_low_pack``);
+    ((T*, window, groups, head's (group, time) or None), tokens) of the first within ``low`` and the upper
+    bound, else None. Windows: plain (on to twice the upper bound), skip (passing over micro-batches longer than
+    T*: they wait for a later step, the running total stays on step x target), jump (T* jumps to the
+    micro-batch that stopped the window: the step takes it)."""
+    (t_star, mode), (want, cap) = start, sizes
+    # (the plain window reaches on to twice the upper bound; the others hold little more than the wanted tokens:
+    # the packing takes about all of a window that passed over its long ones)
+    reach = 2 * cap if mode == "plain" else min(cap, TOKEN_SLACK * want)
     for _ in range(LOW_STRETCHES):
         t_star *= 1.1
-        _, m, j_long = token_target(sc.cumw, ep.mb_t[sc.idx], mb_tok[sc.idx], ep.world_size, want, 2 * cap,
-                                    WINDOW_WORK_FACTOR, t_min=t_star)
-        win = window(sc.idx, m, j_long)
-        groups = _pack_head(ep, win, t_star, head)
-        if low <= _tokens(ep, groups, head, mb_tok) <= cap:
-            return t_star, win, groups, None
-        if len(win) > 1:
-            groups = pack(ep, win, t_star, head, defer_head=True)
-            # the head joins a group of another p (its setting there, the memory rule) even past T*
-            head_t = join_head(ep, groups, head, math.inf) if groups else None
-            if head_t is not None and low <= _tokens(ep, groups, head, mb_tok) <= cap:
-                return max(t_star, max(gr[2] for gr in groups)), win, groups, head_t
-    return (*packed, None)
+        win, blocked = _low_window(ep, sc, mb_tok, t_star, want, reach, mode == "skip")
+        if win is None:
+            return None  # (skip: no micro-batch longer than T* in reach, the plain window was this one)
+        got = _low_pack(ep, win, t_star, head, mb_tok, (low, cap))
+        if got is not None:
+            return got
+        if mode == "jump" and blocked[0] > t_star:
+            # 10% more adds nothing until T* (and the window's tokens) reach the micro-batch that stopped it
+            t_star, reach = max(t_star, blocked[0] / 1.1), min(cap, max(reach, blocked[1]))
+    return None
+
+
+LIFT_FILL = 0.05
+"""``_lift_low`` takes a step nearer the wanted tokens for one far past them if its ``fill_share`` is at most
+this much lower (0: 3 of 240 small epochs' means 5.3% over the target; 0.2: DCP-inter t1d-long 0.809 -> 0.801)."""
+LOW_MODES = ("plain", "skip", "jump")
+"""``_reach_low``'s windows (``_low_stretch``), in order."""
+
+
+def _low_window(ep: EpochArrays, sc: Scan, mb_tok: np.ndarray, t_star: float, want: float, cap: float,
+                skip: bool) -> tuple[np.ndarray | None, tuple[float, float]]:
+    """``_reach_low``'s window at ``t_star`` over the scan ``sc`` (``token_target``: about ``want`` tokens, on to
+    ``cap``), and the time of the micro-batch after it and the tokens through that one (0, 0 at the scan's end).
+    ``skip``: from the scanned micro-batches no longer than T* (the head always), None when that is all of them."""
+    idx, cumw = sc.idx, sc.cumw
+    if skip:
+        keep = ep.mb_t[idx] <= t_star * (1 + 1e-9)
+        keep[0] = True
+        if keep.all():
+            return None, (0.0, 0.0)
+        idx = idx[keep]
+        cumw = np.cumsum(ep.mb_work[idx])
+    _, m, j_long = token_target(cumw, ep.mb_t[idx], mb_tok[idx], ep.world_size, want, cap, WINDOW_WORK_FACTOR,
+                                t_min=t_star)
+    if m >= len(idx):
+        return window(idx, m, j_long), (0.0, 0.0)
+    return window(idx, m, j_long), (float(ep.mb_t[idx[m]]), float(mb_tok[idx[: m + 1]].sum()))
+
+
+def _low_pack(ep: EpochArrays, win: np.ndarray, t_star: float, head: int, mb_tok: np.ndarray,
+              bounds: tuple[float, float]) -> tuple | None:
+    """``win`` packed at ``t_star`` with the head in its own group, else with the head joining a group of another
+    p (its setting there, the memory rule) even past T*: ((T*, window, groups, the head's (group, time) or None),
+    tokens) for the first whose placed groups hold ``bounds`` (low, high) tokens, else None."""
+    low, cap = bounds
+    groups = _pack_head(ep, win, t_star, head)
+    if low <= (tok := _tokens(ep, groups, head, mb_tok)) <= cap:
+        return (t_star, win, groups, None), tok
+    if len(win) > 1:
+        groups = pack(ep, win, t_star, head, defer_head=True)
+        head_t = join_head(ep, groups, head, math.inf) if groups else None
+        if head_t is not None and low <= (tok := _tokens(ep, groups, head, mb_tok)) <= cap:
+            return (max(t_star, max(gr[2] for gr in groups)), win, groups, head_t), tok
+    return None
 
 
 def _tokens(ep: EpochArrays, groups: list[list], head: int, mb_tok: np.ndarray) -> int:

@@ -61,15 +61,20 @@ def plan_tail(ep: EpochArrays, prog: EpochProgress, step: int, done: int, tokens
     left = float(mb_tok.sum()) - done
     sizes = (tokens_per_step, bounds, mb_tok)
     best = _tail(ep, prog, step, done, want, sizes)
-    best_t = _time(best[0])
-    for x, first_low in [*((x, low) for x in TAIL_WANTS), *((x, 0.0) for x in TAIL_REACH)]:
-        w = want * x
-        if not (low <= w <= cap and low <= left - w <= cap):
+    n, best_t = len(best[0]), _time(best[0])
+    tries = [(want * x, low) for x in TAIL_WANTS] + [(want * x, 0.0) for x in TAIL_REACH]
+    if not _within(best[0], low, cap):
+        tries.append((left, low))  # (all that is left in one step: its lower bound the last step's share)
+    for w, first_low in tries:
+        if not (low <= w <= cap and (w == left or low <= left - w <= cap)):
             continue
         alt = _tail(ep, prog, step, done, w, sizes, first_low)
-        # as many steps (the epoch's mean tokens per step unchanged), each within the bounds, in less time
-        if (len(alt[0]) == len(best[0]) and alt[2] and _time(alt[0]) < best_t * (1 - TAIL_GAIN)
-                and all(low <= p.tokens <= cap for p in alt[0])):
+        if not (alt[2] and _within(alt[0], low, cap)):
+            continue
+        # each step within the bounds first; then as many steps as the plain tail (the epoch's mean tokens per
+        # step unchanged) in less time
+        if (not _within(best[0], low, cap) or (len(best[0]) != n and len(alt[0]) == n)
+                or (len(alt[0]) == len(best[0]) and _time(alt[0]) < best_t * (1 - TAIL_GAIN))):
             best, best_t = alt, _time(alt[0])
     plans, after, _ = best
     prog.consumed[:] = after.consumed
@@ -98,6 +103,10 @@ def _tail(ep: EpochArrays, prog: EpochProgress, step: int, done: int, first_want
         step += 1
         head = own.consumed.find(0, head)
     return plans, own, head < 0
+
+
+def _within(plans: list[StepPlan], low: float, cap: float) -> bool:
+    return all(low <= p.tokens <= cap for p in plans)
 
 
 def _time(plans: list[StepPlan]) -> float:

@@ -1,0 +1,61 @@
+"""At a global batch (planning.tokens_per_step) DCP-intra keeps every step within the bounds on small long-tailed
+epochs (10% of samples 3000-4096 tokens, the rest 1-400; a long sample alone is 0.75-1.3 x the target), where it
+once closed steps at 0.04-0.5 x: a window stopped before a long micro-batch that T*'s 10% stretches never
+reached, other targets within the bounds were refused while the running total was ahead, and the epoch's last
+step got what a long sample left (``dcp.planner.step._reach_low``, ``_other_targets``, ``dcp.planner.tail``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_planner_assemble import check_plans, make
+
+from dcp.planner import plan_epoch
+from dcp.planner.step_tokens import step_tokens
+
+
+def _long_tailed(seed: int, n: int = 300) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.where(rng.random(n) < 0.1, rng.integers(3000, 4096, n), rng.integers(1, 400, n))
+
+
+def _tokens(world: int, seed: int, steps: int) -> tuple[np.ndarray, int]:
+    """Tokens per step of DCP-intra's epoch at ``world`` ranks, the target total / ``steps``."""
+    cfg, table = make(world, method="dcp-intra")
+    lengths = _long_tailed(seed)
+    target = int(lengths.sum() / steps)
+    cfg = cfg.replace(planning=dataclasses.replace(cfg.planning, tokens_per_step=target, step_tokens_bounds=(0.5, 2.0)))
+    plans = plan_epoch(lengths, table, cfg, world)
+    check_plans(plans, lengths, cfg, world)
+    return step_tokens(plans), target
+
+
+# (world, seed, steps): each had a step out of [0.5, 2.0] x target before (the lowest in the comment)
+CASES = [
+    (8, 3, 40),  # 0.04: four short samples before a p = 8 one that takes all ranks
+    (8, 1, 20),  # 0.30
+    (8, 29, 40),  # 0.46: the last step, after a long sample ran alone
+    (16, 4, 20),  # 0.32: 13 of 16 one-rank groups empty
+    (16, 3, 40),  # 0.05, nine steps out
+    (16, 26, 40),  # 0.02
+]
+
+
+@pytest.mark.parametrize(("world", "seed", "steps"), CASES)
+def test_long_tailed_steps_within_the_bounds(world, seed, steps):
+    tok, target = _tokens(world, seed, steps)
+    assert (tok >= 0.5 * target).all() and (tok <= 2.0 * target).all(), (tok / target).round(2).tolist()
+    assert abs(tok.mean() / target - 1) <= 0.05, tok.mean() / target
+
+
+@settings(max_examples=10, deadline=None, derandomize=True)
+@given(world=st.sampled_from([8, 16]), seed=st.integers(0, 10_000), steps=st.sampled_from([10, 20, 40]))
+def test_long_tailed_steps_within_the_bounds_any_seed(world, seed, steps):
+    # (the bounds only: the epoch's mean can run 5-8% over the target at 16 ranks and 40 steps, e.g. seed 317:
+    # steps that must take a long sample, 0.75-1.3 x, while the running total is ahead; see docs/planner.md)
+    tok, target = _tokens(world, seed, steps)
+    assert (tok >= 0.5 * target).all() and (tok <= 2.0 * target).all(), (tok / target).round(2).tolist()
