@@ -280,7 +280,7 @@ def _other_targets(ep: EpochArrays, prog: EpochProgress, head: int, sc: Scan, to
     # a long micro-batch's step runs that long whatever it holds: up to want + lag tokens even with ``want`` at low
     w = dense_window(ep, prog, head, best[0], (want * per_token, most := min(top, max(first, want + lag))), mb_tok)
     if w is not None:
-        alt = _balanced(ep, prog, head, (best[0], w), budget, per_token)
+        alt = _balanced(ep, prog, head, (best[0], w), budget, per_token)[:5]
         placed = placed_groups(ep, alt[2], head)[0]
         if floor <= _placed_tokens(placed, mb_tok) <= most and fill_share(ep, placed) > share + 1e-9:
             best = alt
