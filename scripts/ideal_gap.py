@@ -13,20 +13,16 @@ last step's share shown) + W x (exposed sync + optimizer + control plane). Each 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import sys
 
 import numpy as np
 
-from dcp.bench.peers import DATASETS, MODEL_OF
-from dcp.data_dists import get_spec, load_lengths
+from dcp.bench.peers import DATASETS, dataset_setup, method_config
 from dcp.planner.assemble import EpochPlanner
 from dcp.planner.intra import best_settings, candidate_settings
-from dcp.planner.peers import bucket_tokens_per_step
 from dcp.planner.stream import TimeLookup, seq_groups_of
 from dcp.planner.tokens import best_token_pack
 from dcp.sim.cluster import simulate
-from dcp.sim.scenario import paper_config, paper_table, scenario
 
 
 def sample_ideal_gpu_s(lengths, table, cfg, world: int, two_d: bool) -> np.ndarray:
@@ -52,14 +48,8 @@ def sample_ideal_gpu_s(lengths, table, cfg, world: int, two_d: bool) -> np.ndarr
 
 
 def gap(ds: str, world: int = 32, seed: int = 0) -> str:
-    lengths = load_lengths(ds, num_samples=30000, seed=seed)
-    sc = scenario(MODEL_OF[get_spec(ds).grid], "h200")
-    table = paper_table(sc, world, shapes=lengths.shapes)
-    target = bucket_tokens_per_step(lengths.tokens, table, paper_config(sc, "bucket", seed=seed), world,
-                                    shapes=lengths.shapes)
-    cfg = paper_config(sc, "dcp-intra", seed=seed)
-    cfg = cfg.replace(planning=dataclasses.replace(cfg.planning, tokens_per_step=round(target),
-                                                   micro_batch_tokens="auto"))
+    lengths, sc, table, target = dataset_setup(ds, world, seed)
+    cfg = method_config(sc, "dcp-intra", seed, target)
     planner = EpochPlanner(lengths.tokens, table, cfg, world, 0, shapes=lengths.shapes)
     plans = list(planner)
     primary = {g: (s.sp_size, s.recompute_layers) for g, s in planner.settings.items()}

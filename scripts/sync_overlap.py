@@ -15,29 +15,19 @@ the steps.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 
 import numpy as np
 
-from dcp.bench.peers import DATASETS, MODEL_OF
-from dcp.data_dists import get_spec, load_lengths
+from dcp.bench.peers import DATASETS, dataset_setup, method_config
 from dcp.planner.analytic import grad_sync_time_s
 from dcp.planner.assemble import EpochPlanner
-from dcp.planner.peers import bucket_tokens_per_step
 from dcp.sim.cluster import _mem_row, backward_share, exposed_sync_groups_s, exposed_sync_s, row_lookup
-from dcp.sim.scenario import paper_config, paper_table, scenario
 
 
 def overlap(ds: str, world: int = 32, seed: int = 0) -> str:
-    lengths = load_lengths(ds, num_samples=30000, seed=seed)
-    sc = scenario(MODEL_OF[get_spec(ds).grid], "h200")
-    table = paper_table(sc, world, shapes=lengths.shapes)
-    target = bucket_tokens_per_step(lengths.tokens, table, paper_config(sc, "bucket", seed=seed), world,
-                                    shapes=lengths.shapes)
-    cfg = paper_config(sc, "dcp-intra", seed=seed)
-    cfg = cfg.replace(planning=dataclasses.replace(cfg.planning, tokens_per_step=round(target),
-                                                   micro_batch_tokens="auto"))
+    lengths, sc, table, target = dataset_setup(ds, world, seed)
+    cfg = method_config(sc, "dcp-intra", seed, target)
     rows, edges, model = row_lookup(table), table.seq_group_edges, cfg.model
     sync = grad_sync_time_s(model, sc.hardware, world)
     grad_bytes = model.num_params * model.param_bytes

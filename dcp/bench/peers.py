@@ -61,11 +61,24 @@ def _dataset_names() -> tuple[str, ...]:
     return tuple(distribution_names())
 
 
-def cell(lengths, table, sc, method: str, gpus: int, seed: int, tokens_per_step: float) -> dict:
-    """One (dataset, method) row's figures."""
-    import numpy as np
+def dataset_setup(ds: str, gpus: int, seed: int, *, num_samples: int = 30000, hardware: str = "h200",
+                  tokens_per_step: float = 0.0) -> tuple:
+    """(lengths, scenario, planning table, target tokens per step) of one dataset as the bench runs it: the
+    dataset's paper model on ``hardware``, the target bucket parallel's own mean tokens per step unless given."""
+    from dcp.data_dists import get_spec, load_lengths
+    from dcp.planner.peers import bucket_tokens_per_step
+    from dcp.sim.scenario import paper_config, paper_table, scenario
 
-    from dcp.sim.cluster import ideal_tokens_per_s, simulate
+    lengths = load_lengths(ds, num_samples=num_samples, seed=seed)
+    sc = scenario(MODEL_OF[get_spec(ds).grid], hardware)
+    table = paper_table(sc, gpus, shapes=lengths.shapes)
+    target = float(tokens_per_step) or bucket_tokens_per_step(
+        lengths.tokens, table, paper_config(sc, "bucket", seed=seed), gpus, shapes=lengths.shapes)
+    return lengths, sc, table, target
+
+
+def method_config(sc, method: str, seed: int, tokens_per_step: float):
+    """The DCPConfig of ``method`` at the bench's global batch."""
     from dcp.sim.scenario import paper_config
 
     cfg = paper_config(sc, method, seed=seed)
@@ -73,7 +86,17 @@ def cell(lengths, table, sc, method: str, gpus: int, seed: int, tokens_per_step:
     # no-op on the t1d/t2d sets, +15% DCP-intra tokens/s on text); the peers pack by tokens anyway
     planning = dataclasses.replace(cfg.planning, tokens_per_step=round(tokens_per_step), micro_batch_tokens="auto"
                                    if method in ("dcp-inter", "dcp-intra") else cfg.planning.micro_batch_tokens)
-    cfg = cfg.replace(planning=planning)
+    return cfg.replace(planning=planning)
+
+
+def cell(lengths, table, sc, method: str, gpus: int, seed: int, tokens_per_step: float) -> dict:
+    """One (dataset, method) row's figures."""
+    import numpy as np
+
+    from dcp.sim.cluster import ideal_tokens_per_s, simulate
+
+    cfg = method_config(sc, method, seed, tokens_per_step)
+    planning = cfg.planning
     res, steps = simulate(lengths.tokens, table, cfg, gpus, hardware=sc.hardware, shapes=lengths.shapes,
                           return_steps=True)
     # one bound for every method of a dataset: each sample at its best per-GPU efficiency, token packs included
@@ -89,19 +112,12 @@ def cell(lengths, table, sc, method: str, gpus: int, seed: int, tokens_per_step:
 def run(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
-    from dcp.data_dists import get_spec, load_lengths
-    from dcp.planner.peers import bucket_tokens_per_step
-    from dcp.sim.scenario import paper_config, paper_table, scenario
-
     rows = []
     cells = [(d, m) for d in args.datasets for m in args.methods]
     with tqdm(total=len(cells), desc="bench peers", unit="cell", file=sys.stderr, dynamic_ncols=True) as bar:
         for ds in args.datasets:
-            lengths = load_lengths(ds, num_samples=args.num_samples, seed=args.seed)
-            sc = scenario(MODEL_OF[get_spec(ds).grid], args.hardware)
-            table = paper_table(sc, args.gpus, shapes=lengths.shapes)
-            target = float(args.tokens_per_step) or bucket_tokens_per_step(
-                lengths.tokens, table, paper_config(sc, "bucket", seed=args.seed), args.gpus, shapes=lengths.shapes)
+            lengths, sc, table, target = dataset_setup(ds, args.gpus, args.seed, num_samples=args.num_samples,
+                                                       hardware=args.hardware, tokens_per_step=args.tokens_per_step)
             for m in args.methods:
                 bar.set_postfix_str(f"{ds} {m}")
                 row = {"dataset": ds, **cell(lengths, table, sc, m, args.gpus, args.seed, target),

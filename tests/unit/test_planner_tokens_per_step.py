@@ -67,7 +67,7 @@ def test_two_ranks_every_step_within_the_bounds(method, seed):
     assert (tok >= 0.5 * target).all() and (tok <= 2.0 * target).all(), (tok.tolist(), target)
 
 
-@pytest.mark.parametrize("seed", [2, 3, 4])
+@pytest.mark.parametrize("seed", range(8))
 def test_long_tail_every_step_within_the_bounds(seed):
     # 8 ranks, 90% short samples and 10% long ones (the t1d-long shape, small): DCP-intra had 1 to 4 steps below
     # half the target (1,361 of 6,258 tokens) before its short steps stretched and its local search kept the bound
