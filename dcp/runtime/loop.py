@@ -104,7 +104,7 @@ class StepLoop:
         fetch = BatchPrefetcher(self.dataset, self.device,
                                 enabled=mode == "on" or (mode == "auto" and self.device.type == "cuda"))
         try:
-            view, first = next(todo, None), True
+            view, first, wanted = next(todo, None), True, False
             while view is not None:
                 if max_steps is not None and done >= max_steps:
                     self.begin_step(None, pause_step=view.plan.step)  # flush stats here
@@ -122,17 +122,17 @@ class StepLoop:
                     self.step_done(0.0)
                 mbs, board = step.group.micro_batches, self.board
                 n = len(mbs)
+                ahead, wanted = wanted, False  # ahead: the step's micro-batches are wanted (at the last step's end)
                 for i, mb in enumerate(mbs):
-                    if i + 1 < n:
-                        batch = fetch.take(mb.sample_ids, then=mbs[i + 1].sample_ids)  # the next one collates now
-                    else:
-                        batch = fetch.take(mb.sample_ids)
+                    batch = fetch.take(mb.sample_ids)
+                    if not ahead:  # collated here; the step's later ones are collated ahead on the prefetch thread
+                        fetch.want([m.sample_ids for m in mbs[1:]])
+                        ahead = True
                     if i + 1 == n and fetch.enabled and (max_steps is None or done < max_steps):
                         upcoming = next(todo, None)
                         if upcoming is not None and upcoming.group is not None:
-                            ahead = upcoming.group.micro_batches
-                            if ahead:
-                                fetch.ahead(ahead[0].sample_ids)
+                            fetch.want([m.sample_ids for m in upcoming.group.micro_batches])  # collated as this trains
+                            wanted = True
                     step.mb_index, step.pending, step.applied, step.mb_forwards = i, mb, False, 0  # start_micro_batch
                     if board is not None:
                         # the step's first micro-batch is written to the store (by the heartbeat thread, woken now); later
