@@ -197,10 +197,10 @@ class DCPManager:
         accepted for the paper's signature; DCP takes ga_steps from the plan (``mgr.gas``)."""
         step = self._step
         if step is None:
-            return MicroBatchTimer(self._watch, self._timings, self._idle_tally, None)
+            return MicroBatchTimer(self._watch, self._timings, self._idle_tally, None, host=not self._watch.cuda)
         mb, group = step.pending, step.group
         key = (mb.seq_group, len(mb.sample_ids), group.sp_size, group.recompute_of(mb)) if mb is not None else None
-        return MicroBatchTimer(self._watch, self._timings, step.tally, key)
+        return MicroBatchTimer(self._watch, self._timings, step.tally, key, host=not self._watch.cuda)
 
     # ----- data (paper step 2) -------------------------------------------------------------------
     def epoch_plans(self, epoch: int, ids: Any = None, *, per_rank: bool = False) -> Iterator[Any]:

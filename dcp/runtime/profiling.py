@@ -8,6 +8,7 @@ reaches it only through a ``ProfileSource`` it is given (``dcp.set_manager`` pas
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from typing import Any, Protocol
 
@@ -99,22 +100,34 @@ def _strict_error(exc: Exception) -> ManagerError:
 class MicroBatchTimer:
     """``DCPManager.profile``'s context: the micro-batch's busy span (minus the gradient syncs inside it) into the
     step's tally, and its (seq_group, size, sp_size, recompute_layers) row into the measurements. A class with
-    slots rather than a generator context: it runs once per micro-batch on the training thread."""
+    slots rather than a generator context: it runs once per micro-batch on the training thread. ``host``: the
+    watch is the host clock (a CPU run): the span is read from ``time.perf_counter`` here and added to the
+    tally's ``busy_host_s`` as a float, with no Span object or stopwatch call per micro-batch."""
 
-    __slots__ = ("_watch", "_timings", "_tally", "_key", "_syncs", "_token")
+    __slots__ = ("_watch", "_timings", "_tally", "_key", "_syncs", "_token", "_host")
 
-    def __init__(self, watch: Any, timings: Measurements, tally: Any, key: tuple[int, int, int, int] | None) -> None:
-        self._watch, self._timings, self._tally, self._key = watch, timings, tally, key
+    def __init__(self, watch: Any, timings: Measurements, tally: Any, key: tuple[int, int, int, int] | None, *,
+                 host: bool = False) -> None:
+        self._watch, self._timings, self._tally, self._key, self._host = watch, timings, tally, key, host
 
     def __enter__(self) -> None:
         self._syncs = len(self._tally.syncs)
-        self._token = self._watch.start()
+        self._token = time.perf_counter() if self._host else self._watch.start()
 
     def __exit__(self, *exc: object) -> None:
         # busy = the micro-batch minus the gradient sync + update it contains (engine.step at the boundary).
         # On CUDA these are event spans, read only when the step's stats are exchanged: no sync here.
-        span = self._watch.stop(self._token)
         tally = self._tally
+        if self._host:
+            seconds = time.perf_counter() - self._token
+            busy = seconds
+            if len(tally.syncs) > self._syncs:
+                busy -= sum(s.seconds() for s in tally.syncs[self._syncs:])
+            tally.busy_host_s += busy
+            if self._key is not None:  # a host span is read now: straight into the rows
+                self._timings.rows.append((*self._key, seconds))
+            return
+        span = self._watch.stop(self._token)
         tally.busy.append((1, span))
         if len(tally.syncs) > self._syncs:
             tally.busy.extend((-1, s) for s in tally.syncs[self._syncs:])

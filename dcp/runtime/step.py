@@ -41,6 +41,9 @@ class StepTally:
     """(+1 / -1, span): time inside ``mgr.profile`` blocks (+1) minus the gradient syncs inside them (-1)."""
     syncs: list[Span] = field(default_factory=list)
     """The step's gradient sync + update spans (engine.step at the boundary)."""
+    busy_host_s: float = 0.0
+    """Busy seconds read from the host clock (a CPU run's ``mgr.profile`` blocks, their syncs taken out), added
+    as floats: what ``busy`` would hold as spans on a host clock (``dcp.runtime.profiling.MicroBatchTimer``)."""
 
     @classmethod
     def zeros(cls, device: torch.device | str) -> StepTally:
@@ -70,7 +73,7 @@ class StepTally:
 
     def busy_s(self) -> float:
         """Busy seconds of the step (reads CUDA events: call only when the step's stats are exchanged)."""
-        return sum(sign * span.seconds() for sign, span in self.busy)
+        return self.busy_host_s + sum(sign * span.seconds() for sign, span in self.busy)
 
 
 @dataclass(slots=True)

@@ -197,3 +197,28 @@ def test_the_micro_batch_timer_files_the_busy_span_minus_the_syncs_inside_it():
     with MicroBatchTimer(Clock(), rows, tally, None):  # outside a step: busy time, no measurement row
         pass
     assert tally.busy_s() == 2 * 5.0 - 1.5 and len(rows.rows) == 1
+
+
+def test_the_host_timer_files_the_same_busy_time_and_rows_as_the_stopwatch_path(monkeypatch):
+    """``host=True`` (a CPU run) reads perf_counter itself and adds floats: the same busy seconds and rows as
+    the stopwatch path gives for the same clock readings, with no Span per micro-batch."""
+    from dcp.distributed.device import Span, Stopwatch
+    from dcp.runtime import profiling
+    from dcp.runtime.profiling import Measurements, MicroBatchTimer
+
+    def run(host: bool) -> tuple[StepTally, Measurements]:
+        ticks = iter([10.0, 15.0, 20.0, 22.5])
+        monkeypatch.setattr(profiling.time, "perf_counter", lambda: next(ticks))
+        monkeypatch.setattr("dcp.distributed.device.time.perf_counter", lambda: next(ticks))
+        tally, rows = StepTally.zeros("cpu"), Measurements(cuda=False)
+        tally.syncs.append(Span(seconds=9.0))  # an earlier micro-batch's sync: not this one's
+        with MicroBatchTimer(Stopwatch("cpu"), rows, tally, (2, 3, 4, 1), host=host):
+            tally.syncs.append(Span(seconds=1.5))  # engine.step at the boundary, inside the block
+        with MicroBatchTimer(Stopwatch("cpu"), rows, tally, None, host=host):  # outside a step: no row
+            pass
+        return tally, rows
+
+    host, via_spans = run(True), run(False)
+    assert host[0].busy_s() == via_spans[0].busy_s() == 5.0 - 1.5 + 2.5
+    assert list(host[1].rows) == list(via_spans[1].rows) == [(2, 3, 4, 1, 5.0)]
+    assert host[0].busy == [] and host[0].busy_host_s == 6.0 and via_spans[0].busy_host_s == 0.0
