@@ -12,6 +12,13 @@ boundary included; ``optdyn``; ``enter`` / ``exit``: ``mgr.profile``; ``callfwd`
 forward; ``step_done``), and of the model's ``fwd``, ``backward`` and ``step`` (not host). A median per segment
 leaves out the step boundaries and the rare slow micro-batches; the mean beside it shows what they add. (It
 replaced ``scripts/host_segments.py``, which printed the medians alone.)
+
+``--calls`` also wraps the runtime's calls on the per-micro-batch path (the prefetcher's ``take``, the phase
+board's ``enter``, ``optimize_dynamics``, ``mgr.profile`` and its timer's enter / exit, ``before_forward``,
+``forward_pair``, ``forward_done``) with thread-CPU brackets, and ``take`` with a wall-clock one too (the
+training thread's wait for the next batch), and prints each call's median and mean over the micro-batches, the
+step's first micro-batch apart (``@first``: its calls run after the step boundary). The wrappers add ~1-2 us
+per call to the segments above.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--mb-ms", type=float, default=0.0, help="sleep per micro-batch at the forward's end")
     parser.add_argument("--plan-ahead", choices=("thread", "process"), default="thread")
+    parser.add_argument("--calls", action="store_true", help="time each runtime call on the micro-batch path")
     args = parser.parse_args()
 
     import torch
@@ -74,6 +82,7 @@ def main() -> None:
     mgr = set_manager(model, data, config, optimizer=torch.optim.SGD(model.parameters(), lr=1e-3), table=table,
                       forward_fn=forward)
     mgrs.append(mgr)
+    calls = _wrap_calls(mgr) if args.calls else None
     eng, inner_done = mgr.engine, mgr.step_done
 
     def step_done(sync: object) -> None:
@@ -134,6 +143,39 @@ def main() -> None:
         v = [mb[k] / 1e3 for _, _, _, mb, _ in timed]
         print(f"{k:10s} median {statistics.median(v):8.1f} us  mean {sum(v) / len(v):8.1f} us"
               + ("  (model)" if k in MODEL_SEGMENTS else ""))
+    for name, v in sorted((calls or {}).items()):
+        print(f"call {name:24s} n {len(v):4d} median {statistics.median(v) / 1e3:8.1f} us  mean "
+              f"{sum(v) / len(v) / 1e3:8.1f} us")
+
+
+def _wrap_calls(mgr: object) -> dict[str, list[int]]:
+    """Wrap the runtime's per-micro-batch calls with thread-CPU brackets (``take`` also wall-clock); returns the
+    ns per call by name, '@first' for those made while the step's first micro-batch is the pending one."""
+    from dcp.runtime import loop, manager, phases, prefetch, profiling
+
+    out: dict[str, list[int]] = defaultdict(list)
+
+    def wrap(owner: object, name: str, label: str, clock: object = time.thread_time_ns) -> None:
+        fn = getattr(owner, name)
+
+        def call(*a: object, **k: object) -> object:
+            c0 = clock()
+            try:
+                return fn(*a, **k)
+            finally:
+                step = mgr._loop.step
+                out[label + ("@first" if step is not None and step.mb_index <= 0 else "")].append(clock() - c0)
+
+        setattr(owner, name, call)
+
+    wrap(prefetch.BatchPrefetcher, "take", "take (wall)", time.perf_counter_ns)
+    for owner, name in ((prefetch.BatchPrefetcher, "take"), (phases.PhaseBoard, "enter"),
+                        (manager.DCPManager, "optimize_dynamics"), (manager.DCPManager, "profile"),
+                        (profiling.MicroBatchTimer, "__enter__"), (profiling.MicroBatchTimer, "__exit__"),
+                        (manager.DCPManager, "before_forward"), (manager, "forward_pair"),
+                        (loop.StepLoop, "forward_done")):
+        wrap(owner, name, name)
+    return out
 
 
 if __name__ == "__main__":
