@@ -72,8 +72,8 @@ class StepLoop:
         """This rank's micro-batches of ``plans``, the epoch's steps not yet done (EpochPosition.resume).
 
         Plans are pulled one at a time: the first is checked across ranks before it runs, and the next
-        one only when this rank's last micro-batch of a step is yielded (its first micro-batch is then
-        collated on the prefetch thread while that one trains). ``plans`` are RankSteps prepared on the
+        one only when this rank's last micro-batch of a step is yielded (its micro-batches are then
+        collated on the prefetch thread, a chunk at a time, while that one trains: dcp.runtime.prefetch). ``plans`` are RankSteps prepared on the
         plan-ahead thread (``DCPManager.epoch_plans(..., per_rank=True)``); a plain StepPlan is prepared here (dcp.runtime.stepview)."""
         self._check_not_left_mid_step()
         views = StepViews(rank=self.rank, world_size=self.world_size, target_counts=self.target_counts,
