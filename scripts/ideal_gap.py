@@ -49,7 +49,7 @@ def sample_ideal_gpu_s(lengths, table, cfg, world: int, two_d: bool) -> np.ndarr
 
 def gap(ds: str, world: int = 32, seed: int = 0) -> str:
     lengths, sc, table, target = dataset_setup(ds, world, seed)
-    cfg = method_config(sc, "dcp-intra", seed, target)
+    cfg = method_config(sc, "dcp-intra", seed, target, world)
     planner = EpochPlanner(lengths.tokens, table, cfg, world, 0, shapes=lengths.shapes)
     plans = list(planner)
     primary = {g: (s.sp_size, s.recompute_layers) for g, s in planner.settings.items()}
