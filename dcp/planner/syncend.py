@@ -41,7 +41,11 @@ from dcp.planner.table import ProfileRow
 from dcp.planner.tuning import BULK_MIN_RANKS
 
 GAIN_EPS_S = 1e-9
-"""A group merges only when its plan as is ends the step's sync more than this after the best reachable end."""
+"""A move is taken only when it ends the bottleneck group's sync more than this earlier."""
+MAX_MOVES_PER_GROUP = 3
+"""Moves per busy group of a step at most (each lowers the bottleneck group's sync end)."""
+SHED_RECEIVERS = 3
+"""Groups of the bottleneck's p, least-ended first, that may receive its samples in their last micro-batch."""
 
 
 def backward_share(row: ProfileRow, recompute_layers: int) -> float:
@@ -104,70 +108,76 @@ class SyncEnd:
         return next((r for r in cand if r.micro_batch_size * r.seq_len >= tokens), None) or by_size
 
     def __call__(self, plan: StepPlan) -> StepPlan:
-        """``plan`` with the groups that hold the step's sync back ending in a grown last micro-batch (the same
-        plan object where none gains)."""
-        start = np.concatenate([[0], np.cumsum(plan.ga_steps)]).astype(np.int64)
-        mb_r = (plan.mb_recompute_layers if plan.mb_recompute_layers is not None
-                else np.repeat(plan.recompute_layers, plan.ga_steps))
-        s_start = np.concatenate([[0], np.cumsum(plan.mb_size)]).astype(np.int64)
-        options: list[tuple[int, float, list]] = []  # (group, f as planned, [(f, added s, merge), ...])
-        for gi in range(len(plan.ga_steps)):
-            a, e = int(start[gi]), int(start[gi + 1])
-            if e == a:
-                continue
-            end = float(plan.mb_time_s[a:e].sum())
-            f0 = self._f(plan, gi, e - 1, end, float(plan.mb_time_s[e - 1]), int(mb_r[e - 1]), s_start)
-            grow = self._merges(plan, gi, a, e, end, mb_r, s_start) if e - a > 1 and f0 > end + self._floor() else []
-            options.append((gi, f0, grow))
-        if not options:
+        """``plan`` with samples moved into groups' last micro-batches where that ends the step's sync earlier
+        (module docstring); the same plan object where nothing gains."""
+        st = _State.of(plan)
+        busy = [gi for gi, mbs in enumerate(st.mbs) if mbs]
+        if not busy:
             return plan
-        reach = max(min([f0] + [f for f, _, _ in grow]) for _, f0, grow in options)
-        merges = {}
-        for gi, f0, grow in options:
-            if f0 > reach + GAIN_EPS_S:  # the least added time among the merges that reach the step's end
-                merges[gi] = min((o for o in grow if o[0] <= reach + GAIN_EPS_S), key=lambda o: (o[1], o[0]))[2]
-        return _merged(plan, merges, start, s_start) if merges else plan
+        f = {gi: self._f(st, gi) for gi in busy}
+        moved = False
+        for _ in range(MAX_MOVES_PER_GROUP * len(busy)):
+            g = max(busy, key=lambda gi: (f[gi], -gi))
+            best = self._best_move(st, g, busy, f)
+            if best is None:
+                break
+            st.apply(*best[1:])
+            for gi in {g, best[1]}:
+                f[gi] = self._f(st, gi)
+            moved = True
+        return st.plan(plan) if moved else plan
 
-    def _floor(self) -> float:
-        """The least a group's f exceeds its end by: the last bucket."""
-        return self.sync_s / self.buckets
-
-    def _f(self, plan: StepPlan, gi: int, k: int, end: float, t: float, r: int, s_start: np.ndarray) -> float:
-        """f_g of group ``gi`` ending at ``end`` with micro-batch ``k`` (time ``t``, depth ``r``) last."""
-        lens = plan.seq_len_array[s_start[k]:s_start[k + 1]]
-        row = self.mem_row(int(plan.mb_seq_group[k]), int(plan.sp_size[gi]), lens)
+    def _f(self, st: _State, gi: int) -> float:
+        """f_g of group ``gi`` as it stands."""
+        pos, t, sg, r = st.mbs[gi][-1]
+        row = self.mem_row(sg, st.p[gi], st.lens[pos])
         back = t * backward_share(row, r) if row is not None else 0.0
-        return sync_end_s(end, back, self.sync_s, self.buckets)
+        return sync_end_s(sum(m[1] for m in st.mbs[gi]), back, self.sync_s, self.buckets)
 
-    def _merges(self, plan: StepPlan, gi: int, a: int, e: int, end: float, mb_r: np.ndarray,
-                s_start: np.ndarray) -> list[tuple[float, float, tuple]]:
-        """(f_g, added seconds, merge) of the group's last micro-batch grown by the first k samples of one other
-        micro-batch j, for every k and j among the shortest micro-batch of each seq_group of the group."""
-        last, p = e - 1, int(plan.sp_size[gi])
-        if int(plan.mb_seq_group[last]) < 0:
-            return []
-        shortest: dict[int, int] = {}
-        for k in range(a, last):
-            g = int(plan.mb_seq_group[k])
-            if g >= 0 and (g not in shortest or plan.mb_time_s[k] < plan.mb_time_s[shortest[g]]):
-                shortest[g] = k
-        out: list[tuple[float, float, tuple]] = []
-        for j in shortest.values():
-            out.extend(self._grow(plan, p, j, last, end, int(mb_r[j]), s_start))
-        return out
+    def _best_move(self, st: _State, g: int, busy: list[int], f: dict[int, float]) -> tuple | None:
+        """(the step's new f over the two groups, receiver, donor micro-batch, k, grown time, donor's rest time,
+        seq_group, r) of the move that lowers the bottleneck group ``g``'s f the most (its own last micro-batch
+        grown from another of its micro-batches, or samples of one of them into the last micro-batch of one
+        of the SHED_RECEIVERS least-ended groups of its p); None where none lowers it."""
+        mbs = st.mbs[g]
+        donors: dict[int, int] = {}  # the shortest non-last micro-batch of every seq_group
+        for j in range(len(mbs) - 1):
+            if mbs[j][2] >= 0 and (mbs[j][2] not in donors or mbs[j][1] < mbs[donors[mbs[j][2]]][1]):
+                donors[mbs[j][2]] = j
+        if not donors:
+            return None
+        others = sorted((h for h in busy if h != g and st.p[h] == st.p[g] and st.mbs[h][-1][2] >= 0),
+                        key=lambda h: (f[h], h))[:SHED_RECEIVERS]
+        end_g = sum(m[1] for m in mbs)
+        best = None
+        for h in [g, *others]:
+            for j in donors.values():
+                cand = self._grow(st, h, mbs[j], end_g if h == g else sum(m[1] for m in st.mbs[h]))
+                if cand is None:
+                    continue
+                t, t_rest, back, r, group = cand
+                tail = np.maximum(self.sync_s - back * (1.0 - 1.0 / self.buckets), self.sync_s / self.buckets)
+                shed = t_rest - mbs[j][1]
+                if h == g:
+                    score = end_g + (t - mbs[-1][1]) + shed + tail
+                else:
+                    score = np.maximum(f[g] + shed, sum(m[1] for m in st.mbs[h]) + t - st.mbs[h][-1][1] + tail)
+                k = int(np.argmin(score))
+                if score[k] < f[g] - GAIN_EPS_S and (best is None or score[k] < best[0]):
+                    best = (float(score[k]), h, g, j, k + 1, float(t[k]), float(t_rest[k]), group, int(r[k]))
+        return best
 
-    def _grow(self, plan: StepPlan, p: int, j: int, last: int, end: float, r_j: int,
-              s_start: np.ndarray) -> list[tuple[float, float, tuple]]:
-        """Every k up to the first whose backward hides the sync: the last micro-batch with j's first k samples
-        (j keeps the rest at its r, priced by its length model's share of its time; all of them: j goes) as
-        (f, added s, (j, k, r, time, j's time, seq_group)), in numpy per memory row."""
-        g_j = int(plan.mb_seq_group[j])
-        group = max(g_j, int(plan.mb_seq_group[last]))
-        lens_j = plan.seq_len_array[s_start[j]:s_start[j + 1]]
-        lens_l = plan.seq_len_array[s_start[last]:s_start[last + 1]]
-        t_j, t_l = float(plan.mb_time_s[j]), float(plan.mb_time_s[last])
+    def _grow(self, st: _State, h: int, donor: list, end_h: float) -> tuple | None:
+        """Per k = 1 .. the donor's samples: group ``h``'s last micro-batch with the donor's first k samples
+        (the donor keeps the rest at its r, priced by its length model's share of its time; all: it goes):
+        (its time, the donor's rest time, its backward, its r; arrays) and its seq_group, in numpy per memory
+        row; None where no k fits memory."""
+        p = st.p[h]
+        pos_l, t_l, g_l, _ = st.mbs[h][-1]
+        pos_j, t_j, g_j, r_j = donor
+        group = max(g_j, g_l)
+        lens_j, lens_l = st.lens[pos_j], st.lens[pos_l]
         x_j = lens_j.astype(np.float64)
-        # k = 1 .. m: the grown micro-batch's samples, tokens, squares, and whether its lengths are all equal
         count = len(lens_l) + np.arange(1, len(lens_j) + 1)
         tok = float(lens_l.sum()) + np.cumsum(x_j)
         sq = float(np.square(lens_l.astype(np.float64)).sum()) + np.cumsum(x_j * x_j)
@@ -181,10 +191,8 @@ class SyncEnd:
         idx = np.where((lo == hi) & (by_size < len(rows)), by_size, np.where(by_tok < len(rows), by_tok, by_size))
         aj, b1j, b2j = self.times.length_model(g_j, p, r_j)
         whole = aj + b1j * x_j.sum() + b2j * float(np.square(x_j).sum())
-        rest_tok = x_j.sum() - np.cumsum(x_j)
-        rest_sq = float(np.square(x_j).sum()) - np.cumsum(x_j * x_j)
-        t_rest = np.where(np.arange(1, len(x_j) + 1) < len(x_j),
-                          t_j * (aj + b1j * rest_tok + b2j * rest_sq) / whole if whole > 0 else 0.0, 0.0)
+        rest = (aj + b1j * (x_j.sum() - np.cumsum(x_j)) + b2j * (float(np.square(x_j).sum()) - np.cumsum(x_j * x_j)))
+        t_rest = np.where(np.arange(1, len(x_j) + 1) < len(x_j), t_j * rest / whole if whole > 0 else 0.0, 0.0)
         t = np.full(len(x_j), np.inf)
         back = np.zeros(len(x_j))
         r_of = np.zeros(len(x_j), dtype=np.int64)
@@ -193,60 +201,53 @@ class SyncEnd:
             r = row.num_layers if self.full_recompute else min_recompute_layers(row, self.mem_capacity_bytes)
             if r is None:
                 continue
+            # anchored at the memory row, as a token pack is at its budget's row (``dcp.planner.tokens``)
             t[hit] = self.times.lengths_times_s(group, p, r, row.micro_batch_size, tok[hit], sq[hit])
             back[hit] = t[hit] * backward_share(row, r)
             r_of[hit] = r
-        ok = np.isfinite(t)
-        hides = np.flatnonzero(ok & (back >= self.sync_s))
-        n = int(hides[0]) + 1 if len(hides) else len(t)  # more samples than the first that hides only add time
-        added = t + t_rest - t_j - t_l
-        tail = np.maximum(self.sync_s - back * (1.0 - 1.0 / self.buckets), self.sync_s / self.buckets)
-        f = end + added + tail
-        return [(float(f[k]), float(added[k]), (j, k + 1, int(r_of[k]), float(t[k]), float(t_rest[k]), group))
-                for k in np.flatnonzero(ok[:n]).tolist()]
+        if not np.isfinite(t).any():
+            return None
+        return t, t_rest, back, r_of, group
 
 
-def _merged(plan: StepPlan, merges: dict[int, tuple], start: np.ndarray, s_start: np.ndarray) -> StepPlan:
-    """``plan`` with, in every group of ``merges`` (j, k, r, time, j's time, seq_group), the first k samples of
-    its micro-batch j moved into its last one (j's, then the last's), which runs at that r, time and seq_group;
-    j keeps the rest at its time (dropped when k takes all); the other micro-batches keep their order."""
-    mb_r = (plan.mb_recompute_layers if plan.mb_recompute_layers is not None
-            else np.repeat(plan.recompute_layers, plan.ga_steps))
-    s_parts: list[np.ndarray] = []
-    ga = plan.ga_steps.copy()
-    r_group = plan.recompute_layers.copy()
-    t_new, g_new, n_new, r_new = [], [], [], []
+class _State:
+    """A plan's micro-batches per group as [sample positions, time, seq_group, r], changed by moves."""
 
-    def add(samples: np.ndarray, t: float, g: int, r: int) -> None:
-        s_parts.append(samples)
-        t_new.append(t)
-        g_new.append(g)
-        n_new.append(len(samples))
-        r_new.append(r)
+    def __init__(self, lens: np.ndarray, p: list[int], mbs: list[list[list]]) -> None:
+        self.lens, self.p, self.mbs = lens, p, mbs
 
-    for gi in range(len(ga)):
-        a, e = int(start[gi]), int(start[gi + 1])
-        m = merges.get(gi)
-        for k in range(a, e if m is None else e - 1):
-            samples = np.arange(s_start[k], s_start[k + 1])
-            if m is not None and k == m[0]:
-                if m[1] == len(samples):
-                    ga[gi] -= 1
-                    continue
-                add(samples[m[1]:], m[4], int(plan.mb_seq_group[k]), int(mb_r[k]))
-            else:
-                add(samples, float(plan.mb_time_s[k]), int(plan.mb_seq_group[k]), int(mb_r[k]))
-        if m is not None:
-            j, k, r, t, _, group = m
-            add(np.concatenate([np.arange(s_start[j], s_start[j] + k), np.arange(s_start[e - 1], s_start[e])]),
-                t, group, r)
-            r_group[gi] = max(int(r_group[gi]), r)
-    samples = np.concatenate(s_parts) if s_parts else np.zeros(0, dtype=np.int64)
-    r_arr = np.asarray(r_new, dtype=np.int64)
-    own = np.repeat(r_group, ga)
-    return StepPlan.from_arrays(
-        plan.epoch, plan.step, plan.world_size, plan.method, first_rank=plan.first_rank, sp_size=plan.sp_size,
-        recompute_layers=r_group, ga_steps=ga, mb_time_s=np.asarray(t_new, dtype=np.float64),
-        mb_seq_group=np.asarray(g_new, dtype=np.int64), mb_size=np.asarray(n_new, dtype=np.int64),
-        sample_ids=plan.sample_id_array[samples], seq_lens=plan.seq_len_array[samples],
-        mb_recompute_layers=None if np.array_equal(r_arr, own) else r_arr, owned=True)
+    @classmethod
+    def of(cls, plan: StepPlan) -> _State:
+        mb_r = (plan.mb_recompute_layers if plan.mb_recompute_layers is not None
+                else np.repeat(plan.recompute_layers, plan.ga_steps))
+        start = np.concatenate([[0], np.cumsum(plan.ga_steps)]).astype(np.int64)
+        s_start = np.concatenate([[0], np.cumsum(plan.mb_size)]).astype(np.int64)
+        mbs = [[[np.arange(s_start[k], s_start[k + 1]), float(plan.mb_time_s[k]), int(plan.mb_seq_group[k]),
+                 int(mb_r[k])] for k in range(int(start[gi]), int(start[gi + 1]))] for gi in range(len(plan.ga_steps))]
+        return cls(plan.seq_len_array, plan.sp_size.tolist(), mbs)
+
+    def apply(self, h: int, g: int, j: int, k: int, t: float, t_rest: float, group: int, r: int) -> None:
+        """Group ``g``'s micro-batch j gives its first k samples to group ``h``'s last micro-batch (time t,
+        seq_group, r); j keeps the rest at ``t_rest`` (removed when k takes all)."""
+        donor, last = self.mbs[g][j], self.mbs[h][-1]
+        self.mbs[h][-1] = [np.concatenate([donor[0][:k], last[0]]), t, group, r]
+        if k == len(donor[0]):
+            del self.mbs[g][j]
+        else:
+            self.mbs[g][j] = [donor[0][k:], t_rest, donor[2], donor[3]]
+
+    def plan(self, old: StepPlan) -> StepPlan:
+        """The StepPlan of the groups as they stand (group r: the most of the old and its micro-batches')."""
+        flat = [m for mbs in self.mbs for m in mbs]
+        ga = np.asarray([len(mbs) for mbs in self.mbs], dtype=np.int64)
+        r_group = np.asarray([max([int(old.recompute_layers[gi])] + [m[3] for m in mbs])
+                              for gi, mbs in enumerate(self.mbs)], dtype=np.int64)
+        r_arr = np.asarray([m[3] for m in flat], dtype=np.int64)
+        samples = np.concatenate([m[0] for m in flat]) if flat else np.zeros(0, dtype=np.int64)
+        return StepPlan.from_arrays(
+            old.epoch, old.step, old.world_size, old.method, first_rank=old.first_rank, sp_size=old.sp_size,
+            recompute_layers=r_group, ga_steps=ga, mb_time_s=np.asarray([m[1] for m in flat], dtype=np.float64),
+            mb_seq_group=np.asarray([m[2] for m in flat], dtype=np.int64),
+            mb_size=np.asarray([len(m[0]) for m in flat], dtype=np.int64), sample_ids=old.sample_id_array[samples],
+            seq_lens=old.seq_len_array[samples],
+            mb_recompute_layers=None if np.array_equal(r_arr, np.repeat(r_group, ga)) else r_arr, owned=True)
