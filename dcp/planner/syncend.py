@@ -28,12 +28,12 @@ exactly those without it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from dcp.config import GRAD_BUCKET_MIB
-from dcp.planner.cost import min_recompute_layers
+from dcp.planner.cost import micro_batch_time_s, min_recompute_layers
 from dcp.planner.plan import StepPlan
 from dcp.planner.source import EpochInput
 from dcp.planner.stream import TimeLookup
@@ -42,9 +42,9 @@ from dcp.planner.tuning import BULK_MIN_RANKS
 
 GAIN_EPS_S = 1e-9
 """A move is taken only when it ends the bottleneck group's sync more than this earlier."""
-MAX_MOVES_PER_GROUP = 3
+MAX_MOVES_PER_GROUP = 2
 """Moves per busy group of a step at most (each lowers the bottleneck group's sync end)."""
-SHED_RECEIVERS = 3
+SHED_RECEIVERS = 2
 """Groups of the bottleneck's p, least-ended first, that may receive its samples in their last micro-batch."""
 
 
@@ -77,6 +77,8 @@ class SyncEnd:
     """The epoch's cost source (the merged micro-batch is priced from its real lengths)."""
     rows: dict[tuple[int, int], list[ProfileRow]]
     """The table's rows by (seq_group, p), ascending b."""
+    models: dict[tuple, tuple[float, float, float, float, float]] = field(default_factory=dict)
+    """Memo of the length models: (seq_group, p, r, b) -> (the row's time, a, b1, b2, the model at the row)."""
 
     @classmethod
     def of(cls, inp: EpochInput, times: TimeLookup) -> SyncEnd | None:
@@ -189,7 +191,7 @@ class SyncEnd:
         by_size = np.searchsorted(size, count, side="left")
         by_tok = np.searchsorted(cap, tok, side="left")
         idx = np.where((lo == hi) & (by_size < len(rows)), by_size, np.where(by_tok < len(rows), by_tok, by_size))
-        aj, b1j, b2j = self.times.length_model(g_j, p, r_j)
+        _, aj, b1j, b2j, _ = self._model(g_j, p, r_j, None)
         whole = aj + b1j * x_j.sum() + b2j * float(np.square(x_j).sum())
         rest = (aj + b1j * (x_j.sum() - np.cumsum(x_j)) + b2j * (float(np.square(x_j).sum()) - np.cumsum(x_j * x_j)))
         t_rest = np.where(np.arange(1, len(x_j) + 1) < len(x_j), t_j * rest / whole if whole > 0 else 0.0, 0.0)
@@ -202,12 +204,34 @@ class SyncEnd:
             if r is None:
                 continue
             # anchored at the memory row, as a token pack is at its budget's row (``dcp.planner.tokens``)
-            t[hit] = self.times.lengths_times_s(group, p, r, row.micro_batch_size, tok[hit], sq[hit])
+            t[hit] = self._price(group, p, r, row, tok[hit], sq[hit])
             back[hit] = t[hit] * backward_share(row, r)
             r_of[hit] = r
         if not np.isfinite(t).any():
             return None
         return t, t_rest, back, r_of, group
+
+
+    def _model(self, group: int, p: int, r: int, row: ProfileRow | None) -> tuple[float, float, float, float, float]:
+        """(time of ``row`` at depth r, a, b1, b2, the model at that row; the last two 0 without a row), memoised."""
+        key = (group, p, r, row.micro_batch_size if row is not None else 0)
+        m = self.models.get(key)
+        if m is None:
+            a, b1, b2 = self.times.length_model(group, p, r)
+            if row is None:
+                m = (0.0, a, b1, b2, 0.0)
+            else:
+                b, n = row.micro_batch_size, float(row.seq_len)
+                m = (micro_batch_time_s(row, r), a, b1, b2, a + b * (b1 * n + b2 * n * n))
+            self.models[key] = m
+        return m
+
+    def _price(self, group: int, p: int, r: int, row: ProfileRow, tok: np.ndarray, sq: np.ndarray) -> np.ndarray:
+        """``TimeLookup.lengths_times_s`` anchored at ``row`` (one of the seq_group's at p), models memoised."""
+        t_row, a, b1, b2, at_row = self._model(group, p, r, row)
+        if not np.isfinite(t_row) or at_row <= 0:
+            return np.full(len(tok), t_row)
+        return t_row * (a + b1 * tok + b2 * sq) / at_row
 
 
 class _State:
