@@ -165,7 +165,7 @@ class SyncEnd:
         best = None
         for h in [g, *others]:
             for j in donors.values():
-                cand = self._grow(st, h, mbs[j])
+                cand = self._grow(st, h, mbs[j], st.p[g])
                 if cand is None:
                     continue
                 t, t_rest, back, r, group = cand
@@ -180,7 +180,7 @@ class SyncEnd:
                     best = (float(score[k]), h, g, j, k + 1, float(t[k]), float(t_rest[k]), group, int(r[k]))
         return best
 
-    def _grow(self, st: _State, h: int, donor: list) -> tuple | None:
+    def _grow(self, st: _State, h: int, donor: list, p_donor: int) -> tuple | None:
         """Per k = 1 .. the donor's samples: group ``h``'s last micro-batch with the donor's first k samples
         (the donor keeps the rest at its r, priced by its length model's share of its time; all: it goes):
         (its time, the donor's rest time, its backward, its r; arrays) and its seq_group, in numpy per memory
@@ -202,7 +202,7 @@ class SyncEnd:
         by_size = np.searchsorted(size, count, side="left")
         by_tok = np.searchsorted(cap, tok, side="left")
         idx = np.where((lo == hi) & (by_size < len(rows)), by_size, np.where(by_tok < len(rows), by_tok, by_size))
-        _, aj, b1j, b2j, _ = self._model(g_j, p, r_j, None)
+        _, aj, b1j, b2j, _ = self._model(g_j, p_donor, r_j, None)  # the rest stays at the donor's p
         whole = aj + b1j * x_j.sum() + b2j * float(np.square(x_j).sum())
         rest = (aj + b1j * (x_j.sum() - np.cumsum(x_j)) + b2j * (float(np.square(x_j).sum()) - np.cumsum(x_j * x_j)))
         t_rest = np.where(np.arange(1, len(x_j) + 1) < len(x_j), t_j * rest / whole if whole > 0 else 0.0, 0.0)
@@ -211,9 +211,10 @@ class SyncEnd:
         r_of = np.zeros(len(x_j), dtype=np.int64)
         for i in np.unique(idx[idx < len(rows)]).tolist():
             row, hit = rows[i], idx == i
-            r = row.num_layers if self.full_recompute else min_recompute_layers(row, self.mem_capacity_bytes)
+            r = min_recompute_layers(row, self.mem_capacity_bytes)  # None: not even r = L fits (or infeasible)
             if r is None:
                 continue
+            r = row.num_layers if self.full_recompute else r
             # anchored at the memory row, as a token pack is at its budget's row (``dcp.planner.tokens``)
             t[hit] = self._price(group, p, r, row, tok[hit], sq[hit])
             back[hit] = t[hit] * backward_share(row, r)

@@ -24,13 +24,13 @@ W = 32
 
 
 @cache
-def _text():
-    """A small text epoch at bench peers' setup (t1d-5b on 32 simulated H200, global batch, token packs)."""
+def _text(ds: str = "text", method: str = "dcp-intra"):
+    """A small epoch at bench peers' setup (t1d-5b on 32 simulated H200, global batch, token packs)."""
     from dcp.bench.peers import dataset_setup, method_config
 
-    lengths, sc, table, target = dataset_setup("text", W, 0, num_samples=4000)
-    off = method_config(sc, "dcp-intra", 0, target)
-    on = method_config(sc, "dcp-intra", 0, target, W)
+    lengths, sc, table, target = dataset_setup(ds, W, 0, num_samples=4000)
+    off = method_config(sc, method, 0, target)
+    on = method_config(sc, method, 0, target, W)
     return lengths.tokens, sc, table, off, on
 
 
@@ -75,8 +75,10 @@ def _costs(plans, sc, table, cfg):
                       overlap_grad_bytes=grad_bytes) for p in plans]
 
 
-def test_each_step_keeps_its_samples_and_memory_and_ends_no_later():
-    lengths, sc, table, off, on = _text()
+@pytest.mark.parametrize(("ds", "method"), [("text", "dcp-intra"), ("text", "dcp-inter"), ("t1d-long", "dcp-inter")])
+def test_each_step_keeps_its_samples_and_memory_and_ends_no_later(ds, method):
+    """(t1d-long, dcp-inter: samples moved to a group of another p, the donor's rest priced at its own p.)"""
+    lengths, sc, table, off, on = _text(ds, method)
     assert on.planning.grad_sync_s == pytest.approx(grad_sync_time_s(sc.model, sc.hardware, W))
     before, after = plan_epoch(lengths, table, off, W), plan_epoch(lengths, table, on, W)
     assert len(before) == len(after)
