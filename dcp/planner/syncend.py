@@ -150,7 +150,7 @@ class SyncEnd:
         """(the step's new f over the two groups, receiver, donor micro-batch, k, grown time, donor's rest time,
         seq_group, r) of the move that lowers the bottleneck group ``g``'s f the most (its own last micro-batch
         grown from another of its micro-batches, or samples of one of them into the last micro-batch of one
-        of the SHED_RECEIVERS least-ended groups of its p); None where none lowers it."""
+        of the SHED_RECEIVERS least-ended groups of its p or of as many of other p); None where none lowers it."""
         mbs = st.mbs[g]
         donors: dict[int, int] = {}  # the shortest non-last micro-batch of every seq_group
         for j in range(len(mbs) - 1):
@@ -160,10 +160,10 @@ class SyncEnd:
             return None
         ranked = sorted((h for h in busy if h != g and st.mbs[h][-1][2] >= 0), key=lambda h: (f[h], h))
         same = [h for h in ranked if st.p[h] == st.p[g]][:SHED_RECEIVERS]
-        others = same + [h for h in ranked if h not in same][:SHED_RECEIVERS]
+        receivers = [g, *same, *[h for h in ranked if h not in same][:SHED_RECEIVERS]]
         end_g = sum(m[1] for m in mbs)
         best = None
-        for h in [g, *others]:
+        for h in receivers:
             for j in donors.values():
                 cand = self._grow(st, h, mbs[j], st.p[g])
                 if cand is None:
