@@ -202,6 +202,8 @@ class SyncEnd:
         by_size = np.searchsorted(size, count, side="left")
         by_tok = np.searchsorted(cap, tok, side="left")
         idx = np.where((lo == hi) & (by_size < len(rows)), by_size, np.where(by_tok < len(rows), by_tok, by_size))
+        # no more samples than a profiled b: a truth table re-times a micro-batch at the row of b >= its count
+        idx[by_size >= len(rows)] = len(rows)
         _, aj, b1j, b2j, _ = self._model(g_j, p_donor, r_j, None)  # the rest stays at the donor's p
         whole = aj + b1j * x_j.sum() + b2j * float(np.square(x_j).sum())
         rest = (aj + b1j * (x_j.sum() - np.cumsum(x_j)) + b2j * (float(np.square(x_j).sum()) - np.cumsum(x_j * x_j)))

@@ -98,3 +98,7 @@ def test_each_step_keeps_its_samples_and_memory_and_ends_no_later(ds, method):
             assert np.all(a.mb_recompute_layers <= np.repeat(a.recompute_layers, a.ga_steps))
         assert np.all(a.mb_time_s > 0) and np.all(a.mb_size > 0) and np.all(a.mb_seq_group >= 0)
     assert changed > 0  # short token packs at p = 1 expose the sync here: the rewrite acts
+    # a truth table re-times each micro-batch at its seq_group's row of b >= its samples: one exists for every one
+    rows, times = row_lookup(table), TimeLookup(table)
+    for a in after:
+        step_cost(a, times, rows, sync_s=0.1, optimizer_s=0.0, edges=table.seq_group_edges)
