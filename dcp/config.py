@@ -224,6 +224,11 @@ class PlanningConfig:
     micro-batches by a token budget (b x bound of the profiled row with the best predicted time per token at
     its (p, r) within memory), run as one row of documents, where that is predicted cheaper per token than
     b-sample micro-batches (dcp.planner.tokens); "off" keeps b samples per micro-batch everywhere."""
+    grad_sync_s: float = 0.0
+    """DCP methods with the ddp engine: seconds of the step's gradient all-reduce (priced for the hardware, e.g.
+    ``dcp.planner.analytic.grad_sync_time_s``, or measured). The planner then ends each SP group on a last
+    micro-batch whose backward hides it where that ends the step earlier (dcp.planner.syncend); 0: unknown,
+    plans as without it."""
 
     def __post_init__(self) -> None:
         check_fields(self, "planning", int_max={"seed": 2**63 - 1, "gmin": MAX_GA, "gmax": MAX_GA})
@@ -254,6 +259,9 @@ class PlanningConfig:
         if self.micro_batch_tokens not in MICRO_BATCH_TOKENS:
             fail("planning.micro_batch_tokens", self.micro_batch_tokens, f"is not one of {list(MICRO_BATCH_TOKENS)}",
                  'write micro_batch_tokens = "auto" (token-packed short documents) or "off"')
+        if self.grad_sync_s < 0:
+            fail("planning.grad_sync_s", self.grad_sync_s, "must be >= 0",
+                 "give the step's gradient all-reduce in seconds, or 0 when unknown")
         if self.bucket_sp_size < 0:
             fail("planning.bucket_sp_size", self.bucket_sp_size, "must be >= 0", "use 0 to derive it")
         if self.tokens_per_step < 0:

@@ -27,7 +27,7 @@ from dcp.sim.cluster import _mem_row, backward_share, exposed_sync_groups_s, exp
 
 def overlap(ds: str, world: int = 32, seed: int = 0) -> str:
     lengths, sc, table, target = dataset_setup(ds, world, seed)
-    cfg = method_config(sc, "dcp-intra", seed, target)
+    cfg = method_config(sc, "dcp-intra", seed, target, world)
     rows, edges, model = row_lookup(table), table.seq_group_edges, cfg.model
     sync = grad_sync_time_s(model, sc.hardware, world)
     grad_bytes = model.num_params * model.param_bytes

@@ -33,6 +33,7 @@ from dcp.planner.source import epoch_input
 from dcp.planner.step import plan_step
 from dcp.planner.step_tokens import desired_tokens, micro_batch_tokens
 from dcp.planner.stream import PlanningError
+from dcp.planner.syncend import SyncEnd
 from dcp.planner.table import ProfileTable
 from dcp.planner.tail import is_penultimate, plan_tail
 from dcp.planner.tuning import BULK_MIN_RANKS
@@ -74,7 +75,7 @@ class EpochPlanner:
             ep = self.arrays = prepare_epoch(inp)
             self.settings, self.lookahead_samples = ep.settings, ep.lookahead_samples
             cfg = config.planning
-            self._steps = _dcp_steps(ep, cfg.tokens_per_step, cfg.step_tokens_bounds)
+            self._steps = _dcp_steps(ep, cfg.tokens_per_step, cfg.step_tokens_bounds, SyncEnd.of(inp, ep.times))
 
     @property
     def num_samples(self) -> int:
@@ -93,11 +94,12 @@ class EpochPlanner:
         return next(self._steps)
 
 
-def _dcp_steps(ep: EpochArrays, tokens_per_step: int = 0, bounds: tuple[float, float] = (0.5, 2.0)
-               ) -> Iterator[StepPlan]:
+def _dcp_steps(ep: EpochArrays, tokens_per_step: int = 0, bounds: tuple[float, float] = (0.5, 2.0),
+               sync_end: SyncEnd | None = None) -> Iterator[StepPlan]:
     """DCP's steps: each starts at the first micro-batch no earlier step consumed, until none is left. With
     ``tokens_per_step`` (planning.tokens_per_step), each step is sized to hold the tokens that keep the epoch's
-    running total on step x target, within the bounds (``dcp.planner.step_tokens``)."""
+    running total on step x target, within the bounds (``dcp.planner.step_tokens``). ``sync_end``: each plan's
+    groups end on a last micro-batch that hides the gradient sync where that ends the step earlier."""
     n = ep.num_micro_batches
     prog = EpochProgress(n)
     consumed = prog.consumed
@@ -118,12 +120,12 @@ def _dcp_steps(ep: EpochArrays, tokens_per_step: int = 0, bounds: tuple[float, f
                 for plan in plan_tail(ep, prog, step, done, tokens_per_step, bounds, mb_tok):
                     done += plan.tokens
                     step += 1
-                    yield plan
+                    yield sync_end(plan) if sync_end is not None else plan
                 continue
         plan = plan_step(ep, prog, step, head, budget)
         if mb_tok is not None:  # (a sum over the step's samples: only a global batch needs it)
             done += plan.tokens
-        yield plan
+        yield sync_end(plan) if sync_end is not None else plan
         step += 1
 
 
