@@ -79,18 +79,14 @@ def dataset_setup(ds: str, gpus: int, seed: int, *, num_samples: int = 30000, ha
 
 def method_config(sc, method: str, seed: int, tokens_per_step: float, gpus: int = 0):
     """The DCPConfig of ``method`` at the bench's global batch; ``gpus`` > 0 tells DCP the gradient sync the
-    simulator prices on that many GPUs (planning.grad_sync_s)."""
-    from dcp.planner.analytic import grad_sync_time_s
-    from dcp.sim.scenario import paper_config
+    simulator prices on that many GPUs (planning.grad_sync_s, ``paper_config``)."""
+    from dcp.sim.scenario import DCP_METHODS, paper_config
 
-    cfg = paper_config(sc, method, seed=seed)
-    dcp = method in ("dcp-inter", "dcp-intra")
+    cfg = paper_config(sc, method, seed=seed, world_size=gpus)
     # DCP sizes short documents' micro-batches by tokens where that is cheaper (planning.micro_batch_tokens; a
     # no-op on the t1d/t2d sets, +15% DCP-intra tokens/s on text); the peers pack by tokens anyway
     planning = dataclasses.replace(cfg.planning, tokens_per_step=round(tokens_per_step), micro_batch_tokens="auto"
-                                   if dcp else cfg.planning.micro_batch_tokens)
-    if dcp and gpus > 0:  # the groups' ends hide the ddp all-reduce where that ends a step earlier (planner/syncend)
-        planning = dataclasses.replace(planning, grad_sync_s=grad_sync_time_s(sc.model, sc.hardware, gpus))
+                                   if method in DCP_METHODS else cfg.planning.micro_batch_tokens)
     return cfg.replace(planning=planning)
 
 

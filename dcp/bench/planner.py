@@ -21,6 +21,7 @@ W; with --json a last line {"rows": [...]}.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -94,18 +95,22 @@ def _spin(n: int) -> int:
 
 def _setup(world_size: int, method: str, model: str, hardware: str):
     """The planning table, config and HardwareSpec of one W."""
-    from dcp.planner.analytic import analytic_table_for
+    from dcp.planner.analytic import analytic_table_for, grad_sync_time_s
     from dcp.sim.hardware import HARDWARE
+    from dcp.sim.scenario import DCP_METHODS
 
     if model == DEFAULT_MODEL:
         hw = HARDWARE[hardware]
         config = DCPConfig(planning=PlanningConfig(method=method))
+        if method in DCP_METHODS:  # told the gradient sync step_pricer charges, as paper_config does (syncend)
+            sync = grad_sync_time_s(config.model, hw, world_size)
+            config = config.replace(planning=dataclasses.replace(config.planning, grad_sync_s=sync))
         table = analytic_table_for(config, world_size, hardware=hw, mem_capacity_bytes=hw.mem_capacity_bytes)
         return table, config, hw
     from dcp.sim.scenario import paper_config, paper_table, scenario
 
     sc = scenario(model, hardware)
-    return paper_table(sc, world_size), paper_config(sc, method), sc.hardware
+    return paper_table(sc, world_size), paper_config(sc, method, world_size=world_size), sc.hardware
 
 
 def step_pricer(table, config: DCPConfig, hardware, world_size: int) -> Callable:

@@ -91,7 +91,7 @@ def simulate_runs(lengths: Sequence[int], model_name: str, hardware_name: str, w
     out = {}
     # "bucket" is the stronger (higher tokens/s) of Open-Sora's rule and its searched variant (bucket-search)
     for m in (*methods, "bucket-search") if "bucket" in methods else methods:
-        cfg = paper_config(sc, m, gmin=gmin, gmax=gmax)
+        cfg = paper_config(sc, m, gmin=gmin, gmax=gmax, world_size=world_size)
         cfg = cfg.replace(planning=dataclasses.replace(cfg.planning, tokens_per_step=tokens_per_step,
                                                        lookahead_samples=lookahead_per_rank * world_size))
         result, steps = simulate(lengths, table, cfg, world_size, hardware=sc.hardware, shapes=shapes,

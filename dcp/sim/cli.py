@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         configs = {}
         custom = load_config(args.config) if args.config else None
         for m in methods:
-            cfg = custom or paper_config(sc, m, gmin=args.gmin, gmax=args.gmax, seed=args.seed)
+            cfg = custom or paper_config(sc, m, gmin=args.gmin, gmax=args.gmax, seed=args.seed, world_size=args.gpus)
             configs[m] = cfg.replace(planning=dataclasses.replace(
                 cfg.planning, method=m, lookahead_samples=args.lookahead_per_rank * args.gpus,
                 tokens_per_step=args.tokens_per_step or cfg.planning.tokens_per_step,

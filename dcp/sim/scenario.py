@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from dcp.config import DCPConfig, ModelShapeConfig, PlanningConfig, ProfilingConfig
 from dcp.named_models import MODELS, PAPER_MODELS
-from dcp.planner.analytic import HardwareSpec, analytic_table
+from dcp.planner.analytic import HardwareSpec, analytic_table, grad_sync_time_s
 from dcp.planner.table import ProfileTable
 from dcp.sim.hardware import HARDWARE, T1D_SEQ_GROUP_EDGES, T2D_SEQ_GROUP_EDGES
 
@@ -20,6 +20,10 @@ MAX_MICRO_BATCH_SIZE = 256
 (b = 128 of 1k-token samples is the largest that fits for t1d-5b), so the baselines get the largest b memory allows."""
 BF16_BYTES = 2
 """The paper trains in bf16."""
+
+
+DCP_METHODS = ("dcp-inter", "dcp-intra")
+"""The methods whose planner uses ``planning.grad_sync_s``."""
 
 
 class ScenarioError(ValueError):
@@ -95,12 +99,16 @@ def paper_table(sc: Scenario, world_size: int, *, shapes: Sequence[tuple[int, in
                           mem_capacity_bytes=sc.hardware.mem_capacity_bytes)
 
 
-def paper_config(sc: Scenario, method: str, *, gmin: int = 1, gmax: int = 4, seed: int = 0) -> DCPConfig:
-    """DCPConfig of the scenario: 80 GB per GPU, 8 GPUs per node, the scenario's SP sizes."""
+def paper_config(sc: Scenario, method: str, *, gmin: int = 1, gmax: int = 4, seed: int = 0,
+                 world_size: int = 0) -> DCPConfig:
+    """DCPConfig of the scenario: 80 GB per GPU, 8 GPUs per node, the scenario's SP sizes. ``world_size`` > 0:
+    the DCP methods are told the gradient sync the simulator prices on that many GPUs (``planning.grad_sync_s``,
+    dcp.planner.syncend), as a real run is told its measured one; 0 leaves it unknown."""
+    sync = grad_sync_time_s(sc.model, sc.hardware, world_size) if world_size > 0 and method in DCP_METHODS else 0.0
     return DCPConfig(
         model=sc.model,
         profiling=ProfilingConfig(seq_group_edges=sc.seq_group_edges, max_micro_batch_size=MAX_MICRO_BATCH_SIZE),
         planning=PlanningConfig(method=method, mem_capacity_gib=sc.hardware.mem_capacity_bytes / 1024**3,
                                 gmin=gmin, gmax=gmax, ranks_per_node=sc.hardware.ranks_per_node,
-                                sp_sizes=sc.sp_sizes, seed=seed),
+                                sp_sizes=sc.sp_sizes, seed=seed, grad_sync_s=sync),
     )
