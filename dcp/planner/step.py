@@ -14,7 +14,7 @@ from dcp.planner.epoch import EpochArrays, EpochProgress
 from dcp.planner.improve import idle, improve, join_head, work
 from dcp.planner.packing import pack
 from dcp.planner.plan import StepPlan
-from dcp.planner.step_tokens import TOKEN_LAG, TOKEN_TARGETS, thin_window, token_target, window_at
+from dcp.planner.step_tokens import TOKEN_TARGETS, step_room, thin_window, token_target, window_at
 from dcp.planner.tuning import (
     BULK_MIN_RANKS,
     FILL_LONG,
@@ -156,7 +156,7 @@ def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
     per_token = float(ep.mb_work.sum()) / max(1.0, float(mb_tok.sum()))  # GPU-s per token of the epoch
     sc = scan(ep, prog, head, lambda t: f * max(t, want * per_token / ep.world_size))
     left = float(mb_tok[prog.consumed_np() == 0].sum())
-    room = (step + 1) * target - float(mb_tok.sum()) + left + MEAN_AHEAD * float(mb_tok.sum())  # (MEAN_AHEAD)
+    lag = step_room(step, float(mb_tok.sum()) - left, float(mb_tok.sum()), target)  # (TOKEN_LAG's tokens, the room)
     # the epoch's end: what is left, unless it makes two steps (not when the head alone leaves less than the lower
     # bound after it: a long sample that would run alone before a short last step)
     last = left <= min(cap, want + low) or (left <= cap and mb_tok[head] > left - low)
@@ -181,11 +181,10 @@ def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
         sized = (t_star, win)
         t_star, win, groups, head_t, joined, flagged = _balanced(ep, prog, head, sized, budget, per_token)
         if not last:
-            lag = (TOKEN_LAG * (step + 1) * target, room)
             t_star, win, groups, head_t, joined = _other_targets(ep, prog, head, sc, top, lag, budget, per_token,
                                                                  (t_star, win, groups, head_t, joined))
         t_star, win, groups, head_t, joined = _lift_low(ep, prog, head, sized, budget, per_token,
-                                                        (t_star, win, groups, head_t, joined), (flagged, room))
+                                                        (t_star, win, groups, head_t, joined), (flagged, lag[1]))
     elif not joined:  # micro-batches joined at another p keep their groups as they are
         groups, win, head_t = _improve_within(ep, prog, (groups, win, None), head, t_star, mb_tok, (low, cap))
         groups, joined = balance(ep, prog, win, groups, head, {} if head_t is None else {head: head_t[1]},
@@ -201,7 +200,7 @@ def _lift_low(ep: EpochArrays, prog: EpochProgress, head: int, sized: tuple[floa
               budget: tuple[float, float, np.ndarray, float, float], per_token: float, best: tuple,
               flag: tuple[bool, float]) -> tuple:
     """``best`` (T*, window, groups, head's (group, time) or None, balance's times), or, where ``_reach_low``
-    flagged the first plan (``flag``: that, the step's MEAN_AHEAD room in tokens) and ``best`` is still below the
+    flagged the first plan (``flag``: that, the most tokens ``step_room`` gives the step) and ``best`` is still below the
     bound (or far past the wanted tokens while the total is ahead, or past the room), ``sized`` (T*, window)
     packed with its other windows when that is within the bounds."""
     want, cap, mb_tok, low, _ = budget
@@ -248,7 +247,7 @@ def _other_targets(ep: EpochArrays, prog: EpochProgress, head: int, sc: Scan, to
     with its widest kind cut to one group's worth (``step_tokens.thin_window``: the other giants wait for a later
     step rather than queue on one group), then from a dense window (``dense.dense_window``); the plan whose placed
     work at the micro-batches' own settings fills the most of W x its time is kept (``fill_share``), among those
-    whose tokens stay within the bounds. ``lag``: TOKEN_LAG's tokens, the step's MEAN_AHEAD room in tokens."""
+    whose tokens stay within the bounds. ``lag``: ``step_tokens.step_room``'s two."""
     want, cap, mb_tok, low, _ = budget
     if ep.world_size >= BULK_MIN_RANKS:
         return best
@@ -436,9 +435,6 @@ def _low_stretch(ep: EpochArrays, sc: Scan, mb_tok: np.ndarray, head: int, start
 LIFT_FILL = 0.05
 """``_lift_low`` takes a step nearer the wanted tokens for one far past them if its ``fill_share`` is at most
 this much lower (0: 3 of 240 small epochs' means 5.3% over the target; 0.2: DCP-inter t1d-long 0.809 -> 0.801)."""
-MEAN_AHEAD = 0.025
-"""A step's room: the running total may run this share of the epoch's tokens ahead of step x target (the mean as
-much over the target; the bound is 5%). A plan past it gives way to one within it, whatever its fill_share."""
 LOW_MODES = ("plain", "skip", "jump")
 """``_reach_low``'s windows (``_low_stretch``), in order."""
 
