@@ -1,6 +1,5 @@
-"""One DCP step: window and target (``dcp.planner.window``), packing (``packing``), the re-packs that lower
-its idle (``improve``, the head joining another group, other targets), then placement and the StepPlan
-(``build``)."""
+"""One DCP step: window and target (``dcp.planner.window``), packing (``packing``), the re-packs that lower its
+idle (``improve``, the head joining another group, other targets), then placement and the StepPlan (``build``)."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from dcp.planner.epoch import EpochArrays, EpochProgress
 from dcp.planner.improve import idle, improve, join_head, work
 from dcp.planner.packing import pack
 from dcp.planner.plan import StepPlan
-from dcp.planner.step_tokens import TOKEN_LAG, TOKEN_TARGETS, thin_window, token_target, window_at
+from dcp.planner.step_tokens import TOKEN_TARGETS, step_room, thin_window, token_target, window_at
 from dcp.planner.tuning import (
     BULK_MIN_RANKS,
     FILL_LONG,
@@ -157,6 +156,7 @@ def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
     per_token = float(ep.mb_work.sum()) / max(1.0, float(mb_tok.sum()))  # GPU-s per token of the epoch
     sc = scan(ep, prog, head, lambda t: f * max(t, want * per_token / ep.world_size))
     left = float(mb_tok[prog.consumed_np() == 0].sum())
+    lag = step_room(step, float(mb_tok.sum()) - left, float(mb_tok.sum()), target)  # (TOKEN_LAG's tokens, the room)
     # the epoch's end: what is left, unless it makes two steps (not when the head alone leaves less than the lower
     # bound after it: a long sample that would run alone before a short last step)
     last = left <= min(cap, want + low) or (left <= cap and mb_tok[head] > left - low)
@@ -181,11 +181,10 @@ def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
         sized = (t_star, win)
         t_star, win, groups, head_t, joined, flagged = _balanced(ep, prog, head, sized, budget, per_token)
         if not last:
-            lag = TOKEN_LAG * (step + 1) * target
             t_star, win, groups, head_t, joined = _other_targets(ep, prog, head, sc, top, lag, budget, per_token,
                                                                  (t_star, win, groups, head_t, joined))
         t_star, win, groups, head_t, joined = _lift_low(ep, prog, head, sized, budget, per_token,
-                                                        (t_star, win, groups, head_t, joined), flagged)
+                                                        (t_star, win, groups, head_t, joined), (flagged, lag[1]))
     elif not joined:  # micro-batches joined at another p keep their groups as they are
         groups, win, head_t = _improve_within(ep, prog, (groups, win, None), head, t_star, mb_tok, (low, cap))
         groups, joined = balance(ep, prog, win, groups, head, {} if head_t is None else {head: head_t[1]},
@@ -199,33 +198,35 @@ def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
 
 def _lift_low(ep: EpochArrays, prog: EpochProgress, head: int, sized: tuple[float, np.ndarray],
               budget: tuple[float, float, np.ndarray, float, float], per_token: float, best: tuple,
-              flagged: bool) -> tuple:
+              flag: tuple[bool, float]) -> tuple:
     """``best`` (T*, window, groups, head's (group, time) or None, balance's times), or, where ``_reach_low``
-    ``flagged`` the first plan and ``best`` is still below the bound (or far past the wanted tokens while the
-    total is ahead), ``sized`` (T*, window) packed with its other windows when that is within the bounds."""
+    flagged the first plan (``flag``: that, the most tokens ``step_room`` gives the step) and ``best`` is still below the
+    bound (or far past the wanted tokens while the total is ahead, or past the room), ``sized`` (T*, window)
+    packed with its other windows when that is within the bounds."""
     want, cap, mb_tok, low, _ = budget
+    flagged, room = flag
     if not flagged:
         return best
     tok = _tokens(ep, best[2], head, mb_tok)  # (far past the wanted tokens only while wanting the lower bound)
-    if low <= tok <= (TOKEN_SLACK * want if want <= low else cap):
+    ahead = tok > room
+    if low <= tok <= (TOKEN_SLACK * want if want <= low else cap) and not ahead:
         return best
     alt = _balanced(ep, prog, head, sized, budget, per_token, LOW_MODES[1:])
     alt_tok = _tokens(ep, alt[2], head, mb_tok)
     if not low <= alt_tok <= cap or (tok >= low and alt_tok >= tok):
         return best
-    # (a step far past its wanted tokens gives way only to one that fills the ranks as well)
+    # (a step far past its wanted tokens or the room gives way: to one that fills the ranks as well, or to stay in it)
     fill = [fill_share(ep, placed_groups(ep, b[2], head)[0]) for b in (best, alt)]
-    return alt[:5] if tok < low or fill[1] >= fill[0] - LIFT_FILL else best
+    return alt[:5] if tok < low or ahead or fill[1] >= fill[0] - LIFT_FILL else best
 
 
 def _balanced(ep: EpochArrays, prog: EpochProgress, head: int, sized: tuple[float, np.ndarray],
               budget: tuple[float, float, np.ndarray, float, float], per_token: float,
               modes: tuple[str, ...] = ("plain",)) -> tuple:
     """A step at a global batch packed from window ``sized[1]`` at T* ``sized[0]``: packed with the head
-    (``_pack_head``), stretched to the lower bound (``_reach_low``), improved (``_improve_within``) and
-    balanced (``balance``). Returns (T*, window, groups, the head's (group, time) or None, the times of the
-    micro-batches balance moved, whether ``_reach_low`` left it below the lower bound). ``modes``: ``_reach_low``'s
-    windows."""
+    (``_pack_head``), stretched to the lower bound (``_reach_low``), improved (``_improve_within``) and balanced
+    (``balance``). Returns (T*, window, groups, the head's (group, time) or None, the times of the micro-batches
+    balance moved, whether ``_reach_low`` left it below the lower bound). ``modes``: ``_reach_low``'s windows."""
     want, cap, mb_tok, low, _ = budget
     t_star, win = sized
     groups = _pack_head(ep, win, t_star, head)
@@ -237,7 +238,7 @@ def _balanced(ep: EpochArrays, prog: EpochProgress, head: int, sized: tuple[floa
     return t_star, win, [gr for gr in groups if gr[3]], head_t, joined, short
 
 
-def _other_targets(ep: EpochArrays, prog: EpochProgress, head: int, sc: Scan, top: float, lag: float,
+def _other_targets(ep: EpochArrays, prog: EpochProgress, head: int, sc: Scan, top: float, lag: tuple[float, float],
                    budget: tuple[float, float, np.ndarray, float, float], per_token: float, best: tuple) -> tuple:
     """A balanced step at a global batch that still idles more than RETRY_IDLE (its longest kind's work is not
     a whole number of groups at T*: three 300k-500k-token samples on one 16-rank group of a 32-rank world
@@ -246,21 +247,22 @@ def _other_targets(ep: EpochArrays, prog: EpochProgress, head: int, sc: Scan, to
     with its widest kind cut to one group's worth (``step_tokens.thin_window``: the other giants wait for a later
     step rather than queue on one group), then from a dense window (``dense.dense_window``); the plan whose placed
     work at the micro-batches' own settings fills the most of W x its time is kept (``fill_share``), among those
-    whose tokens stay within the bounds."""
+    whose tokens stay within the bounds. ``lag``: ``step_tokens.step_room``'s two."""
     want, cap, mb_tok, low, _ = budget
     if ep.world_size >= BULK_MIN_RANKS:
         return best
+    lag, room = lag
     placed = placed_groups(ep, best[2], head)[0]  # placed once per plan: its tokens and its fill from one placement
     share, first = fill_share(ep, placed), _placed_tokens(placed, mb_tok)
-    if 1.0 - share <= RETRY_IDLE and first >= low:
-        return best  # (a first plan below the lower bound: any other plan within the bounds replaces it)
-    if first < low:
+    if 1.0 - share <= RETRY_IDLE and low <= first <= room:
+        return best  # (a first plan below the lower bound or past the room: any other plan within them replaces it)
+    if not low <= first <= room:
         share = -1.0
     t_all, tok_all = ep.mb_t[sc.idx], mb_tok[sc.idx]
     # tokens near the wanted ones: the epoch's running total stays within TOKEN_LAG x the target's of step x target
     # (``want`` at a bound hides how far the total is off: then no further than the first plan)
     floor = max(low, first if want >= cap else min(first, want - lag))
-    ceil = min(cap, first if want <= low else max(first, want + lag))
+    ceil = min(cap, first if want <= low else max(first, want + lag), max(room, low))
     for x in TOKEN_TARGETS:
         sized = window_at(sc.cumw, t_all, tok_all, ep.world_size, best[0] * x, top, WINDOW_WORK_FACTOR)
         if sized is None:
@@ -278,7 +280,8 @@ def _other_targets(ep: EpochArrays, prog: EpochProgress, head: int, sc: Scan, to
             if alt_share > share + 1e-9:
                 best, share = alt, alt_share
     # a long micro-batch's step runs that long whatever it holds: up to want + lag tokens even with ``want`` at low
-    w = dense_window(ep, prog, head, best[0], (want * per_token, most := min(top, max(first, want + lag))), mb_tok)
+    most = min(top, max(first, want + lag), max(room, low))
+    w = dense_window(ep, prog, head, best[0], (want * per_token, most), mb_tok)
     if w is not None:
         alt = _balanced(ep, prog, head, (best[0], w), budget, per_token)[:5]
         placed = placed_groups(ep, alt[2], head)[0]
