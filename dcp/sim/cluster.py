@@ -34,7 +34,8 @@ from dcp.planner.cost import micro_batch_mem_bytes
 from dcp.planner.intra import best_settings, candidate_settings
 from dcp.planner.plan import StepPlan
 from dcp.planner.stream import TimeLookup, seq_groups_of
-from dcp.planner.table import ProfileRow, ProfileTable
+from dcp.planner.syncend import backward_share
+from dcp.planner.table import ProfileTable
 from dcp.planner.tokens import best_token_pack
 
 
@@ -205,14 +206,6 @@ def _mem_row(mb, sp_size: int, rows: dict, edges: Sequence[int]):
 
 DDP_BUCKET_BYTES = GRAD_BUCKET_MIB * 2**20
 """The ddp engine's gradient bucket: the last one starts after backward."""
-
-
-def backward_share(row: ProfileRow, recompute_layers: int) -> float:
-    """Share of a micro-batch's layer time spent in backward (recompute included), from its table row."""
-    L = row.num_layers
-    fwd = L * row.t_f_s
-    bwd = L * row.t_b_s + recompute_layers * row.t_f_s
-    return bwd / (fwd + bwd) if fwd + bwd > 0 else 0.0
 
 
 def exposed_sync_s(sync_s: float, overlap_s: float, grad_bytes: float) -> float:
