@@ -225,10 +225,11 @@ class PlanningConfig:
     its (p, r) within memory), run as one row of documents, where that is predicted cheaper per token than
     b-sample micro-batches (dcp.planner.tokens); "off" keeps b samples per micro-batch everywhere."""
     grad_sync_s: float = 0.0
-    """DCP methods with the ddp engine: seconds of the step's gradient all-reduce (priced for the hardware, e.g.
-    ``dcp.planner.analytic.grad_sync_time_s``, or measured). The planner then ends each SP group on a last
-    micro-batch whose backward hides it where that ends the step earlier (dcp.planner.syncend); 0: unknown,
-    plans as without it."""
+    """DCP methods with the ddp engine: seconds of the step's gradient all-reduce (measured on the cluster, or priced
+    for the hardware: ``dcp.planner.analytic.grad_sync_time_s``). The planner then ends each SP group on a last
+    micro-batch whose backward hides it where that ends the step earlier (dcp.planner.syncend). 0: the figure the
+    profiler measured on the job's own ranks (the table's ``grad_sync_s``, when profiled at this world size with
+    the ddp engine); a table without one (analytic, one rank) plans as without it."""
 
     def __post_init__(self) -> None:
         check_fields(self, "planning", int_max={"seed": 2**63 - 1, "gmin": MAX_GA, "gmax": MAX_GA})

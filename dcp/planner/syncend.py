@@ -28,13 +28,15 @@ bounds its memory by that row), priced from its real lengths at that r and row
 time. A move is made only when the larger of the two groups' new f is below the bottleneck's f by
 ``GAIN_EPS_S``; at most ``MAX_MOVES_PER_GROUP`` per busy group.
 
-Active only where the sync is known (``planning.grad_sync_s > 0``), with the ddp engine, on 1D data and below
+Active only where the sync is known (``planning.grad_sync_s > 0``, else the figure the profiler measured on the
+job's ranks: :func:`measured_sync_s`), with the ddp engine, on 1D data and below
 ``BULK_MIN_RANKS`` ranks (the numpy packer's scale, where planning cost counts); otherwise the plans are
 exactly those without it.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,7 +46,7 @@ from dcp.planner.cost import micro_batch_time_s, min_recompute_layers
 from dcp.planner.plan import StepPlan
 from dcp.planner.source import EpochInput
 from dcp.planner.stream import TimeLookup
-from dcp.planner.table import ProfileRow
+from dcp.planner.table import ProfileRow, ProfileTable
 from dcp.planner.tuning import BULK_MIN_RANKS
 
 GAIN_EPS_S = 1e-3
@@ -56,6 +58,18 @@ SHED_RECEIVERS = 4
 """Groups that may receive the bottleneck's samples in their last micro-batch: this many of its p and this many
 of any other p, least-ended first (text at 32 H200, seed 0: 2 of its p only, before the other p were added, 0.964
 of the ideal bound; 2 + 2 0.9658, 4 + 4 0.9673, 6 + 6 0.9675)."""
+
+
+def measured_sync_s(table: ProfileTable, world_size: int) -> float:
+    """The gradient sync the profiler measured on the job's own ranks (``dcp.profiler.update``: the ddp engine's
+    flattened all-reduce of the model's gradients, the slowest rank's median, so every rank reads the same
+    figure and plans alike), when the table was profiled for ``world_size`` ranks with the ddp engine; else 0."""
+    extra = table.meta.extra
+    value = extra.get("grad_sync_s", 0.0)
+    if (table.meta.world_size != world_size or extra.get("update_engine", "ddp") != "ddp"
+            or not isinstance(value, (int, float)) or not math.isfinite(value)):
+        return 0.0
+    return max(0.0, float(value))
 
 
 def backward_share(row: ProfileRow, recompute_layers: int) -> float:
@@ -94,7 +108,8 @@ class SyncEnd:
     def of(cls, inp: EpochInput, times: TimeLookup) -> SyncEnd | None:
         """The rewrite of this epoch, or None where it does not apply (module docstring)."""
         cfg = inp.config
-        if (cfg.planning.grad_sync_s <= 0 or cfg.runtime.engine != "ddp" or inp.shapes is not None
+        sync_s = cfg.planning.grad_sync_s or measured_sync_s(inp.table, inp.world_size)
+        if (sync_s <= 0 or cfg.runtime.engine != "ddp" or inp.shapes is not None
                 or inp.world_size < 2 or inp.world_size >= BULK_MIN_RANKS):
             return None
         rows: dict[tuple[int, int], list[ProfileRow]] = {}
@@ -104,7 +119,7 @@ class SyncEnd:
             rs.sort(key=lambda r: r.micro_batch_size)
         grad_bytes = cfg.model.num_params * cfg.model.param_bytes
         buckets = max(1, round(grad_bytes / (GRAD_BUCKET_MIB * 2**20))) if grad_bytes > 0 else 1
-        return cls(sync_s=cfg.planning.grad_sync_s, buckets=buckets,
+        return cls(sync_s=sync_s, buckets=buckets,
                    mem_capacity_bytes=cfg.planning.mem_capacity_bytes, full_recompute=inp.method != "dcp-intra",
                    times=times, rows=rows)
 

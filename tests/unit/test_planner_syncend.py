@@ -17,7 +17,8 @@ from dcp.planner import plan_epoch
 from dcp.planner.analytic import grad_sync_time_s
 from dcp.planner.source import epoch_input
 from dcp.planner.stream import TimeLookup
-from dcp.planner.syncend import SyncEnd, sync_end_s
+from dcp.planner.syncend import SyncEnd, measured_sync_s, sync_end_s
+from dcp.planner.table import ProfileTable
 from dcp.sim.cluster import DDP_BUCKET_BYTES, exposed_sync_groups_s, row_lookup, step_cost
 
 W = 32
@@ -65,6 +66,33 @@ def test_off_without_a_sync_with_deepspeed_on_2d_data_and_from_512_ranks():
     base = off.replace(planning=dataclasses.replace(off.planning, grad_sync_s=0.0))
     assert [p.digest() for p in plan_epoch(lengths, table, base, W)] == \
         [p.digest() for p in plan_epoch(lengths, table, off, W)]
+
+
+def _with_meta(table, **meta):
+    return ProfileTable(table.rows, dataclasses.replace(table.meta, **meta))
+
+
+def test_a_profile_measured_at_this_world_size_gives_the_sync_when_the_config_does_not():
+    """0 in the config: the profiler's figure (dcp.profiler.update, agreed over the job's ranks) of a table profiled
+    for these ranks with the ddp engine; a figure in the config wins; another world size or engine gives none."""
+    lengths, _, table, off, on = _text()
+
+    def sync_of(tab, cfg=off):
+        end = SyncEnd.of(epoch_input(lengths, tab, cfg, W), TimeLookup(tab))
+        return None if end is None else end.sync_s
+
+    measured = _with_meta(table, world_size=W, extra={**table.meta.extra, "grad_sync_s": 0.25, "update_engine": "ddp"})
+    assert measured_sync_s(measured, W) == 0.25 and sync_of(measured) == 0.25
+    assert sync_of(measured, on) == pytest.approx(on.planning.grad_sync_s)  # the config's figure first
+    assert measured_sync_s(measured, 2 * W) == 0.0
+    assert sync_of(_with_meta(measured, world_size=2 * W)) is None  # profiled for another job
+    assert sync_of(_with_meta(measured, extra={**measured.meta.extra, "update_engine": "deepspeed"})) is None
+    assert sync_of(_with_meta(measured, extra={**measured.meta.extra, "grad_sync_s": 0.0})) is None  # one rank's
+    assert sync_of(_with_meta(measured, extra={})) is None  # analytic tables hold none
+    # planning with the measured figure is planning with the same figure in the config
+    told = off.replace(planning=dataclasses.replace(off.planning, grad_sync_s=0.25))
+    assert [p.digest() for p in plan_epoch(lengths, measured, off, W)] == \
+        [p.digest() for p in plan_epoch(lengths, measured, told, W)]
 
 
 def _costs(plans, sc, table, cfg):
