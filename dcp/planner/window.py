@@ -103,8 +103,11 @@ def _largest_k(ep: EpochArrays, sc: Scan, t_all: np.ndarray, j_long: int) -> tup
     t_long = float(t_all[j_long])
     kl = int(idx[j_long])
     p_l, r_l = ep.mb_p[kl], ep.mb_r[kl]
-    compat = (ep.mb_p_np[idx] == p_l) & (ep.mb_r_np[idx] <= r_l)
-    pool = np.cumsum(np.where(compat, t_all, 0.0))
+    if len({(s.sp_size, s.recompute_layers) for s in ep.settings.values()}) == 1:
+        pool = np.cumsum(t_all)  # one primary (p, r) in the epoch: every micro-batch is of the longest's kind
+    else:
+        compat = (ep.mb_p_np[idx] == p_l) & (ep.mb_r_np[idx] <= r_l)
+        pool = np.cumsum(np.where(compat, t_all, 0.0))
     for k in range(ep.gmax, 0, -1):
         tk = k * t_long
         if k > 1 and cumw[-1] < W * tk:
