@@ -22,6 +22,13 @@ from dcp.planner.sorting import SMALL, argsort_float, argsort_int, stable_from
 from dcp.planner.tuning import OPEN_FILL
 
 _FIRST = operator.itemgetter(0)
+REORDER_SHARE = 8
+"""``_rounds`` merges the groups a round moved into its order (``_reorder``) while they are at most 1/REORDER_SHARE
+of the groups, else sorts them all again (the same order; 4096 groups of distinct loads: a sort ~50 us, a merge
+of 25 ~20 us)."""
+REORDER_TIES = 8
+"""``_reorder`` gives up where more moved loads than this equal unmoved ones' (each such tie is resolved in Python;
+discrete loads, where a sort with ties costs ~100 us): the rest of that packing then sorts."""
 
 
 def pack_rounds(ep: EpochArrays, order: np.ndarray, t_star: float, head: int, head_first: bool,
@@ -269,6 +276,7 @@ def _rounds(loads: np.ndarray, tt: np.ndarray, limit: float) -> tuple[np.ndarray
     n, G, pos = len(tt), len(loads), 0
     dest = np.full(n, -1, dtype=np.int64)
     order = _least_loaded(loads, G)  # every group, least loaded first (ties in group order), kept round by round
+    merge = True
     while pos < n:
         m = min(G, n - pos)
         tgt = order[:m]
@@ -287,17 +295,18 @@ def _rounds(loads: np.ndarray, tt: np.ndarray, limit: float) -> tuple[np.ndarray
         pos += m
         if limit - loads.min() < tt[-1]:
             break  # no group has room for even the shortest left
-        if moved.size:
-            order = _reorder(loads, order, moved)
+        if moved.size:  # (after a merge gave up on ties, ties are likely again: a sort at once)
+            merged = _reorder(loads, order, moved) if merge and REORDER_SHARE * len(moved) <= G else None
+            merge = merge and (merged is not None or REORDER_SHARE * len(moved) > G)
+            order = _least_loaded(loads, G) if merged is None else merged
     return dest, loads
 
 
-def _reorder(loads: np.ndarray, order: np.ndarray, moved: np.ndarray) -> np.ndarray:
+def _reorder(loads: np.ndarray, order: np.ndarray, moved: np.ndarray) -> np.ndarray | None:
     """``_least_loaded(loads, len(loads))`` from ``order``, that order before the loads of the groups ``moved``
     grew: the others keep their order and the moved ones are merged in by (load, group), as the stable sort
-    orders them (a round moves ~25 of 4096 groups late in a packing: no sort of all of them per round)."""
-    if 8 * len(moved) > len(order):
-        return _least_loaded(loads, len(loads))
+    orders them (a round moves ~25 of 4096 groups late in a packing: no sort of all of them per round). None
+    where more than REORDER_TIES moved loads equal unmoved ones (the caller sorts)."""
     gone = np.zeros(len(loads), dtype=bool)
     gone[moved] = True
     rest = order[~gone[order]]
@@ -305,9 +314,18 @@ def _reorder(loads: np.ndarray, order: np.ndarray, moved: np.ndarray) -> np.ndar
     ml, rl = loads[moved], loads[rest]
     at = np.searchsorted(rl, ml, "left")
     hi = np.searchsorted(rl, ml, "right")
-    for i in np.flatnonzero(hi > at).tolist():  # a load equal to others': after those of a lower group index
+    tied = np.flatnonzero(hi > at)
+    if len(tied) > REORDER_TIES:
+        return None
+    for i in tied.tolist():  # a load equal to others': after those of a lower group index
         at[i] += int(np.searchsorted(rest[at[i] : hi[i]], moved[i]))
-    return np.insert(rest, at, moved)
+    out = np.empty(len(order), dtype=order.dtype)
+    at += np.arange(len(moved))  # (``at`` ascends: the moved ones' places in the merged order)
+    out[at] = moved
+    keep = np.ones(len(order), dtype=bool)
+    keep[at] = False
+    out[keep] = rest
+    return out
 
 
 def _least_loaded(loads: np.ndarray, m: int) -> np.ndarray:
