@@ -252,11 +252,12 @@ def fill_rounds(ep: EpochArrays, groups: list[list], kinds: dict, items, limit: 
         d = dest[by]
         cuts = (np.flatnonzero(np.diff(d)) + 1).tolist()
         flat = arr[sel[by]].tolist()
-        g_arr = np.asarray(gids, dtype=np.int64)
-        for a, e, g in zip([0, *cuts], [*cuts, len(flat)], g_arr[d[[0, *cuts]]].tolist(), strict=True):
-            groups[g][3].extend(flat[a:e])
-        for g, load in zip(gids, loads.tolist(), strict=True):
-            groups[g][2] = load
+        got_g = d[[0, *cuts]]  # the groups (places in gids) that took items; the others' loads are as they were
+        for a, e, g, load in zip([0, *cuts], [*cuts, len(flat)], np.asarray(gids, dtype=np.int64)[got_g].tolist(),
+                                 loads[got_g].tolist(), strict=True):
+            gr = groups[g]
+            gr[3].extend(flat[a:e])
+            gr[2] = load
 
 
 def _free_of(cols: Columns, free_item: np.ndarray, p: int, r: int, exact: bool) -> np.ndarray | None:
