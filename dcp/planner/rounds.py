@@ -231,7 +231,7 @@ def fill_rounds(ep: EpochArrays, groups: list[list], kinds: dict, items, limit: 
               for r, _, gids in sorted(entries, key=_FIRST, reverse=True)]
     for exact, p, r, gids in passes:
         kd = p * cols.n_r + r
-        if exact and r < cols.n_r and kd in cols.times and ep.time_at_np[r] is ep.mb_t:  # the times ``_grant`` read, no gather
+        if exact and r < cols.n_r and kd in cols.times and ep.time_at_np[r] is ep.mb_t:  # _grant's times
             sel = cols.by_kind[kd]
             free = free_item[sel]
             sel, tt = sel[free], cols.times[kd][free]
