@@ -60,8 +60,9 @@ def improve(ep: EpochArrays, prog: EpochProgress, win: np.ndarray, groups: list[
     without any local search)."""
     if len(groups) < 2 or idle(groups, ep.world_size) < IMPROVE_MIN:
         return
-    step_t = max(gr[2] for gr in groups) * (1 + 1e-9)
-    slack = step_t - np.fromiter((gr[2] for gr in groups), dtype=np.float64, count=len(groups))
+    loads = np.fromiter(map(_LOAD, groups), dtype=np.float64, count=len(groups))  # (one pass, no generator)
+    step_t = float(loads.max()) * (1 + 1e-9)
+    slack = step_t - loads
     emptiest = np.flatnonzero(slack > IMPROVE_MIN * step_t)
     if not emptiest.size:
         return
