@@ -12,7 +12,7 @@ from dcp.planner.balance import balance
 from dcp.planner.build import place_and_build, placed_groups
 from dcp.planner.dense import dense_window
 from dcp.planner.epoch import EpochArrays, EpochProgress
-from dcp.planner.improve import idle, improve, join_head, work
+from dcp.planner.improve import idle, idle_floor, improve, join_head, work
 from dcp.planner.packing import pack
 from dcp.planner.plan import StepPlan
 from dcp.planner.step_tokens import TOKEN_LAG, TOKEN_TARGETS, thin_window, token_target, window_at
@@ -127,8 +127,8 @@ def _try_targets(ep: EpochArrays, prog: EpochProgress, best: tuple, sc: Scan, m:
         if same_t and 1 - float(ep.mb_work[w_try].sum()) / (ep.world_size * longest) >= best[1] - gain + 1e-9:
             continue  # no packing of w_try can idle less (the bound in the docstring): skip packing it
         alt = pack(ep, w_try, t_try, head)
-        if not any(head in gr[3] for gr in alt):
-            continue
+        if not any(head in gr[3] for gr in alt) or idle_floor(ep, alt) >= best[1] - gain + 1e-9:
+            continue  # no head, or even the local search could not make it win
         improve(ep, prog, w_try, alt, head)
         alt_idle = idle(alt, ep.world_size)
         # a shorter step must idle clearly less: it also pays the optimizer step more often

@@ -8,6 +8,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -171,3 +172,28 @@ def test_rounds_are_the_rounds_of_a_full_sort_each(groups, n, limit, discrete, s
     dest, after = _rounds(loads.copy(), tt, limit)
     want, want_after = _rounds_plain(loads.copy(), tt, limit)
     assert dest.tolist() == want.tolist() and after.tolist() == want_after.tolist()
+
+
+@pytest.mark.parametrize("world", [8, 512])  # with swaps (the best fit) and only the adding (the numpy packer)
+def test_idle_floor_bounds_what_the_local_search_reaches(world, monkeypatch):
+    """``improve.idle_floor`` (what ``_try_targets`` skips a target's local search by) is at most the idle every
+    packing of an epoch has after ``improve``: it is a bound, so the skip cannot change a plan."""
+    import dcp.planner.step as step_mod
+    from dcp.planner import EpochPlanner
+    from dcp.planner.improve import idle, idle_floor
+    from tests.unit.test_planner_assemble import lengths_for, make
+
+    real = step_mod.improve
+    seen: list[tuple[float, float]] = []
+
+    def checked(ep, prog, win, groups, head):
+        floor = idle_floor(ep, groups)
+        real(ep, prog, win, groups, head)
+        seen.append((floor, idle(groups, ep.world_size)))
+
+    monkeypatch.setattr(step_mod, "improve", checked)
+    cfg, table = make(world)
+    for _ in EpochPlanner(lengths_for(60 * world, seed=3), table, cfg, world):
+        pass
+    assert seen and all(floor <= after + 1e-12 for floor, after in seen)
+    assert any(floor > 0 for floor, _ in seen)  # not a vacuous bound
