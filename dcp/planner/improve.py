@@ -29,6 +29,19 @@ def work(groups: list[list]) -> float:
     return sum(map(operator.mul, map(_P, groups), map(_LOAD, groups)))
 
 
+def idle_floor(ep: EpochArrays, groups: list[list]) -> float:
+    """The least idle ``improve`` can leave packed ``groups`` at: it changes at most IMPROVE_GROUPS groups, none
+    past the longest one's load (x (1 + 1e-9)), and never shortens a group, so at most the IMPROVE_GROUPS largest
+    p x (room to that load) of work joins while the longest load stays."""
+    loads = np.fromiter(map(_LOAD, groups), dtype=np.float64, count=len(groups))
+    t = float(loads.max()) if len(groups) else 0.0
+    if t <= 0:
+        return 1.0
+    room = np.fromiter(map(_P, groups), dtype=np.float64, count=len(groups)) * (t * (1 + 1e-9) - loads)
+    more = float(np.sort(room)[-IMPROVE_GROUPS:].sum())
+    return 1.0 - (work(groups) + more) / (ep.world_size * t)
+
+
 def _unclaimed(ts: list[float], ids: list[int], claimed: set[int], bound: float) -> int:
     """Index of the longest entry of ``ts`` (ascending) at most ``bound`` whose id is not claimed (-1: none);
     claimed entries met on the way are dropped."""
@@ -60,8 +73,9 @@ def improve(ep: EpochArrays, prog: EpochProgress, win: np.ndarray, groups: list[
     without any local search)."""
     if len(groups) < 2 or idle(groups, ep.world_size) < IMPROVE_MIN:
         return
-    step_t = max(gr[2] for gr in groups) * (1 + 1e-9)
-    slack = step_t - np.fromiter((gr[2] for gr in groups), dtype=np.float64, count=len(groups))
+    loads = np.fromiter(map(_LOAD, groups), dtype=np.float64, count=len(groups))  # (one pass, no generator)
+    step_t = float(loads.max()) * (1 + 1e-9)
+    slack = step_t - loads
     emptiest = np.flatnonzero(slack > IMPROVE_MIN * step_t)
     if not emptiest.size:
         return

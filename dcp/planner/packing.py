@@ -57,11 +57,12 @@ def longest_first(ep: EpochArrays, win: np.ndarray) -> np.ndarray:
     """The window's micro-batches longest first, ties in release order: their places in the epoch's
     longest-first order (unique), ascending. A window of more than 1/DENSE_WINDOW of the epoch's micro-batches
     marks its places in a mask over that order (a pass over it) instead of sorting them (4096 ranks, text: a
-    window of 400k of 1.1M)."""
+    window of 400k of 1.1M). The places sort as 32-bit integers where they fit (the same order; numpy's sort
+    of 300k of them takes 1.0 ms instead of 1.9 ms)."""
     ranks = ep.rank_desc[win]
     n = len(ep.by_rank)
     if len(win) * DENSE_WINDOW < n:
-        return ep.by_rank[np.sort(ranks)]
+        return ep.by_rank[np.sort(ranks.astype(np.int32) if n < 2**31 else ranks)]
     mask = np.zeros(n, dtype=bool)
     mask[ranks] = True
     return ep.by_rank[np.flatnonzero(mask)]

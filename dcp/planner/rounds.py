@@ -22,6 +22,13 @@ from dcp.planner.sorting import SMALL, argsort_float, argsort_int, stable_from
 from dcp.planner.tuning import OPEN_FILL
 
 _FIRST = operator.itemgetter(0)
+REORDER_SHARE = 8
+"""``_rounds`` merges the groups a round moved into its order (``_reorder``) while they are at most 1/REORDER_SHARE
+of the groups, else sorts them all again (the same order; 4096 groups of distinct loads: a sort ~50 us, a merge
+of 25 ~20 us)."""
+REORDER_TIES = 8
+"""``_reorder`` gives up where more moved loads than this equal unmoved ones' (each such tie is resolved in Python;
+discrete loads, where a sort with ties costs ~100 us): the rest of that packing then sorts."""
 
 
 def pack_rounds(ep: EpochArrays, order: np.ndarray, t_star: float, head: int, head_first: bool,
@@ -64,17 +71,15 @@ def pack_rounds(ep: EpochArrays, order: np.ndarray, t_star: float, head: int, he
 
 
 class Columns(NamedTuple):
-    """A packing's micro-batches (by position) as columns: their primary p and r, and per kind (p, r) its
-    positions, ascending (``kind_of``)."""
+    """A packing's micro-batches (by position) as columns: per kind (p, r) its positions, ascending
+    (``kind_of``), and the times ``_grant`` read for them."""
 
-    p: np.ndarray
-    """Primary p of each."""
-    r: np.ndarray
-    """Primary r of each."""
     n_r: int
     """One more than the largest r: kind (p, r) has the code p x n_r + r."""
     by_kind: dict[int, np.ndarray]
     """Kind code -> the positions of that kind, ascending."""
+    times: dict[int, np.ndarray]
+    """Kind code -> ``ep.mb_t`` at its positions (``_grant`` fills it; ``fill_rounds`` reads it again)."""
 
     def kind_of(self, p: int, r: int) -> np.ndarray | None:
         """Positions of kind (p, r) (None: none)."""
@@ -83,14 +88,20 @@ class Columns(NamedTuple):
 
 def columns(ep: EpochArrays, arr: np.ndarray) -> Columns:
     """``Columns`` of micro-batches ``arr``: one gather of p and r, and one stable sort by kind (radix where
-    the codes fit 16 bits) instead of a mask over all of them per kind and pass."""
+    the codes fit 16 bits) instead of a mask over all of them per kind and pass. An epoch whose seq_groups
+    share one primary (p, r) (``ep.settings``) has that kind only: no gather (4096 ranks, the default bench:
+    ~3 ms of a packing)."""
+    kinds = {(s.sp_size, s.recompute_layers) for s in ep.settings.values()}
+    if len(kinds) == 1 and len(arr):
+        ((p1, r1),) = kinds
+        return Columns(r1 + 1, {p1 * (r1 + 1) + r1: np.arange(len(arr), dtype=np.int64)}, {})
     p, r = ep.mb_p_np[arr], ep.mb_r_np[arr]
     n_r = int(r.max()) + 1 if len(arr) else 1
     kind = p * n_r + r
     counts = np.bincount(kind)
     present = np.flatnonzero(counts)
     if len(present) <= 1:
-        return Columns(p, r, n_r, {int(kd): np.arange(len(arr), dtype=np.int64) for kd in present.tolist()})
+        return Columns(n_r, {int(kd): np.arange(len(arr), dtype=np.int64) for kd in present.tolist()}, {})
     top = int(present[np.argmax(counts[present])])
     if 10 * int(counts[top]) >= 9 * len(arr):
         # one kind holds >= 90% (text at 4096 ranks: 99% p = 1): its positions by one mask, the others sorted
@@ -99,9 +110,9 @@ def columns(ep: EpochArrays, arr: np.ndarray) -> Columns:
         rest = present[present != top]
         by_kind = _split_by_kind(minor[argsort_int(kind[minor])], rest, counts)
         by_kind[top] = np.flatnonzero(is_top)
-        return Columns(p, r, n_r, dict(sorted(by_kind.items())))
+        return Columns(n_r, dict(sorted(by_kind.items())), {})
     o = np.argsort(kind.astype(np.int16), kind="stable") if present[-1] < 2**15 else argsort_int(kind)
-    return Columns(p, r, n_r, _split_by_kind(o, present, counts))
+    return Columns(n_r, _split_by_kind(o, present, counts), {})
 
 
 def _split_by_kind(o: np.ndarray, present: np.ndarray, counts: np.ndarray) -> dict[int, np.ndarray]:
@@ -124,7 +135,8 @@ def _grant(ep: EpochArrays, order: np.ndarray, t_star: float, forced: set[int],
     """Per kind: (window positions where it asks for its groups, p, r, whether each may open in the first pass)"""
     for kd, sel in sorted(cols.by_kind.items()):  # the kinds present, ascending; their positions ascending
         p, r = divmod(kd, cols.n_r)
-        cw = np.cumsum(ep.mb_t[order[sel]])
+        t = cols.times[kd] = ep.mb_t[order if len(sel) == len(order) else order[sel]]  # (all: sel is every one)
+        cw = np.cumsum(t)
         total = float(cw[-1])
         n_full = min(W // p, int(total / t_star + (1 - OPEN_FILL)))  # the last one filled >= OPEN_FILL
         n_all = min(W // p, math.ceil(total / t_star - 1e-9))
@@ -135,8 +147,25 @@ def _grant(ep: EpochArrays, order: np.ndarray, t_star: float, forced: set[int],
     rs = np.concatenate([np.full(len(c[0]), c[2], dtype=np.int64) for c in asked])
     fulls = np.concatenate([c[3] for c in asked])
     srt = _by_ask(xs, ps, rs, fulls)
-    free, gp, gr, sp, sr = W, [], [], [], []
-    for x, p, r, full in zip(xs[srt].tolist(), ps[srt].tolist(), rs[srt].tolist(), fulls[srt].tolist(),
+    return _take(xs[srt], ps[srt], rs[srt], fulls[srt], forced, W)
+
+
+def _take(xs: np.ndarray, ps: np.ndarray, rs: np.ndarray, fulls: np.ndarray, forced: set[int],
+          world_size: int) -> tuple[list[int], list[int]]:
+    """``_grant``'s asks in grant order (window position, p, r, may open in the first pass) -> the p and r of
+    the groups granted: in the first pass the fillable and forced asks while their ranks are free (the others
+    with p <= the ranks then free wait), then the waiting ones on ranks still free."""
+    first = fulls | np.isin(xs, list(forced))
+    # Until an ask of the first pass finds too few ranks free, each of them takes its ranks and each other one
+    # with p <= the ranks then free waits: that prefix at once (4096 asks at 4096 ranks), the rest ask by ask.
+    cum = np.cumsum(np.where(first, ps, 0))
+    over = np.flatnonzero(first & (cum >= world_size))
+    end = int(over[0]) if over.size else len(xs)
+    took = np.flatnonzero(first[:end])
+    waits = np.flatnonzero(~first[:end] & (ps[:end] <= world_size - cum[:end]))
+    gp, gr, sp, sr = ps[took].tolist(), rs[took].tolist(), ps[waits].tolist(), rs[waits].tolist()
+    free = world_size - (int(cum[end - 1]) if end else 0)
+    for x, p, r, full in zip(xs[end:].tolist(), ps[end:].tolist(), rs[end:].tolist(), fulls[end:].tolist(),
                              strict=True):
         if p > free:
             continue
@@ -201,14 +230,19 @@ def fill_rounds(ep: EpochArrays, groups: list[list], kinds: dict, items, limit: 
     passes = [(exact, p, r, gids) for exact in (True, False) for p, entries in kinds.items()
               for r, _, gids in sorted(entries, key=_FIRST, reverse=True)]
     for exact, p, r, gids in passes:
-        sel = _free_of(cols, free_item, p, r, exact)
+        kd = p * cols.n_r + r
+        if exact and r < cols.n_r and kd in cols.times and ep.time_at_np[r] is ep.mb_t:  # _grant's times
+            sel = cols.by_kind[kd]
+            free = free_item[sel]
+            sel, tt = sel[free], cols.times[kd][free]
+        else:
+            sel = _free_of(cols, free_item, p, r, exact)
+            tt = None if sel is None else ep.time_at_np[r][arr[sel]]
         if sel is None or not sel.size or not gids:
             continue
-        ks = arr[sel]
-        tt = ep.time_at_np[r][ks]
         if not bool(np.all(tt[:-1] >= tt[1:])):  # (a kind's own items come longest first: nothing to sort)
             srt = argsort_float(-tt)
-            sel, ks, tt = sel[srt], ks[srt], tt[srt]
+            sel, tt = sel[srt], tt[srt]
         dest, loads = _rounds(np.asarray([groups[g][2] for g in gids]), tt, limit)
         got = np.flatnonzero(dest >= 0)
         if not got.size:
@@ -217,12 +251,13 @@ def fill_rounds(ep: EpochArrays, groups: list[list], kinds: dict, items, limit: 
         by = got[argsort_int(dest[got])]
         d = dest[by]
         cuts = (np.flatnonzero(np.diff(d)) + 1).tolist()
-        flat = ks[by].tolist()
-        g_arr = np.asarray(gids, dtype=np.int64)
-        for a, e, g in zip([0, *cuts], [*cuts, len(flat)], g_arr[d[[0, *cuts]]].tolist(), strict=True):
-            groups[g][3].extend(flat[a:e])
-        for g, load in zip(gids, loads.tolist(), strict=True):
-            groups[g][2] = load
+        flat = arr[sel[by]].tolist()
+        got_g = d[[0, *cuts]]  # the groups (places in gids) that took items; the others' loads are as they were
+        for a, e, g, load in zip([0, *cuts], [*cuts, len(flat)], np.asarray(gids, dtype=np.int64)[got_g].tolist(),
+                                 loads[got_g].tolist(), strict=True):
+            gr = groups[g]
+            gr[3].extend(flat[a:e])
+            gr[2] = load
 
 
 def _free_of(cols: Columns, free_item: np.ndarray, p: int, r: int, exact: bool) -> np.ndarray | None:
@@ -241,21 +276,57 @@ def _rounds(loads: np.ndarray, tt: np.ndarray, limit: float) -> tuple[np.ndarray
     and the loads after."""
     n, G, pos = len(tt), len(loads), 0
     dest = np.full(n, -1, dtype=np.int64)
+    order = _least_loaded(loads, G)  # every group, least loaded first (ties in group order), kept round by round
+    merge = True
     while pos < n:
         m = min(G, n - pos)
-        tgt = _least_loaded(loads, m)
+        tgt = order[:m]
         new = loads[tgt] + tt[pos : pos + m]
         ok = new <= limit
+        moved = tgt
         if ok.all():  # (most rounds: no mask to apply)
             loads[tgt] = new
             dest[pos : pos + m] = tgt
         elif ok.any():
-            loads[tgt[ok]] = new[ok]
-            dest[pos : pos + m][ok] = tgt[ok]
+            moved = tgt[ok]
+            loads[moved] = new[ok]
+            dest[pos : pos + m][ok] = moved
+        else:
+            moved = tgt[:0]
         pos += m
         if limit - loads.min() < tt[-1]:
             break  # no group has room for even the shortest left
+        if moved.size:  # (after a merge gave up on ties, ties are likely again: a sort at once)
+            merged = _reorder(loads, order, moved) if merge and REORDER_SHARE * len(moved) <= G else None
+            merge = merge and (merged is not None or REORDER_SHARE * len(moved) > G)
+            order = _least_loaded(loads, G) if merged is None else merged
     return dest, loads
+
+
+def _reorder(loads: np.ndarray, order: np.ndarray, moved: np.ndarray) -> np.ndarray | None:
+    """``_least_loaded(loads, len(loads))`` from ``order``, that order before the loads of the groups ``moved``
+    grew: the others keep their order and the moved ones are merged in by (load, group), as the stable sort
+    orders them (a round moves ~25 of 4096 groups late in a packing: no sort of all of them per round). None
+    where more than REORDER_TIES moved loads equal unmoved ones (the caller sorts)."""
+    gone = np.zeros(len(loads), dtype=bool)
+    gone[moved] = True
+    rest = order[~gone[order]]
+    moved = moved[np.lexsort((moved, loads[moved]))]
+    ml, rl = loads[moved], loads[rest]
+    at = np.searchsorted(rl, ml, "left")
+    hi = np.searchsorted(rl, ml, "right")
+    tied = np.flatnonzero(hi > at)
+    if len(tied) > REORDER_TIES:
+        return None
+    for i in tied.tolist():  # a load equal to others': after those of a lower group index
+        at[i] += int(np.searchsorted(rest[at[i] : hi[i]], moved[i]))
+    out = np.empty(len(order), dtype=order.dtype)
+    at += np.arange(len(moved))  # (``at`` ascends: the moved ones' places in the merged order)
+    out[at] = moved
+    keep = np.ones(len(order), dtype=bool)
+    keep[at] = False
+    out[keep] = rest
+    return out
 
 
 def _least_loaded(loads: np.ndarray, m: int) -> np.ndarray:

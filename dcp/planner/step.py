@@ -11,7 +11,7 @@ from dcp.planner.balance import balance
 from dcp.planner.build import place_and_build, placed_groups
 from dcp.planner.dense import dense_window
 from dcp.planner.epoch import EpochArrays, EpochProgress
-from dcp.planner.improve import idle, improve, join_head, work
+from dcp.planner.improve import idle, idle_floor, improve, join_head, work
 from dcp.planner.packing import pack
 from dcp.planner.plan import StepPlan
 from dcp.planner.step_tokens import TOKEN_TARGETS, step_room, thin_window, token_target, window_at
@@ -107,10 +107,13 @@ def _try_targets(ep: EpochArrays, prog: EpochProgress, best: tuple, sc: Scan, m:
     for the ranks beside the longest kind's group (t1d-long: p = 4, 2, 1 groups a third busy): pack the other
     multiples k x T_long and slightly longer targets too, keep the least idle (ties: the first). Once limited
     to windows of coarse micro-batches (median > T*/10): with real-length prices and the calibrated H200
-    model, doing it for all takes t1d-long DCP-intra from 5.0% to 2.8% idle at 32 GPUs."""
+    model, doing it for all takes t1d-long DCP-intra from 5.0% to 2.8% idle at 32 GPUs. A target is not packed
+    where even 1 - (the window's work) / (W x its longest) idles no less than needed: a packing holds at most that
+    work and takes the longest (it opens the first group; ``improve`` only lengthens groups), so none could win."""
     f = WINDOW_WORK_FACTOR * ep.world_size
     t_long = float(ep.mb_t[best[2]].max())
     tries = [k * t_long for k in range(1, ep.gmax + 1)] + [t_star * (1 + x) for x in RETRY_STRETCH]
+    same_t = all(t is ep.mb_t for t in ep.time_at_np.values())  # every micro-batch's time the same at every r
     for t_try in tries:
         if abs(t_try - t_star) <= 1e-9 * t_star:
             continue
@@ -119,13 +122,16 @@ def _try_targets(ep: EpochArrays, prog: EpochProgress, best: tuple, sc: Scan, m:
         longest = float(ep.mb_t[w_try].max())
         if not longest <= t_try * (1 + 1e-9) <= ep.gmax * longest * (1 + 1e-9):
             continue
+        gain = SHORTER_GAIN if t_try < t_star else 1e-9
+        if same_t and 1 - float(ep.mb_work[w_try].sum()) / (ep.world_size * longest) >= best[1] - gain + 1e-9:
+            continue  # no packing of w_try can idle less (the bound in the docstring): skip packing it
         alt = pack(ep, w_try, t_try, head)
-        if not any(head in gr[3] for gr in alt):
-            continue
+        if not any(head in gr[3] for gr in alt) or idle_floor(ep, alt) >= best[1] - gain + 1e-9:
+            continue  # no head, or even the local search could not make it win
         improve(ep, prog, w_try, alt, head)
         alt_idle = idle(alt, ep.world_size)
         # a shorter step must idle clearly less: it also pays the optimizer step more often
-        if alt_idle < best[1] - (SHORTER_GAIN if t_try < t_star else 1e-9):
+        if alt_idle < best[1] - gain:
             best = (alt, alt_idle, w_try, None)
     return best
 

@@ -31,6 +31,8 @@ class Scan(NamedTuple):
     """Running longest time."""
     all: bool
     """True when the scan reached the epoch's last micro-batch."""
+    t: np.ndarray | None = None
+    """Their times (``ep.mb_t[idx]``, read while scanning; ``target`` reads them again)."""
 
 
 def window(idx: np.ndarray, m: int, j_long: int) -> np.ndarray:
@@ -62,8 +64,8 @@ def scan(ep: EpochArrays, prog: EpochProgress, head: int, need: Callable[[float]
                 break
     if not parts:
         return Scan(np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0), lo >= n)
-    idx, w, t = (np.concatenate(c) for c in zip(*parts, strict=True))
-    return Scan(idx, np.cumsum(w), np.maximum.accumulate(t), lo >= n)
+    idx, w, t = (c[0] if len(c) == 1 else np.concatenate(c) for c in zip(*parts, strict=True))
+    return Scan(idx, np.cumsum(w), np.maximum.accumulate(t), lo >= n, t)
 
 
 def target(ep: EpochArrays, sc: Scan) -> tuple[float, int, int]:
@@ -81,7 +83,7 @@ def target(ep: EpochArrays, sc: Scan) -> tuple[float, int, int]:
     idx, cumw = sc.idx, sc.cumw
     n = len(idx)
     j1 = min(int(np.searchsorted(cumw >= WINDOW_WORK_FACTOR * W * sc.cummax, True)), n - 1)
-    t_all = ep.mb_t[idx]
+    t_all = ep.mb_t[idx] if sc.t is None else sc.t
     best = None
     for j_long in dict.fromkeys((int(np.argmax(t_all)), int(np.argmax(t_all[: j1 + 1])))):
         best = _largest_k(ep, sc, t_all, j_long) or best  # k = 1 always qualifies: never None in practice
@@ -103,8 +105,11 @@ def _largest_k(ep: EpochArrays, sc: Scan, t_all: np.ndarray, j_long: int) -> tup
     t_long = float(t_all[j_long])
     kl = int(idx[j_long])
     p_l, r_l = ep.mb_p[kl], ep.mb_r[kl]
-    compat = (ep.mb_p_np[idx] == p_l) & (ep.mb_r_np[idx] <= r_l)
-    pool = np.cumsum(np.where(compat, t_all, 0.0))
+    if len({(s.sp_size, s.recompute_layers) for s in ep.settings.values()}) == 1:
+        pool = np.cumsum(t_all)  # one primary (p, r) in the epoch: every micro-batch is of the longest's kind
+    else:
+        compat = (ep.mb_p_np[idx] == p_l) & (ep.mb_r_np[idx] <= r_l)
+        pool = np.cumsum(np.where(compat, t_all, 0.0))
     for k in range(ep.gmax, 0, -1):
         tk = k * t_long
         if k > 1 and cumw[-1] < W * tk:
