@@ -103,13 +103,11 @@ def _try_head_elsewhere(ep: EpochArrays, prog: EpochProgress, best: tuple, head:
 def _try_targets(ep: EpochArrays, prog: EpochProgress, best: tuple, sc: Scan, m: int, j_long: int, head: int,
                  t_star: float) -> tuple:
     """Discrete micro-batch times can leave every group of a common kind short of T* (five 6.7 s micro-batches
-    in a 38.7 s step), the longest one's kind be too rare for k > 1, or the window hold too little short work
-    for the ranks beside the longest kind's group (t1d-long: p = 4, 2, 1 groups a third busy): pack the other
-    multiples k x T_long and slightly longer targets too, keep the least idle (ties: the first). Once limited
-    to windows of coarse micro-batches (median > T*/10): with real-length prices and the calibrated H200
-    model, doing it for all takes t1d-long DCP-intra from 5.0% to 2.8% idle at 32 GPUs. A target is not packed
-    where even 1 - (the window's work) / (W x its longest) idles no less than needed: a packing holds at most that
-    work and takes the longest (it opens the first group; ``improve`` only lengthens groups), so none could win."""
+    in a 38.7 s step), the longest kind be too rare for k > 1, or the window hold too little short work beside the
+    longest kind's group (t1d-long: p = 4, 2, 1 groups a third busy): pack the multiples k x T_long and slightly
+    longer targets too, keep the least idle (ties: the first); t1d-long DCP-intra at 32 H200: 5.0% -> 2.8% idle.
+    A target is skipped where 1 - (the window's work) / (W x its longest) idles no less than needed: a packing
+    holds at most that work and takes the longest (it opens the first group; ``improve`` only lengthens groups)."""
     f = WINDOW_WORK_FACTOR * ep.world_size
     t_long = float(ep.mb_t[best[2]].max())
     tries = [k * t_long for k in range(1, ep.gmax + 1)] + [t_star * (1 + x) for x in RETRY_STRETCH]
