@@ -112,13 +112,15 @@ class SyncEnd:
         if (sync_s <= 0 or cfg.runtime.engine != "ddp" or inp.shapes is not None
                 or inp.world_size < 2 or inp.world_size >= BULK_MIN_RANKS):
             return None
+        grad_bytes = cfg.model.num_params * cfg.model.param_bytes
+        buckets = max(1, round(grad_bytes / (GRAD_BUCKET_MIB * 2**20))) if grad_bytes > 0 else 1
+        if buckets == 1:  # one bucket starts after every backward (f_g = end_g + S): no end can hide any of it
+            return None
         rows: dict[tuple[int, int], list[ProfileRow]] = {}
         for row in inp.table.rows:
             rows.setdefault((row.seq_group, row.sp_size), []).append(row)
         for rs in rows.values():
             rs.sort(key=lambda r: r.micro_batch_size)
-        grad_bytes = cfg.model.num_params * cfg.model.param_bytes
-        buckets = max(1, round(grad_bytes / (GRAD_BUCKET_MIB * 2**20))) if grad_bytes > 0 else 1
         return cls(sync_s=sync_s, buckets=buckets,
                    mem_capacity_bytes=cfg.planning.mem_capacity_bytes, full_recompute=inp.method != "dcp-intra",
                    times=times, rows=rows)

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dcp.config import ConfigError, PlanningConfig
+from dcp.config import ConfigError, ModelShapeConfig, PlanningConfig
 from dcp.planner import plan_epoch
 from dcp.planner.analytic import grad_sync_time_s
 from dcp.planner.source import epoch_input
@@ -62,6 +62,10 @@ def test_off_without_a_sync_with_deepspeed_on_2d_data_and_from_512_ranks():
     shapes = [(1, int(n)) for n in lengths]
     assert SyncEnd.of(epoch_input(lengths, table, on, W, shapes=shapes), TimeLookup(table)) is None
     assert SyncEnd.of(epoch_input(lengths, table, on, 512), TimeLookup(table)) is None
+    # a model whose gradients fit one ddp bucket: its all-reduce starts after every backward, nothing to hide
+    tiny = on.replace(model=ModelShapeConfig(num_heads=48, hidden_size=96))
+    assert tiny.model.num_params * tiny.model.param_bytes < DDP_BUCKET_BYTES
+    assert SyncEnd.of(epoch_input(lengths, table, tiny, W), TimeLookup(table)) is None
     # off: exactly the plans of a config without the field
     base = off.replace(planning=dataclasses.replace(off.planning, grad_sync_s=0.0))
     assert [p.digest() for p in plan_epoch(lengths, table, base, W)] == \
