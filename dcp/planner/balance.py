@@ -133,10 +133,11 @@ def fill_ahead(ep: EpochArrays, prog: EpochProgress, packed: tuple[np.ndarray, l
     0.9728 of the ideal bound). Without token packs (t1d's coarse micro-batches) the tokens taken ahead starved
     later steps (t1d-balanced 0.977 -> 0.964: its seeds were not measured with this gate off)."""
     (win, groups, joined), (most, after) = packed, room
+    if not ep.mbq.token_budget or after < FILL_AHEAD_STEPS:
+        return joined
     held = sum(int(mb_tok[gr[3]].sum()) for gr in groups if gr[3])
     t_step = max(gr[2] for gr in groups)
-    if (not ep.mbq.token_budget or after < FILL_AHEAD_STEPS or held >= most or t_step <= 0
-            or 1 - sum(gr[0] * gr[2] for gr in groups) / (ep.world_size * t_step) <= RETRY_IDLE):
+    if held >= most or t_step <= 0 or 1 - sum(gr[0] * gr[2] for gr in groups) / (ep.world_size * t_step) <= RETRY_IDLE:
         return joined
     fixed = dict(joined or {})
     _add_left(ep, _Times(ep), prog, win, groups, fixed, (mb_tok, most - held))
