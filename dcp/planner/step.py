@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from dcp.planner.balance import balance
+from dcp.planner.balance import balance, fill_ahead
 from dcp.planner.build import place_and_build, placed_groups
 from dcp.planner.dense import dense_window
 from dcp.planner.epoch import EpochArrays, EpochProgress
@@ -150,11 +150,10 @@ window) by 10% up to this many times until it holds them."""
 def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
                 budget: tuple[float, float, np.ndarray, float, float]) -> StepPlan:
     """A step at the user's global batch (``dcp.planner.step_tokens.token_target``): T* from the release-order
-    batch of about the wanted tokens, the window capped in tokens; the same packing, local search and head
-    re-pack as any step, balanced (``dcp.planner.balance``), no Gmax bound (the batch decides the step's
-    length), and other targets only while the tokens stay near the wanted ones (``_other_targets``). A packing
-    below the lower bound (``low`` tokens) stretches T* (``_reach_low``); the epoch's last step stretches it
-    until it takes all that is left, so no short tail."""
+    batch of about the wanted tokens, the window capped in tokens; the same packing, local search and head re-pack
+    as any step, balanced (``balance``, ``fill_ahead``), no Gmax bound (the batch decides the step's length), other
+    targets only while the tokens stay near the wanted ones (``_other_targets``). A packing below the lower bound
+    (``low`` tokens) stretches T* (``_reach_low``); the last step stretches it until it takes all that is left."""
     want, cap, mb_tok, low, target = budget
     f = WINDOW_WORK_FACTOR * ep.world_size
     per_token = float(ep.mb_work.sum()) / max(1.0, float(mb_tok.sum()))  # GPU-s per token of the epoch
@@ -196,6 +195,8 @@ def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
         groups = [gr for gr in groups if gr[3]]
     else:
         head_t = None
+    joined = fill_ahead(ep, prog, (win, groups, joined), mb_tok,
+                        (min(cap, lag[1], want + lag[0]), (left - want) / target))
     prog.scan_hint = len(win)
     return place_and_build(ep, prog, step, head, win, groups, t_star, head_t, joined=joined, longest_last=True)
 
@@ -490,9 +491,8 @@ def _placed_tokens(placed: list[list], mb_tok: np.ndarray) -> int:
 
 
 def fill_share(ep: EpochArrays, placed: list[list]) -> float:
-    """The share of W x the step's time that the ``placed`` groups ([p, r, load, items], as
-    ``build.placed_groups`` keeps them) fill with work at their micro-batches' own settings (time x p,
-    ``EpochArrays.mb_work``): idle ranks and micro-batches run at a costlier setting both lower it."""
+    """The share of W x the step's time that the ``placed`` groups ([p, r, load, items], as ``build.placed_groups``
+    keeps them) fill with work at their micro-batches' own settings (time x p, ``EpochArrays.mb_work``)."""
     t_step = max((gr[2] for gr in placed), default=0.0)
     if t_step <= 0:
         return 0.0
