@@ -244,7 +244,9 @@ def test_rounds_fill_each_kind_with_its_own_work_first():
     # micro-batches 0-3: p = 1, r = 0 (1.0 s at r = 0, 1.5 s at r = 4); 4-5: p = 1, r = 4 (1.2 s)
     ep = SimpleNamespace(mb_p_np=np.ones(6, dtype=np.int64), mb_r_np=np.array([0, 0, 0, 0, 4, 4]),
                          time_at_np={0: np.array([1.0, 1.0, 1.0, 1.0, np.nan, np.nan]),
-                                     4: np.array([1.5, 1.5, 1.5, 1.5, 1.2, 1.2])})
+                                     4: np.array([1.5, 1.5, 1.5, 1.5, 1.2, 1.2])},
+                         settings={0: SimpleNamespace(sp_size=1, recompute_layers=0),
+                                   1: SimpleNamespace(sp_size=1, recompute_layers=4)})  # two primary kinds
     groups = [[1, 0, 0.0, []], [1, 4, 0.0, []]]
     fill_rounds(ep, groups, {1: [(0, [], [0]), (4, [], [1])]}, [0, 1, 2, 3, 4, 5], limit=4.0)
     assert sorted(groups[1][3]) == [4, 5] and groups[1][2] == pytest.approx(2.4)  # its own two, not two 1.5 s
