@@ -6,7 +6,11 @@ every ``next()`` of the EpochPlanner (the per-epoch preparation, done once, is r
 setup_ms). Each planned step is priced by the simulator (``dcp.sim.cluster.step_cost`` on the same table and
 hardware, with the gradient sync, optimizer update and control plane ``dcp simulate`` adds): step_time_s is
 the timed steps' median, planning_share = cpu_median_ms / step_time_s, the share of a step's time the
-planner's CPU takes. Then the same steps again through ``PlanAhead`` (``dcp.planner.ahead``) with a consumer
+planner's CPU takes. The timed loop does between plans what the planning process of the default runtime at
+W >= 512 does (``planning.plan_ahead = "auto"``, ``dcp.planner.serve``): it pickles the plan (send_cpu_ms, that
+process's extra CPU per plan) and drops it. The steps are priced afterwards, from the same plans planned again:
+pricing between the timed calls (Python, ~3x a plan's CPU) left each next() ~9 ms (~30%) slower at 4096
+ranks, a cost of the bench that no run pays. Then the same steps again through ``PlanAhead`` (``dcp.planner.ahead``) with a consumer
 that spends each step's simulated time (capped at ``--pace-cap-ms``; or a fixed ``--step-ms``) sleeping, as
 a rank waiting on GPU kernels does: the time ``next()`` still blocks is the exposed cost (plan_exposed_ms =
 exposed_median_ms, exposed_p99_ms). A pace shorter than the step (the cap) leaves the planner less time, so
@@ -22,7 +26,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
+import pickle
 import time
 from collections.abc import Callable
 
@@ -169,7 +175,7 @@ def bench_world_size(world_size: int, steps: int, method: str = "dcp-intra", ste
     t0 = time.perf_counter()
     first = next(planner)
     setup += time.perf_counter() - t0
-    samples, first_s = first.samples, price(first).step_time_s
+    samples, send = first.samples, []
     while len(times) < steps:
         t0, c0 = time.perf_counter(), time.process_time()
         try:
@@ -180,8 +186,14 @@ def bench_world_size(world_size: int, steps: int, method: str = "dcp-intra", ste
         cpu.append(time.process_time() - c0)
         mbs.append(int(plan.ga_steps.sum()))
         idle.append(plan.idle_ratio_gpu)
-        step_s.append(price(plan).step_time_s)
         samples += plan.samples
+        c0 = time.process_time()  # what the planning process does between plans (serve.main): pickle it
+        pickle.dumps(("plan", plan), protocol=pickle.HIGHEST_PROTOCOL)
+        send.append(time.process_time() - c0)
+    # Priced apart, from the same plans planned again: pricing in the timed loop (~3x a plan's CPU, on this
+    # thread) left next() ~9 ms slower at 4096 ranks, a cost no training run pays.
+    first_s, *step_s = (price(p).step_time_s for p in itertools.islice(
+        EpochPlanner(lengths, table, config, world_size, shapes=shapes), len(times) + 1))
     # Planned ahead: what a rank still waits for next() when each step computes for its pace.
     paces = [step_ms] * (len(times) + 1) if step_ms is not None else [
         min(pace_cap_ms, 1e3 * s) for s in (first_s, *step_s)]
@@ -203,6 +215,8 @@ def bench_world_size(world_size: int, steps: int, method: str = "dcp-intra", ste
         "p99_ms": round(float(np.percentile(arr, 99)), 3) if len(arr) else float("nan"),
         # Process CPU time: robust when other jobs share the cores (wall time then includes waiting).
         "cpu_median_ms": cpu_ms,
+        # the CPU a planning process (plan_ahead "process") adds per plan to send it: the pickling
+        "send_cpu_ms": _median(send, 1e3),
         "exposed_median_ms": _median(ex),
         "exposed_p99_ms": round(float(np.percentile(ex, 99)), 3) if len(ex) else float("nan"),
         "plan_exposed_ms": _median(ex),

@@ -86,6 +86,7 @@ def test_bench_rows_and_json(capsys):
         assert r["step_time_s"] > 0 and r["pace_ms"] == 1.0 and r["plan_exposed_ms"] == r["exposed_median_ms"]
         assert r["planning_share"] == pytest.approx(r["cpu_median_ms"] / (1e3 * r["step_time_s"]), rel=1e-3)
         assert r["model"] == "t1d-tiny" and r["hardware"] == "cpu-small"
+        assert r["send_cpu_ms"] >= 0  # the pickling a planning process adds per plan
     assert len(out) == 4  # header, two rows, json
     assert "step_time_s" in out[0] and "planning_share" in out[0] and "plan_exposed_ms" in out[0]
 
@@ -162,3 +163,20 @@ def test_bench_planner_rejects_bad_arguments(capsys):
         (["--world-sizes", "8", "--pace-cap-ms", "-2"], "--pace-cap-ms (-2.0) must be >= 0"),
     ):
         _bench_error(capsys, argv, needle)
+
+
+def test_bench_prices_the_timed_steps_after_the_loop():
+    # the steps are priced after the timed loop, from the same plans planned again: the timed steps' (1 .. steps,
+    # the first plan is setup) median simulated time, not a neighbour's
+    import numpy as np
+
+    from dcp.planner.assemble import EpochPlanner
+
+    steps, world = 5, 8
+    row = bench.bench_world_size(world, steps, step_ms=0)
+    table, config, hw = bench._setup(world, "dcp-intra", bench.DEFAULT_MODEL, "cpu")
+    lengths, _ = bench._lengths("synthetic", (64 * (steps + 1) + 128) * world, table, bench.DEFAULT_MODEL)
+    price = bench.step_pricer(table, config, hw, world)
+    times = [price(p).step_time_s for p in EpochPlanner(lengths, table, config, world)][:steps + 1]
+    assert row["steps"] == steps and len(set(times)) > 1
+    assert row["step_time_s"] == round(float(np.median(times[1:])), 4)
