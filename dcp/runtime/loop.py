@@ -135,9 +135,9 @@ class StepLoop:
                             wanted = True
                     step.mb_index, step.pending, step.applied, step.mb_forwards = i, mb, False, 0  # start_micro_batch
                     if board is not None:
-                        # the step's first micro-batch is written to the store (by the heartbeat thread, woken now); later
-                        # ones at its next beat
-                        board.enter(f"micro-batch {i + 1}/{n}{step.where}", publish=i == 0, soon=True)
+                        # the step's first micro-batch is written to the store now (a rank that dies in it is named
+                        # there); later ones at the heartbeat's next beat
+                        board.enter(f"micro-batch {i + 1}/{n}{step.where}", publish=i == 0)
                     yield batch
                 if step.open:
                     raise ManagerError(

@@ -7,15 +7,15 @@ made; torchrun's agent hosts it outside the workers, so it outlives a dead rank)
 re-raised as :class:`CollectiveError` naming every rank that is not in the same phase, the phase it last
 reported and how long ago: the rank that stalled (or died) and where.
 
-A phase is written to the store (one ``store.set``: a small TCP message, no device sync) when the rank enters a
-collective, the first micro-batch of a step, or leaves the loop; the later micro-batches of a step are only
+A phase is written to the store (one ``store.set``: a small TCP message, no device sync) on the calling thread
+when the rank enters a collective, the first micro-batch of a step, or leaves the loop, before the work starts,
+so a rank that dies the moment it enters one is still named in it; the later micro-batches of a step are only
 recorded here (``enter(..., publish=False)``) and written by the heartbeat thread when it next beats, so the
-store server serves O(W) writes per step, not O(W x micro-batches). The step's first micro-batch is written by
-the heartbeat thread too, woken for it (``enter(..., soon=True)``), so the training thread does not wait on
-that round trip every step; a collective's phase is written before the collective starts, on the calling
-thread, so a rank that dies the moment it enters one is still named in it. A rank that dies between beats is
-therefore named in its step, with the micro-batch it last published (the step's first, or a later one written
-by a beat).
+store server serves O(W) writes per step, not O(W x micro-batches). A rank that dies between beats is therefore
+named in its step, with the micro-batch it last published (the step's first, or a later one written by a beat).
+(The step's first micro-batch was once written by the heartbeat thread, woken for it, to spare the training
+thread one round trip a step: a rank that died within the thread's wake-up was then named at its previous
+phase, the last step's gradient sync, in 4 of 6 runs of tests/dist/test_rank_failures.py.)
 
 A rank killed (or stopped) inside a collective leaves the same phase as its peers on the board; so a board can
 also beat: :meth:`PhaseBoard.heartbeat` counts up a per-rank key every ``period_s`` from a daemon thread while
@@ -54,8 +54,6 @@ class PhaseBoard:
         """Appended to every phase from now on (e.g. that this rank left get_data_iter() early)."""
         self.beat_period_s = 0.0
         """Period of this rank's heartbeat while :meth:`heartbeat` runs (0: no heartbeat)."""
-        self._poke: threading.Event | None = None
-        """Set by ``enter(..., soon=True)`` to have the heartbeat thread write a phase now (None: no heartbeat)."""
 
     @classmethod
     def for_default_group(cls, *, job: str = "") -> PhaseBoard | None:
@@ -71,18 +69,14 @@ class PhaseBoard:
             return None
         return cls(store, dist.get_rank(), dist.get_world_size(), job=job)
 
-    def enter(self, phase: str, *, publish: bool = True, soon: bool = False) -> None:
+    def enter(self, phase: str, *, publish: bool = True) -> None:
         """Record that this rank is now in ``phase`` and write it to the store; ``publish=False``: only here,
         written at the heartbeat's next beat (or the next published phase), for phases entered once per
-        micro-batch; ``soon``: while a heartbeat runs, its thread writes it at once (off this thread)."""
+        micro-batch."""
         self.phase = phase + (f" ({self.note})" if self.note else "")
         self._entered = (self.phase, time.time())
         if publish:
-            poke = self._poke if soon else None
-            if poke is not None:
-                poke.set()  # the heartbeat thread writes it now: the store's round trip is off this thread
-            else:
-                self._publish(self._entered)
+            self._publish(self._entered)
 
     def _publish(self, entered: tuple[str, float]) -> None:
         try:
@@ -94,11 +88,11 @@ class PhaseBoard:
     @contextmanager
     def heartbeat(self, period_s: float | None = None) -> Iterator[None]:
         """Count this rank's heartbeat key up every ``period_s`` (a daemon thread) while the block runs, and write
-        this rank's phase when it changed since the last write: at once for ``enter(..., soon=True)`` (which
-        wakes the thread), at the next beat for ``enter(..., publish=False)``. Default period: 1 s, and 1 s per 1000 ranks
-        beyond that, so the store serves at most ~1000 beats per second."""
+        this rank's phase when it changed since the last write (``enter(..., publish=False)``) at each beat.
+        Default period: 1 s, and 1 s per 1000 ranks beyond that, so the store serves at most ~1000 beats per
+        second."""
         period_s = period_s or max(1.0, self.world_size / 1000)
-        stop, poke = threading.Event(), threading.Event()
+        stop = threading.Event()
         key = f"{self.prefix}beat/{self.rank}"
 
         def beat() -> None:
@@ -113,19 +107,15 @@ class PhaseBoard:
                     except Exception:  # noqa: BLE001 - a gone store: the failure is reported by the collective
                         pass
                     due = time.monotonic() + period_s
-                poke.wait(max(0.0, due - time.monotonic()))
-                poke.clear()  # before the next read of _entered: a phase entered after it wakes the thread again
+                stop.wait(max(0.0, due - time.monotonic()))
 
         thread = threading.Thread(target=beat, name=f"dcp-heartbeat-{self.rank}", daemon=True)
         self.beat_period_s = period_s
         thread.start()
-        self._poke = poke
         try:
             yield
         finally:
-            self._poke = None
             stop.set()
-            poke.set()
             thread.join(timeout=5 * period_s)
             self.beat_period_s = 0.0
             if not thread.is_alive() and self._entered is not self._published:
