@@ -25,7 +25,6 @@ W; with --json a last line {"rows": [...]}.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import json
 import pickle
@@ -101,16 +100,16 @@ def _spin(n: int) -> int:
 
 def _setup(world_size: int, method: str, model: str, hardware: str):
     """The planning table, config and HardwareSpec of one W."""
-    from dcp.planner.analytic import analytic_table_for, grad_sync_time_s
+    from dcp.planner.analytic import analytic_table_for
     from dcp.sim.hardware import HARDWARE
-    from dcp.sim.scenario import DCP_METHODS
+    from dcp.sim.scenario import told_grad_sync_s
 
     if model == DEFAULT_MODEL:
         hw = HARDWARE[hardware]
-        config = DCPConfig(planning=PlanningConfig(method=method))
-        if method in DCP_METHODS:  # told the gradient sync step_pricer charges, as paper_config does (syncend)
-            sync = grad_sync_time_s(config.model, hw, world_size)
-            config = config.replace(planning=dataclasses.replace(config.planning, grad_sync_s=sync))
+        # told the gradient sync step_pricer charges, as paper_config does (dcp.planner.syncend)
+        model = DCPConfig().model
+        config = DCPConfig(planning=PlanningConfig(
+            method=method, grad_sync_s=told_grad_sync_s(method, model, hw, world_size)))
         table = analytic_table_for(config, world_size, hardware=hw, mem_capacity_bytes=hw.mem_capacity_bytes)
         return table, config, hw
     from dcp.sim.scenario import paper_config, paper_table, scenario

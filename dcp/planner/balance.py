@@ -33,7 +33,7 @@ import itertools
 import numpy as np
 
 from dcp.planner.epoch import EpochArrays, EpochProgress
-from dcp.planner.improve import left_over
+from dcp.planner.improve import idle, left_over
 from dcp.planner.placement import place_largest_first
 from dcp.planner.sorting import argsort_float
 from dcp.planner.tuning import (
@@ -136,8 +136,7 @@ def fill_ahead(ep: EpochArrays, prog: EpochProgress, packed: tuple[np.ndarray, l
     if not ep.mbq.token_budget or after < FILL_AHEAD_STEPS:
         return joined
     held = sum(int(mb_tok[gr[3]].sum()) for gr in groups if gr[3])
-    t_step = max(gr[2] for gr in groups)
-    if held >= most or t_step <= 0 or 1 - sum(gr[0] * gr[2] for gr in groups) / (ep.world_size * t_step) <= RETRY_IDLE:
+    if held >= most or max(gr[2] for gr in groups) <= 0 or idle(groups, ep.world_size) <= RETRY_IDLE:
         return joined
     fixed = dict(joined or {})
     _add_left(ep, _Times(ep), prog, win, groups, fixed, (mb_tok, most - held))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from dcp.planner.table import ProfileRow
+from dcp.planner.table import ProfileRow, ProfileTable
 
 
 def _check_r(row: ProfileRow, recompute_layers: int) -> None:
@@ -60,3 +60,23 @@ def min_recompute_layers(row: ProfileRow, mem_capacity_bytes: float) -> int | No
     while r > 0 and micro_batch_mem_bytes(row, r - 1) <= mem_capacity_bytes:
         r -= 1
     return r
+
+
+def row_lookup(table: ProfileTable) -> dict[tuple[int, int], list[ProfileRow]]:
+    """The table's rows by (seq_group, sp_size), each list sorted by micro-batch size."""
+    rows: dict[tuple[int, int], list[ProfileRow]] = {}
+    for row in table.rows:
+        rows.setdefault((row.seq_group, row.sp_size), []).append(row)
+    for rs in rows.values():
+        rs.sort(key=lambda r: r.micro_batch_size)
+    return rows
+
+
+def memory_row(cand: list[ProfileRow], size: int, tokens: int, one_length: bool) -> ProfileRow | None:
+    """The row of ``cand`` (one seq_group at one p, ascending b) bounding a micro-batch's memory: samples of one
+    length at the smallest b >= ``size``; unequal lengths (1D, run as one row of documents, whose activations grow
+    with the tokens) at the smallest b whose b x bound holds its ``tokens``, else by size."""
+    by_size = next((r for r in cand if r.micro_batch_size >= size), None)
+    if by_size is not None and one_length:
+        return by_size
+    return next((r for r in cand if r.micro_batch_size * r.seq_len >= tokens), None) or by_size

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dcp.config import GRAD_BUCKET_MIB
-from dcp.planner.cost import micro_batch_time_s, min_recompute_layers
+from dcp.planner.cost import memory_row, micro_batch_time_s, min_recompute_layers, row_lookup
 from dcp.planner.plan import StepPlan
 from dcp.planner.source import EpochInput
 from dcp.planner.stream import TimeLookup
@@ -116,25 +116,14 @@ class SyncEnd:
         buckets = max(1, round(grad_bytes / (GRAD_BUCKET_MIB * 2**20))) if grad_bytes > 0 else 1
         if buckets == 1:  # one bucket starts after every backward (f_g = end_g + S): no end can hide any of it
             return None
-        rows: dict[tuple[int, int], list[ProfileRow]] = {}
-        for row in inp.table.rows:
-            rows.setdefault((row.seq_group, row.sp_size), []).append(row)
-        for rs in rows.values():
-            rs.sort(key=lambda r: r.micro_batch_size)
         return cls(sync_s=sync_s, buckets=buckets,
                    mem_capacity_bytes=cfg.planning.mem_capacity_bytes, full_recompute=inp.method != "dcp-intra",
-                   times=times, rows=rows)
+                   times=times, rows=row_lookup(inp.table))
 
     def mem_row(self, seq_group: int, sp_size: int, lens: np.ndarray) -> ProfileRow | None:
-        """The row bounding a micro-batch's memory (the simulator's rule): samples of one length at the smallest
-        b >= their count; unequal lengths (one row of documents) at the smallest b whose b x bound holds their
-        tokens, else by count."""
-        cand = self.rows.get((seq_group, sp_size), [])
-        by_size = next((r for r in cand if r.micro_batch_size >= len(lens)), None)
-        if by_size is not None and int(lens.min()) == int(lens.max()):
-            return by_size
-        tokens = int(lens.sum())
-        return next((r for r in cand if r.micro_batch_size * r.seq_len >= tokens), None) or by_size
+        """The row bounding a micro-batch's memory (``cost.memory_row``, the simulator's rule)."""
+        return memory_row(self.rows.get((seq_group, sp_size), []), len(lens), int(lens.sum()),
+                          int(lens.min()) == int(lens.max()))
 
     def __call__(self, plan: StepPlan) -> StepPlan:
         """``plan`` with samples moved into groups' last micro-batches where that ends the step's sync earlier

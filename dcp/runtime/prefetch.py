@@ -87,14 +87,9 @@ class BatchPrefetcher:
             if len(self._inflight) <= self._refill_at:
                 self._request()
 
-    def ahead(self, sample_ids: tuple[int, ...]) -> None:
-        """``want`` of one micro-batch."""
-        self.want((tuple(sample_ids),))
-
-    def take(self, sample_ids: tuple[int, ...], then: tuple[int, ...] | None = None) -> Any:
+    def take(self, sample_ids: tuple[int, ...]) -> Any:
         """The micro-batch of ``sample_ids`` on the run's device (the prefetched one when it is the next one
-        in flight; otherwise everything wanted is dropped and it is collated here); ``then``: ``want`` of the
-        micro-batch after it."""
+        in flight; otherwise everything wanted is dropped and it is collated here)."""
         inflight = self._inflight
         if inflight:
             ids = inflight.popleft()
@@ -112,8 +107,6 @@ class BatchPrefetcher:
             if self._wanted:
                 self._drop()
             batch = self._collate(tuple(sample_ids))
-        if then is not None:
-            self.want((tuple(then),))
         return batch if self._move is None else self._move(batch, self.device)
 
     def _request(self) -> None:

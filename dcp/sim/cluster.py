@@ -30,7 +30,7 @@ import numpy as np
 from dcp.config import PEER_METHODS, DCPConfig
 from dcp.planner.analytic import GRAD_BUCKET_MIB, HardwareSpec, grad_sync_time_s, optimizer_step_time_s
 from dcp.planner.assemble import plan_epoch
-from dcp.planner.cost import micro_batch_mem_bytes
+from dcp.planner.cost import memory_row, micro_batch_mem_bytes, row_lookup
 from dcp.planner.intra import best_settings, candidate_settings
 from dcp.planner.plan import StepPlan
 from dcp.planner.stream import TimeLookup, seq_groups_of
@@ -170,17 +170,6 @@ def ideal_tokens_per_s(lengths: Sequence[int], table: ProfileTable, config: DCPC
     return float(arr.sum()) * world_size / gpu_s
 
 
-def row_lookup(table: ProfileTable) -> dict[tuple[int, int], list]:
-    """The table's rows by (seq_group, sp_size), each list sorted by micro-batch size: the ``rows`` that
-    :func:`step_cost` prices micro-batches and bounds their memory with."""
-    rows: dict[tuple[int, int], list] = {}
-    for row in table.rows:
-        rows.setdefault((row.seq_group, row.sp_size), []).append(row)
-    for rs in rows.values():
-        rs.sort(key=lambda r: r.micro_batch_size)
-    return rows
-
-
 def _mem_row(mb, sp_size: int, rows: dict, edges: Sequence[int]):
     """The table row bounding a micro-batch's memory.
 
@@ -196,12 +185,8 @@ def _mem_row(mb, sp_size: int, rows: dict, edges: Sequence[int]):
         group, size = mb.seq_group, mb.size
     else:
         group, size = bisect.bisect_left(edges, mb.tokens), 1
-    cand = rows.get((group, sp_size), [])
-    by_size = next((r for r in cand if r.micro_batch_size >= size), None)
-    if by_size is not None and (mb.seq_group < 0 or min(mb.seq_lens, default=0) == max(mb.seq_lens, default=0)):
-        return by_size
-    by_tokens = next((r for r in cand if r.micro_batch_size * r.seq_len >= mb.tokens), None)
-    return by_tokens or by_size
+    one_length = mb.seq_group < 0 or min(mb.seq_lens, default=0) == max(mb.seq_lens, default=0)
+    return memory_row(rows.get((group, sp_size), []), size, mb.tokens, one_length)
 
 
 DDP_BUCKET_BYTES = GRAD_BUCKET_MIB * 2**20

@@ -99,12 +99,18 @@ def paper_table(sc: Scenario, world_size: int, *, shapes: Sequence[tuple[int, in
                           mem_capacity_bytes=sc.hardware.mem_capacity_bytes)
 
 
+def told_grad_sync_s(method: str, model: ModelShapeConfig, hardware: HardwareSpec, world_size: int) -> float:
+    """``planning.grad_sync_s`` of a simulated run: the gradient sync the simulator will price on ``world_size``
+    GPUs for the DCP methods (dcp.planner.syncend), 0 for the others or without a world size."""
+    return grad_sync_time_s(model, hardware, world_size) if world_size > 0 and method in DCP_METHODS else 0.0
+
+
 def paper_config(sc: Scenario, method: str, *, gmin: int = 1, gmax: int = 4, seed: int = 0,
                  world_size: int = 0) -> DCPConfig:
     """DCPConfig of the scenario: 80 GB per GPU, 8 GPUs per node, the scenario's SP sizes. ``world_size`` > 0:
     the DCP methods are told the gradient sync the simulator prices on that many GPUs (``planning.grad_sync_s``,
     dcp.planner.syncend), as a real run is told its measured one; 0 leaves it unknown."""
-    sync = grad_sync_time_s(sc.model, sc.hardware, world_size) if world_size > 0 and method in DCP_METHODS else 0.0
+    sync = told_grad_sync_s(method, sc.model, sc.hardware, world_size)
     return DCPConfig(
         model=sc.model,
         profiling=ProfilingConfig(seq_group_edges=sc.seq_group_edges, max_micro_batch_size=MAX_MICRO_BATCH_SIZE),

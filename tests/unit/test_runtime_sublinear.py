@@ -103,33 +103,37 @@ def test_a_collation_error_on_the_prefetch_thread_surfaces_in_the_loop():
     assert worker.name == "dcp-collate" and worker.is_alive()
     try:
         assert fetch.take((0,)).sample_ids == (0,)
-        fetch.ahead((3,))
+        fetch.want([(3,)])
         with pytest.raises(KeyError, match="sample 3 is unreadable"):
             fetch.take((3,))
-        fetch.ahead((1,))
+        fetch.want([(1,)])
         assert fetch.take((2,)).sample_ids == (2,)  # not the one ahead: collated here, in order
         assert fetch.prefetched == 0
-        fetch.ahead((4,))
+        fetch.want([(4,)])
         assert fetch.take((4,)).sample_ids == (4,) and fetch.prefetched == 1
-        fetch.ahead((5,))  # in flight when the loop ends: dropped
+        fetch.want([(5,)])  # in flight when the loop ends: dropped
     finally:
         fetch.close()
     assert not worker.is_alive() and not fetch.enabled
     assert fetch.take((6,)).sample_ids == (6,)  # closed: collated on the calling thread
 
 
-def test_take_then_collates_the_next_micro_batch_ahead():
-    """take(ids, then=next_ids) hands over ids' batch and starts collating next_ids: the loop's one call per
-    micro-batch; without a worker ``then`` is ignored and every batch is collated on the calling thread."""
+def test_a_wanted_micro_batch_is_collated_ahead_and_taken_from_the_worker():
+    """want([next_ids]) after take(ids) starts collating next_ids while ids' batch trains; without a worker
+    ``want`` is ignored and every batch is collated on the calling thread."""
     data = SyntheticTokenDataset(LENGTHS, vocab_size=16)
     fetch = BatchPrefetcher(data, torch.device("cpu"), enabled=True)
     try:
-        assert fetch.take((0,), then=(1,)).sample_ids == (0,) and fetch.prefetched == 0
-        assert fetch.take((1,), then=(2, 3)).sample_ids == (1,) and fetch.prefetched == 1
+        assert fetch.take((0,)).sample_ids == (0,) and fetch.prefetched == 0
+        fetch.want([(1,)])
+        assert fetch.take((1,)).sample_ids == (1,) and fetch.prefetched == 1
+        fetch.want([(2, 3)])
         assert fetch.take((2, 3)).sample_ids == (2, 3) and fetch.prefetched == 2
         assert fetch.take((4,)).sample_ids == (4,) and fetch.prefetched == 2  # nothing was ahead
     finally:
         fetch.close()
     off = BatchPrefetcher(data, torch.device("cpu"), enabled=False)
-    assert off.take((0,), then=(1,)).sample_ids == (0,) and off.take((1,)).sample_ids == (1,)
+    assert off.take((0,)).sample_ids == (0,)
+    off.want([(1,)])
+    assert off.take((1,)).sample_ids == (1,)
     assert off.prefetched == 0
