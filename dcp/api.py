@@ -19,6 +19,7 @@ from dcp.distributed.device import module_device, resolve_precision
 from dcp.integrations import hf
 from dcp.integrations.hf_defaults import fit_profiling
 from dcp.profiler.source import CachedProfiler
+from dcp.runtime.compiled import compile_layers
 from dcp.runtime.engines import Engine, build_engine
 from dcp.runtime.log import get_logger
 from dcp.runtime.manager import DCPManager, PlanSource
@@ -153,6 +154,8 @@ def set_manager(model: torch.nn.Module, dataset: Any, config: DCPConfig | None =
             config = config.replace(profiling=fitted)
     if table is not None:  # a table of another model (depth, width) would price every step wrongly
         _check_table(table, model, adapter, config)
+    # before the engine wraps the model and before profiling: the table then prices the compiled layers
+    compile_layers(model, config.runtime.compile)
     if optimizer is None and not isinstance(engine, Engine):
         optimizer = torch.optim.AdamW(model.parameters())
         rank = dist.get_rank() if world > 1 else 0

@@ -38,6 +38,8 @@ METHODS = ("bucket", "packed", "dcp-inter", "dcp-intra", "bucket-search")
 PEER_METHODS = ("megatron-dyncp", "flexsp")
 """Other schedulers re-implemented as baselines (``dcp.planner.peers``): planned and simulated, not run."""
 LR_SCALING = ("none", "linear", "sqrt")
+COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune-no-cudagraphs")
+"""runtime.compile values: off (eager), or the torch.compile mode applied to each repeated block."""
 """runtime.lr_scaling choices (the rules of dcp.loaders.lr_scaling)."""
 PLAN_AHEAD = ("auto", "thread", "process")
 """Where plans are computed ahead (planning.plan_ahead)."""
@@ -326,6 +328,13 @@ class RuntimeConfig:
     the GPU computes), off on CPU, where the collating thread competes with the compute for the same cores
     (dcp bench runtime: batch_wait_ms)."""
 
+    compile: str = "off"
+    """torch.compile each repeated block (dcp.runtime.compiled), attention left eager: off, default,
+    reduce-overhead (CUDA graphs per shape) or max-autotune-no-cudagraphs. A short micro-batch on a GPU is
+    bound by kernel launches, which compiling fuses. Applied by set_manager before the engine wraps the model
+    and before profiling, so the table prices the compiled layers (cached per mode); the first micro-batch of
+    a new shape pays the compilation."""
+
     lr_scaling: str = "none"
     """Scale each optimizer step's learning rate by its tokens over planning.tokens_per_step (steps vary within
     planning.step_tokens_bounds): none, linear or sqrt (the rules of dcp.loaders.lr_scaling). Needs
@@ -352,6 +361,9 @@ class RuntimeConfig:
         if self.prefetch not in ("auto", "on", "off"):
             fail("runtime.prefetch", self.prefetch, "is not one of ['auto', 'on', 'off']",
                  "pick one of those (auto: on with CUDA, off on CPU)")
+        if self.compile not in COMPILE_MODES:
+            fail("runtime.compile", self.compile, f"is not one of {list(COMPILE_MODES)}",
+                 'write compile = "off" (eager) or "default"')
         if self.log_every < 1:
             fail("runtime.log_every", self.log_every, "must be >= 1", "set it to 1 or more")
         if self.lr_scaling not in LR_SCALING:

@@ -53,6 +53,8 @@ SHORT_TOKENS = 1024
 # (model, [(seq_len, micro_batch_size)]) of the dual-layer check
 PAPER_CELLS = (("t1d-5b", ((2048, 2), (8192, 1))), ("t2d-1.2b", ((4096, 1), (16384, 1))))
 TINY_CELLS = (("t1d-tiny", ((32, 1),)), ("t2d-tiny", ((32, 1),)))
+# (model, [(seq_len, b)]) of ``--only clock``: shapes the calibration file does not hold (3k x 3, 12k, 48k)
+CLOCK_CELLS = (("t1d-5b", ((3072, 3), (12288, 1))), ("t2d-1.2b", ((49152, 1),)))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,6 +65,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-sweep", action="store_true", help="skip the short sweep through the manager")
     parser.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"),
                         help="compute precision (auto: bf16 on CUDA)")
+    parser.add_argument("--only", default="all", choices=("all", "short", "clock"),
+                        help="all: the checks above; short: busy share and tokens/s of 1k-8k-token micro-batches, "
+                             "eager vs compiled blocks (dcp.bench.gpu_short); clock: the profiling clocks' "
+                             "predictions against measured steps on shapes the calibration file does not hold")
     parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"), help=argparse.SUPPRESS)
     parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
 
@@ -284,6 +290,8 @@ def run(args: argparse.Namespace) -> int:
     t1d = "t1d-tiny" if tiny else "t1d-5b"
     lengths = tuple(n // 256 for n in PADDED_LENGTHS) if tiny else PADDED_LENGTHS
     short = 32 if tiny else SHORT_TOKENS
+    if args.only != "all":
+        return _run_only(args.only, t1d, device, precision, layers, args.reps, tiny, args.json)
     engines = installed_engines()
     repo = Path(__file__).resolve().parents[2]
     steps = (["tests"] if not args.no_tests else []) + [f"dual-layer {m}" for m, _ in cells] + ["padded", "many docs"]
@@ -352,6 +360,38 @@ def run(args: argparse.Namespace) -> int:
     summary.pop("many_docs")
     if args.json:
         print(json.dumps(summary))
+    return 0
+
+
+def _run_only(only: str, t1d: str, device: Any, precision: str, layers: int, reps: int, tiny: bool,
+              as_json: bool) -> int:
+    """``--only short`` or ``--only clock``: one focused check, its table and (``--json``) its JSON line."""
+    from dcp.bench.gpu_short import best_busy, print_short, short_rows
+
+    head = {"cuda": device.type == "cuda", "device": str(device), "precision": precision, "check": only}
+    if only == "short":
+        # tiny: lengths / 256 and torch.compile's aot_eager backend (no code generation), as the CPU tests run it
+        rows = short_rows(t1d, device, precision, layers, reps, scale=256 if tiny else 1,
+                          backend="aot_eager" if tiny else "inductor",
+                          progress=lambda r: print(f"  {r['variant']}/{r['weights']} {r['layout']} {r['tokens']}: "
+                                                   f"{r['wall_ms']:.2f} ms", flush=True))
+        print_short(rows)
+        head.update(rows=rows, busy_1024=best_busy(rows, 4 if tiny else SHORT_TOKENS))
+    else:
+        cells = TINY_CELLS if tiny else CLOCK_CELLS
+        clocks = ("auto", "wall") if device.type == "cuda" else ("auto",)
+        rows = [r for name, c in cells for r in dual_layer_rows(name, c, device, precision, layers, reps, clocks)]
+        for r in rows:
+            errs = "  ".join(f"{c} {t * 1e3:.2f} ms ({_err(t, r['meas_time_s']):.2f}%)"
+                             for c, t in r["pred_time_s_by_clock"].items())
+            print(f"{r['model']:<9} s={r['seq_len']:>6} b={r['b']} r={r['r']:>2} measured "
+                  f"{r['meas_time_s'] * 1e3:.2f} ms; predicted {errs}")
+        by_clock = {c: _median([_err(r["pred_time_s_by_clock"][c], r["meas_time_s"]) for r in rows])
+                    for c in rows[0]["pred_time_s_by_clock"]}
+        print(f"median time error by clock: {by_clock}")
+        head.update(rows=rows, time_err_median_pct_by_clock=by_clock)
+    if as_json:
+        print(json.dumps(head))
     return 0
 
 

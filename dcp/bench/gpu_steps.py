@@ -98,7 +98,12 @@ def busy_union_us(intervals: list[tuple[float, float]]) -> float:
 
 
 def gpu_busy_fraction(model: Any, batch: Any, device: Any, precision: str, reps: int = 7) -> float:
-    """Kernel-busy time / wall time of one forward + backward of ``batch`` (CUDA only).
+    """Kernel-busy time / wall time of one forward + backward of ``batch`` (CUDA only): see busy_and_wall_s."""
+    return busy_and_wall_s(model, batch, device, precision, reps)[0]
+
+
+def busy_and_wall_s(model: Any, batch: Any, device: Any, precision: str, reps: int = 7) -> tuple[float, float]:
+    """(busy share, median wall seconds) of one forward + backward of ``batch``; the share is NaN off CUDA.
 
     The kernels' busy time is the union of their intervals in one step under torch.profiler; the wall time
     is the median of ``reps`` steps run WITHOUT the profiler, whose per-launch bookkeeping would stretch the
@@ -119,13 +124,17 @@ def gpu_busy_fraction(model: Any, batch: Any, device: Any, precision: str, reps:
         train_step(model, batch, ctx, 0, precision, device)
         sync_device(device)
         walls.append(time.perf_counter() - t0)
+    wall_s = statistics.median(walls)
+    if device.type != "cuda":
+        model.zero_grad(set_to_none=True)
+        return float("nan"), wall_s
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         train_step(model, batch, ctx, 0, precision, device)
         sync_device(device)
     model.zero_grad(set_to_none=True)
     kernels = [(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA]
-    wall_us = statistics.median(walls) * 1e6
-    return min(1.0, busy_union_us(kernels) / wall_us) if wall_us > 0 else float("nan")
+    busy = min(1.0, busy_union_us(kernels) / (wall_s * 1e6)) if wall_s > 0 else float("nan")
+    return busy, wall_s
 
 
 def host_and_gpu_ms(model: Any, batch: Any, device: Any, precision: str, reps: int = 7) -> tuple[float | None, float | None]:

@@ -23,7 +23,7 @@ from torch import nn
 
 from dcp.config import ModelShapeConfig, fail
 from dcp.data import IGNORE_INDEX, Batch, collate_tokens
-from dcp.models.common import SwiGLU, init_weights, pack_rows
+from dcp.models.common import SwiGLU, fresh, init_weights, pack_rows
 from dcp.runtime.attention import DocLens
 from dcp.runtime.context import SPContext
 from dcp.runtime.recompute import checkpoint_layer
@@ -136,6 +136,15 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
 
 
+@torch.compiler.disable
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: SPContext, aux: T1DAux,
+               impl: str) -> torch.Tensor:
+    """Ulysses attention over ``aux``'s documents. It takes ``aux`` whole and runs eagerly, so that a compiled
+    block (dcp.runtime.compiled) never reads the micro-batch's document lengths: reading them would make
+    torch.compile guard on them and recompile for every new layout."""
+    return fresh(ulysses_attention(q, k, v, ctx, causal=True, doc_lens=aux.doc_lens, impl=impl))
+
+
 class T1DBlock(nn.Module):
     """Pre-norm block: x + attn(norm(x)), then x + SwiGLU(norm(x))."""
 
@@ -158,7 +167,7 @@ class T1DBlock(nn.Module):
         # together, one set of kernels for both (a short micro-batch is bound by kernel launches).
         q, k = apply_rope(qkv[:, :, :2], aux.cos, aux.sin).unbind(2)
         v = qkv[:, :, 2]
-        out = ulysses_attention(q, k, v, ctx, causal=True, doc_lens=aux.doc_lens, impl=self.config.ulysses_impl)
+        out = _attention(q, k, v, ctx, aux, self.config.ulysses_impl)
         hidden = hidden + self.proj(out.reshape(b, s, h))
         return hidden + self.mlp(self.mlp_norm(hidden))
 

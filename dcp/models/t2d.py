@@ -29,7 +29,7 @@ from torch import nn
 
 from dcp.config import ModelShapeConfig, fail
 from dcp.data import Batch, collate_video
-from dcp.models.common import SwiGLU, init_weights, length_mask, sinusoid
+from dcp.models.common import SwiGLU, fresh, init_weights, length_mask, sinusoid
 from dcp.runtime.attention import DocLens, local_attention
 from dcp.runtime.context import SPContext
 from dcp.runtime.recompute import checkpoint_layer
@@ -155,6 +155,20 @@ class T2DAux:
     """First global S index of this rank's chunk."""
 
 
+@torch.compiler.disable
+def _spatial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: SPContext, aux: T2DAux,
+                       impl: str) -> torch.Tensor:
+    """Ulysses attention over ``aux``'s spatial documents, eager and handed ``aux`` whole: a compiled block
+    (dcp.runtime.compiled) never reads, so never guards on, the micro-batch's host-int layout."""
+    return fresh(ulysses_attention(q, k, v, ctx, causal=False, doc_lens=aux.spatial_docs, impl=impl))
+
+
+@torch.compiler.disable
+def _temporal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: SPContext, aux: T2DAux) -> torch.Tensor:
+    """Local attention over ``aux``'s temporal documents (all frames are local), eager like the spatial one."""
+    return fresh(local_attention(q, k, v, causal=False, doc_lens=aux.temporal_docs, backend=ctx.attention))
+
+
 class T2DBlock(nn.Module):
     """x + spatial_attn(norm(x)); x + temporal_attn(norm(x)); x + SwiGLU(norm(x))."""
 
@@ -177,12 +191,12 @@ class T2DBlock(nn.Module):
         heads, d = self.config.num_heads, self.config.head_dim
         # spatial: frames folded into the batch; Ulysses over the sharded S dim
         q, k, v = self.spatial_qkv(self.spatial_norm(hidden)).view(b * t, s, 3, heads, d).unbind(2)
-        out = ulysses_attention(q, k, v, ctx, causal=False, doc_lens=aux.spatial_docs, impl=self.config.ulysses_impl)
+        out = _spatial_attention(q, k, v, ctx, aux, self.config.ulysses_impl)
         hidden = hidden + self.spatial_proj(out.reshape(b, t, s, h))
         # temporal: spatial positions folded into the batch; all T frames are local, no communication
         x = self.temporal_norm(hidden).transpose(1, 2).reshape(b * s, t, h)
         q, k, v = self.temporal_qkv(x).view(b * s, t, 3, heads, d).unbind(2)
-        out = local_attention(q, k, v, causal=False, doc_lens=aux.temporal_docs, backend=ctx.attention)
+        out = _temporal_attention(q, k, v, ctx, aux)
         hidden = hidden + self.temporal_proj(out.reshape(b, s, t, h).transpose(1, 2))
         return hidden + self.mlp(self.mlp_norm(hidden))
 

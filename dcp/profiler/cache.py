@@ -101,11 +101,16 @@ class CacheKey:
     """planning.mem_capacity_gib: the search skipped what did not fit it."""
     clock: str
     """profiling.clock the rows were timed with, resolved on the device ('wall', 'cpu' or 'pipelined')."""
+    compile: str = "off"
+    """runtime.compile of the profiled layers (dcp.runtime.compiled). Left out of the stored key (and of its
+    digest) when "off", so tables profiled before the field existed, all eager, are still found."""
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["seq_group_edges"] = list(self.seq_group_edges)
         d["sp_sizes"] = list(self.sp_sizes)
+        if d["compile"] == "off":
+            del d["compile"]
         return d
 
     @classmethod
@@ -115,13 +120,15 @@ class CacheKey:
             raise CorruptCacheError(f"cache key ({raw!r}) is not a JSON object: delete the file or run "
                                     "`dcp profile --refresh`")
         names = {f.name for f in dataclasses.fields(cls)}
-        if set(raw) != names:
+        if set(raw) not in (names, names - {"compile"}):
             raise CorruptCacheError(
                 f"cache key fields ({sorted(raw)}) differ from {sorted(names)}: delete the file or run "
                 "`dcp profile --refresh`"
             )
         kw: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
+            if f.name not in raw:  # compile, left out when "off"
+                continue
             value, kind = raw[f.name], str(f.type)
             if kind.startswith("tuple"):
                 ok = isinstance(value, list) and all(type(v) is int for v in value)
@@ -141,7 +148,7 @@ class CacheKey:
 
     def diff(self, other: CacheKey) -> dict[str, tuple[Any, Any]]:
         """Fields whose values differ: name -> (self's, other's)."""
-        a, b = self.to_dict(), other.to_dict()
+        a, b = dataclasses.asdict(self), dataclasses.asdict(other)
         return {k: (a[k], b[k]) for k in a if a[k] != b[k]}
 
     def digest(self) -> str:

@@ -90,8 +90,10 @@ def _worker(rank: int, world_size: int, model_name: str, overrides: dict, config
     from dcp.models import build_model
     from dcp.profiler import cache
     from dcp.profiler.dual_layer import _rank0_lookup, cache_key_for, profile_table
+    from dcp.runtime.compiled import compile_layers
 
     model = build_model(model_name, **overrides)
+    compile_layers(model, config.runtime.compile)  # the table prices the layers the run executes
     registry = None
     if world_size > 1:
         from dcp.profiler.search import sp_sizes_to_try

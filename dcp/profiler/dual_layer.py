@@ -87,6 +87,7 @@ def cache_key_for(adapter: ModelAdapter | Any, config: DCPConfig, world_size: in
         max_micro_batch_size=config.profiling.max_micro_batch_size,
         mem_capacity_gib=float(config.planning.mem_capacity_gib),
         clock=resolve_clock(config.profiling.clock, device),
+        compile=config.runtime.compile,
     )
 
 

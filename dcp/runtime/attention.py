@@ -113,6 +113,7 @@ def _layout(docs: DocLens, rows: int, seq_len: int) -> tuple[bool, tuple[tuple[i
     return all(row == (seq_len,) for row in docs), tuple(runs)
 
 
+@torch.compiler.disable  # host-int layouts: a compiled block runs attention eagerly (dcp.runtime.compiled)
 def local_attention(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -76,6 +76,7 @@ def check_heads(num_heads: int, sp_size: int) -> None:
         )
 
 
+@torch.compiler.disable  # layouts from host ints and SP collectives stay eager in a compiled block
 def ulysses_attention(
     q: torch.Tensor,
     k: torch.Tensor,
