@@ -4,13 +4,17 @@
 #   bash scripts/gpu_checks.sh gpu-tests      # pytest tests/gpu
 #   bash scripts/gpu_checks.sh suite K N      # the K-th (0-based) of N slices of the test files, with the
 #                                             # 15 slowest tests listed: each slice fits one device call
+#   bash scripts/gpu_checks.sh suite-xdist N  # the whole suite on N pytest-xdist workers (the GPU image has it)
+#   bash scripts/gpu_checks.sh short          # bench gpu --only short: busy share, eager vs compiled blocks
+#   bash scripts/gpu_checks.sh clock          # bench gpu --only clock: profiling clocks on uncalibrated shapes
 # DeepSpeed and its needs come from .whl/ (pure-Python wheels, built as GPU.md says) when it is there.
 # With OUT set (the device tool's output folder), each check's output is also written to $OUT/<check>.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-usage="usage: [PYTHON=python-with-torch] bash scripts/gpu_checks.sh bench | gpu-tests | suite K N"
+usage="usage: [PYTHON=python-with-torch] bash scripts/gpu_checks.sh bench | gpu-tests | suite K N | suite-xdist N | short | clock"
 case "${1:-}" in
-  bench|gpu-tests) ;;
+  bench|gpu-tests|short|clock) ;;
+  suite-xdist) [[ "${2:-}" =~ ^[1-9][0-9]*$ ]] || { echo "suite-xdist needs a worker count N >= 1, e.g. suite-xdist 6; $usage" >&2; exit 2; } ;;
   suite) [[ "${2:-}" =~ ^[0-9]+$ && "${3:-}" =~ ^[1-9][0-9]*$ && "${2}" -lt "${3}" ]] \
            || { echo "suite needs a slice K and a count N with 0 <= K < N, e.g. suite 0 4; $usage" >&2; exit 2; } ;;
   *) echo "$usage" >&2; exit 2 ;;
@@ -23,9 +27,11 @@ if ! "$PY" -c "import deepspeed" 2> /dev/null && compgen -G ".whl/*.whl" > /dev/
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
 fi
 log=/dev/null
-[ -n "${OUT:-}" ] && mkdir -p "$OUT" && log="$OUT/$1${2:+-$2of${3:-}}.log"
+[ -n "${OUT:-}" ] && mkdir -p "$OUT" && log="$OUT/$1${2:+-$2}${3:+of$3}.log"
 case "${1:-}" in
   bench) "$PY" -m dcp.cli bench gpu --no-tests --json 2>&1 | tee "$log" ;;
+  short|clock) "$PY" -m dcp.cli bench gpu --only "$1" --json 2>&1 | tee "$log" ;;
+  suite-xdist) "$PY" -m pytest -q -p no:cacheprovider -n "$2" --durations=15 tests 2>&1 | tee "$log" ;;
   gpu-tests) "$PY" -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tee "$log" ;;
   suite)
     k=$2; n=$3

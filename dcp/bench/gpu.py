@@ -219,9 +219,9 @@ def installed_engines() -> list[str]:
 
 
 def manager_sweep(engine: str, device: str, out_dir: str, *, models: tuple[str, ...] = ("t1d-tiny", "t2d-tiny"),
-                  methods: tuple[str, ...] = ()) -> dict:
+                  methods: tuple[str, ...] = (), compile_mode: str = "off") -> dict:
     """A short sweep (all four methods by default, tiny models, W = 1) through the manager; ok when every run
-    finished with a measured throughput."""
+    finished with a measured throughput. ``compile_mode``: the runs' runtime.compile."""
     from dcp.experiments.launch import launch_local
     from dcp.experiments.sweep import METHODS, sweep_from_dict
 
@@ -234,7 +234,7 @@ def manager_sweep(engine: str, device: str, out_dir: str, *, models: tuple[str, 
         "config": {"profiling": {"seq_group_edges": [64, 128, 256, 512, 1024, 2048], "max_micro_batch_size": 4,
                                  "warmup_iters": 1, "measure_iters": 1, "cache_dir": str(Path(out_dir) / "cache")},
                    "planning": {"sp_sizes": [1], "mem_capacity_gib": 4.0 if cuda else 0.5, "ranks_per_node": 1},
-                   "runtime": {"engine": engine, "log_every": 1000}},
+                   "runtime": {"engine": engine, "log_every": 1000, "compile": compile_mode}},
     }
     spec = sweep_from_dict(raw)
     expected = len(spec.expand())
