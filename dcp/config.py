@@ -38,7 +38,7 @@ METHODS = ("bucket", "packed", "dcp-inter", "dcp-intra", "bucket-search")
 PEER_METHODS = ("megatron-dyncp", "flexsp")
 """Other schedulers re-implemented as baselines (``dcp.planner.peers``): planned and simulated, not run."""
 LR_SCALING = ("none", "linear", "sqrt")
-COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune-no-cudagraphs")
+COMPILE_MODES = ("off", "default", "max-autotune-no-cudagraphs")
 """runtime.compile values: off (eager), or the torch.compile mode applied to each repeated block."""
 """runtime.lr_scaling choices (the rules of dcp.loaders.lr_scaling)."""
 PLAN_AHEAD = ("auto", "thread", "process")
@@ -142,8 +142,8 @@ class ProfilingConfig:
     measure_iters: int = 3
     """Timed repetitions; the median is recorded."""
     clock: str = "auto"
-    """How a layer's time is read (dcp.profiler.clock): 'auto' (pipelined on CUDA, wall elsewhere), 'wall'
-    (elapsed time between two syncs), 'pipelined' (CUDA: max of the host's enqueue time and the GPU's time
+    """How a layer's time is read (dcp.profiler.clock): 'auto' (= wall; measured against whole-model steps
+    on an H200 it predicted better than pipelined), 'wall' (elapsed time between two syncs), 'pipelined' (CUDA: max of the host's enqueue time and the GPU's time
     with its queue pre-filled, as inside a whole model) or 'cpu' (the profiling process's CPU time: stable on
     a shared, oversubscribed CPU machine, where elapsed time also counts the slices other processes take,
     but blind to time spent waiting for communication)."""
@@ -329,8 +329,9 @@ class RuntimeConfig:
     (dcp bench runtime: batch_wait_ms)."""
 
     compile: str = "off"
-    """torch.compile each repeated block (dcp.runtime.compiled), attention left eager: off, default,
-    reduce-overhead (CUDA graphs per shape) or max-autotune-no-cudagraphs. A short micro-batch on a GPU is
+    """torch.compile each repeated block (dcp.runtime.compiled), attention left eager: off, default or
+    max-autotune-no-cudagraphs (not reduce-overhead: one CUDA graph per block call overwrites the previous
+    layer's output, which autograd still holds). A short micro-batch on a GPU is
     bound by kernel launches, which compiling fuses. Applied by set_manager before the engine wraps the model
     and before profiling, so the table prices the compiled layers (cached per mode); the first micro-batch of
     a new shape pays the compilation."""

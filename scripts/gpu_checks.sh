@@ -31,7 +31,7 @@ log=/dev/null
 case "${1:-}" in
   bench) "$PY" -m dcp.cli bench gpu --no-tests --json 2>&1 | tee "$log" ;;
   short|clock) "$PY" -m dcp.cli bench gpu --only "$1" --json 2>&1 | tee "$log" ;;
-  suite-xdist) "$PY" -m pytest -q -p no:cacheprovider -n "$2" --durations=15 tests 2>&1 | tee "$log" ;;
+  suite-xdist) "$PY" -m pytest -v -rfE -p no:cacheprovider -n "$2" --durations=15 tests 2>&1 | tee "$log" ;;
   gpu-tests) "$PY" -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tee "$log" ;;
   suite)
     k=$2; n=$3

@@ -6,7 +6,7 @@ In one process on one GPU (and W = 1 with NCCL through the manager):
 2. the dual-layer profile of the paper's shapes at reduced depth (Transformer-1D 5B and Transformer-2D 1.2B
    with 8 layers, in the run's precision, bf16 on CUDA) against measured whole-model steps: time and memory
    at r = 0 and r = L, predicted by the planner's own Eq. 4-6 from the measured rows; on CUDA profiled with
-   the default clock (pipelined) and again with the wall clock (``time_err_median_pct_by_clock``);
+   the default clock (wall) and again with the pipelined clock (``time_err_median_pct_by_clock``);
 3. padded vs unpadded micro-batch efficiency: a Transformer-1D micro-batch of lengths [8192, 6000, 4000,
    2000] (right-padded to 8192) against the same samples run unpadded, one per micro-batch (same real tokens
    and the same attention work): efficiency = unpadded time / padded time (1.0: padding costs nothing); and
@@ -308,7 +308,7 @@ def run(args: argparse.Namespace) -> int:
                 summary["gpu_tests"] = gpu_tests(repo)
             elif step.startswith("dual-layer"):
                 name = step.split()[1]
-                clocks = ("auto", "wall") if device.type == "cuda" else ("auto",)
+                clocks = ("auto", "pipelined") if device.type == "cuda" else ("auto",)
                 rows += dual_layer_rows(name, dict(cells)[name], device, precision, layers, args.reps, clocks)
             elif step == "padded":
                 summary["padded"] = padded_efficiency(t1d, lengths, device, precision, layers, args.reps)
@@ -340,6 +340,8 @@ def run(args: argparse.Namespace) -> int:
             elif step.startswith("sweep"):
                 with tempfile.TemporaryDirectory(prefix="dcp-bench-gpu-") as tmp:
                     sweeps.append(manager_sweep(step.split()[1], device.type, tmp))
+            # each check's figures as soon as it ends: a run stopped at a time limit keeps what it measured
+            bar.write(f"[{step}] " + json.dumps(_step_figures(step, rows, summary, sweeps), default=str))
             bar.update(1)
     finally:
         bar.close()
@@ -363,6 +365,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _step_figures(step: str, rows: list[dict], summary: dict, sweeps: list[dict]) -> Any:
+    if step.startswith("dual-layer"):
+        name = step.split()[1]
+        return [{k: r[k] for k in ("seq_len", "b", "r", "meas_time_s", "pred_time_s_by_clock", "pred_mem_bytes",
+                                   "meas_mem_bytes")} for r in rows if r["model"] == name]
+    if step.startswith("sweep"):
+        return sweeps[-1]
+    keys = {"tests": ("gpu_tests",), "padded": ("padded",), "many docs": ("many_docs",),
+            "syncs + busy": ("syncs_per_micro_batch", "gpu_busy_short", "short_host_ms", "short_gpu_ms",
+                             "bf16_module")}[step]
+    return {k: summary.get(k) for k in keys}
+
+
 def _run_only(only: str, t1d: str, device: Any, precision: str, layers: int, reps: int, tiny: bool,
               as_json: bool) -> int:
     """``--only short`` or ``--only clock``: one focused check, its table and (``--json``) its JSON line."""
@@ -374,12 +389,13 @@ def _run_only(only: str, t1d: str, device: Any, precision: str, layers: int, rep
         rows = short_rows(t1d, device, precision, layers, reps, scale=256 if tiny else 1,
                           backend="aot_eager" if tiny else "inductor",
                           progress=lambda r: print(f"  {r['variant']}/{r['weights']} {r['layout']} {r['tokens']}: "
-                                                   f"{r['wall_ms']:.2f} ms", flush=True))
+                                                   f"{r['wall_ms']:.2f} ms, busy {r['busy']}, host {r['host_ms']} "
+                                                   f"ms, GPU {r['gpu_ms']} ms", flush=True))
         print_short(rows)
         head.update(rows=rows, busy_1024=best_busy(rows, 4 if tiny else SHORT_TOKENS))
     else:
         cells = TINY_CELLS if tiny else CLOCK_CELLS
-        clocks = ("auto", "wall") if device.type == "cuda" else ("auto",)
+        clocks = ("auto", "pipelined") if device.type == "cuda" else ("auto",)
         rows = [r for name, c in cells for r in dual_layer_rows(name, c, device, precision, layers, reps, clocks)]
         for r in rows:
             errs = "  ".join(f"{c} {t * 1e3:.2f} ms ({_err(t, r['meas_time_s']):.2f}%)"
@@ -404,7 +420,7 @@ def _print_table(rows: list[dict], summary: dict, sweeps: list[dict]) -> None:
     print(f"{'model':<9} {'seq':>6} {'b':>2} {'r':>3} {'pred_ms':>9} {'meas_ms':>9} {'t_err%':>7} "
           f"{'pred_MiB':>10} {'meas_MiB':>10} {'m_err%':>7}")
     for r in rows:
-        # profiled under further clocks (CUDA: 'wall' besides 'pipelined'): their prediction and error
+        # profiled under further clocks (CUDA: 'pipelined' besides the default 'wall'): their prediction and error
         others = "".join(f"  {c}: {t * 1e3:.2f} ms ({_err(t, r['meas_time_s']):.2f}%)"
                          for c, t in list(r["pred_time_s_by_clock"].items())[1:])
         print(f"{r['model']:<9} {r['seq_len']:>6} {r['b']:>2} {r['r']:>3} {r['pred_time_s'] * 1e3:>9.2f} "

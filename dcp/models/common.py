@@ -62,12 +62,3 @@ def sinusoid(positions: torch.Tensor, dim: int) -> torch.Tensor:
     emb = torch.cat((angles.sin(), angles.cos()), dim=-1)
     return F.pad(emb, (0, dim - 2 * half))
 
-
-def fresh(out: torch.Tensor) -> torch.Tensor:
-    """``out`` as a tensor that is not a view: what the eager attention of a compiled block returns.
-
-    torch.compile guards on whether a graph's input is a view, and attention returns a view for one document
-    per row (SDPA's transposed output) but a new tensor for packed rows (one call per document, concatenated):
-    without this, every switch between the two layouts would recompile the graph after attention. The copy is
-    the one the following ``reshape`` of a transposed view makes anyway."""
-    return out if out._base is None else out.clone(memory_format=torch.contiguous_format)

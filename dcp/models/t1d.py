@@ -23,7 +23,7 @@ from torch import nn
 
 from dcp.config import ModelShapeConfig, fail
 from dcp.data import IGNORE_INDEX, Batch, collate_tokens
-from dcp.models.common import SwiGLU, fresh, init_weights, pack_rows
+from dcp.models.common import SwiGLU, init_weights, pack_rows
 from dcp.runtime.attention import DocLens
 from dcp.runtime.context import SPContext
 from dcp.runtime.recompute import checkpoint_layer
@@ -142,7 +142,7 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: SPContext
     """Ulysses attention over ``aux``'s documents. It takes ``aux`` whole and runs eagerly, so that a compiled
     block (dcp.runtime.compiled) never reads the micro-batch's document lengths: reading them would make
     torch.compile guard on them and recompile for every new layout."""
-    return fresh(ulysses_attention(q, k, v, ctx, causal=True, doc_lens=aux.doc_lens, impl=impl))
+    return ulysses_attention(q, k, v, ctx, causal=True, doc_lens=aux.doc_lens, impl=impl)
 
 
 class T1DBlock(nn.Module):

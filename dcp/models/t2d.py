@@ -29,7 +29,7 @@ from torch import nn
 
 from dcp.config import ModelShapeConfig, fail
 from dcp.data import Batch, collate_video
-from dcp.models.common import SwiGLU, fresh, init_weights, length_mask, sinusoid
+from dcp.models.common import SwiGLU, init_weights, length_mask, sinusoid
 from dcp.runtime.attention import DocLens, local_attention
 from dcp.runtime.context import SPContext
 from dcp.runtime.recompute import checkpoint_layer
@@ -160,13 +160,13 @@ def _spatial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: S
                        impl: str) -> torch.Tensor:
     """Ulysses attention over ``aux``'s spatial documents, eager and handed ``aux`` whole: a compiled block
     (dcp.runtime.compiled) never reads, so never guards on, the micro-batch's host-int layout."""
-    return fresh(ulysses_attention(q, k, v, ctx, causal=False, doc_lens=aux.spatial_docs, impl=impl))
+    return ulysses_attention(q, k, v, ctx, causal=False, doc_lens=aux.spatial_docs, impl=impl)
 
 
 @torch.compiler.disable
 def _temporal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: SPContext, aux: T2DAux) -> torch.Tensor:
     """Local attention over ``aux``'s temporal documents (all frames are local), eager like the spatial one."""
-    return fresh(local_attention(q, k, v, causal=False, doc_lens=aux.temporal_docs, backend=ctx.attention))
+    return local_attention(q, k, v, causal=False, doc_lens=aux.temporal_docs, backend=ctx.attention)
 
 
 class T2DBlock(nn.Module):

@@ -101,7 +101,7 @@ class MeasureSettings:
     """'checkpoint': also time the measured layer checkpointed and store the t_f, t_b that make Eq. 4-5
     exact at r = 0 and r = L (see solve_recompute_cost); 'plain': the paper's plain forward/backward."""
     clock: str = "auto"
-    """dcp.profiler.clock: 'auto' (pipelined on CUDA, wall elsewhere), 'wall' (time.perf_counter between
+    """dcp.profiler.clock: 'auto' (= wall), 'wall' (time.perf_counter between
     syncs), 'pipelined' (CUDA: max of the host's enqueue time and the GPU's time with the queue pre-filled,
     as a layer runs inside a whole model) or 'cpu' (time.process_time of this process: robust on a shared,
     oversubscribed CPU machine, but blind to time spent waiting for communication)."""

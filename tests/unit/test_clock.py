@@ -239,7 +239,8 @@ def test_barrier_runs_before_every_region():
 
 def test_resolve_clock():
     assert resolve_clock("auto", "cpu") == "wall"
-    assert resolve_clock("auto", torch.device("cuda", 0)) == "pipelined"
+    # wall on CUDA too: on an H200 it predicted whole-model steps within 0.83 %, pipelined 6.8 % (dcp.profiler.clock)
+    assert resolve_clock("auto", torch.device("cuda", 0)) == "wall"
     assert resolve_clock("cpu", "cpu") == "cpu"
     assert resolve_clock("pipelined", "cuda") == "pipelined"
     with pytest.raises(ValueError, match=r"profiling.clock \('pipelined'\) needs a CUDA device.*clock = \"auto\""):
