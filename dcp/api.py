@@ -133,6 +133,14 @@ def set_manager(model: torch.nn.Module, dataset: Any, config: DCPConfig | None =
     integration's for HF models); the profile cache key is built from it.
     """
     _check_arguments(model, config, table)
+    if config is not None and config.runtime.compile != "off" and hf.is_hf_model(model):
+        # checked before the HF integration touches the model. Its decoder layers take the document layout and
+        # the call pattern as Python arguments, on which torch.compile guards: on a tiny Llama they recompiled
+        # for every new layout until torch.compile's recompile limit
+        raise ConfigError(
+            f"runtime.compile ({config.runtime.compile!r}) is for models whose blocks take tensors only (the "
+            "reference models): a Hugging Face model's decoder layers would recompile for every document layout; "
+            'set runtime.compile = "off"')
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     integration = None
     lengths = _dataset_lengths(dataset) if hf.is_hf_model(model) or (table is None and plans is None) else []

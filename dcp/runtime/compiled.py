@@ -15,9 +15,11 @@ shapes, so with ``dynamic=None`` torch marks the sequence length dynamic after t
 and one graph serves every length. (CUDA graphs still record one graph per distinct shape:
 ``dcp.loaders.static_shapes`` bounds how many a run meets.)
 
-Which modules are blocks comes from the profiler's adapter (``layers`` of the reference models,
-``model.model.layers`` of a Hugging Face causal LM), so the profiler and the training step run the same
-compiled layers and the profile table prices what the run executes.
+The blocks are the model's ``layers`` (the reference models' profiler protocol), which the profiler and the
+training step both run, so the profile table prices what the run executes. Hugging Face models are refused
+by ``set_manager``: their decoder layers take the document layout and the call pattern as Python
+arguments, and recompiled for every new layout until torch.compile's recompile limit (measured on a tiny
+Llama on CPU).
 """
 
 from __future__ import annotations
@@ -30,15 +32,13 @@ from dcp.config import COMPILE_MODES
 
 
 def layer_modules(model: nn.Module) -> list[nn.Module]:
-    """The repeated blocks of ``model``: ``model.layers`` (the profiler protocol) or ``model.model.layers``
-    (a Hugging Face causal LM)."""
-    for owner in (model, getattr(model, "model", None)):
-        layers = getattr(owner, "layers", None)
-        if isinstance(layers, nn.ModuleList) and len(layers) > 0:
-            return list(layers)
+    """The repeated blocks of ``model``: its ``layers`` (the profiler protocol of the reference models)."""
+    layers = getattr(model, "layers", None)
+    if isinstance(layers, nn.ModuleList) and len(layers) > 0:
+        return list(layers)
     raise ValueError(
-        f"runtime.compile: model ({type(model).__name__}) has no non-empty `layers` or `model.layers` "
-        "ModuleList to compile: set runtime.compile = \"off\", or compile the model yourself before set_manager"
+        f"runtime.compile: model ({type(model).__name__}) has no non-empty `layers` ModuleList to compile: "
+        "set runtime.compile = \"off\", or compile the model yourself before set_manager"
     )
 
 

@@ -89,15 +89,27 @@ def test_off_compiles_nothing_and_bad_modes_fail_in_one_line():
 def test_layer_modules_finds_the_blocks_or_names_the_fix():
     model = build_model("t2d-tiny")
     assert layer_modules(model) == list(model.layers)
-
-    class Wrapped(torch.nn.Module):  # a Hugging Face causal LM keeps its blocks at model.model.layers
-        def __init__(self, inner):
-            super().__init__()
-            self.model = inner
-
-    assert layer_modules(Wrapped(model)) == list(model.layers)
     with pytest.raises(ValueError, match=r"no non-empty `layers`.*runtime.compile = \"off\""):
         layer_modules(torch.nn.Linear(2, 2))
+
+
+def test_set_manager_refuses_compile_for_a_hugging_face_model(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from dcp.api import set_manager
+    from dcp.config import DCPConfig, ProfilingConfig
+    from dcp.runtime.data import SyntheticTokenDataset
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256))
+    config = DCPConfig(profiling=ProfilingConfig(cache_dir=str(tmp_path)), runtime=RuntimeConfig(compile="default"))
+    attention = model.config._attn_implementation
+    with pytest.raises(ConfigError, match=r"runtime.compile \('default'\) is for models whose blocks.*compile = \"off\""):
+        set_manager(model, SyntheticTokenDataset([13, 7, 30], vocab_size=64), config)
+    # refused before anything touched the model: no compiled layer, its own attention kept
+    assert all(layer._compiled_call_impl is None for layer in model.model.layers)
+    assert model.config._attn_implementation == attention
 
 
 def test_set_manager_compiles_the_layers_before_the_engine_wraps_them():
