@@ -45,6 +45,7 @@ from dcp.bench.gpu_steps import (
     syncs_per_micro_batch,
     train_step,
 )
+from dcp.config import COMPILE_MODES
 
 PADDED_LENGTHS = (8192, 6000, 4000, 2000)
 MANY_DOCS = (16, 64)
@@ -65,6 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-sweep", action="store_true", help="skip the short sweep through the manager")
     parser.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"),
                         help="compute precision (auto: bf16 on CUDA)")
+    parser.add_argument("--compile", default="off", choices=COMPILE_MODES,
+                        help="runtime.compile of every model the checks build and of the sweep's runs (default off)")
     parser.add_argument("--only", default="all", choices=("all", "short", "clock"),
                         help="all: the checks above; short: busy share and tokens/s of 1k-8k-token micro-batches, "
                              "eager vs compiled blocks (dcp.bench.gpu_short); clock: the profiling clocks' "
@@ -105,8 +108,19 @@ def _step_peak_bytes(model: Any, batch: Any, ctx: Any, r: int, precision: str, d
     return float(meter.peak_bytes) + state_b
 
 
+def _build(name: str, layers: int, device: Any, compile_mode: str) -> Any:
+    """The named model at ``layers`` layers on ``device``, its blocks compiled with ``compile_mode``
+    (runtime.compile; Inductor on CUDA, torch.compile's aot_eager backend on the CPU test path)."""
+    from dcp.models import build_model
+    from dcp.runtime.compiled import compile_layers
+
+    model = build_model(name, num_layers=layers).to(device)
+    compile_layers(model, compile_mode, backend="inductor" if device.type == "cuda" else "aot_eager")
+    return model
+
+
 def dual_layer_rows(name: str, cells: tuple, device: Any, precision: str, layers: int, reps: int,
-                    clocks: tuple[str, ...] = ("auto",)) -> list[dict]:
+                    clocks: tuple[str, ...] = ("auto",), compile_mode: str = "off") -> list[dict]:
     """Predicted (dual-layer rows, Eq. 4-6) vs measured whole-model time and memory at r = 0 and r = L.
 
     Each cell is profiled once per profiling clock in ``clocks`` (dcp.profiler.clock, resolved on ``device``):
@@ -116,7 +130,6 @@ def dual_layer_rows(name: str, cells: tuple, device: Any, precision: str, layers
     import torch
 
     from dcp.distributed import autocast
-    from dcp.models import build_model
     from dcp.planner.cost import micro_batch_mem_bytes, micro_batch_time_s
     from dcp.profiler.adapters import get_adapter
     from dcp.profiler.clock import resolve_clock
@@ -124,7 +137,7 @@ def dual_layer_rows(name: str, cells: tuple, device: Any, precision: str, layers
     from dcp.profiler.measure import MeasureSettings, measure_candidate
     from dcp.runtime.context import SPContext
 
-    model = build_model(name, num_layers=layers).to(device)
+    model = _build(name, layers, device, compile_mode)
     adapter = get_adapter(model)
     for p in model.parameters():  # a training step has gradient buffers: both sides count them
         p.grad = torch.zeros_like(p)
@@ -157,15 +170,14 @@ def dual_layer_rows(name: str, cells: tuple, device: Any, precision: str, layers
 
 
 def padded_efficiency(name: str, lengths: tuple[int, ...], device: Any, precision: str, layers: int,
-                      reps: int) -> dict:
+                      reps: int, compile_mode: str = "off") -> dict:
     """Unpadded time (each sample alone) / padded time (one right-padded micro-batch) for the same samples."""
     import torch
 
     from dcp.data import collate_tokens
-    from dcp.models import build_model
     from dcp.runtime.context import SPContext
 
-    model = build_model(name, num_layers=layers).to(device)
+    model = _build(name, layers, device, compile_mode)
     gen = torch.Generator().manual_seed(0)
     seqs = [torch.randint(0, model.config.vocab_size, (n,), generator=gen) for n in lengths]
     ctx = SPContext.single(attention="auto")
@@ -181,17 +193,16 @@ def padded_efficiency(name: str, lengths: tuple[int, ...], device: Any, precisio
 
 
 def many_docs_efficiency(name: str, docs: int, doc_len: int, device: Any, precision: str, layers: int,
-                         reps: int) -> dict:
+                         reps: int, compile_mode: str = "off") -> dict:
     """Time of ``docs`` equal rows of ``doc_len`` tokens (one attention call for all) / time of the same
     documents packed into one row (the last one token shorter, so the micro-batch has unequal lengths): what
     running attention per document costs a short micro-batch of many samples (1.0: nothing)."""
     import torch
 
     from dcp.data import collate_tokens
-    from dcp.models import build_model
     from dcp.runtime.context import SPContext
 
-    model = build_model(name, num_layers=layers).to(device)
+    model = _build(name, layers, device, compile_mode)
     gen = torch.Generator().manual_seed(2)
     lens = [doc_len] * docs
     equal = collate_tokens([torch.randint(0, model.config.vocab_size, (n,), generator=gen) for n in lens])
@@ -297,7 +308,8 @@ def run(args: argparse.Namespace) -> int:
     steps = (["tests"] if not args.no_tests else []) + [f"dual-layer {m}" for m, _ in cells] + ["padded", "many docs"]
     steps += ["syncs + busy"] if device.type == "cuda" else []
     steps += [f"sweep {e}" for e in engines] if not args.no_sweep else []
-    summary: dict[str, Any] = {"cuda": device.type == "cuda", "device": str(device), "precision": precision}
+    summary: dict[str, Any] = {"cuda": device.type == "cuda", "device": str(device), "precision": precision,
+                               "compile": args.compile}
     rows: list[dict] = []
     sweeps: list[dict] = []
     bar = tqdm(total=len(steps), desc="bench gpu", unit="check")
@@ -309,17 +321,18 @@ def run(args: argparse.Namespace) -> int:
             elif step.startswith("dual-layer"):
                 name = step.split()[1]
                 clocks = ("auto", "pipelined") if device.type == "cuda" else ("auto",)
-                rows += dual_layer_rows(name, dict(cells)[name], device, precision, layers, args.reps, clocks)
+                rows += dual_layer_rows(name, dict(cells)[name], device, precision, layers, args.reps, clocks,
+                                        args.compile)
             elif step == "padded":
-                summary["padded"] = padded_efficiency(t1d, lengths, device, precision, layers, args.reps)
+                summary["padded"] = padded_efficiency(t1d, lengths, device, precision, layers, args.reps, args.compile)
             elif step == "many docs":
                 docs, doc_len = (8, 8) if tiny else MANY_DOCS
-                summary["many_docs"] = many_docs_efficiency(t1d, docs, doc_len, device, precision, layers, args.reps)
+                summary["many_docs"] = many_docs_efficiency(t1d, docs, doc_len, device, precision, layers, args.reps,
+                                                            args.compile)
             elif step == "syncs + busy":
                 from dcp.data import collate_tokens
-                from dcp.models import build_model
 
-                model = build_model(t1d, num_layers=layers).to(device)
+                model = _build(t1d, layers, device, args.compile)
                 gen = torch.Generator().manual_seed(1)
                 batch = collate_tokens([torch.randint(0, model.config.vocab_size, (short,), generator=gen)]).to(device)
                 summary["short_tokens"] = short
@@ -339,7 +352,7 @@ def run(args: argparse.Namespace) -> int:
                 del model
             elif step.startswith("sweep"):
                 with tempfile.TemporaryDirectory(prefix="dcp-bench-gpu-") as tmp:
-                    sweeps.append(manager_sweep(step.split()[1], device.type, tmp))
+                    sweeps.append(manager_sweep(step.split()[1], device.type, tmp, compile_mode=args.compile))
             # each check's figures as soon as it ends: a run stopped at a time limit keeps what it measured
             bar.write(f"[{step}] " + json.dumps(_step_figures(step, rows, summary, sweeps), default=str))
             bar.update(1)

@@ -38,6 +38,23 @@ def test_tiny_cpu_path_prints_the_table_and_the_summary(capsys):
     assert [ln.split()[3] for ln in rows] == ["0", "2", "0", "2"]  # r = 0 and r = L for both models
 
 
+def test_compile_runs_every_check_on_compiled_blocks(capsys, monkeypatch):
+    compiled = []
+    real = gpu_bench._build
+
+    def spy(name, layers, device, compile_mode):
+        model = real(name, layers, device, compile_mode)
+        compiled.append(all(layer._compiled_call_impl is not None for layer in model.layers))
+        return model
+
+    monkeypatch.setattr(gpu_bench, "_build", spy)
+    argv = ["bench", "gpu", "--device", "cpu", "--tiny", "--no-tests", "--no-sweep", "--reps", "1", "--json"]
+    assert main(argv + ["--compile", "default"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["compile"] == "default" and summary["padded_efficiency"] > 0
+    assert compiled == [True] * 4  # dual-layer x 2 models, padded, many documents
+
+
 def test_bad_layers_is_refused(capsys):
     assert main(["bench", "gpu", "--device", "cpu", "--tiny", "--layers", "1"]) == 2
     assert "--layers (1) must be >= 2" in capsys.readouterr().err
