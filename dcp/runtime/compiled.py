@@ -1,19 +1,21 @@
 """Compiled repeated layers: ``torch.compile`` of each block, with DCP's attention left eager.
 
 A short micro-batch on a GPU is bound by the host: an eager Transformer-1D layer launches ~95 kernels per
-forward + backward (norms, RoPE, SwiGLU, residual adds, autocast's casts), and at 1024 tokens the host
-takes longer to enqueue them than the GPU takes to run them (docs/benchmarks.md, *GPU*). Compiling a block
-fuses those element-wise kernels (Inductor), and ``mode="reduce-overhead"`` also replays them as CUDA
-graphs, so the host enqueues a few launches per layer instead of ~95.
+forward + backward (norms, RoPE, SwiGLU, residual adds, autocast's casts). Compiling a block fuses the
+element-wise kernels and the weight casts (Inductor). Measured on an H200 (docs/benchmarks.md, *GPU*): 6-14 %
+off every autocast micro-batch from 1k to 8k tokens, 10-12 % off a bf16 module's at 8k, nothing at 1-2k on a
+bf16 module, which stays host-bound. No CUDA graphs (``mode="reduce-overhead"``): one graph replayed for every
+layer overwrites the output of the layer before, which autograd still holds (seen on that H200).
 
 The attention stays out of the graph: ``ulysses_attention`` and ``local_attention`` are
-``torch.compiler.disable``'d, so a compiled block is two graphs (before and after attention) around an
-eager call. That call decides its layout from host ints (documents of a packed micro-batch, which change
-every micro-batch) and runs the SP group's all-to-all; tracing it would specialise the graph on each
-micro-batch's document lengths and recompile every step. What is compiled depends only on the tensors'
-shapes, so with ``dynamic=None`` torch marks the sequence length dynamic after the second length it sees
-and one graph serves every length. (CUDA graphs still record one graph per distinct shape:
-``dcp.loaders.static_shapes`` bounds how many a run meets.)
+``torch.compiler.disable``'d and the reference blocks hand them their ``aux`` whole, so a compiled block is
+two graphs (before and after attention) around an eager call. That call decides its layout from host ints
+(documents of a packed micro-batch, which change every micro-batch) and runs the SP group's all-to-all;
+tracing it, or even reading the lengths in the block, would make torch.compile guard on each micro-batch's
+layout and recompile. What is compiled sees only tensors, so with ``dynamic=None`` torch marks the length
+dynamic after the second one it sees; the graph after attention keeps one more entry for packed rows
+(attention returns a view for one document per row, a new tensor for several). Then no new length or layout
+compiles anything (``tests/unit/test_compiled.py``).
 
 The blocks are the model's ``layers`` (the reference models' profiler protocol), which the profiler and the
 training step both run, so the profile table prices what the run executes. Hugging Face models are refused
