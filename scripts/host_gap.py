@@ -42,6 +42,7 @@ def main() -> None:
     parser.add_argument("--mb-ms", type=float, default=0.0, help="sleep per micro-batch at the forward's end")
     parser.add_argument("--plan-ahead", choices=("thread", "process"), default="thread")
     parser.add_argument("--calls", action="store_true", help="time each runtime call on the micro-batch path")
+    parser.add_argument("--store", choices=("hash", "fake"), default="hash", help="as dcp bench scale --store")
     args = parser.parse_args()
 
     import torch
@@ -56,7 +57,8 @@ def main() -> None:
 
     torch.set_num_threads(1)
     logging.getLogger("dcp").setLevel(logging.WARNING)
-    dist.init_process_group("fake", store=FakeStore(), rank=args.rank, world_size=args.world_size)
+    store = FakeStore() if args.store == "fake" else dist.HashStore()  # as dcp bench scale --store
+    dist.init_process_group("fake", store=store, rank=args.rank, world_size=args.world_size)
     sc = scenario("t1d-5b", "h200")
     config, table = paper_config(sc, "dcp-intra"), paper_table(sc, args.world_size)
     config = config.replace(runtime=dataclasses.replace(config.runtime, prefetch="on"),
