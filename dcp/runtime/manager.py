@@ -40,7 +40,6 @@ from dcp.distributed.device import Span, Stopwatch, module_device, resolve_preci
 from dcp.planner.plan import StepPlan
 from dcp.runtime import checkpoint as ckpt
 from dcp.runtime.context import SPContext
-from dcp.runtime.contracts import COUNT_DTYPES, LOSS_DTYPES, forward_pair
 from dcp.runtime.data import check_dataset, target_counts
 from dcp.runtime.engines import Engine
 from dcp.runtime.exchange import (
@@ -198,11 +197,9 @@ class DCPManager:
         step = self._step
         if step is None:
             return MicroBatchTimer(self._watch, self._timings, self._idle_tally, None, host=not self._watch.cuda)
-        mb = step.pending
-        if mb is None:
-            return MicroBatchTimer(self._watch, self._timings, step.tally, None, host=not self._watch.cuda)
-        r = mb.recompute_layers  # GroupPlan.recompute_of, inlined: this runs per micro-batch
-        key = (mb.seq_group, len(mb.sample_ids), step.group.sp_size, r if r >= 0 else step.group.recompute_layers)
+        mb, group = step.pending, step.group  # (GroupPlan.recompute_of inlined below: this runs per micro-batch)
+        key = (mb.seq_group, len(mb.sample_ids), group.sp_size, mb.recompute_layers if mb.recompute_layers >= 0
+               else group.recompute_layers) if mb is not None else None
         return MicroBatchTimer(self._watch, self._timings, step.tally, key, host=not self._watch.cuda)
 
     # ----- data (paper step 2) -------------------------------------------------------------------
@@ -351,26 +348,8 @@ class DCPManager:
         return self._ctx
 
     def after_forward(self, out: Any) -> torch.Tensor:
-        step = self._loop.step
-        if step is not None and not step.mb_forwards and type(out) is tuple and len(out) == 2:
-            # the usual case, once per micro-batch: the first forward with gradients of the pending micro-batch
-            # returned (a one-element float tensor, an int >= 0 or an integer tensor). forward_pair's fast path and
-            # StepLoop.forward_done, inlined (two calls fewer per micro-batch); the same checks and the same tally
-            loss, count = out
-            if (type(loss) is torch.Tensor and loss.dtype in LOSS_DTYPES and loss.numel() == 1
-                    and ((type(count) is torch.Tensor and count.dtype in COUNT_DTYPES)
-                         or (type(count) is int and count >= 0))
-                    and torch.is_grad_enabled()):
-                step.forwards += 1
-                step.mb_forwards = 1
-                tally = step.tally
-                tally.losses.append(loss.detach())
-                tally.counts.append(count)
-                tally.has_count = True
-                return loss
-        loss, count = forward_pair(out)  # (loss_sum, token_count), or a one-line refusal with the fix
-        self._loop.forward_done(loss, count, idle=self._idle_tally)
-        return loss
+        # (loss_sum, token_count) counted into the step, or a one-line refusal with the fix (StepLoop.forward_out)
+        return self._loop.forward_out(out, idle=self._idle_tally)
 
     def loss_weight(self) -> float:
         step = self._loop.step
