@@ -23,7 +23,8 @@ counts it done (``StepLoop.step_done``, also for a step in which the rank is idl
 last step (the epoch's last agreement check, stopping the prefetch and plan threads) is ``teardown_ms``. The run prefetches
 (``runtime.prefetch = "on"``, ``--prefetch``): the next micro-batch is collated on a background thread while
 the current one trains, as on a GPU job (where ``auto`` turns it on); its collation CPU is reported apart
-(``collate_offthread_ms_per_step``), neither host nor planning time. ``--json``: the last line is
+(``collate_offthread_ms_per_step``, median; ``collate_offthread_ms_total`` over the timed steps), neither host
+nor planning time. ``--json``: the last line is
 ``{"rows": [...]}``, each row with its ``prefetch`` mode.
 
 The device stand-in (``--device-standin``). ``sleep`` (the default, and every figure before it existed):
@@ -404,6 +405,10 @@ def _row(spec: dict[str, Any], census: Any, probe: _Probe, data: _TokenDataset, 
         "startup_collectives": len(startup),
         "collate_ms_per_step": round(statistics.median(1e3 * data.collate_s[t] for t in ticks), 3),
         "collate_offthread_ms_per_step": round(statistics.median(1e3 * data.offthread_cpu_s[t] for t in ticks), 3),
+        # the sum over the timed steps: a step's micro-batches are collated in a burst when the step before hands out
+        # its last one, filed under whichever step is running when the thread gets to them, so the median of a
+        # few steps can be 0 while every micro-batch was collated off the training thread
+        "collate_offthread_ms_total": round(sum(1e3 * data.offthread_cpu_s[t] for t in ticks), 3),
         "plan_cpu_ms_per_step": round(statistics.median(plan_cpu), 3),
         "host_ms_max": round(max(host), 3),
         "host_ms_logged": round(statistics.median(host_logged), 3) if host_logged else None,

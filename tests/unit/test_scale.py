@@ -84,7 +84,9 @@ def test_bench_scale_rows_at_16_ranks(capsys):
         # collated ahead): no second planning pass over the epoch
         assert 1 <= r["planned_before_step0"] <= 2 and r["steps_timed"] >= 2 and r["log_every"] == 2
         # prefetching, as a GPU job does: the timed steps' micro-batches were collated on the prefetch thread
-        assert r["prefetch"] == "on" and r["collate_offthread_ms_per_step"] > 0
+        # (summed over the timed steps: each step's micro-batches are collated in one burst, which may be filed
+        # under the step before, so the median of three steps can be 0)
+        assert r["prefetch"] == "on" and r["collate_offthread_ms_total"] > 0
         assert r["store"] == "hash"  # the fake world's store takes the runtime's phase writes
         # unlogged steps issue no world-wide control collective; a logged one gathers the agreement row
         assert r["world_collectives_unlogged_step"] == 0 and r["world_collectives_logged_step"] >= 1
