@@ -15,7 +15,7 @@ replaced ``scripts/host_segments.py``, which printed the medians alone.)
 
 ``--calls`` also wraps the runtime's calls on the per-micro-batch path (the prefetcher's ``take``, the phase
 board's ``enter``, ``optimize_dynamics``, ``mgr.profile`` and its timer's enter / exit, ``before_forward``,
-``forward_pair``, ``forward_done``) with thread-CPU brackets, and ``take`` with a wall-clock one too (the
+``forward_out``: the forward's check and count, once ``forward_pair`` and ``forward_done``) with thread-CPU brackets, and ``take`` with a wall-clock one too (the
 training thread's wait for the next batch), and prints each call's median and mean over the micro-batches, the
 step's first micro-batch apart (``@first``: its calls run after the step boundary). The wrappers add ~1-2 us
 per call to the segments above.
@@ -42,6 +42,7 @@ def main() -> None:
     parser.add_argument("--mb-ms", type=float, default=0.0, help="sleep per micro-batch at the forward's end")
     parser.add_argument("--plan-ahead", choices=("thread", "process"), default="thread")
     parser.add_argument("--calls", action="store_true", help="time each runtime call on the micro-batch path")
+    parser.add_argument("--store", choices=("hash", "fake"), default="hash", help="as dcp bench scale --store")
     args = parser.parse_args()
 
     import torch
@@ -56,7 +57,8 @@ def main() -> None:
 
     torch.set_num_threads(1)
     logging.getLogger("dcp").setLevel(logging.WARNING)
-    dist.init_process_group("fake", store=FakeStore(), rank=args.rank, world_size=args.world_size)
+    store = FakeStore() if args.store == "fake" else dist.HashStore()  # as dcp bench scale --store
+    dist.init_process_group("fake", store=store, rank=args.rank, world_size=args.world_size)
     sc = scenario("t1d-5b", "h200")
     config, table = paper_config(sc, "dcp-intra"), paper_table(sc, args.world_size)
     config = config.replace(runtime=dataclasses.replace(config.runtime, prefetch="on"),
@@ -172,8 +174,7 @@ def _wrap_calls(mgr: object) -> dict[str, list[int]]:
     for owner, name in ((prefetch.BatchPrefetcher, "take"), (phases.PhaseBoard, "enter"),
                         (manager.DCPManager, "optimize_dynamics"), (manager.DCPManager, "profile"),
                         (profiling.MicroBatchTimer, "__enter__"), (profiling.MicroBatchTimer, "__exit__"),
-                        (manager.DCPManager, "before_forward"), (manager, "forward_pair"),
-                        (loop.StepLoop, "forward_done")):
+                        (manager.DCPManager, "before_forward"), (loop.StepLoop, "forward_out")):
         wrap(owner, name, name)
     return out
 

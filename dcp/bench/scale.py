@@ -1,8 +1,8 @@
 """``dcp bench scale``: the host-side cost of one rank of a W-rank DCP job, measured under a fake process group.
 
 For each world size W and each chosen rank (default 0, W/2, W-1), one subprocess initialises PyTorch's
-fake process group (backend ``fake`` over a ``FakeStore``, as torchtitan's dry runs do: collectives return
-at once and move no data) as rank ``rank`` of W, and runs the real training loop of that rank:
+fake process group (backend ``fake``, as torchtitan's dry runs do: collectives return at once and move no
+data) as rank ``rank`` of W, and runs the real training loop of that rank:
 ``set_manager`` -> ``get_data_iter`` -> ``optimize_dynamics`` -> forward / backward / ``engine.step()``.
 The planner gets the simulator's analytic table for the paper's Transformer-1D 5B on H200 (``dcp.sim``)
 and paper-scale lengths (``--dataset``), so it plans what a real W-GPU job would; the model is tiny (an
@@ -23,7 +23,8 @@ counts it done (``StepLoop.step_done``, also for a step in which the rank is idl
 last step (the epoch's last agreement check, stopping the prefetch and plan threads) is ``teardown_ms``. The run prefetches
 (``runtime.prefetch = "on"``, ``--prefetch``): the next micro-batch is collated on a background thread while
 the current one trains, as on a GPU job (where ``auto`` turns it on); its collation CPU is reported apart
-(``collate_offthread_ms_per_step``), neither host nor planning time. ``--json``: the last line is
+(``collate_offthread_ms_per_step``, median; ``collate_offthread_ms_total`` over the timed steps), neither host
+nor planning time. ``--json``: the last line is
 ``{"rows": [...]}``, each row with its ``prefetch`` mode.
 
 The device stand-in (``--device-standin``). ``sleep`` (the default, and every figure before it existed):
@@ -54,6 +55,14 @@ collective are left in host time: the bench's cost is under-subtracted, never ov
 not corrected. ``train_voluntary_switches_per_step`` / ``train_involuntary_switches_per_step``: the training
 thread's context switches per step (``getrusage(RUSAGE_THREAD)``): voluntary ones are mostly waits for the
 GIL (the plan-ahead and prefetch threads) or a plan, involuntary ones preemptions by other runnable threads.
+
+The store (``--store``). The runtime writes this rank's phase to the job's rendezvous store at each step's first
+micro-batch and at each collective (``dcp.runtime.phases``), and its heartbeat counts up a key there. ``hash``
+(the default) gives the fake world an in-process ``HashStore``, which takes those writes as the job's TCPStore
+does (a real store's write is also a round trip to its server, ~one syscall pair of CPU, not counted here).
+``fake`` is torch's ``FakeStore``, whose every write raises ("Not implemented", a c10 error with its backtrace,
+~15 us hot and ~80-110 us as a step's first call): that exception, which no real store raises, was in every
+figure before the flag existed (the runtime catches it: the board never fails a step).
 """
 
 from __future__ import annotations
@@ -100,6 +109,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="planning.plan_ahead of the run: auto (the config's default: a child process from 512 "
                              "ranks on, a thread below), thread or process; with a process its CPU is not in "
                              "plan_cpu_ms_per_step, which then counts the thread that receives the plans")
+    parser.add_argument("--store", choices=("hash", "fake"), default="hash",
+                        help="the fake world's store: hash (default; takes the runtime's phase writes, as the job's "
+                             "TCPStore does) or fake (torch's FakeStore: every write raises; the figures before this "
+                             "flag); see the module docstring")
     parser.add_argument("--json", action="store_true", help='print a last line {"rows": [...]}')
 
 
@@ -150,7 +163,8 @@ def run(args: argparse.Namespace) -> int:
     for w, r in jobs:
         spec = {"world_size": w, "rank": r, "steps": args.steps, "mb_ms": args.mb_ms, "dataset": args.dataset,
                 "samples_per_rank": args.samples_per_rank, "log_every": args.log_every,
-                "prefetch": args.prefetch, "device_standin": args.device_standin, "plan_ahead": args.plan_ahead}
+                "prefetch": args.prefetch, "device_standin": args.device_standin, "plan_ahead": args.plan_ahead,
+                "store": args.store}
         rows.append(run_worker(spec))
         print(_line(rows[-1]), flush=True) if len(rows) == 1 else print(_line(rows[-1], header=False), flush=True)
     for row in rows:
@@ -266,7 +280,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     logging.getLogger("dcp").setLevel(logging.WARNING)
     w, rank, steps, mb_s = spec["world_size"], spec["rank"], spec["steps"], spec["mb_ms"] / 1e3
     spin = spec.get("device_standin", "sleep") == "spin"
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=w)
+    store = FakeStore() if spec.get("store", "hash") == "fake" else dist.HashStore()  # importing fake_pg registers "fake"
+    dist.init_process_group("fake", store=store, rank=rank, world_size=w)
     sc = scenario("t1d-5b", "h200")
     config, table = paper_config(sc, "dcp-intra"), paper_table(sc, w)
     if spec.get("log_every"):
@@ -390,6 +405,10 @@ def _row(spec: dict[str, Any], census: Any, probe: _Probe, data: _TokenDataset, 
         "startup_collectives": len(startup),
         "collate_ms_per_step": round(statistics.median(1e3 * data.collate_s[t] for t in ticks), 3),
         "collate_offthread_ms_per_step": round(statistics.median(1e3 * data.offthread_cpu_s[t] for t in ticks), 3),
+        # the sum over the timed steps: a step's micro-batches are collated in a burst when the step before hands out
+        # its last one, filed under whichever step is running when the thread gets to them, so the median of a
+        # few steps can be 0 while every micro-batch was collated off the training thread
+        "collate_offthread_ms_total": round(sum(1e3 * data.offthread_cpu_s[t] for t in ticks), 3),
         "plan_cpu_ms_per_step": round(statistics.median(plan_cpu), 3),
         "host_ms_max": round(max(host), 3),
         "host_ms_logged": round(statistics.median(host_logged), 3) if host_logged else None,
@@ -408,6 +427,7 @@ def _row(spec: dict[str, Any], census: Any, probe: _Probe, data: _TokenDataset, 
         "samples": spec["samples_per_rank"] * w * (spec["steps"] + 2), "mb_ms": spec["mb_ms"],
         "device_standin": spec.get("device_standin", "sleep"),
         "log_every": config_log_every, "prefetch": spec.get("prefetch", "on"), "plan_ahead": config_plan_ahead,
+        "store": spec.get("store", "hash"),
     }
 
 

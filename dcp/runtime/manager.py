@@ -40,7 +40,6 @@ from dcp.distributed.device import Span, Stopwatch, module_device, resolve_preci
 from dcp.planner.plan import StepPlan
 from dcp.runtime import checkpoint as ckpt
 from dcp.runtime.context import SPContext
-from dcp.runtime.contracts import forward_pair
 from dcp.runtime.data import check_dataset, target_counts
 from dcp.runtime.engines import Engine
 from dcp.runtime.exchange import (
@@ -198,8 +197,9 @@ class DCPManager:
         step = self._step
         if step is None:
             return MicroBatchTimer(self._watch, self._timings, self._idle_tally, None, host=not self._watch.cuda)
-        mb, group = step.pending, step.group
-        key = (mb.seq_group, len(mb.sample_ids), group.sp_size, group.recompute_of(mb)) if mb is not None else None
+        mb, group = step.pending, step.group  # (GroupPlan.recompute_of inlined below: this runs per micro-batch)
+        key = (mb.seq_group, len(mb.sample_ids), group.sp_size, mb.recompute_layers if mb.recompute_layers >= 0
+               else group.recompute_layers) if mb is not None else None
         return MicroBatchTimer(self._watch, self._timings, step.tally, key, host=not self._watch.cuda)
 
     # ----- data (paper step 2) -------------------------------------------------------------------
@@ -348,9 +348,8 @@ class DCPManager:
         return self._ctx
 
     def after_forward(self, out: Any) -> torch.Tensor:
-        loss, count = forward_pair(out)  # (loss_sum, token_count), or a one-line refusal with the fix
-        self._loop.forward_done(loss, count, idle=self._idle_tally)
-        return loss
+        # (loss_sum, token_count) counted into the step, or a one-line refusal with the fix (StepLoop.forward_out)
+        return self._loop.forward_out(out, idle=self._idle_tally)
 
     def loss_weight(self) -> float:
         step = self._loop.step

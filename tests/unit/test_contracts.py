@@ -132,7 +132,7 @@ def test_a_sweep_beyond_the_local_launchers_process_limit_is_refused():
     assert dataclasses.replace(spec).world_sizes == (100000,)
 
 
-@pytest.mark.parametrize("out", [
+FORWARD_OUTS = [
     (torch.tensor(2.0), 3), (torch.tensor([2.0], dtype=torch.bfloat16), torch.tensor(3)),
     (torch.tensor(2.0, dtype=torch.float64), torch.tensor([1, 2], dtype=torch.int32)), [torch.tensor(2.0), 3],
     (torch.nn.Parameter(torch.tensor(2.0)), 3), (torch.tensor(2.0), torch.tensor(3, dtype=torch.uint8)),
@@ -140,7 +140,11 @@ def test_a_sweep_beyond_the_local_launchers_process_limit_is_refused():
     (torch.tensor(2.0), -1), (torch.tensor(2.0), True), (torch.tensor(2.0), 3.0),
     (torch.tensor(2.0), torch.tensor(3.0)), (torch.tensor(2.0), torch.tensor(True)),
     (torch.tensor(2.0, dtype=torch.complex64), 3), (torch.tensor(2.0), torch.tensor(1j)),
-])
+]
+"""A forward's outputs: the usual pairs, other accepted ones, and refused ones."""
+
+
+@pytest.mark.parametrize("out", FORWARD_OUTS)
 def test_forward_pair_fast_path_agrees_with_the_full_check(out):
     """forward_pair's fast path accepts only what check_forward_output accepts, and refuses with its message."""
     from dcp.runtime.contracts import forward_pair
@@ -154,3 +158,55 @@ def test_forward_pair_fast_path_agrees_with_the_full_check(out):
         return
     got = forward_pair(out)
     assert got[0] is want[0] and got[1] is want[1]
+
+
+def _loop_in_a_step():
+    from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
+    from dcp.runtime.loop import StepLoop
+    from dcp.runtime.step import OpenStep, StepTally
+
+    mbs = (MicroBatch(sample_ids=(0,), seq_lens=(8,), seq_group=0), MicroBatch(sample_ids=(1,), seq_lens=(8,), seq_group=0))
+    plan = StepPlan(epoch=0, step=0, world_size=1, method="dcp-intra",
+                    groups=(GroupPlan(first_rank=0, sp_size=1, recompute_layers=0, micro_batches=mbs),))
+    loop = StepLoop.__new__(StepLoop)  # forward_out reads only the open step
+    loop.step = OpenStep(plan=plan, group=plan.groups[0], n_step=14, global_step=1, t0=0.0, tally=StepTally.zeros("cpu"))
+    loop.step.mb_index, loop.step.pending = 0, mbs[0]
+    return loop
+
+
+@pytest.mark.parametrize("out", FORWARD_OUTS)
+def test_the_loops_inline_forward_count_agrees_with_forward_pair_and_forward_done(out):
+    """StepLoop.forward_out (the usual pair counted inline, once per micro-batch) accepts what check_forward_output
+    accepts, refuses with its message, and leaves the step's tally as forward_pair + forward_done do."""
+    from dcp.runtime.contracts import forward_pair
+    from dcp.runtime.step import StepTally
+
+    fast, slow = _loop_in_a_step(), _loop_in_a_step()
+    try:
+        loss, count = forward_pair(out)
+    except ForwardContractError as exc:
+        with pytest.raises(ForwardContractError) as got:
+            fast.forward_out(out, idle=StepTally.zeros("cpu"))
+        assert str(got.value) == str(exc) and fast.step.forwards == 0
+        return
+    slow.forward_done(loss, count, idle=StepTally.zeros("cpu"))
+    assert fast.forward_out(out, idle=StepTally.zeros("cpu")) is loss
+    a, b = fast.step, slow.step
+    assert (a.forwards, a.mb_forwards, a.tally.has_count) == (b.forwards, b.mb_forwards, b.tally.has_count) == (1, 1, True)
+    assert a.tally.counts == b.tally.counts and len(a.tally.losses) == len(b.tally.losses) == 1
+    assert torch.equal(a.tally.losses[0], b.tally.losses[0]) and not a.tally.losses[0].requires_grad
+
+
+def test_the_loops_inline_forward_count_leaves_no_grad_and_second_forwards_to_the_full_path():
+    from dcp.runtime.step import ManagerError, StepTally
+
+    loop, idle = _loop_in_a_step(), StepTally.zeros("cpu")
+    with torch.no_grad():
+        loop.forward_out((torch.tensor(1.0), 2), idle=idle)  # a logging forward: not counted
+    assert loop.step.forwards == 0 and not loop.step.tally.losses
+    loop.forward_out((torch.tensor(1.0), 2), idle=idle)
+    with pytest.raises(ManagerError, match="ran its forward twice with gradients"):
+        loop.forward_out((torch.tensor(1.0), 2), idle=idle)
+    loop.step = None  # outside any step: into the idle tally
+    loop.forward_out((torch.tensor(5.0), 4), idle=idle)
+    assert float(idle.loss) == 5.0 and int(idle.count) == 4

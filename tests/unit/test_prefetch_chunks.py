@@ -46,17 +46,19 @@ class _CountingQueue:
         self.inner.put(item)
 
 
-def test_wanted_micro_batches_are_collated_ahead_in_chunks_in_order():
-    data = _Recording(LENGTHS, vocab_size=16)
-    ids = [(i,) for i in range(len(LENGTHS))]
-    fetch = BatchPrefetcher(data, torch.device("cpu"), enabled=True)
+@pytest.mark.parametrize(("depth", "refill_at"), [(PREFETCH_DEPTH, REFILL_AT), (6, 2)])
+def test_wanted_micro_batches_are_collated_ahead_in_chunks_in_order(depth, refill_at):
+    lengths = LENGTHS * 5  # 100 micro-batches: several chunks of the default depth too
+    data = _Recording(lengths, vocab_size=16)
+    ids = [(i,) for i in range(len(lengths))]
+    fetch = BatchPrefetcher(data, torch.device("cpu"), enabled=True, depth=depth, refill_at=refill_at)
     counting = fetch._requests = _CountingQueue(fetch._requests)
     try:
         first = fetch.take(ids[0])  # the first one on the calling thread, then the rest ahead
         fetch.want(ids[1:])
         got = [first]
         for k in ids[1:]:
-            assert len(fetch._inflight) <= PREFETCH_DEPTH
+            assert len(fetch._inflight) <= depth
             got.append(fetch.take(k))
     finally:
         fetch.close()
@@ -65,10 +67,10 @@ def test_wanted_micro_batches_are_collated_ahead_in_chunks_in_order():
     for a, b in zip(got, want, strict=True):
         assert torch.equal(a.inputs, b.inputs) and torch.equal(a.targets, b.targets)
     assert fetch.prefetched == len(ids) - 1
-    # the worker was woken once per chunk: the first of up to PREFETCH_DEPTH, then PREFETCH_DEPTH - REFILL_AT
+    # the worker was woken once per chunk: the first of up to depth, then depth - refill_at
     sizes = [len(c) for c in counting.chunks]
-    assert sizes[0] == PREFETCH_DEPTH and sum(sizes) == len(ids) - 1
-    assert all(s == PREFETCH_DEPTH - REFILL_AT for s in sizes[1:-1]) and len(sizes) < len(ids) - 1
+    assert sizes[0] == depth and sum(sizes) == len(ids) - 1
+    assert all(s == depth - refill_at for s in sizes[1:-1]) and len(sizes) == 1 + -(-(len(ids) - 1 - depth) // (depth - refill_at))
     assert [k for c in counting.chunks for k in c] == ids[1:]
     assert data.threads[0] == threading.current_thread().name
     assert set(data.threads[1 : len(ids)]) == {"dcp-collate"}
@@ -100,3 +102,5 @@ def test_close_stops_a_chunk_in_flight_and_the_depth_is_checked():
     assert not worker.is_alive() and not fetch.enabled and not fetch._inflight
     with pytest.raises(ValueError, match=r"depth \(0\) must be >= 1"):
         BatchPrefetcher(data, torch.device("cpu"), enabled=True, depth=0)
+    with pytest.raises(ValueError, match=r"refill_at \(-1\) must be >= 0"):
+        BatchPrefetcher(data, torch.device("cpu"), enabled=True, refill_at=-1)
