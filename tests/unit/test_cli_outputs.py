@@ -168,3 +168,27 @@ def test_a_missing_subcommand_is_one_line_listing_them(capsys, argv, head, names
     parser = dict(_subparsers(build_parser())).get(" ".join(["dcp", *argv]), build_parser())
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     assert listed == list(sub.choices)  # every subcommand, in --help's order
+
+
+def test_profile_compiles_the_layers_when_the_config_says_so(tmp_path, monkeypatch, capsys):
+    """`dcp profile` prices what the run executes: with runtime.compile set it compiles the blocks before
+    profiling, and the table is cached under a key holding the mode."""
+
+    from dcp.runtime import compiled
+
+    seen = []
+    real = compiled.compile_layers
+
+    def aot_eager(model, mode, *, backend="inductor"):  # no code generation in a unit test
+        seen.append(mode)
+        return real(model, mode, backend="aot_eager")
+
+    monkeypatch.setattr(compiled, "compile_layers", aot_eager)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "quick.toml").write_text(
+        "[profiling]\nseq_group_edges = [32]\nmax_micro_batch_size = 1\nwarmup_iters = 0\nmeasure_iters = 1\n"
+        '[runtime]\ncompile = "default"\n')
+    assert main(["profile", "--model", "t1d-tiny", "--config", "quick.toml", "--quiet"]) == 0
+    assert seen == ["default"]
+    path = [ln.split("table: ", 1)[1] for ln in capsys.readouterr().out.splitlines() if ln.startswith("table: ")]
+    assert '"compile": "default"' in (tmp_path / path[0]).read_text()  # the stored cache key
