@@ -61,4 +61,3 @@ def sinusoid(positions: torch.Tensor, dim: int) -> torch.Tensor:
     angles = positions.to(torch.float32)[:, None] * freqs[None, :]
     emb = torch.cat((angles.sin(), angles.cos()), dim=-1)
     return F.pad(emb, (0, dim - 2 * half))
-
