@@ -15,7 +15,7 @@ replaced ``scripts/host_segments.py``, which printed the medians alone.)
 
 ``--calls`` also wraps the runtime's calls on the per-micro-batch path (the prefetcher's ``take``, the phase
 board's ``enter``, ``optimize_dynamics``, ``mgr.profile`` and its timer's enter / exit, ``before_forward``,
-``forward_out``: the forward's check and count, once ``forward_pair`` and ``forward_done``) with thread-CPU brackets, and ``take`` with a wall-clock one too (the
+``forward_out``: the forward's check and count) with thread-CPU brackets, and ``take`` with a wall-clock one too (the
 training thread's wait for the next batch), and prints each call's median and mean over the micro-batches, the
 step's first micro-batch apart (``@first``: its calls run after the step boundary). The wrappers add ~1-2 us
 per call to the segments above.

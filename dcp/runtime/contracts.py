@@ -61,11 +61,8 @@ def check_forward_output(out: Any, *, where: str = "forward_fn") -> tuple[torch.
     return loss, count
 
 
-LOSS_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
-"""Dtypes of a loss_sum that the fast paths accept (forward_pair, DCPManager.after_forward); others take the
-full check."""
-COUNT_DTYPES = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
-"""Dtypes of a token-count tensor that the fast paths accept."""
+_FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+_INTS = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
 
 
 def forward_pair(out: Any) -> tuple[torch.Tensor, Any]:
@@ -75,7 +72,7 @@ def forward_pair(out: Any) -> tuple[torch.Tensor, Any]:
     same verdicts and messages)."""
     if type(out) is tuple and len(out) == 2:
         loss, count = out
-        if (type(loss) is torch.Tensor and loss.dtype in LOSS_DTYPES and loss.numel() == 1
-                and ((type(count) is torch.Tensor and count.dtype in COUNT_DTYPES) or (type(count) is int and count >= 0))):
+        if (type(loss) is torch.Tensor and loss.dtype in _FLOATS and loss.numel() == 1
+                and ((type(count) is torch.Tensor and count.dtype in _INTS) or (type(count) is int and count >= 0))):
             return loss, count
     return check_forward_output(out)

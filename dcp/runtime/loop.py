@@ -21,7 +21,7 @@ import torch
 from dcp.config import DCPConfig
 from dcp.distributed.device import Span
 from dcp.planner.plan import StepPlan
-from dcp.runtime.contracts import COUNT_DTYPES, LOSS_DTYPES, forward_pair
+from dcp.runtime.contracts import forward_pair
 from dcp.runtime.exchange import AgreementExchange, PlanMismatchError
 from dcp.runtime.log import StepStats
 from dcp.runtime.phases import PhaseBoard
@@ -195,32 +195,11 @@ class StepLoop:
             self.step_stats.append(self.exchange.step_stats(done, table, self.target_counts))
 
     def forward_out(self, out: Any, *, idle: StepTally) -> torch.Tensor:
-        """A forward returned ``out``: its (loss_sum, token_count) checked (``forward_pair``: a one-line refusal
-        with the fix) and counted (``forward_done``); returns the loss. The usual case, once per micro-batch (the
-        first forward with gradients of the pending micro-batch, returning a one-element float tensor and an int
-        >= 0 or an integer tensor), runs inline: forward_pair's fast path and forward_done's count, the same
-        checks and the same tally, without their two calls."""
-        step = self.step
-        if step is not None and not step.mb_forwards and type(out) is tuple and len(out) == 2:
-            loss, count = out
-            if (type(loss) is torch.Tensor and loss.dtype in LOSS_DTYPES and loss.numel() == 1
-                    and ((type(count) is torch.Tensor and count.dtype in COUNT_DTYPES)
-                         or (type(count) is int and count >= 0))
-                    and torch.is_grad_enabled()):
-                step.forwards += 1
-                step.mb_forwards = 1
-                tally = step.tally
-                tally.losses.append(loss.detach())
-                tally.counts.append(count)
-                tally.has_count = True
-                return loss
+        """A forward returned ``out``: its (loss_sum, token_count) checked (``forward_pair``: its fast path for the
+        usual pair, else the full check and a one-line refusal with the fix) and counted into the step (one
+        forward with gradients per micro-batch; a no-grad forward, e.g. for logging, is not counted), outside
+        any step into ``idle``; returns the loss."""
         loss, count = forward_pair(out)
-        self.forward_done(loss, count, idle=idle)
-        return loss
-
-    def forward_done(self, loss: torch.Tensor, count: Any, *, idle: StepTally) -> None:
-        """A forward ran on the pending micro-batch: counted into the step (one with gradients per micro-batch;
-        a no-grad forward, e.g. for logging, is not counted); outside any step into ``idle``."""
         step = self.step
         if step is None:
             idle.add(loss, count)
@@ -234,6 +213,7 @@ class StepLoop:
             if count is not None:
                 tally.counts.append(count)
                 tally.has_count = True
+        return loss
 
     def step_done(self, sync: Span | float) -> None:
         """The open step's gradient sync + update ran: close it and count it."""

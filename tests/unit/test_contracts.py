@@ -175,26 +175,24 @@ def _loop_in_a_step():
 
 
 @pytest.mark.parametrize("out", FORWARD_OUTS)
-def test_the_loops_inline_forward_count_agrees_with_forward_pair_and_forward_done(out):
-    """StepLoop.forward_out (the usual pair counted inline, once per micro-batch) accepts what check_forward_output
-    accepts, refuses with its message, and leaves the step's tally as forward_pair + forward_done do."""
-    from dcp.runtime.contracts import forward_pair
+def test_the_loops_forward_count_agrees_with_the_full_check(out):
+    """StepLoop.forward_out (once per micro-batch) accepts what check_forward_output accepts, refuses with its
+    message, and counts an accepted pair into the step's tally: one forward, its loss detached, its count."""
     from dcp.runtime.step import StepTally
 
-    fast, slow = _loop_in_a_step(), _loop_in_a_step()
+    loop = _loop_in_a_step()
     try:
-        loss, count = forward_pair(out)
+        want_loss, want_count = check_forward_output(out)
     except ForwardContractError as exc:
         with pytest.raises(ForwardContractError) as got:
-            fast.forward_out(out, idle=StepTally.zeros("cpu"))
-        assert str(got.value) == str(exc) and fast.step.forwards == 0
+            loop.forward_out(out, idle=StepTally.zeros("cpu"))
+        assert str(got.value) == str(exc) and loop.step.forwards == 0
         return
-    slow.forward_done(loss, count, idle=StepTally.zeros("cpu"))
-    assert fast.forward_out(out, idle=StepTally.zeros("cpu")) is loss
-    a, b = fast.step, slow.step
-    assert (a.forwards, a.mb_forwards, a.tally.has_count) == (b.forwards, b.mb_forwards, b.tally.has_count) == (1, 1, True)
-    assert a.tally.counts == b.tally.counts and len(a.tally.losses) == len(b.tally.losses) == 1
-    assert torch.equal(a.tally.losses[0], b.tally.losses[0]) and not a.tally.losses[0].requires_grad
+    assert loop.forward_out(out, idle=StepTally.zeros("cpu")) is want_loss
+    a = loop.step
+    assert (a.forwards, a.mb_forwards, a.tally.has_count) == (1, 1, True)
+    assert a.tally.counts == [want_count] and len(a.tally.losses) == 1
+    assert torch.equal(a.tally.losses[0], want_loss.detach()) and not a.tally.losses[0].requires_grad
 
 
 def test_the_loops_inline_forward_count_leaves_no_grad_and_second_forwards_to_the_full_path():
