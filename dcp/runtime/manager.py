@@ -197,9 +197,8 @@ class DCPManager:
         step = self._step
         if step is None:
             return MicroBatchTimer(self._watch, self._timings, self._idle_tally, None, host=not self._watch.cuda)
-        mb, group = step.pending, step.group  # (GroupPlan.recompute_of inlined below: this runs per micro-batch)
-        key = (mb.seq_group, len(mb.sample_ids), group.sp_size, mb.recompute_layers if mb.recompute_layers >= 0
-               else group.recompute_layers) if mb is not None else None
+        mb, group = step.pending, step.group
+        key = (mb.seq_group, len(mb.sample_ids), group.sp_size, group.recompute_of(mb)) if mb is not None else None
         return MicroBatchTimer(self._watch, self._timings, step.tally, key, host=not self._watch.cuda)
 
     # ----- data (paper step 2) -------------------------------------------------------------------
