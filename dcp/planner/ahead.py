@@ -189,13 +189,16 @@ _CHILD = "import sys; sys.path.insert(0, sys.argv[1]); from dcp.planner.serve im
 class RemotePlans:
     """The StepPlans of ``EpochPlanner(**planner_kwargs)``, computed by a child process
     (``dcp.planner.serve``) that holds its own GIL; wrap it in ``PlanAhead`` (whose thread only reads and
-    unpickles, ~1-2 ms per plan at 4096 ranks). The same plans in the same order as the EpochPlanner in this
-    process (tested). The child imports this process's ``dcp`` and writes its messages to a pipe of their
+    unpickles: ~1-30 ms per plan at 4096 ranks, ~1-10 MB of arrays each). The same plans in the same order as
+    the EpochPlanner in this process (tested). ``prepare`` (picklable; e.g. the runtime's
+    ``dcp.runtime.stepview.StepViews``) is sent to the child and applied there to each plan, in order: what
+    ``next()`` returns is its result, and an exception it raises is re-raised by the ``next()`` that would
+    have returned that plan, as on PlanAhead's thread. The child imports this process's ``dcp`` and writes its messages to a pipe of their
     own (never stdout, where a stray print would corrupt them). A planner error is re-raised here;
     ``terminate()`` (also on garbage collection, and by ``PlanAhead.close()``) ends the child.
     """
 
-    def __init__(self, planner_kwargs: dict[str, Any]) -> None:
+    def __init__(self, planner_kwargs: dict[str, Any], prepare: Callable[[Any], Any] | None = None) -> None:
         import dcp
 
         root = os.path.dirname(os.path.dirname(os.path.abspath(dcp.__file__)))
@@ -209,7 +212,7 @@ class RemotePlans:
         finally:
             os.close(write_fd)  # the child holds it now: reading ends when the child does
         self._messages = os.fdopen(read_fd, "rb")
-        self._kwargs: dict[str, Any] | None = planner_kwargs
+        self._kwargs: tuple[dict[str, Any], Callable[[Any], Any] | None] | None = (planner_kwargs, prepare)
         self._closed = self._ended = False
 
     def __iter__(self) -> RemotePlans:
@@ -270,9 +273,10 @@ def planned_ahead(planner_kwargs: dict[str, Any], where: str = "thread", depth: 
                   prepare: Callable[[Any], Any] | None = None) -> PlanAhead:
     """The plans of ``EpochPlanner(**planner_kwargs)``, computed ``depth`` steps ahead on a background thread
     (``where = "thread"``) or in a child process that the thread reads (``"process"``, ``RemotePlans``):
-    ``planning.plan_ahead``. The same plans either way; ``prepare`` (see PlanAhead) runs on the thread."""
+    ``planning.plan_ahead``. The same plans either way; ``prepare`` (see PlanAhead) runs on the thread, or in
+    the child process (it must pickle then): the training process only reads its results."""
     if where == "process":
-        return PlanAhead(RemotePlans(planner_kwargs), depth, prepare)
+        return PlanAhead(RemotePlans(planner_kwargs, prepare), depth)
     from dcp.planner.assemble import EpochPlanner
 
     return PlanAhead(EpochPlanner(**planner_kwargs), depth, prepare)

@@ -1,8 +1,10 @@
 """A planner in its own process: ``main(fd)`` plans one epoch and streams its StepPlans to file descriptor fd.
 
 The parent (``dcp.planner.ahead.RemotePlans``) starts ``python -P -c ...`` (its own ``dcp`` first on the
-path), writes one message, the EpochPlanner's arguments, to the child's stdin; the child writes
-``("plan", StepPlan)`` per step, then ``("end", None)``, or ``("error", exception)``, to a pipe of their own
+path), writes one message, the EpochPlanner's arguments and a ``prepare`` callable or None, to the child's
+stdin; the child writes ``("plan", StepPlan)`` per step (``prepare(plan)`` when given: the runtime's per-rank
+view of the step, made here rather than on a thread of the training process, whose GIL it would hold), then
+``("end", None)``, or ``("error", exception)``, to a pipe of their own
 (not stdout: a print anywhere, even at interpreter start, must not corrupt them). A message is an 8-byte
 little-endian length and a pickle. A full pipe blocks the child: the parent's reading pace bounds how far it
 plans ahead. The child holds its own GIL, so a training loop busy in Python no longer starves the planning
@@ -54,11 +56,11 @@ def main(fd: int) -> int:
 
     inp, out = sys.stdin.buffer, os.fdopen(fd, "wb")
     try:
-        kwargs = receive(inp)
+        kwargs, prepare = receive(inp)
         from dcp.planner.assemble import EpochPlanner
 
         for plan in EpochPlanner(**kwargs):
-            send(out, ("plan", plan))
+            send(out, ("plan", plan if prepare is None else prepare(plan)))
         send(out, ("end", None))
     except (BrokenPipeError, EOFError):
         return 0  # the parent closed: nothing to report to

@@ -24,6 +24,7 @@ from dcp.runtime.data import (
 from dcp.runtime.engines import EngineError, build_engine, deepspeed_config
 from dcp.runtime.log import StepStats
 from dcp.runtime.manager import ManagerError
+from dcp.runtime.stepview import StepViews
 from dcp.runtime.weighting import WeightingError, check_step_count, micro_batch_weight, step_normaliser
 
 
@@ -215,12 +216,13 @@ def test_manager_plans_in_a_child_process_when_asked(monkeypatch):
     from dcp.config import DCPConfig, PlanningConfig, ProfilingConfig
     from dcp.planner import CPU_SMALL, ahead, analytic_table, plan_epoch
 
-    children = []
+    children, prepared = [], []
 
     class Spy(ahead.RemotePlans):
-        def __init__(self, kwargs):
-            super().__init__(kwargs)
+        def __init__(self, kwargs, prepare=None):
+            super().__init__(kwargs, prepare)
             children.append(self._proc)
+            prepared.append(prepare)
 
     monkeypatch.setattr(ahead, "RemotePlans", Spy)
 
@@ -242,6 +244,7 @@ def test_manager_plans_in_a_child_process_when_asked(monkeypatch):
             mgr.engine.backward(loss)
             mgr.engine.step()
     assert children and all(c.poll() == 0 for c in children)  # planned in child processes, which ended
+    assert prepared and all(isinstance(p, StepViews) for p in prepared)  # the per-rank views made there too
     assert ran and ran == plan_epoch(data.lengths(), table, cfg, 1)
     assert sorted(i for p in ran for i in p.sample_ids) == list(range(8))
     # an epoch left early (max_steps) ends its planner process too
