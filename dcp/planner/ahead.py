@@ -203,6 +203,7 @@ class RemotePlans:
 
         root = os.path.dirname(os.path.dirname(os.path.abspath(dcp.__file__)))
         read_fd, write_fd = os.pipe()
+        _widen(read_fd)
         try:
             self._proc = subprocess.Popen([sys.executable, "-P", "-c", _CHILD, root, str(write_fd)],
                                           stdin=subprocess.PIPE, pass_fds=(write_fd,))
@@ -267,6 +268,21 @@ class RemotePlans:
 
     def __del__(self) -> None:
         self.terminate()
+
+
+PIPE_BYTES = 1 << 20
+"""The plans' pipe capacity asked of Linux (its default is 64 KiB, and /proc/sys/fs/pipe-max-size, 1 MiB by
+default, caps it): a plan of 4096 ranks is 1-10 MB, and each 64 KiB the child writes wakes the reading thread,
+which takes this process's GIL for each read."""
+
+
+def _widen(fd: int) -> None:
+    try:
+        import fcntl
+
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+    except (ImportError, AttributeError, OSError):
+        pass  # not Linux, or a lower pipe-max-size: the default capacity only costs more wake-ups
 
 
 def planned_ahead(planner_kwargs: dict[str, Any], where: str = "thread", depth: int = DEFAULT_DEPTH,
