@@ -206,8 +206,9 @@ class DCPManager:
         """The StepPlans of ``epoch`` over sample ids ``ids`` (None: all; deterministic: the same on every rank
         and on every replay); a custom plan source takes no ids (it cannot re-plan a resumed epoch's rest).
         ``per_rank``: each as this rank's ``RankStep`` (dcp.runtime.stepview: its group, digest, N_step, samples),
-        prepared on the plan-ahead thread as it is made, so that the training thread does no O(world size) work
-        per step (what get_data_iter runs; a custom source's plans are prepared by the step loop)."""
+        prepared as it is made (on the plan-ahead thread, or in the planner's child process), so that the training
+        thread does no O(world size) work per step (what get_data_iter runs; a custom source's plans are prepared
+        by the step loop)."""
         if self._plans is not None:
             return iter(self._plans(epoch)) if ids is None or len(ids) == len(self.lengths) else _no_replan(epoch)
         if self.table is None:
