@@ -212,3 +212,35 @@ def test_harness_calibration_runs_the_probes_calls_on_the_managers_clock():
     assert per_mb > 0 and per_step > 0
     # per round and micro-batch: mark (1), the count (1), the forward's bracket (1), two timed calls (3 each)
     assert Mgr.reads >= scale_probe.CALIBRATION_ROUNDS * scale_probe.CALIBRATION_CALLS * 9
+
+
+def _scale_ab(*args: str) -> subprocess.CompletedProcess:
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    return subprocess.run([sys.executable, str(root / "scripts" / "scale_ab.py"), *args], capture_output=True,
+                          text=True, timeout=300, cwd=root)
+
+
+def test_scale_ab_runs_two_trees_interleaved_and_summarises():
+    """scripts/scale_ab.py (how issue 23's host figures are compared): A then B per pair, one line per run, and
+    each key's medians with the pairs in which B was lower."""
+    out = _scale_ab(".", ".", "--pairs", "1", "--keys", "host_ms_per_step,micro_batches_per_step", "--",
+                    "--world-sizes", "8", "--ranks", "0", "--steps", "3", "--mb-ms", "0", "--samples-per-rank", "4")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert [line.split()[:3] for line in lines[:2]] == [["pair", "1", "A"], ["pair", "1", "B"]]
+    assert lines[2].startswith("host_ms_per_step: A median ") and lines[2].endswith("pairs")
+    assert lines[3].startswith("micro_batches_per_step: A median ")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("/nonexistent", "."), "/nonexistent holds no dcp/cli.py"),
+    ((".", ".", "--pairs", "0"), "--pairs (0) must be >= 1"),
+    ((".", ".", "--pairs", "1", "--keys", "no_such_key", "--", "--world-sizes", "8", "--ranks", "0", "--steps", "2",
+      "--mb-ms", "0", "--samples-per-rank", "2"), "bench rows have no ['no_such_key']"),
+    ((".", ".", "--pairs", "1", "--", "--world-sizes", "eight"), "dcp bench scale failed in . (exit 2)"),
+])
+def test_scale_ab_refuses_bad_input_with_one_line(args, needle):
+    out = _scale_ab(*args)
+    assert out.returncode != 0 and needle in out.stderr
