@@ -63,7 +63,7 @@ def main() -> None:
     for k in keys:
         a, b = ([r[k] for r in got[n]] for n in ("A", "B"))
         lower = sum(y < x for x, y in zip(a, b, strict=True))
-        print(f"{k}: A median {statistics.median(a)} [{min(a)}-{max(a)}], B median {statistics.median(b)} "
+        print(f"{k}: A median {statistics.median(a):.4g} [{min(a)}-{max(a)}], B median {statistics.median(b):.4g} "
               f"[{min(b)}-{max(b)}]; B lower in {lower}/{len(a)} pairs")
 
 
