@@ -193,9 +193,9 @@ class RemotePlans:
     the EpochPlanner in this process (tested). ``prepare`` (picklable; e.g. the runtime's
     ``dcp.runtime.stepview.StepViews``) is sent to the child and applied there to each plan, in order: what
     ``next()`` returns is its result, and an exception it raises is re-raised by the ``next()`` that would
-    have returned that plan, as on PlanAhead's thread. The child imports this process's ``dcp`` and writes its messages to a pipe of their
-    own (never stdout, where a stray print would corrupt them). A planner error is re-raised here;
-    ``terminate()`` (also on garbage collection, and by ``PlanAhead.close()``) ends the child.
+    have returned that plan, as on PlanAhead's thread. The child imports this process's ``dcp`` and writes its
+    messages to a pipe of their own (never stdout, where a stray print would corrupt them). A planner error is
+    re-raised here; ``terminate()`` (also on garbage collection, and by ``PlanAhead.close()``) ends the child.
     """
 
     def __init__(self, planner_kwargs: dict[str, Any], prepare: Callable[[Any], Any] | None = None) -> None:

@@ -4,8 +4,8 @@ The parent (``dcp.planner.ahead.RemotePlans``) starts ``python -P -c ...`` (its 
 path), writes one message, the EpochPlanner's arguments and a ``prepare`` callable or None, to the child's
 stdin; the child writes ``("plan", StepPlan)`` per step (``prepare(plan)`` when given: the runtime's per-rank
 view of the step, made here rather than on a thread of the training process, whose GIL it would hold), then
-``("end", None)``, or ``("error", exception)``, to a pipe of their own
-(not stdout: a print anywhere, even at interpreter start, must not corrupt them). A message is an 8-byte
+``("end", None)``, or ``("error", exception)``, to a pipe of their own (not stdout: a print anywhere, even at
+interpreter start, must not corrupt them). A message is an 8-byte
 little-endian length and a pickle. A full pipe blocks the child: the parent's reading pace bounds how far it
 plans ahead. The child holds its own GIL, so a training loop busy in Python no longer starves the planning
 (a thread got ~10% of the GIL there).

@@ -8,8 +8,7 @@ dataset's. Each of those reads the whole global plan: O(W) work per step. ``Step
 rank as each plan is made, on the plan-ahead thread (``dcp.planner.ahead.PlanAhead(prepare=...)``) or, with
 ``planning.plan_ahead = "process"``, in the planner's child process (a ``StepViews`` pickles; at 4096 ranks its
 5-40 ms a step would otherwise hold the training process's GIL), so the training thread does O(its own
-micro-batches) per step. ``RankStep`` is the result: a value the step loop
-(``dcp.runtime.loop``) reads.
+micro-batches) per step. ``RankStep`` is the result: a value the step loop (``dcp.runtime.loop``) reads.
 
 ``StepViews`` also checks, plan by plan, that no sample is planned twice in the epoch's plan segment (the
 samples of earlier steps, and those the segment started with, are not planned again): the check that
