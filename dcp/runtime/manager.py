@@ -222,11 +222,8 @@ class DCPManager:
                       world_size=self.world_size, shapes=[self.shapes[i] for i in ids] if self.shapes else None)
         if not per_rank:
             return remapped(planned_ahead(kwargs, self.config.planning.plan_ahead_at(self.world_size)), ids)
-        # over the whole dataset (a fresh epoch) the plans' ids are the dataset's: no remap of every plan (at 4096
-        # ranks 3-23 ms a step of the plan-ahead thread's CPU, which holds this process's GIL meanwhile)
-        whole = len(ids) == len(self.lengths) and bool((ids == np.arange(len(ids))).all())
         views = StepViews(rank=self.rank, world_size=self.world_size, target_counts=self._target_counts_np,
-                          loss_weighting=self.config.runtime.loss_weighting, ids=None if whole else ids)
+                          loss_weighting=self.config.runtime.loss_weighting, ids=ids)
         where = self.config.planning.plan_ahead_at(self.world_size)
         return PlanFeed(planned_ahead(kwargs, where, prepare=views))  # freed off-thread
 

@@ -66,6 +66,10 @@ class StepViews:
         self.rank, self.world_size, self.loss_weighting = rank, world_size, loss_weighting
         self.target_counts = np.asarray(target_counts, dtype=np.int64)
         self.ids = None if ids is None else np.asarray(ids, dtype=np.int64)
+        if self.ids is not None and done is None and _identity(self.ids, len(self.target_counts)):
+            # the whole dataset in order (a fresh epoch): the plans' ids are the dataset's, so none is remapped (at
+            # 4096 ranks a remap cost 3-23 ms a step of the thread that prepares the plans)
+            self.ids = None
         if self.ids is not None:
             self._seen = np.zeros(len(self.ids), dtype=bool)  # in the sub-dataset's ids: none planned yet
         else:
@@ -95,6 +99,10 @@ class StepViews:
             again = [int(self.ids[i]) for i in again]  # ascending ids map to ascending dataset ids
         raise PositionError(f"epoch {plan.epoch} step {plan.step} plans samples {again} a second time in this "
                             "epoch: this is a bug in the plan source; report it with the plan")
+
+
+def _identity(ids: np.ndarray, n: int) -> bool:
+    return len(ids) == n and bool((ids == np.arange(n)).all())
 
 
 class PlanFeed:

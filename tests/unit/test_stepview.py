@@ -47,6 +47,24 @@ def test_the_view_is_what_the_training_thread_computed_from_the_plan(mode):
             assert v.sample_id_array is v.plan.sample_id_array
 
 
+def test_the_whole_dataset_in_order_is_not_remapped():
+    """A fresh epoch's ids are 0..n-1: the views keep each plan as it is (no remap), with the same results."""
+    cfg, table = make(W, rpn=4)
+    lengths = lengths_for(200, seed=3)
+    counts = np.asarray(lengths, dtype=np.int64) - 1
+    plans = plan_epoch(list(lengths), table, cfg, W)
+    whole = _views(2, counts, "tokens", ids=np.arange(len(lengths)))
+    plain = _views(2, counts, "tokens")
+    assert whole.ids is None
+    for plan in plans:
+        a, b = whole(plan), plain(plan)
+        assert a.plan is plan and (a.group, a.digest, a.n_step) == (b.group, b.digest, b.n_step)
+        assert np.array_equal(a.trained, b.trained)
+    # a subset, or the same ids in another order, is still remapped
+    assert _views(2, counts, "tokens", ids=np.arange(len(lengths))[::-1].copy()).ids is not None
+    assert _views(2, counts, "tokens", ids=np.arange(len(lengths) - 1)).ids is not None
+
+
 def test_recording_the_views_marks_what_recording_the_plans_marked():
     cfg, table = make(W, rpn=4)
     lengths = lengths_for(300, seed=2)
