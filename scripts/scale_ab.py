@@ -22,7 +22,7 @@ DEFAULT_BENCH = ["--world-sizes", "4096", "--ranks", "2048", "--steps", "10", "-
 
 
 def run(tree: str, bench: list[str]) -> dict:
-    """The bench's first JSON row for ``tree`` (every row when several ranks were asked: the first one)."""
+    """The first row of the bench's JSON line for ``tree`` (the first rank's when several were asked)."""
     env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
     out = subprocess.run([sys.executable, "-m", "dcp.cli", "bench", "scale", *bench, "--json"], cwd=tree, env=env,
                          capture_output=True, text=True, check=False)
