@@ -39,7 +39,6 @@ import torch.distributed as dist
 
 from dcp.config import RuntimeConfig
 from dcp.distributed.comm import backend_device
-from dcp.planner.plan import StepPlan
 from dcp.runtime.log import StepStats
 from dcp.runtime.phases import PhaseBoard
 from dcp.runtime.step import FinishedStep
@@ -161,12 +160,11 @@ class AgreementExchange:
         rt = self.runtime
         return global_step % rt.log_every == 0 or bool(rt.stats_every and global_step % rt.stats_every == 0)
 
-    def note_plan(self, plan: StepPlan, digest: str = "") -> None:
-        """Fold the plan of the step about to run into the running digest (no collective); ``digest``: its
-        ``plan.digest()`` when already computed (on the plan-ahead thread: dcp.runtime.stepview)."""
-        digest = digest or plan.digest()
+    def note_plan(self, epoch: int, step: int, digest: str) -> None:
+        """Fold the plan of the step about to run (its ``plan.digest()``, computed where the plan was prepared:
+        dcp.runtime.stepview) into the running digest (no collective)."""
         self._chain.update(digest.encode())
-        self._since.append((plan.epoch, plan.step, digest))
+        self._since.append((epoch, step, digest))
 
     def run(self, stats: tuple[torch.Tensor, torch.Tensor | None, float] | None, *, where: str,
             kind: int, epoch: int, step: int) -> torch.Tensor:
@@ -211,17 +209,17 @@ class AgreementExchange:
     def step_stats(self, done: FinishedStep, table: torch.Tensor, target_counts: np.ndarray) -> StepStats:
         """The finished step's record from the gathered table (checks the counts against the plan); rank 0
         logs its line on log_every steps."""
-        plan = done.plan
+        view = done.view  # what the step's stats read of its plan, prepared with it (dcp.runtime.stepview)
         loss_sum, count, busy_s = gathered_stats(table)
         if count >= 0 and self.runtime.loss_weighting == "tokens":
-            # N_step as the step opened with it (computed on the plan-ahead thread), else from the plan
-            n_step = done.n_step if done.n_step >= 0 else step_normaliser(plan, target_counts, "tokens")
-            check_step_count(plan.step, n_step, count)
+            # N_step as the step opened with it (computed where the plan was prepared), else from the plan
+            n_step = done.n_step if done.n_step >= 0 else step_normaliser(view.plan, target_counts, "tokens")
+            check_step_count(view.step, n_step, count)
         stats = StepStats(
-            epoch=plan.epoch, step=plan.step, global_step=done.global_step,
+            epoch=view.epoch, step=view.step, global_step=done.global_step,
             loss=loss_sum / count if count > 0 else float("nan"), count=max(count, 0),
-            tokens=plan.tokens, step_time_s=done.step_time_s, busy_s=busy_s, predicted_idle=plan.idle_ratio_gpu,
-            summary=plan.summary(),
+            tokens=view.tokens, step_time_s=done.step_time_s, busy_s=busy_s, predicted_idle=view.idle_ratio,
+            summary=view.summary,
         )
         if self.rank == 0 and stats.global_step % self.runtime.log_every == 0:
             self.log.info(stats.line())

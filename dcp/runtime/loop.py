@@ -66,8 +66,8 @@ class StepLoop:
         return self.position.steps
 
     def phase(self, what: str) -> str:
-        plan = self.step.plan if self.step is not None else None
-        return f"{what} of epoch {self.epoch} step {plan.step}" if plan is not None else f"{what} of epoch {self.epoch}"
+        step = self.step
+        return f"{what} of epoch {self.epoch} step {step.view.step}" if step is not None else f"{what} of epoch {self.epoch}"
 
     def run_epoch(self, plans: Iterator[RankStep | StepPlan], engine: Any, max_steps: int | None) -> Iterator[Any]:
         """This rank's micro-batches of ``plans``, the epoch's steps not yet done (EpochPosition.resume).
@@ -94,7 +94,7 @@ class StepLoop:
         n = len(step.group.micro_batches)
         raise ManagerError(
             f"get_data_iter() was called again after the previous one was left inside epoch {self.epoch} step "
-            f"{step.plan.step} (after micro-batch {step.mb_index + 1}/{n}, before the step's engine.step()): that "
+            f"{step.view.step} (after micro-batch {step.mb_index + 1}/{n}, before the step's engine.step()): that "
             "step's gradients are partly accumulated and it would run again from its first micro-batch; leave the "
             "loop at a step boundary (get_data_iter(max_steps=N)), or build a new manager and restore the model "
             "and optimizer from a checkpoint")
@@ -108,12 +108,12 @@ class StepLoop:
             view, first, wanted = next(todo, None), True, False
             while view is not None:
                 if max_steps is not None and done >= max_steps:
-                    self.begin_step(None, pause_step=view.plan.step)  # flush stats here
+                    self.begin_step(None, pause_step=view.step)  # flush stats here
                     return
                 done += 1
                 if view.group is None:
                     raise PlanMismatchError(
-                        f"plan world_size ({view.plan.world_size}) != torch.distributed world size "
+                        f"plan world_size ({view.world_size}) != torch.distributed world size "
                         f"({self.world_size}): plan with the world size of the job"
                     )
                 step = self.begin_step(view, first=first)
@@ -142,7 +142,7 @@ class StepLoop:
                     yield batch
                 if step.open:
                     raise ManagerError(
-                        f"epoch {epoch} step {view.plan.step}: engine.step() was not called after the last "
+                        f"epoch {epoch} step {view.step}: engine.step() was not called after the last "
                         "micro-batch (the step's gradient sync never ran): call model.step() after every "
                         "model.backward(loss)"
                     )
@@ -164,25 +164,24 @@ class StepLoop:
         now = time.perf_counter()
         done = self.step.finish(now) if self.step is not None else None
         self.step = None
-        plan = view.plan if view is not None else None
-        if view is not None:
-            self.exchange.note_plan(plan, view.digest)  # folded into the running digest: compared at the next exchange
+        if view is not None:  # folded into the running digest: compared at the next exchange
+            self.exchange.note_plan(view.epoch, view.step, view.digest)
         # a logged step's stats are exchanged, and the last step's at the end of the epoch or a pause
-        logged = done is not None and (plan is None or self.exchange.wants_stats(done.global_step))
-        if logged or (self.config.runtime.check_plan_hash and (first or plan is None)):
+        logged = done is not None and (view is None or self.exchange.wants_stats(done.global_step))
+        if logged or (self.config.runtime.check_plan_hash and (first or view is None)):
             # position in the loop: 0 the first step, 1 a step, 2 the end of the epoch, 3 a pause
-            kind = (0 if first else 1) if plan is not None else (3 if pause_step is not None else 2)
-            step = plan.step if plan is not None else (pause_step if pause_step is not None else -1)
+            kind = (0 if first else 1) if view is not None else (3 if pause_step is not None else 2)
+            step = view.step if view is not None else (pause_step if pause_step is not None else -1)
             where = {0: f"epoch {self.epoch} (its step plans)", 1: f"epoch {self.epoch} step {step}",
                      2: f"end of epoch {self.epoch}", 3: f"epoch {self.epoch} step {step}"}[kind]
             self._exchange_stats(done if logged else None, where=where, kind=kind, step=-1 if kind == 0 else step)
             if first and self.board is not None:
                 self.board.note = ""  # every rank is back in step
-        if plan is None:
+        if view is None:
             return None
-        self.step = OpenStep(plan=plan, group=view.group, n_step=view.n_step, global_step=self.global_step + 1,
+        self.step = OpenStep(view=view, group=view.group, n_step=view.n_step, global_step=self.global_step + 1,
                              t0=now, tally=StepTally.zeros(self.device), trained=view.trained,
-                             where=f" of epoch {self.epoch} step {plan.step}")
+                             where=f" of epoch {self.epoch} step {view.step}")
         if self.lr is not None:
             self.lr.apply(view.tokens)
         return self.step
@@ -223,5 +222,5 @@ class StepLoop:
         if step.trained is not None:  # checked new in the epoch when the plan was prepared (dcp.runtime.stepview)
             self.position.record_checked(step.trained)
         else:
-            self.position.record(step.plan.sample_id_array, step.plan.step)  # every sample once per epoch
+            self.position.record(step.view.sample_id_array, step.view.step)  # every sample once per epoch
         self.global_step += 1

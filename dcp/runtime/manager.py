@@ -252,8 +252,8 @@ class DCPManager:
                 close()  # left early (max_steps, a break, an error): stop the planning thread or process now
             if not finished and self._board is not None:
                 # a break (or an exception) in the user's loop: the other ranks will wait for this one
-                plan = self.plan
-                at = f"epoch {epoch} step {plan.step}" if plan is not None else f"epoch {epoch}"
+                step = self._step
+                at = f"epoch {epoch} step {step.view.step}" if step is not None else f"epoch {epoch}"
                 self._board.note = f"after leaving get_data_iter() early at {at}"
                 self._board.enter("outside get_data_iter()")
 

@@ -15,6 +15,7 @@ import torch
 
 from dcp.distributed.device import Span
 from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
+from dcp.runtime.stepview import RankStep
 
 
 class ManagerError(ValueError):
@@ -78,11 +79,13 @@ class StepTally:
 
 @dataclass(slots=True)
 class OpenStep:
-    """The step being run: its plan, this rank's group, the micro-batch in flight and the step's tally."""
+    """The step being run: its plan (as this rank's view), this rank's group, the micro-batch in flight and the
+    step's tally."""
 
-    plan: StepPlan
+    view: RankStep
+    """The step's plan as this rank runs it (dcp.runtime.stepview): what the loop reads of the plan."""
     group: GroupPlan
-    """This rank's SP group in ``plan``."""
+    """This rank's SP group in the plan (``view.group``)."""
     n_step: int
     """Labelled tokens (or samples) of the whole step: the loss weights' denominator."""
     global_step: int
@@ -120,6 +123,9 @@ class OpenStep:
     def __post_init__(self) -> None:
         self.last_index = self.group.ga_steps - 1
 
+    @property
+    def plan(self) -> StepPlan:
+        return self.view.plan
     def start_micro_batch(self, index: int, mb: MicroBatch) -> None:
         self.mb_index, self.pending, self.applied, self.mb_forwards = index, mb, False, 0
 
@@ -143,7 +149,7 @@ class OpenStep:
 
     def finish(self, now: float) -> FinishedStep:
         # a rank that ran no forward this step (idle) counted 0 tokens; -1 marks "model gave no count"
-        return FinishedStep(plan=self.plan, global_step=self.global_step, step_time_s=now - self.t0,
+        return FinishedStep(view=self.view, global_step=self.global_step, step_time_s=now - self.t0,
                             tally=self.tally, has_count=self.tally.has_count or not self.group.micro_batches,
                             n_step=self.n_step)
 
@@ -152,7 +158,8 @@ class OpenStep:
 class FinishedStep:
     """A step whose successor started: what the stats exchange reads of it."""
 
-    plan: StepPlan
+    view: RankStep
+    """The step's plan as this rank ran it (its epoch, step, tokens, predicted idle and summary are read)."""
     global_step: int
     step_time_s: float
     """Wall time from this step's start to the next step's start on this rank."""

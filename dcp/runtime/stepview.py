@@ -1,10 +1,11 @@
 """What one rank needs of a step plan, computed where the plan is handed over, not on the training thread.
 
-A step plan at 4096 ranks holds ~160,000 samples in ~20,000 micro-batches. Before a step runs, a rank needs
-from it its digest (folded into the agreement exchange's running digest), N_step (the loss weights'
-denominator), its own SP group, the step's tokens (``runtime.lr_scaling``) and, once the step is done, the
-samples it trained (the epoch's position); a resumed epoch's plan also has its sample ids mapped back to the
-dataset's. Each of those reads the whole global plan: O(W) work per step. ``StepViews`` computes them for one
+A step plan at 4096 ranks holds 130,000-690,000 samples in 130,000-370,000 micro-batches (``dcp bench scale``'s
+paper-scale plans). Before a step runs, a rank needs from it its digest (folded into the agreement exchange's
+running digest), N_step (the loss weights' denominator), its own SP group, the step's tokens
+(``runtime.lr_scaling``) and, once the step is done, the samples it trained (the epoch's position) and, on a
+logged step, the predicted idle and the plan's summary; a resumed epoch's plan also has its sample ids mapped
+back to the dataset's. Each of those reads the whole global plan: O(W) work per step. ``StepViews`` computes them for one
 rank as each plan is made, on the plan-ahead thread (``dcp.planner.ahead.PlanAhead(prepare=...)``) or, with
 ``planning.plan_ahead = "process"``, in the planner's child process (a ``StepViews`` pickles; at 4096 ranks its
 5-40 ms a step would otherwise hold the training process's GIL), so the training thread does O(its own
@@ -38,20 +39,44 @@ class RankStep:
     plan: StepPlan
     """The plan, its sample ids the dataset's."""
     group: GroupPlan | None
-    """This rank's SP group in ``plan`` (None when the plan is for another world size: the loop refuses it)."""
+    """This rank's SP group in the plan (None when the plan is for another world size: the loop refuses it)."""
     digest: str
     """``plan.digest()``."""
     n_step: int
     """N_step of the step (``dcp.runtime.weighting.step_normaliser``) under the run's loss weighting."""
     tokens: int
-    """``plan.tokens``: the step's tokens (``runtime.lr_scaling``)."""
+    """``plan.tokens``: the step's tokens (``runtime.lr_scaling``, the step's stats)."""
     trained: np.ndarray | None
     """The step's sample ids, ascending, checked to be new in the epoch's segment (None: not checked)."""
+    idle_ratio: float = 0.0
+    """``plan.idle_ratio_gpu``: the idle fraction the planner predicts (a logged step's stats; 0.9-2.8 ms of the
+    training thread at 4096 ranks when it was computed there)."""
+    summary: str = ""
+    """``plan.summary()`` (a logged step's stats; 0.3-1 ms at 4096 ranks)."""
+
+    @property
+    def epoch(self) -> int:
+        return self.plan.epoch
+
+    @property
+    def step(self) -> int:
+        return self.plan.step
+
+    @property
+    def world_size(self) -> int:
+        return self.plan.world_size
 
     @property
     def sample_id_array(self) -> np.ndarray:
-        """The plan's sample ids in plan order (what a resume's skipped steps are checked against)."""
-        return self.plan.sample_id_array
+        """The step's sample ids (ascending when checked; the plan's order otherwise): what a resume's skipped
+        steps mark as trained."""
+        return self.trained if self.trained is not None else self.plan.sample_id_array
+
+    @classmethod
+    def of(cls, plan: StepPlan, group: GroupPlan | None, *, digest: str, n_step: int,
+           trained: np.ndarray | None) -> RankStep:
+        return cls(plan=plan, group=group, digest=digest, n_step=n_step, tokens=plan.tokens, trained=trained,
+                   idle_ratio=plan.idle_ratio_gpu, summary=plan.summary())
 
 
 class StepViews:
@@ -77,13 +102,13 @@ class StepViews:
 
     def __call__(self, plan: StepPlan) -> RankStep:
         if plan.world_size != self.world_size:  # refused by the loop with its own message; nothing to look up
-            return RankStep(plan=plan, group=None, digest=plan.digest(), n_step=0, tokens=plan.tokens, trained=None)
+            return RankStep.of(plan, None, digest=plan.digest(), n_step=0, trained=None)
         self._check_new(plan)
         if self.ids is not None:
             plan = plan.with_sample_ids(self.ids[plan.sample_id_array])
-        return RankStep(plan=plan, group=plan.group_of(self.rank), digest=plan.digest(),
-                        n_step=step_normaliser(plan, self.target_counts, self.loss_weighting), tokens=plan.tokens,
-                        trained=np.sort(plan.sample_id_array))
+        return RankStep.of(plan, plan.group_of(self.rank), digest=plan.digest(),
+                           n_step=step_normaliser(plan, self.target_counts, self.loss_weighting),
+                           trained=np.sort(plan.sample_id_array))
 
     def _check_new(self, plan: StepPlan) -> None:
         """Raise unless every sample of ``plan`` is in range, once in it, and in no earlier plan of the segment."""

@@ -164,12 +164,14 @@ def _loop_in_a_step():
     from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
     from dcp.runtime.loop import StepLoop
     from dcp.runtime.step import OpenStep, StepTally
+    from dcp.runtime.stepview import RankStep
 
     mbs = (MicroBatch(sample_ids=(0,), seq_lens=(8,), seq_group=0), MicroBatch(sample_ids=(1,), seq_lens=(8,), seq_group=0))
     plan = StepPlan(epoch=0, step=0, world_size=1, method="dcp-intra",
                     groups=(GroupPlan(first_rank=0, sp_size=1, recompute_layers=0, micro_batches=mbs),))
     loop = StepLoop.__new__(StepLoop)  # forward_out reads only the open step
-    loop.step = OpenStep(plan=plan, group=plan.groups[0], n_step=14, global_step=1, t0=0.0, tally=StepTally.zeros("cpu"))
+    view = RankStep.of(plan, plan.groups[0], digest="", n_step=14, trained=None)
+    loop.step = OpenStep(view=view, group=view.group, n_step=14, global_step=1, t0=0.0, tally=StepTally.zeros("cpu"))
     loop.step.mb_index, loop.step.pending = 0, mbs[0]
     return loop
 

@@ -19,6 +19,7 @@ from dcp.runtime.hooks import EngineHooks
 from dcp.runtime.manager import DCPManager
 from dcp.runtime.profiling import TableLoader
 from dcp.runtime.step import ManagerError, OpenStep, StepTally
+from dcp.runtime.stepview import RankStep
 
 RUNTIME = Path(__file__).resolve().parents[2] / "dcp" / "runtime"
 
@@ -65,7 +66,9 @@ def test_the_runtime_imports_no_package_above_it():
 
 def test_open_step_knows_its_last_micro_batch_and_finishes_into_a_value():
     plan = _plan(2)
-    step = OpenStep(plan=plan, group=plan.groups[0], n_step=14, global_step=1, t0=1.0, tally=StepTally.zeros("cpu"))
+    view = RankStep.of(plan, plan.groups[0], digest=plan.digest(), n_step=14, trained=None)
+    step = OpenStep(view=view, group=view.group, n_step=14, global_step=1, t0=1.0, tally=StepTally.zeros("cpu"))
+    assert step.plan is plan and (view.epoch, view.step, view.tokens) == (plan.epoch, plan.step, plan.tokens)
     assert not step.in_last_micro_batch()
     step.mb_index = 1
     assert step.in_last_micro_batch()

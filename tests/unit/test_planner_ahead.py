@@ -44,7 +44,9 @@ def test_plan_ahead_propagates_errors_at_the_failing_step():
 
 def test_a_used_plan_is_freed_on_the_planning_thread_not_the_loops():
     """Freeing a plan of ~20,000 micro-batches took 6-23 ms at 4096 ranks: the loop's ``plan = next(ahead)``
-    must not be where it happens."""
+    must not be where it happens, even for a loop that still holds the previous plan after taking the next one
+    (the step loop closes step k once step k + 1's plan is in hand): the producer lets go of a plan only once the
+    plan after the next one is taken."""
     freed_on: list[str] = []
 
     class Plan:
@@ -52,18 +54,19 @@ def test_a_used_plan_is_freed_on_the_planning_thread_not_the_loops():
             freed_on.append(threading.current_thread().name)
 
     def plans():
-        for _ in range(6):
+        for _ in range(7):
             yield Plan()
 
     ahead = PlanAhead(plans(), depth=2)
-    plan = next(ahead)
-    for _ in range(4):
-        plan = next(ahead)  # drops the caller's reference to the previous plan  # noqa: F841
-    deadline = threading.Event()
-    for _ in range(100):  # the producer frees retired plans at its next look for room (every 50 ms)
-        if len(freed_on) >= 4:
-            break
-        deadline.wait(0.05)
+    previous, plan = None, next(ahead)
+    wait = threading.Event()
+    for _ in range(5):
+        previous, plan = plan, next(ahead)  # noqa: F841 - held as the step loop holds the step it closes
+        for _ in range(100):  # the producer frees retired plans at its next look for room (every 50 ms): let it
+            if not ahead._buffer.retired:
+                break
+            wait.wait(0.05)
+        previous = None  # only then does the loop let go of the step it closed  # noqa: F841
     assert freed_on[:4] == ["dcp-plan-ahead"] * 4
     ahead.close()
 

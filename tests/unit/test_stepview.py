@@ -44,7 +44,9 @@ def test_the_view_is_what_the_training_thread_computed_from_the_plan(mode):
             assert v.n_step == step_normaliser(plan, counts, mode)
             assert v.tokens == plan.tokens
             assert v.trained.tolist() == sorted(plan.sample_ids)
-            assert v.sample_id_array is v.plan.sample_id_array
+            assert v.sample_id_array is v.trained  # what a resume's skipped steps mark: the checked samples
+            assert (v.epoch, v.step, v.world_size) == (plan.epoch, plan.step, plan.world_size)
+            assert (v.idle_ratio, v.summary) == (plan.idle_ratio_gpu, plan.summary())  # the step's stats
 
 
 def test_the_whole_dataset_in_order_is_not_remapped():
