@@ -119,13 +119,19 @@ class Census:
             self.calls.append(Call(kind, self._group_size(kwargs, args, kind), _payload(kind, args, kwargs),
                                    self.clock(), self.tag))
             out = fn(*args, **kwargs)
-            if self.agreeing_world and kind == "all_gather":
+            if self.agreeing_world and kind in ("all_gather", "all_gather_into_tensor"):
                 t0 = time.perf_counter()
-                outputs, x = args[0], args[1] if len(args) > 1 else kwargs["tensor"]
+                outputs, x = args[0], args[1] if len(args) > 1 else kwargs.get("tensor", kwargs.get("input_tensor"))
                 mine = self.dist.get_rank(kwargs.get("group"))
                 other = self.others_row(x) if self.others_row is not None else x
-                for i, o in enumerate(outputs):  # every rank of an agreeing job contributed what this one did
-                    o.copy_(x if i == mine else other)
+                # every rank of an agreeing job contributed what this one did
+                if kind == "all_gather":
+                    for i, o in enumerate(outputs):
+                        o.copy_(x if i == mine else other)
+                else:  # one output of W rows, flat or not
+                    rows = outputs.view(-1, x.numel())
+                    rows.copy_(other.reshape(1, -1).expand_as(rows))
+                    rows[mine].copy_(x.reshape(-1))
                 tick = self.clock()
                 self.own_s[tick] = self.own_s.get(tick, 0.0) + time.perf_counter() - t0
             return out
