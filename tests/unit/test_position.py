@@ -140,10 +140,30 @@ def test_checked_steps_are_kept_and_marked_when_the_position_is_read(monkeypatch
     pos.record_checked(np.array([2]))
     state = pos.to_state()  # a checkpoint holds every finished step
     assert np.flatnonzero(EpochPosition.from_state(state, 10).done).tolist() == [0, 1, 2, 4, 7]
-    monkeypatch.setattr(position, "SETTLE_IDS", 3)  # more kept ids than the bound: marked at once
+    monkeypatch.setattr(position, "SETTLE_IDS", 3)  # more kept ids than the bound: marked at once, on a helper thread
     pos.record_checked(np.array([3, 5]))
     pos.record_checked(np.array([6]))
-    assert np.flatnonzero(pos._done).tolist() == [0, 1, 2, 3, 4, 5, 6, 7] and not pos._kept
-    pos.record_checked(np.array([8]))
+    assert not pos._kept and pos._marking is not None
+    first = pos._marking
+    first._thread.join()
+    assert np.flatnonzero(pos._done).tolist() == [0, 1, 2, 3, 4, 5, 6, 7]
+    pos.record_checked(np.array([8, 9]))
+    assert pos._marking is first and pos._kept  # under the bound: kept (the helper is waited for lazily)
     pos.done = np.zeros(10, dtype=bool)  # a position replaced (a legacy resume) drops what was kept
     assert not pos.done.any() and pos.num_samples == 10
+    pos.record_checked(np.array([0, 1, 2]))  # a batch in flight when the position is replaced: waited for first
+    pos.done = np.zeros(10, dtype=bool)
+    assert not pos.done.any() and pos._marking is None and not pos._kept
+
+
+def test_a_batch_is_marked_on_a_helper_thread_and_its_error_is_raised_where_the_position_is_read(monkeypatch):
+    import threading
+
+    import dcp.runtime.position as position
+
+    monkeypatch.setattr(position, "SETTLE_IDS", 2)
+    pos = EpochPosition.start(0, 4)
+    pos.record_checked(np.array([1, 7]))  # out of range: only a broken plan check would let one through
+    assert pos._marking._thread.name == "dcp-position-mark" and pos._marking._thread is not threading.current_thread()
+    with pytest.raises(IndexError, match="7"):
+        pos.done  # noqa: B018 - reading it waits for the helper thread and re-raises its error here
