@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all",
+COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_gather_single", "all_gather_object", "all_reduce", "all_to_all",
                "all_to_all_single", "barrier", "broadcast", "broadcast_object_list", "gather", "reduce",
                "reduce_scatter_tensor", "scatter", "send", "recv")
 """The torch.distributed functions counted (the ones dcp, DDP-style engines and the profiler call)."""
@@ -56,7 +56,8 @@ def _tensor_bytes(x: Any) -> int:
 
 def _payload(kind: str, args: tuple, kwargs: dict) -> int:
     """Bytes this rank sends: the input argument of each collective (its position differs by function)."""
-    if kind in ("all_gather", "all_gather_into_tensor", "all_to_all_single", "reduce_scatter_tensor"):
+    if kind in ("all_gather", "all_gather_into_tensor", "all_gather_single", "all_to_all_single",
+                "reduce_scatter_tensor"):
         x = args[1] if len(args) > 1 else kwargs.get("tensor", kwargs.get("input_tensor", kwargs.get("input")))
     elif kind == "all_to_all":
         x = args[1] if len(args) > 1 else kwargs.get("input_tensor_list")
@@ -119,7 +120,7 @@ class Census:
             self.calls.append(Call(kind, self._group_size(kwargs, args, kind), _payload(kind, args, kwargs),
                                    self.clock(), self.tag))
             out = fn(*args, **kwargs)
-            if self.agreeing_world and kind in ("all_gather", "all_gather_into_tensor"):
+            if self.agreeing_world and kind in ("all_gather", "all_gather_into_tensor", "all_gather_single"):
                 t0 = time.perf_counter()
                 outputs, x = args[0], args[1] if len(args) > 1 else kwargs.get("tensor", kwargs.get("input_tensor"))
                 mine = self.dist.get_rank(kwargs.get("group"))

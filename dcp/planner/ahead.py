@@ -10,8 +10,9 @@ longer than that. The thread still shares the GIL with the training loop: its CP
 switch-interval slices from the loop's own Python (kernel launches), which a planner process would avoid.
 
 An exception raised by the planner is re-raised by the ``next()`` that would have returned that plan. Used
-plans are freed on the planning thread while it runs; the last ``depth`` + 1 of an epoch, once it has ended,
-on whichever thread drops the PlanAhead.
+plans are freed on the planning thread while it runs, each once the plan after the next one is taken (a loop
+may still hold the one before the last it took); those left when it has ended, on whichever thread drops the
+PlanAhead.
 ``close()`` (also on garbage collection, or ``with PlanAhead(...)``) stops the thread; it never blocks for
 longer than one plan's computation.
 """
@@ -156,8 +157,9 @@ class PlanAhead:
         _terminate(self._source)
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join()
-        self._buffer.retired.clear()  # the plans in hand (_current, _previous) go with this object: a PlanFeed
-        # drops it on a helper thread (dcp.runtime.stepview), so the training thread frees no plan here
+        # the plans in hand (_current, _previous) and those retired go with this object: a PlanFeed drops it on a
+        # helper thread (dcp.runtime.stepview), so the training thread frees no plan here (the producer, which
+        # would have freed the retired ones, has ended)
 
     @property
     def alive(self) -> bool:

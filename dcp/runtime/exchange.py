@@ -59,6 +59,14 @@ class DataMismatchError(PlanMismatchError):
     """Ranks hold different datasets (lengths, target counts or shapes); raised on every rank before a step."""
 
 
+def gather_into(out: torch.Tensor, row: torch.Tensor, group: Any) -> None:
+    """All-gather ``row`` into the flat ``out``: ``all_gather_single`` where torch has it (from 2.11;
+    ``all_gather_into_tensor`` warns there), else ``all_gather_into_tensor``. Looked up at each call, so a
+    wrapper set on ``torch.distributed`` (a test's, the bench's census) is the one called."""
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    fn(out, row, group=group)
+
+
 def digest_words(text: str) -> torch.Tensor:
     """sha256 of ``text`` as 4 int64 words."""
     return torch.frombuffer(bytearray(hashlib.sha256(text.encode()).digest()), dtype=torch.int64).clone()
@@ -190,7 +198,7 @@ class AgreementExchange:
         ctx = (self.board.collective(phase, timeout_s=self.runtime.plan_check_timeout_s)
                if self.board is not None else nullcontext())
         with ctx:
-            dist.all_gather_into_tensor(out, row, group=self.group)
+            gather_into(out, row, group=self.group)
         return out.view(self.world_size, -1).cpu()
 
     def _first_differing_step(self) -> str:

@@ -151,6 +151,7 @@ class StepLoop:
             self.prefetched += fetch.prefetched
             fetch.close()
         self.begin_step(None)  # flush the last step's stats; all ranks must end the epoch together
+        self.position.wait()  # its marking helper's error, if any, is raised here, not lost with it
         self.position = EpochPosition.start(epoch + 1, self.position.num_samples)
 
     def begin_step(self, view: RankStep | None, *, pause_step: int | None = None,
@@ -165,7 +166,7 @@ class StepLoop:
         done = self.step.finish(now) if self.step is not None else None
         self.step = None
         if view is not None:  # folded into the running digest: compared at the next exchange
-            self.exchange.note_plan(view.epoch, view.step, view.digest)
+            self.exchange.note_plan(view.epoch, view.step, view.digest or view.plan.digest())
         # a logged step's stats are exchanged, and the last step's at the end of the epoch or a pause
         logged = done is not None and (view is None or self.exchange.wants_stats(done.global_step))
         if logged or (self.config.runtime.check_plan_hash and (first or view is None)):

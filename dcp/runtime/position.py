@@ -152,6 +152,11 @@ class EpochPosition:
         self._kept.clear()
         self._kept_ids = 0
 
+    def wait(self) -> None:
+        """Wait for the helper thread marking a batch (``record_checked``) and raise what it raised: before the
+        position is dropped (the end of an epoch, a checkpoint loaded over it), so no error is lost with it."""
+        self._wait_marking()
+
     def _wait_marking(self) -> None:
         marking, self._marking = self._marking, None
         if marking is not None:

@@ -48,10 +48,10 @@ class RankStep:
     """``plan.tokens``: the step's tokens (``runtime.lr_scaling``, the step's stats)."""
     trained: np.ndarray | None
     """The step's sample ids, ascending, checked to be new in the epoch's segment (None: not checked)."""
-    idle_ratio: float = 0.0
+    idle_ratio: float
     """``plan.idle_ratio_gpu``: the idle fraction the planner predicts (a logged step's stats; 0.9-2.8 ms of the
     training thread at 4096 ranks when it was computed there)."""
-    summary: str = ""
+    summary: str
     """``plan.summary()`` (a logged step's stats; 0.3-1 ms at 4096 ranks)."""
 
     @property

@@ -98,13 +98,14 @@ def _diverge_on_an_unlogged_step(rank: int, world: int) -> dict:
     from dcp.runtime import exchange
 
     calls: list[int] = []
-    gather = exchange.dist.all_gather_into_tensor
+    name = "all_gather_single" if hasattr(exchange.dist, "all_gather_single") else "all_gather_into_tensor"
+    gather = getattr(exchange.dist, name)  # what exchange.gather_into calls
 
     def counting(rows, row, group=None):  # the exchange's only collective
         calls.append(mgr.global_step)  # optimizer steps done when it runs
         return gather(rows, row, group=group)
 
-    exchange.dist.all_gather_into_tensor = counting
+    setattr(exchange.dist, name, counting)
     model, data = build("t1d")
     # six steps of two SP-1 groups (no collective but the gradient sync); rank 1's plan of step 4 differs
     plans = [step(0, 2, group(data, 0, 1, 0, [2 * k]), group(data, 1, 1, 0, [2 * k + 1]), number=k)
@@ -116,7 +117,7 @@ def _diverge_on_an_unlogged_step(rank: int, world: int) -> dict:
     mgr = set_manager(model, data, cfg, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                       plans=lambda e: plans)
     msg, _ = _expect_mismatch(mgr)
-    exchange.dist.all_gather_into_tensor = gather
+    setattr(exchange.dist, name, gather)
     return {"msg": msg, "calls": calls, "steps": mgr.global_step}
 
 

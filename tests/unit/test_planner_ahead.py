@@ -54,16 +54,16 @@ def test_a_used_plan_is_freed_on_the_planning_thread_not_the_loops():
             freed_on.append(threading.current_thread().name)
 
     def plans():
-        for _ in range(7):
+        for _ in range(20):  # more than taken: the producer is still running (and freeing) when the test ends
             yield Plan()
 
     ahead = PlanAhead(plans(), depth=2)
     previous, plan = None, next(ahead)
     wait = threading.Event()
-    for _ in range(5):
+    for k in range(1, 6):
         previous, plan = plan, next(ahead)  # noqa: F841 - held as the step loop holds the step it closes
         for _ in range(100):  # the producer frees retired plans at its next look for room (every 50 ms): let it
-            if not ahead._buffer.retired:
+            if len(freed_on) >= k - 1:  # plans 0 .. k - 2 are retired once plan k is taken
                 break
             wait.wait(0.05)
         previous = None  # only then does the loop let go of the step it closed  # noqa: F841

@@ -167,3 +167,8 @@ def test_a_batch_is_marked_on_a_helper_thread_and_its_error_is_raised_where_the_
     assert pos._marking._thread.name == "dcp-position-mark" and pos._marking._thread is not threading.current_thread()
     with pytest.raises(IndexError, match="7"):
         pos.done  # noqa: B018 - reading it waits for the helper thread and re-raises its error here
+    pos = EpochPosition.start(0, 4)
+    pos.record_checked(np.array([2, 9]))
+    with pytest.raises(IndexError, match="9"):
+        pos.wait()  # what the step loop calls before it drops an epoch's position
+    pos.wait()  # raised once; nothing in flight now
