@@ -60,8 +60,8 @@ class DataMismatchError(PlanMismatchError):
 
 
 def gather_into(out: torch.Tensor, row: torch.Tensor, group: Any) -> None:
-    """All-gather ``row`` into the flat ``out``: ``all_gather_single`` where torch has it (from 2.11;
-    ``all_gather_into_tensor`` warns there), else ``all_gather_into_tensor``. Looked up at each call, so a
+    """All-gather ``row`` into the flat ``out``: ``all_gather_single`` where torch has it (2.13 does, and its
+    ``all_gather_into_tensor`` warns), else ``all_gather_into_tensor``. Looked up at each call, so a
     wrapper set on ``torch.distributed`` (a test's, the bench's census) is the one called."""
     fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     fn(out, row, group=group)
