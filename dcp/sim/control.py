@@ -36,15 +36,15 @@ AGREEMENT_ROW_BYTES = 14 * 8
 """[counted] dcp.runtime.exchange.ROW_WORDS int64 words per rank, what the census saw per logged step."""
 
 HOST_MS_BY_WORLD: tuple[tuple[int, float, float], ...] = (
-    (64, 1.88, 3.49),
-    (512, 11.3, 9.29),
-    (4096, 7.12, 16.0),
+    (64, 2.26, 3.98),
+    (512, 14.3, 9.81),
+    (4096, 5.22, 6.87),
 )
 """[measured] (W, host ms per unlogged step, host ms per logged step): the median over ranks 0, W/2, W-1 of
 ``dcp bench scale --log-every 4 --steps 9 --json`` host_ms (the training thread's CPU outside the model, the
-default 50 ms sleep standing in for the device) on this project's 2-core shared host, 2026-11-26, on the tree
-with the per-step OpenStep facts, one prefetch call per micro-batch and the plan source freed off the training
-thread (branch hostms4). A rank's host time follows how many micro-batches it runs in a step (~0.1 ms each
+default 50 ms sleep standing in for the device) on this project's 2-core shared host, 2026-11-26, one run on
+main 07f1db3 (the logged step's flat all-gather and the plan's summary made with the view; the previous run,
+branch hostms4, read (64, 1.88, 3.49), (512, 11.3, 9.29), (4096, 7.12, 16.0)). A rank's host time follows how many micro-batches it runs in a step (~0.1 ms each
 warm, 0.3-0.4 ms after the device stand-in's sleep; ~35 per step at rank 2048 of 4096, 19.5 at ranks 256 and
 511 of 512) more than W or whether the step is logged, so the columns are not monotone in W; docs/scale.md
 has the runs."""
