@@ -172,3 +172,23 @@ def test_a_batch_is_marked_on_a_helper_thread_and_its_error_is_raised_where_the_
     with pytest.raises(IndexError, match="9"):
         pos.wait()  # what the step loop calls before it drops an epoch's position
     pos.wait()  # raised once; nothing in flight now
+
+
+@pytest.mark.skipif(__import__("sys").platform != "linux", reason="a thread's own nice value is Linux's")
+def test_the_marking_helper_lowers_only_its_own_threads_priority():
+    import os
+    import threading
+
+    from dcp.runtime.position import lower_priority
+
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    seen: list[int] = []
+
+    def helper() -> None:
+        lower_priority()
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
+    thread = threading.Thread(target=helper)
+    thread.start()
+    thread.join()
+    assert seen == [19] and os.getpriority(os.PRIO_PROCESS, 0) == before  # the process (this thread) unchanged
