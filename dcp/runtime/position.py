@@ -169,8 +169,9 @@ class EpochPosition:
         self._kept_ids = 0
 
     def wait(self) -> None:
-        """Wait for the helper thread marking a batch (``record_checked``) and raise what it raised: before the
-        position is dropped (the end of an epoch, a checkpoint loaded over it), so no error is lost with it."""
+        """Wait for the helper thread marking a batch (``record_checked``) and raise what it raised: what the step
+        loop calls before it drops the position at the end of an epoch, so no error is lost with it (a checkpoint
+        loaded over a position discards its bitmap, and with it anything its helper did)."""
         self._wait_marking()
 
     def _wait_marking(self) -> None:
