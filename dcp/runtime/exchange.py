@@ -33,7 +33,6 @@ from contextlib import nullcontext
 from datetime import timedelta
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -42,7 +41,7 @@ from dcp.distributed.comm import backend_device
 from dcp.runtime.log import StepStats
 from dcp.runtime.phases import PhaseBoard
 from dcp.runtime.step import FinishedStep
-from dcp.runtime.weighting import check_step_count, step_normaliser
+from dcp.runtime.weighting import check_step_count
 
 ROW_WORDS = 14
 
@@ -216,15 +215,13 @@ class AgreementExchange:
                 return f"epoch {epoch} step {step}"
         return ""
 
-    def step_stats(self, done: FinishedStep, table: torch.Tensor, target_counts: np.ndarray) -> StepStats:
+    def step_stats(self, done: FinishedStep, table: torch.Tensor) -> StepStats:
         """The finished step's record from the gathered table (checks the counts against the plan); rank 0
         logs its line on log_every steps."""
         view = done.view  # what the step's stats read of its plan, prepared with it (dcp.runtime.stepview)
         loss_sum, count, busy_s = gathered_stats(table)
         if count >= 0 and self.runtime.loss_weighting == "tokens":
-            # N_step as the step opened with it (computed where the plan was prepared), else from the plan
-            n_step = done.n_step if done.n_step >= 0 else step_normaliser(view.plan, target_counts, "tokens")
-            check_step_count(view.step, n_step, count)
+            check_step_count(view.step, view.n_step, count)  # N_step as the step opened with it
         stats = StepStats(
             epoch=view.epoch, step=view.step, global_step=done.global_step,
             loss=loss_sum / count if count > 0 else float("nan"), count=max(count, 0),

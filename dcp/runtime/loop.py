@@ -180,9 +180,8 @@ class StepLoop:
                 self.board.note = ""  # every rank is back in step
         if view is None:
             return None
-        self.step = OpenStep(view=view, group=view.group, n_step=view.n_step, global_step=self.global_step + 1,
-                             t0=now, tally=StepTally.zeros(self.device), trained=view.trained,
-                             where=f" of epoch {self.epoch} step {view.step}")
+        self.step = OpenStep(view=view, group=view.group, global_step=self.global_step + 1, t0=now,
+                             tally=StepTally.zeros(self.device), where=f" of epoch {self.epoch} step {view.step}")
         if self.lr is not None:
             self.lr.apply(view.tokens)
         return self.step
@@ -192,7 +191,7 @@ class StepLoop:
         self.timings.resolve()
         table = self.exchange.run(stats, where=where, kind=kind, epoch=self.epoch, step=step)
         if done is not None:
-            self.step_stats.append(self.exchange.step_stats(done, table, self.target_counts))
+            self.step_stats.append(self.exchange.step_stats(done, table))
 
     def forward_out(self, out: Any, *, idle: StepTally) -> torch.Tensor:
         """A forward returned ``out``: its (loss_sum, token_count) checked (``forward_pair``: its fast path for the

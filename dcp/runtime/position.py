@@ -142,8 +142,6 @@ class EpochPosition:
     plan): ``done`` is learnt from the skipped steps instead of checked against them."""
     _kept: list[np.ndarray] = field(default_factory=list, repr=False, compare=False)
     """Sample ids of finished steps not yet marked in ``_done`` (``record_checked``)."""
-    _kept_ids: int = field(default=0, repr=False, compare=False)
-    """How many ids ``_kept`` holds."""
     _marking: _Marking | None = field(default=None, repr=False, compare=False)
     """The helper thread marking a batch of kept ids in ``_done`` (``record_checked``), or None."""
 
@@ -155,26 +153,21 @@ class EpochPosition:
 
     @done.setter
     def done(self, value: np.ndarray) -> None:
-        self._wait_marking()
+        self.wait()
         self._kept.clear()
-        self._kept_ids = 0
         self._done = value
 
     def _settle(self) -> None:
         """Every finished step's ids marked in ``_done`` (waits for the helper thread's batch first)."""
-        self._wait_marking()
+        self.wait()
         for ids in self._kept:
             self._done[ids] = True
         self._kept.clear()
-        self._kept_ids = 0
 
     def wait(self) -> None:
         """Wait for the helper thread marking a batch (``record_checked``) and raise what it raised: what the step
         loop calls before it drops the position at the end of an epoch, so no error is lost with it (a checkpoint
         loaded over a position discards its bitmap, and with it anything its helper did)."""
-        self._wait_marking()
-
-    def _wait_marking(self) -> None:
         marking, self._marking = self._marking, None
         if marking is not None:
             marking.wait()
@@ -208,11 +201,10 @@ class EpochPosition:
         ``done`` waits for (a checkpoint, a resume). A step at 4096 ranks holds 130,000-690,000 samples: marking them
         took the training thread ~0.2-1.5 ms every step, and then 3.6 ms every ~6 steps in batches of SETTLE_IDS."""
         self._kept.append(sample_ids)
-        self._kept_ids += len(sample_ids)
         self.steps += 1
-        if self._kept_ids >= SETTLE_IDS:
-            self._wait_marking()  # the batch before (SETTLE_IDS ids ago): long done
-            batch, self._kept, self._kept_ids = self._kept, [], 0
+        if sum(len(k) for k in self._kept) >= SETTLE_IDS:  # a few arrays: a batch is ~2-8 steps at 4096 ranks
+            self.wait()  # the batch before (SETTLE_IDS ids ago): long done
+            batch, self._kept = self._kept, []
             self._marking = _Marking(self._done, batch)
 
     def to_state(self) -> dict[str, Any]:

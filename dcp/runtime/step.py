@@ -85,9 +85,7 @@ class OpenStep:
     view: RankStep
     """The step's plan as this rank runs it (dcp.runtime.stepview): what the loop reads of the plan."""
     group: GroupPlan
-    """This rank's SP group in the plan (``view.group``)."""
-    n_step: int
-    """Labelled tokens (or samples) of the whole step: the loss weights' denominator."""
+    """This rank's SP group in the plan: ``view.group``, kept as a field because it is read per micro-batch."""
     global_step: int
     """The optimizer step this step will be once done (the manager's global_step + 1 at its start)."""
     t0: float
@@ -107,9 +105,6 @@ class OpenStep:
     """Forwards with gradients this rank ran in the step so far."""
     mb_forwards: int = 0
     """Forwards with gradients of the pending micro-batch (one is the contract)."""
-    trained: Any = None
-    """The step's sample ids, ascending, checked new in the epoch when the plan was prepared
-    (``dcp.runtime.stepview.RankStep.trained``); None: the position checks them as the step finishes."""
     where: str = ""
     """" of epoch E step S": the end of the step's phase names (the loop builds it once, not per micro-batch)."""
     last_index: int = -1
@@ -122,6 +117,17 @@ class OpenStep:
 
     def __post_init__(self) -> None:
         self.last_index = self.group.ga_steps - 1
+
+    @property
+    def n_step(self) -> int:
+        """Labelled tokens (or samples) of the whole step: the loss weights' denominator."""
+        return self.view.n_step
+
+    @property
+    def trained(self) -> Any:
+        """The step's sample ids, ascending, checked new in the epoch when the plan was prepared
+        (``RankStep.trained``); None: the position checks them as the step finishes."""
+        return self.view.trained
 
     @property
     def plan(self) -> StepPlan:
@@ -150,8 +156,7 @@ class OpenStep:
     def finish(self, now: float) -> FinishedStep:
         # a rank that ran no forward this step (idle) counted 0 tokens; -1 marks "model gave no count"
         return FinishedStep(view=self.view, global_step=self.global_step, step_time_s=now - self.t0,
-                            tally=self.tally, has_count=self.tally.has_count or not self.group.micro_batches,
-                            n_step=self.n_step)
+                            tally=self.tally, has_count=self.tally.has_count or not self.group.micro_batches)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,8 +171,6 @@ class FinishedStep:
     tally: StepTally
     has_count: bool
     """False when this rank's model ran forwards but reported no count."""
-    n_step: int = -1
-    """The step's N_step (the count the stats exchange checks the models' counts against); -1: not known."""
 
     def host_stats(self) -> tuple[torch.Tensor, torch.Tensor | None, float]:
         """(loss sum, count or None, busy seconds) on the host: the step's one device-to-host copy."""
