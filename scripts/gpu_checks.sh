@@ -4,7 +4,8 @@
 #   bash scripts/gpu_checks.sh gpu-tests      # pytest tests/gpu
 #   bash scripts/gpu_checks.sh suite K N      # the K-th (0-based) of N slices of the test files, with the
 #                                             # 15 slowest tests listed: each slice fits one device call
-#   bash scripts/gpu_checks.sh suite-xdist N  # the whole suite on N pytest-xdist workers (the GPU image has it)
+#   bash scripts/gpu_checks.sh suite-xdist N  # the whole suite on N pytest-xdist workers (the GPU image has it);
+#                                             # the CUDA tests run in turn on one worker (xdist_group "gpu")
 #   bash scripts/gpu_checks.sh short          # bench gpu --only short: busy share, eager vs compiled blocks
 #   bash scripts/gpu_checks.sh clock          # bench gpu --only clock: profiling clocks on uncalibrated shapes
 # DeepSpeed and its needs come from .whl/ (pure-Python wheels, built as GPU.md says) when it is there.
@@ -31,7 +32,7 @@ log=/dev/null
 case "${1:-}" in
   bench) "$PY" -m dcp.cli bench gpu --no-tests --json 2>&1 | tee "$log" ;;
   short|clock) "$PY" -m dcp.cli bench gpu --only "$1" --json 2>&1 | tee "$log" ;;
-  suite-xdist) "$PY" -m pytest -v -rfE -p no:cacheprovider -n "$2" --durations=15 tests 2>&1 | tee "$log" ;;
+  suite-xdist) "$PY" -m pytest -v -rfE -p no:cacheprovider -n "$2" --dist loadgroup --durations=15 tests 2>&1 | tee "$log" ;;
   gpu-tests) "$PY" -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tee "$log" ;;
   suite)
     k=$2; n=$3

@@ -12,7 +12,11 @@ import torch
 
 from dcp.distributed.launch import run_distributed
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.xdist_group("gpu"),  # one xdist worker runs them in turn (gpu_checks.sh suite-xdist)
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
 
 TOLERANCE = {"bf16": 3e-2, "fp32": 1e-3}  # relative error of the whole update vs the fp32 reference
 

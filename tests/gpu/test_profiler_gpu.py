@@ -12,7 +12,11 @@ from dcp.profiler import profile_table
 from dcp.profiler.memory import state_bytes
 from dcp.runtime.context import SPContext
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.xdist_group("gpu"),  # one xdist worker runs them in turn (gpu_checks.sh suite-xdist)
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
 
 
 def _config(model, **planning) -> DCPConfig:

@@ -12,7 +12,11 @@ from datetime import timedelta
 import pytest
 import torch
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.xdist_group("gpu"),  # one xdist worker runs them in turn (gpu_checks.sh suite-xdist)
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
 
 
 def _child(rank: int, world: int, port: int, results) -> None:
