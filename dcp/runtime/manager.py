@@ -69,6 +69,8 @@ def _default_forward(model: Any, batch: Any, ctx: SPContext) -> Any:
 
 def _set_world_timeout(timeout_s: float) -> None:
     """The default (world) process group's collective timeout: the gradient sync runs on it."""
+    if dist.get_backend() == "fake":  # PyTorch's fake group (dcp bench scale, dry runs): nothing waits, and torch warns
+        return
     try:
         dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout_s))
     except (AttributeError, RuntimeError, ValueError, AssertionError) as exc:  # private API: warn, never fail

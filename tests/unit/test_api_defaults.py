@@ -76,6 +76,7 @@ def test_default_optimizer_line_is_logged_by_rank_0_only(rank, count):
     out = subprocess.run([sys.executable, "-c", FAKE_RANK, str(rank)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert int(out.stdout.strip().splitlines()[-1]) == count  # before: 1 on every rank
+    assert "Set timeout is now only supported" not in out.stderr  # no timeout set on a fake world: no warning
 
 
 def test_a_given_table_keeps_the_edges_it_was_made_with():
