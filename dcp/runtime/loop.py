@@ -135,10 +135,11 @@ class StepLoop:
                             fetch.want([m.sample_ids for m in upcoming.group.micro_batches])  # collated as this trains
                             wanted = True
                     step.mb_index, step.pending, step.applied, step.mb_forwards = i, mb, False, 0  # start_micro_batch
-                    if board is not None:
+                    step.mb_t = time.time()
+                    if board is not None and i == 0:
                         # the step's first micro-batch is written to the store now (a rank that dies in it is named
-                        # there); later ones at the heartbeat's next beat
-                        board.enter(f"micro-batch {i + 1}/{n}{step.where}", publish=i == 0)
+                        # there); the board then follows the step, and the heartbeat writes later ones at its beats
+                        board.follow(step.micro_batch_phase)
                     yield batch
                 if step.open:
                     raise ManagerError(

@@ -93,6 +93,8 @@ class OpenStep:
     tally: StepTally
     mb_index: int = -1
     """Index of the micro-batch in flight among ``group.micro_batches`` (-1 before the first)."""
+    mb_t: float = 0.0
+    """time.time() when the micro-batch in flight was handed out (its phase's start, ``micro_batch_phase``)."""
     pending: MicroBatch | None = None
     """The micro-batch get_data_iter() yielded last (None before the first)."""
     applied: bool = False
@@ -117,6 +119,13 @@ class OpenStep:
 
     def __post_init__(self) -> None:
         self.last_index = self.group.ga_steps - 1
+
+    def micro_batch_phase(self) -> tuple[str, float]:
+        """(phase, time entered) of the micro-batch in flight, formatted when read: the phase board follows it
+        (``PhaseBoard.follow``), from the heartbeat thread too (two attribute reads: a pair read as the loop
+        moves on is at most one micro-batch off, and the next read is right)."""
+        t, i = self.mb_t, self.mb_index
+        return f"micro-batch {i + 1}/{self.last_index + 1}{self.where}", t
 
     @property
     def n_step(self) -> int:

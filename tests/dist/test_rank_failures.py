@@ -16,7 +16,7 @@ import torch
 from dcp.api import set_manager
 from dcp.distributed.launch import DistributedFailure, free_port, run_distributed
 from dcp.runtime.manager import DataMismatchError, PlanMismatchError
-from tests.dist._runtime_cases import planner_setup
+from tests.dist._runtime_cases import build, config_for, group, planner_setup, step
 from tests.dist._stall_job import STALL_S, TIMEOUT_S, stall_job
 
 pytestmark = pytest.mark.dist
@@ -171,3 +171,40 @@ def test_a_survivor_waiting_outside_a_collective_is_stopped_after_the_grace():
         run_distributed(_die_or_wait, 2, timeout_s=300, dead_rank_grace_s=2.0)
     assert "rank 1 exited with code 3 without reporting" in str(info.value)
     assert time.monotonic() - t0 < 120  # the grace after the death, not the 300 s timeout (loaded-host margin)
+
+
+def _followed_phases(rank: int, world: int) -> dict:
+    import json
+    import threading
+
+    model, data = build("t1d")
+    # two steps of three micro-batches per rank (SP 1)
+    plans = [step(0, 2, group(data, 0, 1, 0, [6 * k], [6 * k + 2], [6 * k + 4]),
+                  group(data, 1, 1, 0, [6 * k + 1], [6 * k + 3], [6 * k + 5]), number=k) for k in range(2)]
+    mgr = set_manager(model, data, config_for(model), optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                      plans=lambda e: plans)
+    board, written = mgr._board, []
+    inner, mine = board.store, f"{board.prefix}{rank}"
+
+    class Noting:  # notes this rank's phase writes made by the training thread
+        def set(self, key, value):
+            if key == mine and threading.current_thread() is threading.main_thread():
+                written.append(json.loads(value)["phase"])
+            inner.set(key, value)
+
+        def __getattr__(self, name):
+            return getattr(inner, name)
+
+    board.store = Noting()
+    seen = []
+    for batch in mgr.get_data_iter():
+        seen.append(board.phase)
+        mgr.train_micro_batch(batch)
+    return {"seen": seen, "written": written}
+
+
+def test_the_board_follows_each_micro_batch_and_the_training_thread_writes_only_a_steps_first():
+    for res in run_distributed(_followed_phases, 2, timeout_s=120):
+        assert res["seen"] == [f"micro-batch {i}/3 of epoch 0 step {s}" for s in (0, 1) for i in (1, 2, 3)]
+        assert [p for p in res["written"] if p.startswith("micro-batch")] == [
+            "micro-batch 1/3 of epoch 0 step 0", "micro-batch 1/3 of epoch 0 step 1"]  # later ones: the heartbeat's

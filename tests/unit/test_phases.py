@@ -181,3 +181,41 @@ def test_a_published_phase_is_written_on_the_calling_thread_and_the_last_one_is_
     b1.enter("outside get_data_iter()")
     assert store.writers[-1] == ("dcp/phase/1", threading.current_thread().name)
     assert b0.others()[1][0] == "outside get_data_iter()"
+
+
+def test_a_followed_phase_is_read_when_needed_and_written_by_the_heartbeat():
+    # the step loop's micro-batches: the board follows the step (formatted when read), written now once and
+    # then by the heartbeat's beats; enter() ends the following
+    import threading
+    import time
+
+    store = _ThreadNotingStore()
+    b0, b1 = PhaseBoard(store, 0, 2), PhaseBoard(store, 1, 2)
+    current = {"i": 1}
+    reads = []
+
+    def phase_of():
+        reads.append(threading.current_thread().name)
+        return f"micro-batch {current['i']}/3 of epoch 0 step 4", 100.0 + current["i"]
+
+    b1.follow(phase_of)
+    assert store.writers[-1] == ("dcp/phase/1", threading.current_thread().name)  # the first: written now
+    assert b0.others()[1][0] == "micro-batch 1/3 of epoch 0 step 4"
+    writes = len(store.writers)
+    current["i"] = 2  # the loop moves on: nothing is written or formatted for it
+    assert len(store.writers) == writes and b1.phase == "micro-batch 2/3 of epoch 0 step 4"
+    b1.note = "late"
+    assert b1.phase == "micro-batch 2/3 of epoch 0 step 4 (late)"
+    b1.note = ""
+    with b1.heartbeat(period_s=0.05):
+        deadline = time.monotonic() + 30.0
+        while b0.others()[1][0] != "micro-batch 2/3 of epoch 0 step 4" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert any(name.startswith("dcp-heartbeat") for name in reads)  # read on the heartbeat's thread
+        current["i"] = 3
+    assert b0.others()[1][0] == "micro-batch 3/3 of epoch 0 step 4"  # the last one is written as the beat stops
+    msg = fail_in(b0, "gradient sync of epoch 0 step 4")
+    assert "rank 1 is in 'micro-batch 3/3 of epoch 0 step 4'" in msg
+    b1.enter("gradient sync of epoch 0 step 4")  # no longer following
+    current["i"] = 1
+    assert b1.phase == "gradient sync of epoch 0 step 4"
