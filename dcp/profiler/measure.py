@@ -14,8 +14,9 @@ kernels), layer 1 is measured. Per repetition:
    marginal cost of one recomputation, checkpoint bookkeeping included (several percent of a small
    layer). ``timing='plain'`` keeps the paper's raw forward and backward times.
 
-Each timed region is read with ``settings.clock`` (dcp.profiler.clock): on CUDA by default ``pipelined``, the
-region's cost with the GPU queue pre-filled as inside a whole model, max(host enqueue, GPU time).
+Each timed region is read with ``settings.clock`` (dcp.profiler.clock): by default ``wall``, on CUDA too (a
+synchronised wall-clock span); ``pipelined`` reads the region's cost with the GPU queue pre-filled as inside a
+whole model, max(host enqueue, GPU time).
 
 Memory comes from one metered pass before the timed ones (so a candidate that does not fit stops before
 any timing). With the saved-tensor meter (CPU):

@@ -136,9 +136,10 @@ class StepLoop:
                             wanted = True
                     step.mb_index, step.pending, step.applied, step.mb_forwards = i, mb, False, 0  # start_micro_batch
                     step.mb_t = time.time()
-                    if board is not None and i == 0:
+                    if board is not None and (i == 0 or not board.following):
                         # the step's first micro-batch is written to the store now (a rank that dies in it is named
                         # there); the board then follows the step, and the heartbeat writes later ones at its beats
+                        # (followed again after a collective entered inside the step)
                         board.follow(step.micro_batch_phase)
                     yield batch
                 if step.open:

@@ -91,12 +91,17 @@ class PhaseBoard:
         if publish:
             self._publish(self._entered)
 
+    @property
+    def following(self) -> bool:
+        """True while the board follows a phase (``follow``), until the next ``enter``."""
+        return self._live is not None
+
     def follow(self, phase_of: Callable[[], tuple[str, float]]) -> None:
         """From now until the next ``enter``, this rank's phase is ``phase_of()`` (phase, time.time() entered),
         read when it is needed: here, where it is written to the store now, by the heartbeat at each beat, and by
         a failure's message. For a phase that changes every micro-batch (the step loop's
         ``OpenStep.micro_batch_phase``): nothing is formatted per micro-batch. An ``enter`` per micro-batch
-        cost the training thread ~5 us each, ~0.19 ms a step at 4096 ranks (``dcp bench scale``, 9 of 10
+        cost the training thread ~5 us each, ~0.2 ms a step at 4096 ranks (``dcp bench scale``, 9 of 10
         pairs); ``phase_of`` must be safe to call from the heartbeat thread."""
         self._live = phase_of
         self._publish(self._current())
@@ -111,7 +116,8 @@ class PhaseBoard:
     @contextmanager
     def heartbeat(self, period_s: float | None = None) -> Iterator[None]:
         """Count this rank's heartbeat key up every ``period_s`` (a daemon thread) while the block runs, and write
-        this rank's phase when it changed since the last write (``enter(..., publish=False)``) at each beat.
+        this rank's phase when it changed since the last write (a followed step's micro-batch, or an
+        ``enter(..., publish=False)``) at each beat.
         Default period: 1 s, and 1 s per 1000 ranks beyond that, so the store serves at most ~1000 beats per
         second."""
         period_s = period_s or max(1.0, self.world_size / 1000)
@@ -124,6 +130,9 @@ class PhaseBoard:
                 entered = self._current()  # the training thread replaces _entered and _live, never mutates them
                 if entered != self._published:
                     self._publish(entered)
+                    latest = self._current()
+                    if latest != entered:  # the training thread moved on (and may have written) during that write:
+                        self._publish(latest)  # its phase, not the one read before, is what the store keeps
                 if time.monotonic() >= due:
                     try:
                         self.store.add(key, 1)

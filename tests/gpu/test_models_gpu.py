@@ -75,24 +75,31 @@ def test_cuda_sdpa_fp32_matches_cpu(name):
 @pytest.mark.parametrize("doc_lens", [None, [[300, 212], [512]]])
 def test_grouped_query_attention_at_sp1_on_cuda(doc_lens):
     """Grouped-query k/v (H/H_kv = 4, Llama-3-8B's ratio) through ulysses_attention at SP 1 on CUDA in bf16,
-    packed documents included: equal to attending with k/v repeated by hand, gradients too."""
+    packed documents included, against an independent reference: fp32 SDPA on each document with its own
+    grouped-query mapping (``enable_gqa``), gradients too."""
+    import torch.nn.functional as F
+
     from dcp.runtime.ulysses import ulysses_attention
 
     gen = torch.Generator(device="cuda").manual_seed(3)
     b, s, heads, kv_heads, d = 2, 512, 16, 4, 64
     q, up = (torch.randn(b, s, heads, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
     k, v = (torch.randn(b, s, kv_heads, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
-    ctx = SPContext.single(attention="sdpa")
     grouped = [t.clone().requires_grad_() for t in (q, k, v)]
-    out = ulysses_attention(*grouped, ctx, causal=True, doc_lens=doc_lens)
+    out = ulysses_attention(*grouped, SPContext.single(attention="sdpa"), causal=True, doc_lens=doc_lens)
     (out.float() * up.float()).sum().backward()
-    expanded = [t.clone().requires_grad_() for t in (q, k, v)]
-    rep = heads // kv_heads
-    ref = local_attention(expanded[0], expanded[1].repeat_interleave(rep, dim=2),
-                          expanded[2].repeat_interleave(rep, dim=2), causal=True, doc_lens=doc_lens,
-                          key_padding_mask=None, backend="sdpa")
-    (ref.float() * up.float()).sum().backward()
+    ref_in = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    rows = []
+    for row, docs in enumerate(doc_lens or [[s]] * b):
+        pieces, off = [], 0
+        for n in docs:
+            qd, kd, vd = (t[row:row + 1, off:off + n].transpose(1, 2) for t in ref_in)  # [1, heads, n, d]
+            pieces.append(F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, enable_gqa=True).transpose(1, 2))
+            off += n
+        rows.append(torch.cat(pieces, dim=1))
+    ref = torch.cat(rows, dim=0)
+    (ref * up.float()).sum().backward()
     assert out.shape == (b, s, heads, d) and out.dtype == torch.bfloat16
-    torch.testing.assert_close(out, ref, rtol=0, atol=0)  # same kernels on the same repeated heads
-    for g, e in zip(grouped, expanded, strict=True):  # bf16 defaults: a backward kernel may sum in any order
-        torch.testing.assert_close(g.grad, e.grad)
+    assert _rel_err(out.detach().float(), ref.detach()) < 1e-2
+    for g, r in zip(grouped, ref_in, strict=True):
+        assert g.grad.shape == r.shape and _rel_err(g.grad.float(), r.grad) < 2e-2

@@ -212,6 +212,10 @@ def test_a_followed_phase_is_read_when_needed_and_written_by_the_heartbeat():
         while b0.others()[1][0] != "micro-batch 2/3 of epoch 0 step 4" and time.monotonic() < deadline:
             time.sleep(0.01)
         assert any(name.startswith("dcp-heartbeat") for name in reads)  # read on the heartbeat's thread
+        writes, beats = len(store.writers), len(reads)
+        while len(reads) < beats + 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(store.writers) == writes  # a phase that did not change is not written again at each beat
         current["i"] = 3
     assert b0.others()[1][0] == "micro-batch 3/3 of epoch 0 step 4"  # the last one is written as the beat stops
     msg = fail_in(b0, "gradient sync of epoch 0 step 4")
