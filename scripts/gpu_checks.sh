@@ -4,8 +4,9 @@
 #   bash scripts/gpu_checks.sh gpu-tests      # pytest tests/gpu
 #   bash scripts/gpu_checks.sh suite K N      # the K-th (0-based) of N slices of the test files, with the
 #                                             # 15 slowest tests listed: each slice fits one device call
-#   bash scripts/gpu_checks.sh suite-xdist N  # the whole suite on N pytest-xdist workers (the GPU image has it);
-#                                             # the CUDA tests run in turn on one worker (xdist_group "gpu")
+#   bash scripts/gpu_checks.sh suite-xdist N  # the whole suite: tests/unit and tests/dist on N pytest-xdist
+#                                             # workers (the GPU image has it), tests/gpu beside them in one
+#                                             # process, in turn (no CUDA test times kernels beside another's)
 #   bash scripts/gpu_checks.sh short          # bench gpu --only short: busy share, eager vs compiled blocks
 #   bash scripts/gpu_checks.sh clock          # bench gpu --only clock: profiling clocks on uncalibrated shapes
 # DeepSpeed and its needs come from .whl/ (pure-Python wheels, built as GPU.md says) when it is there.
@@ -32,7 +33,17 @@ log=/dev/null
 case "${1:-}" in
   bench) "$PY" -m dcp.cli bench gpu --no-tests --json 2>&1 | tee "$log" ;;
   short|clock) "$PY" -m dcp.cli bench gpu --only "$1" --json 2>&1 | tee "$log" ;;
-  suite-xdist) "$PY" -m pytest -v -rfE -p no:cacheprovider -n "$2" --dist loadgroup --durations=15 tests 2>&1 | tee "$log" ;;
+  suite-xdist)
+    # pytest-xdist's --dist loadgroup stops grouping from pytest 9.2 (pytest-dev/pytest-xdist#1386; seen here),
+    # so the CUDA tests run in a process of their own; their log is written as they run ($OUT/...-gpu.log)
+    gpu_log=$([ "$log" = /dev/null ] && mktemp || echo "${log%.log}-gpu.log"); rc=0
+    "$PY" -m pytest -v -rfE -p no:cacheprovider --durations=15 tests/gpu > "$gpu_log" 2>&1 & gpu=$!
+    "$PY" -m pytest -v -rfE -p no:cacheprovider -n "$2" --durations=15 tests/unit tests/dist 2>&1 | tee "$log" || rc=$?
+    wait "$gpu" || rc=$?
+    echo "== tests/gpu, in one process beside them:"
+    cat "$gpu_log"
+    [ "$log" = /dev/null ] && rm -f "$gpu_log"
+    exit "$rc" ;;
   gpu-tests) "$PY" -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tee "$log" ;;
   suite)
     k=$2; n=$3

@@ -14,7 +14,6 @@ from dcp.distributed.launch import run_distributed
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.xdist_group("gpu"),  # one xdist worker runs them in turn (gpu_checks.sh suite-xdist)
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
 

@@ -13,7 +13,6 @@ from dcp.runtime.context import SPContext
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.xdist_group("gpu"),  # one xdist worker runs them in turn (gpu_checks.sh suite-xdist)
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
 
