@@ -12,8 +12,9 @@ when the rank enters a collective, the first micro-batch of a step, or leaves th
 so a rank that dies the moment it enters one is still named in it. From a step's first micro-batch the board
 follows the step (``follow``): the phase of the micro-batch in flight is formatted only when read, and the
 heartbeat thread writes it when it next beats, so the store server serves O(W) writes per step, not O(W x
-micro-batches), and the training thread does nothing per micro-batch for the board. A rank that dies between beats is therefore
-named in its step, with the micro-batch it last published (the step's first, or a later one written by a beat).
+micro-batches), and the training thread does nothing per micro-batch for the board. A rank that dies between
+beats is therefore named in its step, with the micro-batch it last published (the step's first, or a later one
+written by a beat).
 (The step's first micro-batch was once written by the heartbeat thread, woken for it, to spare the training
 thread one round trip a step: a rank that died within the thread's wake-up was then named at its previous
 phase, the last step's gradient sync, in 4 of 6 runs of tests/dist/test_rank_failures.py.)
