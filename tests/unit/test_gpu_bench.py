@@ -92,3 +92,33 @@ def test_count_cuda_syncs_counts_torchs_sync_warnings_and_passes_the_others_on(m
     assert (out, syncs) == (5, 2)
     assert [str(w.message) for w in shown] == ["a model's own notice"]
     assert modes == ["error", "warn", "error"]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ([], "usage: [PYTHON=python-with-torch] bash scripts/gpu_checks.sh bench"),
+    (["tests"], "usage: [PYTHON=python-with-torch] bash scripts/gpu_checks.sh bench"),
+    (["suite-xdist"], "suite-xdist needs a worker count N >= 1, e.g. suite-xdist 6"),
+    (["suite-xdist", "0"], "suite-xdist needs a worker count N >= 1"),
+    (["suite", "2", "2"], "suite needs a slice K and a count N with 0 <= K < N"),
+    (["suite", "a", "2"], "suite needs a slice K and a count N with 0 <= K < N"),
+])
+def test_gpu_checks_script_refuses_bad_arguments_with_its_usage(args, message):
+    # checked before anything is imported or installed: exit 2 and one line naming the rule
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "gpu_checks.sh"
+    out = subprocess.run(["bash", str(script), *args], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and message in out.stderr, (out.returncode, out.stderr)
+    assert out.stdout == ""
+
+
+def test_gpu_checks_script_names_a_python_without_torch():
+    import os
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "gpu_checks.sh"
+    out = subprocess.run(["bash", str(script), "bench"], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHON": "false"})
+    assert out.returncode == 2 and "false cannot import torch: set PYTHON to a Python with torch" in out.stderr
