@@ -134,7 +134,7 @@ class StepLoop:
                         if upcoming is not None and upcoming.group is not None:
                             fetch.want([m.sample_ids for m in upcoming.group.micro_batches])  # collated as this trains
                             wanted = True
-                    step.mb_index, step.pending, step.applied, step.mb_forwards = i, mb, False, 0  # start_micro_batch
+                    step.mb_index, step.pending, step.applied, step.mb_forwards = i, mb, False, 0
                     step.mb_t = time.time()
                     if board is not None and (i == 0 or not board.following):
                         # the step's first micro-batch is written to the store now (a rank that dies in it is named
@@ -168,7 +168,7 @@ class StepLoop:
         done = self.step.finish(now) if self.step is not None else None
         self.step = None
         if view is not None:  # folded into the running digest: compared at the next exchange
-            self.exchange.note_plan(view.epoch, view.step, view.digest or view.plan.digest())
+            self.exchange.note_plan(view.epoch, view.step, view.digest)
         # a logged step's stats are exchanged, and the last step's at the end of the epoch or a pause
         logged = done is not None and (view is None or self.exchange.wants_stats(done.global_step))
         if logged or (self.config.runtime.check_plan_hash and (first or view is None)):

@@ -72,7 +72,6 @@ SETTLE_IDS = 1 << 20
 """``record_checked`` keeps up to this many sample ids (8 MiB) of finished steps before marking them in the bitmap."""
 
 
-
 class _Marking:
     """``done[ids] = True`` for each id array of a batch, on a helper thread; ``wait()`` joins it and re-raises
     what it raised."""

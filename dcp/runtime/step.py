@@ -140,9 +140,8 @@ class OpenStep:
 
     @property
     def plan(self) -> StepPlan:
+        """The whole step plan (``view.plan``)."""
         return self.view.plan
-    def start_micro_batch(self, index: int, mb: MicroBatch) -> None:
-        self.mb_index, self.pending, self.applied, self.mb_forwards = index, mb, False, 0
 
     def count_forward(self) -> None:
         """A forward with gradients ran on the pending micro-batch; a second one raises (its loss and tokens

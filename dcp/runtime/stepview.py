@@ -73,9 +73,10 @@ class RankStep:
         return self.trained if self.trained is not None else self.plan.sample_id_array
 
     @classmethod
-    def of(cls, plan: StepPlan, group: GroupPlan | None, *, digest: str, n_step: int,
-           trained: np.ndarray | None) -> RankStep:
-        return cls(plan=plan, group=group, digest=digest, n_step=n_step, tokens=plan.tokens, trained=trained,
+    def of(cls, plan: StepPlan, group: GroupPlan | None, *, n_step: int, trained: np.ndarray | None) -> RankStep:
+        """The view of ``plan`` for the rank in ``group``: the whole-plan reads (digest, tokens, predicted idle,
+        summary) made here, where the view is made."""
+        return cls(plan=plan, group=group, digest=plan.digest(), n_step=n_step, tokens=plan.tokens, trained=trained,
                    idle_ratio=plan.idle_ratio_gpu, summary=plan.summary())
 
 
@@ -102,11 +103,11 @@ class StepViews:
 
     def __call__(self, plan: StepPlan) -> RankStep:
         if plan.world_size != self.world_size:  # refused by the loop with its own message; nothing to look up
-            return RankStep.of(plan, None, digest=plan.digest(), n_step=0, trained=None)
+            return RankStep.of(plan, None, n_step=0, trained=None)
         self._check_new(plan)
         if self.ids is not None:
             plan = plan.with_sample_ids(self.ids[plan.sample_id_array])
-        return RankStep.of(plan, plan.group_of(self.rank), digest=plan.digest(),
+        return RankStep.of(plan, plan.group_of(self.rank),
                            n_step=step_normaliser(plan, self.target_counts, self.loss_weighting),
                            trained=np.sort(plan.sample_id_array))
 

@@ -170,7 +170,7 @@ def _loop_in_a_step():
     plan = StepPlan(epoch=0, step=0, world_size=1, method="dcp-intra",
                     groups=(GroupPlan(first_rank=0, sp_size=1, recompute_layers=0, micro_batches=mbs),))
     loop = StepLoop.__new__(StepLoop)  # forward_out reads only the open step
-    view = RankStep.of(plan, plan.groups[0], digest="", n_step=14, trained=None)
+    view = RankStep.of(plan, plan.groups[0], n_step=14, trained=None)
     loop.step = OpenStep(view=view, group=view.group, global_step=1, t0=0.0, tally=StepTally.zeros("cpu"))
     loop.step.mb_index, loop.step.pending = 0, mbs[0]
     return loop

@@ -66,7 +66,7 @@ def test_the_runtime_imports_no_package_above_it():
 
 def test_open_step_knows_its_last_micro_batch_and_finishes_into_a_value():
     plan = _plan(2)
-    view = RankStep.of(plan, plan.groups[0], digest=plan.digest(), n_step=14, trained=None)
+    view = RankStep.of(plan, plan.groups[0], n_step=14, trained=None)
     step = OpenStep(view=view, group=view.group, global_step=1, t0=1.0, tally=StepTally.zeros("cpu"))
     assert step.plan is plan and (view.epoch, view.step, view.tokens) == (plan.epoch, plan.step, plan.tokens)
     assert (step.n_step, step.trained) == (14, None)  # read from the view, not copied
