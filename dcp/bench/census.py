@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_gather_single", "all_gather_object", "all_reduce", "all_to_all",
-               "all_to_all_single", "barrier", "broadcast", "broadcast_object_list", "gather", "reduce",
+COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_gather_single", "all_gather_object", "all_reduce",
+               "all_to_all", "all_to_all_single", "barrier", "broadcast", "broadcast_object_list", "gather", "reduce",
                "reduce_scatter_tensor", "scatter", "send", "recv")
 """The torch.distributed functions counted (the ones dcp, DDP-style engines and the profiler call)."""
 GROUP_MAKERS = ("new_group", "split_group")
