@@ -35,10 +35,14 @@ case "${1:-}" in
   short|clock) "$PY" -m dcp.cli bench gpu --only "$1" --json 2>&1 | tee "$log" ;;
   suite-xdist)
     # pytest-xdist's --dist loadgroup stops grouping from pytest 9.2 (pytest-dev/pytest-xdist#1386; seen here),
-    # so the CUDA tests run in a process of their own; their log is written as they run ($OUT/...-gpu.log)
+    # so the CUDA tests run in a process of their own; their log is written as they run ($OUT/...-gpu.log).
+    # worksteal: an idle worker takes queued tests from a busy one, so the slow multi-process files
+    # (tests/dist/test_rank_failures.py, ~2 min) do not queue behind each other on one worker
     gpu_log=$([ "$log" = /dev/null ] && mktemp || echo "${log%.log}-gpu.log"); rc=0
     "$PY" -m pytest -v -rfE -p no:cacheprovider --durations=15 tests/gpu > "$gpu_log" 2>&1 & gpu=$!
-    "$PY" -m pytest -v -rfE -p no:cacheprovider -n "$2" --durations=15 tests/unit tests/dist 2>&1 | tee "$log" || rc=$?
+    # one intra-op thread per worker: torch's default is one per core, N workers x 16 threads on 16 cores
+    # (the third H200 loan's suite-xdist 12 ran past 515 s with it, and the CUDA tests beside it took 498 s)
+    OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "$PY" -m pytest -v -rfE -p no:cacheprovider -n "$2" --dist worksteal --durations=15 tests/unit tests/dist 2>&1 | tee "$log" || rc=$?
     wait "$gpu" || rc=$?
     echo "== tests/gpu, in one process beside them:"
     cat "$gpu_log"

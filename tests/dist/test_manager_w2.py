@@ -3,6 +3,8 @@ real planner's steps, a hand-made mixed step, and sample weighting, in one spawn
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -15,22 +17,31 @@ pytestmark = pytest.mark.dist
 
 def _updates_equal_reference(mgr, model, data, epoch: int, weighting: str = "tokens", *, last: bool = True) -> dict:
     """One epoch of the paper's loop; every optimizer step's update equals -lr * the reference gradient of
-    the mean loss over that step's samples (SGD, lr = 1). Steps in which this rank idles yield no batch, so
-    only steps followed directly by a busy one are checked, and the last one when ``last`` or when it is the
-    epoch's last step (with a table profiled in the run, the plans, and so which steps this rank idles, change
-    from run to run: counting only steps followed by a busy one left some runs with none)."""
+    the mean loss over that step's samples (SGD, lr = 1). Steps in which this rank idles yield no batch: the
+    weights the rank sees next have moved by those steps too, so a step followed by idle ones is checked against
+    the chained reference of all of them (the epoch's plans are deterministic: planning it again gives the same
+    steps). With a table profiled in the run which steps a rank idles changes from run to run; counting only
+    steps followed by a busy one left some runs with none. The last one is checked when ``last`` (then its
+    update is complete) or when it is the epoch's last step."""
     eng = mgr.engine
     n_steps, sp_seen, plan, before, want = 0, set(), None, None, None
 
-    def check() -> None:
-        for b, p, w in zip(before, list(model.parameters()), want, strict=True):
+    all_plans: list = []
+
+    def check(upto: int) -> None:
+        """The weights moved by the reference of ``plan``'s step and the idle steps after it, up to ``upto``."""
+        moved = want
+        if upto > plan.step + 1:
+            all_plans[:] = all_plans or list(mgr.epoch_plans(epoch))
+            moved = _chained_update(model, data, before, want, all_plans[plan.step + 1:upto], weighting)
+        for b, p, w in zip(before, list(model.parameters()), moved, strict=True):
             torch.testing.assert_close(b - p.detach(), w, rtol=1e-4, atol=1e-6)
 
     data.set_epoch(epoch)
     for batch in mgr.get_data_iter():
-        if mgr.plan is not plan:  # first micro-batch of a new step: the previous step is complete
-            if plan is not None and mgr.plan.step == plan.step + 1:
-                check()
+        if mgr.plan is not plan:  # first micro-batch of a new step: the previous steps are complete
+            if plan is not None:
+                check(mgr.plan.step)
                 n_steps += 1
             plan = mgr.plan
             before = [p.detach().clone() for p in model.parameters()]
@@ -45,10 +56,28 @@ def _updates_equal_reference(mgr, model, data, epoch: int, weighting: str = "tok
     # the rank's last step is complete when nothing ran after it: when ``last``, or when it is the epoch's last
     # step (the epoch's plans are deterministic: planning it again gives the same steps; an idle rank's later
     # steps would move the weights without this rank seeing a batch)
-    if plan is not None and (last or plan.step == sum(1 for _ in mgr.epoch_plans(epoch)) - 1):
-        check()
+    if plan is not None:
+        n_epoch = len(all_plans) or sum(1 for _ in mgr.epoch_plans(epoch))
+        if last or plan.step == n_epoch - 1:
+            check(plan.step + 1)
+        else:  # the epoch's later steps all idle this rank: they moved the weights too
+            check(n_epoch)
         n_steps += 1
     return {"steps": n_steps, "sp": sorted(sp_seen)}
+
+
+def _chained_update(model, data, before, first, plans, weighting: str) -> list[torch.Tensor]:
+    """before - (the weights after the update ``first`` and then each of ``plans``' reference updates, SGD lr = 1)."""
+    ref = copy.deepcopy(model)
+    with torch.no_grad():
+        for p, b, g in zip(ref.parameters(), before, first, strict=True):
+            p.copy_(b - g)
+    for plan in plans:
+        grads = reference_grads(ref, data, plan.sample_ids, weighting=weighting)
+        with torch.no_grad():
+            for p, g in zip(ref.parameters(), grads, strict=True):
+                p.sub_(g)
+    return [b - p.detach() for b, p in zip(before, ref.parameters(), strict=True)]
 
 
 def _w2(rank: int, world: int, cache_dir: str) -> dict:
@@ -88,6 +117,15 @@ def _w2(rank: int, world: int, cache_dir: str) -> dict:
         mgr = set_manager(model, data, config_for(model, weighting=weighting), optimizer=opt,
                           plans=lambda e, plans=plans: [plans[e]])
         out[weighting] = [_updates_equal_reference(mgr, model, data, e, weighting) for e in range(2)]
+
+    # 3. A step in which rank 1 idles: its update is checked with the step before it (the chained reference).
+    model, data = build("t1d", seed=2)
+    plans = [step(0, world, group(data, 0, 2, 1, [0], [1]), number=0),
+             step(0, world, group(data, 0, 1, 0, [3], [2]), group(data, 1, 1, 0), number=1),
+             step(0, world, group(data, 0, 2, 0, [4], [5]), number=2)]
+    mgr = set_manager(model, data, config_for(model), optimizer=torch.optim.SGD(model.parameters(), lr=1.0),
+                      plans=lambda e: plans)
+    out["idle"] = _updates_equal_reference(mgr, model, data, 0)
     return out
 
 
@@ -99,4 +137,5 @@ def test_w2_profile_in_run_and_exact_gradients(tmp_path):
         for weighting in ("tokens", "samples"):
             assert [s["steps"] for s in o[weighting]] == [1, 1]
             assert [s["sp"] for s in o[weighting]] == [[2], [1]]
+    assert [o["idle"]["steps"] for o in out] == [3, 2]  # rank 1's first check covers its idle step
     assert list((tmp_path / "cache").iterdir()), "the profiled table was cached"

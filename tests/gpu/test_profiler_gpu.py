@@ -98,7 +98,9 @@ def test_pipelined_clock_on_cuda():
     end = queue.mark()
     queue.sync()
     assert 0.008 < queue.elapsed_s(start, end) < 0.013
-    a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+    # 8 x 8192^3 bf16 matmuls (~11 ms on an H200): a queue deep enough that a busy host (a suite beside it)
+    # does not leave the GPU idle between launches; at 4096^3 (~1.3 ms a region) it did (1.35 vs 2.14 ms)
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
     small = torch.randn(16, device=device)
 
     def gpu_bound():
@@ -126,7 +128,9 @@ def test_pipelined_clock_times_a_region_that_syncs_with_the_wall_clock():
     from dcp.profiler.clock import MAX_UNCOVERED, RegionClock
 
     device = torch.device("cuda", torch.cuda.current_device())
-    a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+    # 8 x 8192^3 bf16 matmuls (~11 ms on an H200): a queue deep enough that a busy host (a suite beside it)
+    # does not leave the GPU idle between launches; at 4096^3 (~1.3 ms a region) it did (1.35 vs 2.14 ms)
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
 
     def synced():
         (a @ a).sum().item()  # the host waits here, behind the hold
