@@ -68,10 +68,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="compute precision (auto: bf16 on CUDA)")
     parser.add_argument("--compile", default="off", choices=COMPILE_MODES,
                         help="runtime.compile of every model the checks build and of the sweep's runs (default off)")
-    parser.add_argument("--only", default="all", choices=("all", "short", "clock"),
+    parser.add_argument("--only", default="all", choices=("all", "short", "clock", "prefetch"),
                         help="all: the checks above; short: busy share and tokens/s of 1k-8k-token micro-batches, "
                              "eager vs compiled blocks (dcp.bench.gpu_short); clock: the profiling clocks' "
-                             "predictions against measured steps on shapes the calibration file does not hold")
+                             "predictions against measured steps on shapes the calibration file does not hold; "
+                             "prefetch: step time with runtime.prefetch on and off through the manager at W = 1 "
+                             "(dcp.bench.gpu_prefetch)")
     parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"), help=argparse.SUPPRESS)
     parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
 
@@ -393,11 +395,16 @@ def _step_figures(step: str, rows: list[dict], summary: dict, sweeps: list[dict]
 
 def _run_only(only: str, t1d: str, device: Any, precision: str, layers: int, reps: int, tiny: bool,
               as_json: bool) -> int:
-    """``--only short`` or ``--only clock``: one focused check, its table and (``--json``) its JSON line."""
+    """``--only short``, ``clock`` or ``prefetch``: one focused check, its table and (``--json``) its JSON line."""
+    from dcp.bench.gpu_prefetch import prefetch_rows, print_prefetch
     from dcp.bench.gpu_short import best_busy, print_short, short_rows
 
     head = {"cuda": device.type == "cuda", "device": str(device), "precision": precision, "check": only}
-    if only == "short":
+    if only == "prefetch":
+        rows = prefetch_rows(cuda=device.type == "cuda", precision=precision, layers=layers, tiny=tiny)
+        print_prefetch(rows)
+        head.update(rows=rows)
+    elif only == "short":
         # tiny: lengths / 256 and torch.compile's aot_eager backend (no code generation), as the CPU tests run it
         rows = short_rows(t1d, device, precision, layers, reps, scale=256 if tiny else 1,
                           backend="aot_eager" if tiny else "inductor",

@@ -30,7 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print a JSON object as the last line")
 
 
-def _plan(epoch: int, step: int, sp_sizes: tuple[int, ...], ga: int, seq_len: int, world: int, b: int = 1) -> Any:
+def fixed_step_plan(epoch: int, step: int, sp_sizes: tuple[int, ...], ga: int, seq_len: int, world: int,
+                    b: int = 1) -> Any:
+    """Step ``step`` of a hand-made epoch: one group per SP size in ``sp_sizes``, ``ga`` micro-batches of ``b``
+    samples of ``seq_len`` tokens each, samples ``(2 * step + g) * ga * b`` onwards for group ``g``."""
     from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
 
     groups, first = [], 0
@@ -65,11 +68,11 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     data = SyntheticTokenDataset([seq_len] * (2 * steps * ga * spec["mb_size"]), vocab_size=model.config.vocab_size)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     b = spec["mb_size"]
-    fixed = _plan(0, 0, (2,), ga, seq_len, world, b)
+    fixed = fixed_step_plan(0, 0, (2,), ga, seq_len, world, b)
     # default config except one log line per round (a per-step line to a pipe costs ~0.5 ms on this host)
     config = DCPConfig(model=model.config.shape(), runtime=RuntimeConfig(log_every=steps, prefetch="on"))
     def plans(e: int) -> list[Any]:
-        return [_plan(e, s, spec["pattern"](s), ga, seq_len, world, b) for s in range(steps)]
+        return [fixed_step_plan(e, s, spec["pattern"](s), ga, seq_len, world, b) for s in range(steps)]
 
     mgr = set_manager(model, data, config, optimizer=opt, plans=plans)
     # the same manager with collation on the training thread (runtime.prefetch = false), same optimizer

@@ -122,3 +122,26 @@ def test_gpu_checks_script_names_a_python_without_torch():
     out = subprocess.run(["bash", str(script), "bench"], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHON": "false"})
     assert out.returncode == 2 and "false cannot import torch: set PYTHON to a Python with torch" in out.stderr
+
+
+def test_only_prefetch_runs_both_modes_through_the_manager_on_cpu(capsys):
+    """`dcp bench gpu --only prefetch` through its hidden tiny CPU path (gloo, W = 1): both cases, both modes
+    timed in every round, and only the "on" manager's micro-batches came from the prefetch thread."""
+    assert main(["bench", "gpu", "--device", "cpu", "--tiny", "--only", "prefetch", "--json"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    rows = json.loads(out[-1])["rows"]
+    assert [(r["model"], r["tokens"], r["b"]) for r in rows] == [("t1d-tiny", 64, 2), ("t2d-tiny", 64, 1)]
+    for r in rows:
+        assert r["step_ms_on"] > 0 and r["step_ms_off"] > 0 and r["collate_ms_per_micro_batch"] > 0
+        assert 0 <= r["saving_positive_rounds"] <= r["rounds"] == 7
+        # 1 warm-up + 7 rounds of 3 steps x 4 micro-batches; each round's first micro-batch is collated in place
+        assert r["prefetched"] == {"on": 8 * (3 * 4 - 1), "off": 0}
+    assert any(ln.startswith("model") and "saving ms" in ln for ln in out)
+
+
+def test_prefetch_case_of_a_video_model_needs_whole_frames():
+    from dcp.bench.gpu_prefetch import _dataset
+    from dcp.models import build_model
+
+    with pytest.raises(ValueError, match=r"tokens \(66\) must be a multiple of t2d.synthetic_frames \(4\)"):
+        _dataset(build_model("t2d-tiny"), 4, 66)

@@ -1,0 +1,136 @@
+"""``dcp bench gpu --only prefetch``: what collating the next micro-batches ahead saves a step on one device.
+
+The manager at W = 1 (NCCL on CUDA; gloo on the hidden CPU path) runs the same hand-made steps with
+``runtime.prefetch = "on"`` (collation, and on CUDA the pinned host copy, on the prefetch thread) and ``"off"``
+(both on the training thread, between two micro-batches), in alternating order, round after round. The loop is
+the paper's (forward, backward, step), with no host read of the loss, so the host runs ahead of the device as a
+training job does. Per case: the median step time of each mode, the saving (off minus on, paired within a
+round) and the host time of collating one micro-batch alone, i.e. what there is to hide.
+
+The cases: a short Transformer-1D micro-batch (1024 tokens: the host is the limit on an H200, every host
+microsecond is step time) and a long Transformer-2D one (16384 tokens of video latents: collation costs
+milliseconds, and the device takes longer than the host to run the step).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from dcp.bench.runtime import fixed_step_plan
+
+PREFETCH_CASES = (("t1d-5b", 1024, 1), ("t2d-1.2b", 16384, 1))
+"""(model, tokens per sample, samples per micro-batch) of each case."""
+TINY_CASES = (("t1d-tiny", 64, 2), ("t2d-tiny", 64, 1))
+
+
+def _dataset(model: Any, num_samples: int, tokens: int) -> Any:
+    """Synthetic samples of ``tokens`` tokens for ``model``: token ids (T1D) or video latents of T x S (T2D)."""
+    from dcp.runtime.data import SyntheticTokenDataset, SyntheticVideoDataset
+
+    config = model.config
+    if hasattr(config, "vocab_size"):
+        return SyntheticTokenDataset([tokens] * num_samples, vocab_size=config.vocab_size)
+    frames = config.synthetic_frames
+    if tokens % frames:
+        raise ValueError(f"prefetch case tokens ({tokens}) must be a multiple of t2d.synthetic_frames ({frames})")
+    return SyntheticVideoDataset([(frames, tokens // frames)] * num_samples, in_channels=config.in_channels)
+
+
+def _worker(rank: int, world: int, spec: dict[str, Any]) -> list[dict[str, Any]]:
+    import dataclasses
+    import logging
+
+    import torch
+
+    from dcp.api import set_manager
+    from dcp.config import DCPConfig, RuntimeConfig
+    from dcp.distributed.device import move_batch
+    from dcp.models import build_model
+
+    logging.getLogger("dcp").setLevel(logging.WARNING)  # no per-round log lines
+    cuda = spec["cuda"]
+    if cuda:
+        torch.cuda.set_device(0)
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    steps, ga, rounds = spec["steps"], spec["ga"], spec["rounds"]
+    out = []
+    for name, tokens, b in spec["cases"]:
+        model = build_model(name, num_layers=spec["layers"]).to(device)
+        data = _dataset(model, 2 * steps * ga * b, tokens)
+
+        def plans(e: int, tokens: int = tokens, b: int = b) -> list[Any]:
+            return [fixed_step_plan(e, s, (1,), ga, tokens, 1, b) for s in range(steps)]
+
+        base = DCPConfig(model=model.config.shape(),
+                         runtime=RuntimeConfig(log_every=steps, precision=spec["precision"]))
+        opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+        managers = {mode: set_manager(model, data, base.replace(runtime=dataclasses.replace(base.runtime, prefetch=mode)),
+                                      optimizer=opt, plans=plans) for mode in ("on", "off")}
+
+        for mode in ("on", "off"):  # warm-up: kernels, allocator, the prefetch thread
+            _epoch_s(managers[mode], sync)
+        times: dict[str, list[float]] = {"on": [], "off": []}
+        for r in range(rounds):
+            for mode in (("on", "off") if r % 2 == 0 else ("off", "on")):
+                times[mode].append(_epoch_s(managers[mode], sync) / steps)
+        collate = []
+        for i in range(5):  # one micro-batch collated and moved, as the training thread does without prefetching
+            t0 = time.perf_counter()
+            batch = move_batch(data.collate([data[j] for j in range(i * b, (i + 1) * b)]), device)
+            sync()
+            collate.append(time.perf_counter() - t0)
+            del batch
+        saving = [off - on for on, off in zip(times["on"], times["off"], strict=True)]
+        out.append({"model": name, "tokens": tokens, "b": b, "ga": ga,
+                    "step_ms_on": round(1e3 * statistics.median(times["on"]), 3),
+                    "step_ms_off": round(1e3 * statistics.median(times["off"]), 3),
+                    "saving_ms": round(1e3 * statistics.median(saving), 3),
+                    "saving_pct": round(100 * statistics.median(s / on for s, on in zip(saving, times["on"], strict=True)), 2),
+                    "saving_positive_rounds": sum(s > 0 for s in saving), "rounds": rounds,
+                    "collate_ms_per_micro_batch": round(1e3 * statistics.median(collate), 3),
+                    # micro-batches that came ahead from the prefetch thread, per mode (off: none)
+                    "prefetched": {mode: m._loop.prefetched for mode, m in managers.items()}})
+        del managers, model, opt
+        if cuda:
+            torch.cuda.empty_cache()
+    return out
+
+
+def _epoch_s(mgr: Any, sync: Any) -> float:
+    """Seconds of one epoch of the paper's loop through ``mgr``, the device's queue drained at both ends."""
+    eng = mgr.engine
+    sync()
+    t0 = time.perf_counter()
+    for batch in mgr.get_data_iter():
+        mgr.optimize_dynamics(batch, eng)
+        loss = eng(batch)
+        eng.backward(loss)
+        eng.step()
+    sync()
+    return time.perf_counter() - t0
+
+
+def prefetch_rows(*, cuda: bool, precision: str, layers: int, tiny: bool, rounds: int = 7) -> list[dict[str, Any]]:
+    """One row per case (PREFETCH_CASES, or TINY_CASES on the CPU test path), measured in a W = 1 job."""
+    from dcp.distributed.launch import run_distributed
+
+    spec = {"cuda": cuda, "precision": precision, "layers": layers, "steps": 3, "ga": 4, "rounds": rounds,
+            "cases": TINY_CASES if tiny else PREFETCH_CASES}
+    env = {"DS_ACCELERATOR": "cuda"} if cuda else {}
+    return run_distributed(_worker, 1, spec, backend="nccl" if cuda else "gloo", timeout_s=600, env=env)[0]
+
+
+def print_prefetch(rows: list[dict[str, Any]]) -> None:
+    print(f"{'model':<10} {'tokens':>6} {'b':>2} {'ga':>3} {'step ms on':>11} {'off':>9} {'saving ms':>10} "
+          f"{'saving %':>9} {'rounds +':>9} {'collate ms/mb':>14}")
+    for r in rows:
+        print(f"{r['model']:<10} {r['tokens']:>6} {r['b']:>2} {r['ga']:>3} {r['step_ms_on']:>11.2f} "
+              f"{r['step_ms_off']:>9.2f} {r['saving_ms']:>10.3f} {r['saving_pct']:>9.2f} "
+              f"{r['saving_positive_rounds']:>4}/{r['rounds']:<4} {r['collate_ms_per_micro_batch']:>14.3f}")
