@@ -67,7 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"),
                         help="compute precision (auto: bf16 on CUDA)")
     parser.add_argument("--compile", default="off", choices=COMPILE_MODES,
-                        help="runtime.compile of every model the checks build and of the sweep's runs (default off)")
+                        help="runtime.compile of every model the checks build and of the sweep's runs (default off; "
+                             "--only checks run eager, and --only short compares eager and compiled itself)")
     parser.add_argument("--only", default="all", choices=("all", "short", "clock", "prefetch"),
                         help="all: the checks above; short: busy share and tokens/s of 1k-8k-token micro-batches, "
                              "eager vs compiled blocks (dcp.bench.gpu_short); clock: the profiling clocks' "

@@ -4,11 +4,15 @@ The manager at W = 1 (NCCL on CUDA; gloo on the hidden CPU path) runs the same h
 ``runtime.prefetch = "on"`` (collation, and on CUDA the pinned host copy, on the prefetch thread) and ``"off"``
 (both on the training thread, between two micro-batches), in alternating order, round after round. The loop is
 the paper's (forward, backward, step), with no host read of the loss, so the host runs ahead of the device as a
-training job does. Per case: the median step time of each mode, the saving (off minus on, paired within a
-round) and the host time of collating one micro-batch alone, i.e. what there is to hide.
+training job does. A round is one epoch of 10 steps in each mode; the epoch's fixed costs (the prefetch
+thread's start and stop, its first micro-batch collated in place, the end-of-epoch stats exchange) are paid by
+both modes and spread over its steps. Per case: the median step time of each mode, the saving (off minus on,
+paired within a round) and the host time of what the prefetch thread takes off the training thread for one
+micro-batch (``dataset[i]``, ``collate`` and, on CUDA, the pinned copy; not the host-to-device copy, which the
+training thread enqueues in both modes).
 
-The cases: a short Transformer-1D micro-batch (1024 tokens: the host is the limit on an H200, every host
-microsecond is step time) and a long Transformer-2D one (16384 tokens of video latents: collation costs
+The cases: a short Transformer-1D micro-batch (1024 tokens, whose step an H200 runs in about the time the
+host takes to enqueue it) and a long Transformer-2D one (16384 tokens of video latents: collation costs
 milliseconds, and the device takes longer than the host to run the step).
 """
 
@@ -34,20 +38,23 @@ def _dataset(model: Any, num_samples: int, tokens: int) -> Any:
         return SyntheticTokenDataset([tokens] * num_samples, vocab_size=config.vocab_size)
     frames = config.synthetic_frames
     if tokens % frames:
-        raise ValueError(f"prefetch case tokens ({tokens}) must be a multiple of t2d.synthetic_frames ({frames})")
+        raise ValueError(f"prefetch case tokens ({tokens}) must be a multiple of t2d.synthetic_frames ({frames}): "
+                         f"use {tokens - tokens % frames or frames} tokens")
     return SyntheticVideoDataset([(frames, tokens // frames)] * num_samples, in_channels=config.in_channels)
 
 
 def _worker(rank: int, world: int, spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The W = 1 job: for each case, the two managers on one model, warmed up, then ``rounds`` paired rounds."""
     import dataclasses
+    import gc
     import logging
 
     import torch
 
     from dcp.api import set_manager
     from dcp.config import DCPConfig, RuntimeConfig
-    from dcp.distributed.device import move_batch
     from dcp.models import build_model
+    from dcp.runtime.prefetch import pin_batch
 
     logging.getLogger("dcp").setLevel(logging.WARNING)  # no per-round log lines
     cuda = spec["cuda"]
@@ -71,8 +78,10 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> list[dict[str, Any]]
         base = DCPConfig(model=model.config.shape(),
                          runtime=RuntimeConfig(log_every=steps, precision=spec["precision"]))
         opt = torch.optim.SGD(model.parameters(), lr=1e-6)
-        managers = {mode: set_manager(model, data, base.replace(runtime=dataclasses.replace(base.runtime, prefetch=mode)),
-                                      optimizer=opt, plans=plans) for mode in ("on", "off")}
+        managers = {}
+        for mode in ("on", "off"):
+            config = base.replace(runtime=dataclasses.replace(base.runtime, prefetch=mode))
+            managers[mode] = set_manager(model, data, config, optimizer=opt, plans=plans)
 
         for mode in ("on", "off"):  # warm-up: kernels, allocator, the prefetch thread
             _epoch_s(managers[mode], sync)
@@ -81,10 +90,11 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> list[dict[str, Any]]
             for mode in (("on", "off") if r % 2 == 0 else ("off", "on")):
                 times[mode].append(_epoch_s(managers[mode], sync) / steps)
         collate = []
-        for i in range(5):  # one micro-batch collated and moved, as the training thread does without prefetching
+        for i in range(5):  # what the prefetch thread does for one micro-batch (BatchPrefetcher's collation)
             t0 = time.perf_counter()
-            batch = move_batch(data.collate([data[j] for j in range(i * b, (i + 1) * b)]), device)
-            sync()
+            batch = data.collate([data[j] for j in range(i * b, (i + 1) * b)])
+            if cuda:
+                batch = pin_batch(batch)
             collate.append(time.perf_counter() - t0)
             del batch
         saving = [off - on for on, off in zip(times["on"], times["off"], strict=True)]
@@ -92,12 +102,14 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> list[dict[str, Any]]
                     "step_ms_on": round(1e3 * statistics.median(times["on"]), 3),
                     "step_ms_off": round(1e3 * statistics.median(times["off"]), 3),
                     "saving_ms": round(1e3 * statistics.median(saving), 3),
-                    "saving_pct": round(100 * statistics.median(s / on for s, on in zip(saving, times["on"], strict=True)), 2),
+                    "saving_pct": round(100 * statistics.median(
+                        s / on for s, on in zip(saving, times["on"], strict=True)), 2),
                     "saving_positive_rounds": sum(s > 0 for s in saving), "rounds": rounds,
                     "collate_ms_per_micro_batch": round(1e3 * statistics.median(collate), 3),
                     # micro-batches that came ahead from the prefetch thread, per mode (off: none)
                     "prefetched": {mode: m._loop.prefetched for mode, m in managers.items()}})
         del managers, model, opt
+        gc.collect()  # the managers' and engines' reference cycles: the next case's model needs the memory
         if cuda:
             torch.cuda.empty_cache()
     return out
@@ -117,11 +129,11 @@ def _epoch_s(mgr: Any, sync: Any) -> float:
     return time.perf_counter() - t0
 
 
-def prefetch_rows(*, cuda: bool, precision: str, layers: int, tiny: bool, rounds: int = 7) -> list[dict[str, Any]]:
+def prefetch_rows(*, cuda: bool, precision: str, layers: int, tiny: bool, rounds: int = 5) -> list[dict[str, Any]]:
     """One row per case (PREFETCH_CASES, or TINY_CASES on the CPU test path), measured in a W = 1 job."""
     from dcp.distributed.launch import run_distributed
 
-    spec = {"cuda": cuda, "precision": precision, "layers": layers, "steps": 3, "ga": 4, "rounds": rounds,
+    spec = {"cuda": cuda, "precision": precision, "layers": layers, "steps": 10, "ga": 2, "rounds": rounds,
             "cases": TINY_CASES if tiny else PREFETCH_CASES}
     env = {"DS_ACCELERATOR": "cuda"} if cuda else {}
     return run_distributed(_worker, 1, spec, backend="nccl" if cuda else "gloo", timeout_s=600, env=env)[0]

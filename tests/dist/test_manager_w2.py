@@ -15,14 +15,14 @@ from tests.dist._runtime_cases import build, config_for, group, reference_grads,
 pytestmark = pytest.mark.dist
 
 
-def _updates_equal_reference(mgr, model, data, epoch: int, weighting: str = "tokens", *, last: bool = True) -> dict:
+def _updates_equal_reference(mgr, model, data, epoch: int, weighting: str = "tokens") -> dict:
     """One epoch of the paper's loop; every optimizer step's update equals -lr * the reference gradient of
     the mean loss over that step's samples (SGD, lr = 1). Steps in which this rank idles yield no batch: the
     weights the rank sees next have moved by those steps too, so a step followed by idle ones is checked against
     the chained reference of all of them (the epoch's plans are deterministic: planning it again gives the same
     steps). With a table profiled in the run which steps a rank idles changes from run to run; counting only
-    steps followed by a busy one left some runs with none. The last one is checked when ``last`` (then its
-    update is complete) or when it is the epoch's last step."""
+    steps followed by a busy one left some runs with none. The rank's last step is checked with the epoch's
+    steps after it (all idle for this rank)."""
     eng = mgr.engine
     n_steps, sp_seen, plan, before, want = 0, set(), None, None, None
 
@@ -31,7 +31,7 @@ def _updates_equal_reference(mgr, model, data, epoch: int, weighting: str = "tok
     def check(upto: int) -> None:
         """The weights moved by the reference of ``plan``'s step and the idle steps after it, up to ``upto``."""
         moved = want
-        if upto > plan.step + 1:
+        if upto > plan.step + 1:  # a fresh epoch's plans: step k is the k-th of epoch_plans
             all_plans[:] = all_plans or list(mgr.epoch_plans(epoch))
             moved = _chained_update(model, data, before, want, all_plans[plan.step + 1:upto], weighting)
         for b, p, w in zip(before, list(model.parameters()), moved, strict=True):
@@ -53,15 +53,10 @@ def _updates_equal_reference(mgr, model, data, epoch: int, weighting: str = "tok
             loss = eng(batch)
             eng.backward(loss)
             eng.step()
-    # the rank's last step is complete when nothing ran after it: when ``last``, or when it is the epoch's last
-    # step (the epoch's plans are deterministic: planning it again gives the same steps; an idle rank's later
-    # steps would move the weights without this rank seeing a batch)
+    # the rank's last step, with the epoch's steps after it, which idle this rank but moved the weights too (the
+    # epoch's plans are deterministic: planning it again gives the same steps)
     if plan is not None:
-        n_epoch = len(all_plans) or sum(1 for _ in mgr.epoch_plans(epoch))
-        if last or plan.step == n_epoch - 1:
-            check(plan.step + 1)
-        else:  # the epoch's later steps all idle this rank: they moved the weights too
-            check(n_epoch)
+        check(len(all_plans) or sum(1 for _ in mgr.epoch_plans(epoch)))
         n_steps += 1
     return {"steps": n_steps, "sp": sorted(sp_seen)}
 
@@ -97,7 +92,7 @@ def _w2(rank: int, world: int, cache_dir: str) -> dict:
     mgr = set_manager(model, data, cfg, optimizer=opt)
     needed = [mgr.need_profile()]
     mgr.init_profiler()
-    out["epoch0"] = _updates_equal_reference(mgr, model, data, 0, last=False)
+    out["epoch0"] = _updates_equal_reference(mgr, model, data, 0)
     needed.append(mgr.need_profile())  # the table is in memory now
     # a second manager in the same job finds the cache: no second profiling run
     model2, data2 = build("t1d")

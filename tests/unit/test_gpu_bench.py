@@ -133,9 +133,9 @@ def test_only_prefetch_runs_both_modes_through_the_manager_on_cpu(capsys):
     assert [(r["model"], r["tokens"], r["b"]) for r in rows] == [("t1d-tiny", 64, 2), ("t2d-tiny", 64, 1)]
     for r in rows:
         assert r["step_ms_on"] > 0 and r["step_ms_off"] > 0 and r["collate_ms_per_micro_batch"] > 0
-        assert 0 <= r["saving_positive_rounds"] <= r["rounds"] == 7
-        # 1 warm-up + 7 rounds of 3 steps x 4 micro-batches; each round's first micro-batch is collated in place
-        assert r["prefetched"] == {"on": 8 * (3 * 4 - 1), "off": 0}
+        assert 0 <= r["saving_positive_rounds"] <= r["rounds"] == 5
+        # 1 warm-up + 5 rounds of 10 steps x 2 micro-batches; each round's first micro-batch is collated in place
+        assert r["prefetched"] == {"on": 6 * (10 * 2 - 1), "off": 0}
     assert any(ln.startswith("model") and "saving ms" in ln for ln in out)
 
 
@@ -143,5 +143,6 @@ def test_prefetch_case_of_a_video_model_needs_whole_frames():
     from dcp.bench.gpu_prefetch import _dataset
     from dcp.models import build_model
 
-    with pytest.raises(ValueError, match=r"tokens \(66\) must be a multiple of t2d.synthetic_frames \(4\)"):
+    want = r"tokens \(66\) must be a multiple of t2d.synthetic_frames \(4\): use 64"
+    with pytest.raises(ValueError, match=want):
         _dataset(build_model("t2d-tiny"), 4, 66)
