@@ -328,6 +328,11 @@ class RuntimeConfig:
     the GPU computes), off on CPU, where the collating thread competes with the compute for the same cores
     (dcp bench runtime: batch_wait_ms)."""
 
+    cache_weight_casts: bool = False
+    """ddp with bf16 autocast: cast the weights at a step's first micro-batch and reuse the copies in its later
+    ones (exact; dropped before the update; skipped where layers are recomputed). Off by default: a model that
+    checkpoints its own layers would keep copies its profiled rows do not count (docs/runtime.md)."""
+
     compile: str = "off"
     """torch.compile each repeated block (dcp.runtime.compiled), attention left eager: off, default or
     max-autotune-no-cudagraphs (not reduce-overhead: one CUDA graph per block call overwrites the previous

@@ -69,12 +69,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile", default="off", choices=COMPILE_MODES,
                         help="runtime.compile of every model the checks build and of the sweep's runs (default off; "
                              "--only checks run eager, and --only short compares eager and compiled itself)")
-    parser.add_argument("--only", default="all", choices=("all", "short", "clock", "prefetch"),
+    parser.add_argument("--only", default="all", choices=("all", "short", "clock", "knobs"),
                         help="all: the checks above; short: busy share and tokens/s of 1k-8k-token micro-batches, "
                              "eager vs compiled blocks (dcp.bench.gpu_short); clock: the profiling clocks' "
                              "predictions against measured steps on shapes the calibration file does not hold; "
-                             "prefetch: step time with runtime.prefetch on and off through the manager at W = 1 "
-                             "(dcp.bench.gpu_prefetch)")
+                             "knobs: step time with runtime.prefetch and runtime.cache_weight_casts each on and off, "
+                             "through the manager at W = 1 (dcp.bench.gpu_knobs)")
     parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"), help=argparse.SUPPRESS)
     parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
 
@@ -396,14 +396,14 @@ def _step_figures(step: str, rows: list[dict], summary: dict, sweeps: list[dict]
 
 def _run_only(only: str, t1d: str, device: Any, precision: str, layers: int, reps: int, tiny: bool,
               as_json: bool) -> int:
-    """``--only short``, ``clock`` or ``prefetch``: one focused check, its table and (``--json``) its JSON line."""
-    from dcp.bench.gpu_prefetch import prefetch_rows, print_prefetch
+    """``--only short``, ``clock`` or ``knobs``: one focused check, its table and (``--json``) its JSON line."""
+    from dcp.bench.gpu_knobs import knob_rows, print_knobs
     from dcp.bench.gpu_short import best_busy, print_short, short_rows
 
     head = {"cuda": device.type == "cuda", "device": str(device), "precision": precision, "check": only}
-    if only == "prefetch":
-        rows = prefetch_rows(cuda=device.type == "cuda", precision=precision, layers=layers, tiny=tiny)
-        print_prefetch(rows)
+    if only == "knobs":
+        rows = knob_rows(cuda=device.type == "cuda", precision=precision, layers=layers, tiny=tiny)
+        print_knobs(rows)
         head.update(rows=rows)
     elif only == "short":
         # tiny: lengths / 256 and torch.compile's aot_eager backend (no code generation), as the CPU tests run it

@@ -70,6 +70,11 @@ class Engine:
         self._mgr: EngineHooks | None = None
         self._casts: bool | None = None
         """Whether the forward runs under an autocast context (``_autocast()`` is not a no-op); None: not known yet."""
+        self.keep_weight_casts = False
+        """runtime.cache_weight_casts (set by the manager): autocast's bf16 weight copies are made at a step's
+        first micro-batch and reused by its later ones (``_hold_casts``)."""
+        self._holding = False
+        """True while this engine holds the training thread's autocast cache open across micro-batches."""
         self.optimizer_steps = 0
         """Optimizer updates applied so far (one per DCP step, whatever the ranks' ga_steps)."""
 
@@ -102,15 +107,43 @@ class Engine:
         if self._casts is None:  # once: an fp32 forward needs no context at all (it runs per micro-batch)
             self._casts = not isinstance(self._autocast(), contextlib.nullcontext)
         if self._casts:
-            with self._autocast():
+            keep = self.keep_weight_casts and ctx.recompute_layers == 0 and torch.is_grad_enabled()
+            if keep != self._holding:
+                self._hold_casts(keep)
+            with self._autocast(cache=keep):
                 out = mgr.forward_fn(self.forward_model, batch, ctx)
         else:
             out = mgr.forward_fn(self.forward_model, batch, ctx)
         return mgr.after_forward(out)
 
-    def _autocast(self) -> Any:
-        """The forward's precision context (backward runs outside it, as torch.autocast recommends)."""
-        return autocast(self.precision, self.device)
+    def _autocast(self, cache: bool = False) -> Any:
+        """The forward's precision context (backward runs outside it, as torch.autocast recommends); ``cache``:
+        autocast's weight-cast cache on (``_hold_casts``)."""
+        return autocast(self.precision, self.device, cache=cache)
+
+    def _hold_casts(self, hold: bool) -> None:
+        """Hold (True) or drop (False) the training thread's autocast weight-cast cache across micro-batches.
+
+        Autocast clears its cache when the outermost autocast context exits, i.e. after every forward. One
+        nesting level held from a step's first forward to its update keeps the bf16 copies of the weights made
+        there for the step's later micro-batches: exact, since the weights change only at the update, and the
+        cache is cleared before it (``_sync_step``). Held only for micro-batches without recomputed layers: a
+        checkpointed layer keeps only its input, so holding its weights' copies would add memory the profiled
+        rows do not have, where a layer that is not recomputed saves its bf16 weights for backward anyway.
+        Autocast's nesting and cache are the calling thread's: the forward and the update run on the training
+        thread."""
+        if hold:
+            torch.autocast_increment_nesting()
+        else:
+            torch.autocast_decrement_nesting()
+            torch.clear_autocast_cache()  # also under a user's own outer autocast: the copies go stale at the update
+        self._holding = hold
+
+    def release_casts(self) -> None:
+        """Drop the weight copies held across micro-batches (``_hold_casts``), if any: at a step's update, and
+        when the loop is left (get_data_iter's end, a break, an error)."""
+        if self._holding:
+            self._hold_casts(False)
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of ``loss * weight``: weight = sync_divisor / N_step (see dcp.runtime.weighting)."""
@@ -138,6 +171,7 @@ class Engine:
     def _sync_step(self) -> None:
         """The step's gradient sync and update, busy rank or idle: one phase name on every rank, so a failure
         or timeout names only the rank that is elsewhere (an idle rank is not a suspect)."""
+        self.release_casts()  # before the update changes the weights the cached copies were made from
         self._fill_missing_grads()
         with self._manager().collective("gradient sync"):
             self._sync_and_update()
@@ -355,7 +389,7 @@ class DeepSpeedEngine(Engine):
     def forward_model(self) -> Callable[..., Any]:
         return self.ds
 
-    def _autocast(self) -> Any:
+    def _autocast(self, cache: bool = False) -> Any:
         # DeepSpeed's bf16 mode already runs a bf16 module; the reference models compute their losses in
         # fp32 themselves, so no autocast on top (DeepSpeed has its own torch_autocast option for that).
         return autocast("fp32", self.device)

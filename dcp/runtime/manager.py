@@ -128,6 +128,7 @@ class DCPManager:
                               device=self.device, target_counts=self._target_counts_np, exchange=self._exchange,
                               board=self._board, timings=self._timings)
         engine.attach(self)
+        engine.keep_weight_casts = config.runtime.cache_weight_casts
         self._lr = self._loop.lr = step_lr(config, engine)
         """runtime.lr_scaling (dcp.runtime.lr): applied as a step opens, restored by the engine after its update."""
         self._ctx = SPContext.single(attention=config.runtime.attention)
@@ -249,6 +250,7 @@ class DCPManager:
             yield from self._loop.run_epoch(plans, self.engine, max_steps)
             finished = True
         finally:
+            self.engine.release_casts()  # weight copies held across a step's micro-batches (runtime.cache_weight_casts)
             close = getattr(plans, "close", None)
             if close is not None:
                 close()  # left early (max_steps, a break, an error): stop the planning thread or process now

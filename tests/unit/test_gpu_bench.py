@@ -124,23 +124,28 @@ def test_gpu_checks_script_names_a_python_without_torch():
     assert out.returncode == 2 and "false cannot import torch: set PYTHON to a Python with torch" in out.stderr
 
 
-def test_only_prefetch_runs_both_modes_through_the_manager_on_cpu(capsys):
-    """`dcp bench gpu --only prefetch` through its hidden tiny CPU path (gloo, W = 1): both cases, both modes
-    timed in every round, and only the "on" manager's micro-batches came from the prefetch thread."""
-    assert main(["bench", "gpu", "--device", "cpu", "--tiny", "--only", "prefetch", "--json"]) == 0
+def test_only_knobs_runs_both_settings_on_and_off_through_the_manager_on_cpu(capsys):
+    """`dcp bench gpu --only knobs` through its hidden tiny CPU path (gloo, W = 1, bf16 autocast): both cases x
+    both settings, each mode timed in every round, and only the prefetching manager's micro-batches came from
+    the prefetch thread."""
+    assert main(["bench", "gpu", "--device", "cpu", "--tiny", "--only", "knobs", "--precision", "bf16", "--json"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     rows = json.loads(out[-1])["rows"]
-    assert [(r["model"], r["tokens"], r["b"]) for r in rows] == [("t1d-tiny", 64, 2), ("t2d-tiny", 64, 1)]
+    assert [(r["model"], r["tokens"], r["b"], r["knob"]) for r in rows] == [
+        ("t1d-tiny", 64, 2, "prefetch"), ("t1d-tiny", 64, 2, "cache_weight_casts"),
+        ("t2d-tiny", 64, 1, "prefetch"), ("t2d-tiny", 64, 1, "cache_weight_casts")]
     for r in rows:
-        assert r["step_ms_on"] > 0 and r["step_ms_off"] > 0 and r["collate_ms_per_micro_batch"] > 0
+        assert r["step_ms_on"] > 0 and r["step_ms_off"] > 0
         assert 0 <= r["saving_positive_rounds"] <= r["rounds"] == 5
-        # 1 warm-up + 5 rounds of 10 steps x 2 micro-batches; each round's first micro-batch is collated in place
-        assert r["prefetched"] == {"on": 6 * (10 * 2 - 1), "off": 0}
+        if r["knob"] == "prefetch":
+            assert r["collate_ms_per_micro_batch"] > 0
+            # 1 warm-up + 5 rounds of 6 steps x 4 micro-batches; each epoch's first micro-batch is collated in place
+            assert r["prefetched"] == {"on": 6 * (6 * 4 - 1), "off": 0}
     assert any(ln.startswith("model") and "saving ms" in ln for ln in out)
 
 
-def test_prefetch_case_of_a_video_model_needs_whole_frames():
-    from dcp.bench.gpu_prefetch import _dataset
+def test_a_knob_case_of_a_video_model_needs_whole_frames():
+    from dcp.bench.gpu_knobs import _dataset
     from dcp.models import build_model
 
     want = r"tokens \(66\) must be a multiple of t2d.synthetic_frames \(4\): use 64"

@@ -1,0 +1,108 @@
+"""runtime.cache_weight_casts (issue 27): under autocast the ddp engine casts the weights to bf16 at a step's first
+micro-batch and reuses the copies in its later ones; the same updates, bit for bit, and the copies are dropped
+before each update and when the loop is left. Runs bf16 autocast on CPU, one process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from dcp.api import set_manager
+from dcp.config import ConfigError, DCPConfig, RuntimeConfig
+from dcp.models import T1DConfig, Transformer1D
+from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
+from dcp.runtime.data import SyntheticTokenDataset
+
+LENGTHS = [6, 9, 4, 7, 5, 8, 3, 10, 6, 5, 7, 4]
+MB_PER_STEP = 3
+
+
+def _nesting() -> int:
+    """The calling thread's autocast nesting level (torch reads it only through its increment)."""
+    level = torch.autocast_increment_nesting()
+    torch.autocast_decrement_nesting()
+    return level - 1
+
+
+class _WeightCasts(TorchDispatchMode):
+    """Counts the casts of the given parameters (their storage) to bf16."""
+
+    def __init__(self, params) -> None:
+        super().__init__()
+        self.ptrs, self.n = {p.data_ptr() for p in params}, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if (func is torch.ops.aten._to_copy.default and kwargs.get("dtype") == torch.bfloat16
+                and args[0].data_ptr() in self.ptrs):
+            self.n += 1
+        return func(*args, **kwargs)
+
+
+def _manager(keep: bool, recompute: int = 0):
+    model = Transformer1D(T1DConfig.tiny())
+    data = SyntheticTokenDataset(LENGTHS, vocab_size=model.config.vocab_size)
+    plans = [StepPlan(epoch=0, step=s, world_size=1, method="dcp-intra", groups=(GroupPlan(
+        first_rank=0, sp_size=1, recompute_layers=recompute,
+        micro_batches=tuple(MicroBatch(sample_ids=(i,), seq_lens=(LENGTHS[i],), seq_group=0)
+                            for i in range(MB_PER_STEP * s, MB_PER_STEP * (s + 1)))),)) for s in range(2)]
+    config = DCPConfig(model=model.config.shape(),
+                       runtime=RuntimeConfig(precision="bf16", cache_weight_casts=keep, log_every=1))
+    mgr = set_manager(model, data, config, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                      plans=lambda e: plans)
+    return mgr, model
+
+
+def _run(keep: bool, recompute: int = 0):
+    """Casts per forward, the nesting level after each forward and after each engine.step(), final weights."""
+    mgr, model = _manager(keep, recompute)
+    eng, casts, during, after = mgr.engine, [], [], []
+    for batch in mgr.get_data_iter():
+        mgr.optimize_dynamics(batch, eng)
+        with _WeightCasts([p for p in model.parameters() if p.dim() == 2]) as counted:
+            loss = eng(batch)
+        casts.append(counted.n)
+        during.append(_nesting())
+        eng.backward(loss)
+        eng.step()
+        after.append(_nesting())
+    return casts, during, after, [p.detach().clone() for p in model.parameters()]
+
+
+def test_weights_are_cast_once_per_step_and_the_updates_do_not_change():
+    casts_off, during_off, _, params_off = _run(False)
+    casts_on, during_on, after_on, params_on = _run(True)
+    n = casts_off[0]
+    assert n == 4 * 5 + 1  # 4 layers x (qkv, proj, gate, up, down) + lm_head: the embedding is not cast
+    assert casts_off == [n] * 2 * MB_PER_STEP and during_off == [0] * 2 * MB_PER_STEP
+    assert casts_on == [n, 0, 0] * 2  # the step's later micro-batches reuse the first one's copies
+    assert during_on == [1] * 2 * MB_PER_STEP  # held across the step's micro-batches
+    assert after_on == [1, 1, 0] * 2  # ... and dropped at the step's update
+    for a, b in zip(params_on, params_off, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_nothing_is_held_for_micro_batches_with_recomputed_layers():
+    casts, during, after, _ = _run(True, recompute=2)
+    assert casts == [casts[0]] * 2 * MB_PER_STEP and casts[0] > 0
+    assert during == after == [0] * 2 * MB_PER_STEP
+
+
+def test_the_copies_are_dropped_when_the_loop_is_left_inside_a_step():
+    mgr, _ = _manager(True)
+    eng = mgr.engine
+    batches = mgr.get_data_iter()
+    for _ in range(2):  # two micro-batches of step 0's three, no update
+        batch = next(batches)
+        mgr.optimize_dynamics(batch, eng)
+        eng.backward(eng(batch))
+        eng.step()
+    assert _nesting() == 1
+    batches.close()  # a break in the user's loop, or an error, closes the iterator
+    assert _nesting() == 0
+
+
+def test_the_flag_must_be_a_bool():
+    with pytest.raises(ConfigError, match="runtime.cache_weight_casts"):
+        RuntimeConfig(cache_weight_casts="yes")
