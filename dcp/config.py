@@ -330,8 +330,8 @@ class RuntimeConfig:
 
     cache_weight_casts: bool = False
     """ddp with bf16 autocast: cast the weights at a step's first micro-batch and reuse the copies in its later
-    ones (exact; dropped before the update; skipped where layers are recomputed). Off by default: a model that
-    checkpoints its own layers would keep copies its profiled rows do not count (docs/runtime.md)."""
+    ones (exact when each weight is used once per forward; skipped where layers are recomputed). Off by default:
+    a model that checkpoints its own layers would keep copies its profiled rows do not count (docs/runtime.md)."""
 
     compile: str = "off"
     """torch.compile each repeated block (dcp.runtime.compiled), attention left eager: off, default or

@@ -46,7 +46,7 @@ def autocast(precision: str, device: torch.device | str, *, cache: bool = False)
     Transformer-1D 5B held 1.3-1.5 GiB more than Eq. 6 predicted. Without it, a layer's bf16 weight copies
     live exactly as long as the layer keeps them for backward, which the profiler counts in its m_act.
     (``runtime.cache_weight_casts`` turns it on for micro-batches without recomputed layers, whose copies the
-    ddp engine then keeps for the step's later micro-batches: dcp.runtime.engines.Engine._hold_casts.)"""
+    ddp engine then keeps for the step's later micro-batches: dcp.runtime.weight_casts.)"""
     if compute_dtype(precision) == torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16, cache_enabled=cache)

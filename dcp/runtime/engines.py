@@ -39,6 +39,7 @@ import torch.distributed as dist
 from dcp.config import GRAD_BUCKET_MIB
 from dcp.distributed.comm import all_reduce_grads_flat, check_backend_device, copy_flat_into_grads
 from dcp.distributed.device import autocast, module_device, resolve_precision
+from dcp.runtime.weight_casts import CastHold
 
 if TYPE_CHECKING:
     from dcp.runtime.hooks import EngineHooks
@@ -72,9 +73,8 @@ class Engine:
         """Whether the forward runs under an autocast context (``_autocast()`` is not a no-op); None: not known yet."""
         self.keep_weight_casts = False
         """runtime.cache_weight_casts (set by the manager): autocast's bf16 weight copies are made at a step's
-        first micro-batch and reused by its later ones (``_hold_casts``)."""
-        self._holding = False
-        """True while this engine holds the training thread's autocast cache open across micro-batches."""
+        first micro-batch and reused by its later ones (dcp.runtime.weight_casts)."""
+        self._hold = CastHold()
         self.optimizer_steps = 0
         """Optimizer updates applied so far (one per DCP step, whatever the ranks' ga_steps)."""
 
@@ -105,45 +105,35 @@ class Engine:
         mgr = self._mgr if self._mgr is not None else self._manager()
         ctx = mgr.before_forward(batch)
         if self._casts is None:  # once: an fp32 forward needs no context at all (it runs per micro-batch)
-            self._casts = not isinstance(self._autocast(), contextlib.nullcontext)
+            self._casts = self.uses_autocast()
         if self._casts:
+            # runtime.cache_weight_casts: not for recomputed layers (a checkpointed layer keeps only its input, so
+            # held copies of its weights would be memory the profiled rows do not have; a layer that is not
+            # recomputed saves its bf16 weights for backward anyway) nor for a no-grad forward
             keep = self.keep_weight_casts and ctx.recompute_layers == 0 and torch.is_grad_enabled()
-            if keep != self._holding:
-                self._hold_casts(keep)
+            if keep != self._hold.held:
+                self._hold.take() if keep else self._hold.release()
             with self._autocast(cache=keep):
                 out = mgr.forward_fn(self.forward_model, batch, ctx)
+            if keep and mgr.in_last_micro_batch():
+                self._hold.release()  # the step's last forward: its copies live only as long as backward needs them
         else:
             out = mgr.forward_fn(self.forward_model, batch, ctx)
         return mgr.after_forward(out)
 
     def _autocast(self, cache: bool = False) -> Any:
         """The forward's precision context (backward runs outside it, as torch.autocast recommends); ``cache``:
-        autocast's weight-cast cache on (``_hold_casts``)."""
+        autocast's weight-cast cache on (dcp.runtime.weight_casts)."""
         return autocast(self.precision, self.device, cache=cache)
 
-    def _hold_casts(self, hold: bool) -> None:
-        """Hold (True) or drop (False) the training thread's autocast weight-cast cache across micro-batches.
-
-        Autocast clears its cache when the outermost autocast context exits, i.e. after every forward. One
-        nesting level held from a step's first forward to its update keeps the bf16 copies of the weights made
-        there for the step's later micro-batches: exact, since the weights change only at the update, and the
-        cache is cleared before it (``_sync_step``). Held only for micro-batches without recomputed layers: a
-        checkpointed layer keeps only its input, so holding its weights' copies would add memory the profiled
-        rows do not have, where a layer that is not recomputed saves its bf16 weights for backward anyway.
-        Autocast's nesting and cache are the calling thread's: the forward and the update run on the training
-        thread."""
-        if hold:
-            torch.autocast_increment_nesting()
-        else:
-            torch.autocast_decrement_nesting()
-            torch.clear_autocast_cache()  # also under a user's own outer autocast: the copies go stale at the update
-        self._holding = hold
+    def uses_autocast(self) -> bool:
+        """Whether the forward runs under autocast (bf16 on the ddp engine): where runtime.cache_weight_casts acts."""
+        return not isinstance(self._autocast(), contextlib.nullcontext)
 
     def release_casts(self) -> None:
-        """Drop the weight copies held across micro-batches (``_hold_casts``), if any: at a step's update, and
-        when the loop is left (get_data_iter's end, a break, an error)."""
-        if self._holding:
-            self._hold_casts(False)
+        """Drop the weight copies held across micro-batches (dcp.runtime.weight_casts), if any: at a step's
+        update, and when the loop is left (get_data_iter's end, a break, an error)."""
+        self._hold.release()
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of ``loss * weight``: weight = sync_divisor / N_step (see dcp.runtime.weighting)."""

@@ -39,6 +39,7 @@ from dcp.config import DCPConfig
 from dcp.distributed.device import Span, Stopwatch, module_device, resolve_precision
 from dcp.planner.plan import StepPlan
 from dcp.runtime import checkpoint as ckpt
+from dcp.runtime import weight_casts
 from dcp.runtime.context import SPContext
 from dcp.runtime.data import check_dataset, target_counts
 from dcp.runtime.engines import Engine
@@ -128,7 +129,7 @@ class DCPManager:
                               device=self.device, target_counts=self._target_counts_np, exchange=self._exchange,
                               board=self._board, timings=self._timings)
         engine.attach(self)
-        engine.keep_weight_casts = config.runtime.cache_weight_casts
+        engine.keep_weight_casts = weight_casts.wanted(config.runtime, engine, self.log)
         self._lr = self._loop.lr = step_lr(config, engine)
         """runtime.lr_scaling (dcp.runtime.lr): applied as a step opens, restored by the engine after its update."""
         self._ctx = SPContext.single(attention=config.runtime.attention)
@@ -250,7 +251,6 @@ class DCPManager:
             yield from self._loop.run_epoch(plans, self.engine, max_steps)
             finished = True
         finally:
-            self.engine.release_casts()  # weight copies held across a step's micro-batches (runtime.cache_weight_casts)
             close = getattr(plans, "close", None)
             if close is not None:
                 close()  # left early (max_steps, a break, an error): stop the planning thread or process now
@@ -260,6 +260,7 @@ class DCPManager:
                 at = f"epoch {epoch} step {step.view.step}" if step is not None else f"epoch {epoch}"
                 self._board.note = f"after leaving get_data_iter() early at {at}"
                 self._board.enter("outside get_data_iter()")
+            self.engine.release_casts()  # weight copies held across a step's micro-batches (runtime.cache_weight_casts)
 
     # ----- per micro-batch (paper steps 3-6) -----------------------------------------------------
     def optimize_dynamics(self, batch: Any, model: Any = None) -> SPContext:
