@@ -1,6 +1,7 @@
 """CPU A/B of runtime.cache_weight_casts: the manager at W = 1 (no process group), bf16 autocast on CPU, a
 Transformer-1D of hidden ``--hidden`` and ``--layers`` layers, micro-batches of one ``--tokens``-token sample,
-8 per step; the two settings in interleaved rounds (one 4-step epoch each), medians.
+8 per step; the two settings in interleaved rounds (one 4-step epoch each: dcp.bench.gpu_knobs.paired_rounds),
+medians.
 
     .venv/bin/python scripts/cast_ab.py --hidden 1024 --layers 2 --tokens 16 --rounds 10
 """
@@ -10,11 +11,11 @@ from __future__ import annotations
 import argparse
 import logging
 import statistics
-import time
 
 import torch
 
 from dcp.api import set_manager
+from dcp.bench.gpu_knobs import paired_rounds
 from dcp.bench.runtime import fixed_step_plan
 from dcp.config import DCPConfig, RuntimeConfig
 from dcp.models import T1DConfig, Transformer1D
@@ -40,24 +41,13 @@ def main() -> None:
         return [fixed_step_plan(e, s, (1,), GA, args.tokens, 1, 1) for s in range(STEPS)]
 
     opt = torch.optim.SGD(model.parameters(), lr=1e-6)
-    managers = {keep: set_manager(model, data, DCPConfig(model=model.config.shape(), runtime=RuntimeConfig(
+    managers = {mode: set_manager(model, data, DCPConfig(model=model.config.shape(), runtime=RuntimeConfig(
         precision="bf16", cache_weight_casts=keep, log_every=STEPS)), optimizer=opt, plans=plans)
-        for keep in (True, False)}
+        for mode, keep in (("on", True), ("off", False))}
 
-    def step_s(mgr) -> float:
-        t0 = time.perf_counter()
-        for batch in mgr.get_data_iter():
-            mgr.train_micro_batch(batch)
-        return (time.perf_counter() - t0) / STEPS
-
-    for mgr in managers.values():  # warm-up
-        step_s(mgr)
-    times: dict[bool, list[float]] = {True: [], False: []}
-    for r in range(args.rounds):
-        for keep in ((True, False) if r % 2 == 0 else (False, True)):
-            times[keep].append(step_s(managers[keep]))
-    on, off = statistics.median(times[True]), statistics.median(times[False])
-    wins = sum(a < b for a, b in zip(times[True], times[False], strict=True))
+    times = paired_rounds(managers, args.rounds, STEPS)
+    on, off = statistics.median(times["on"]), statistics.median(times["off"])
+    wins = sum(a < b for a, b in zip(times["on"], times["off"], strict=True))
     print(f"step ms: cached {1e3 * on:.1f}  uncached {1e3 * off:.1f}  saving {100 * (off - on) / off:.1f} %  "
           f"cached faster in {wins}/{args.rounds} rounds")
 

@@ -65,6 +65,20 @@ def _epoch_s(mgr: Any, sync: Any) -> float:
     return time.perf_counter() - t0
 
 
+def paired_rounds(managers: dict[str, Any], rounds: int, steps: int, sync: Any = lambda: None) -> dict[str, list[float]]:
+    """Seconds per step of each manager (one epoch of ``steps`` steps, divided), round by round: one warm-up
+    epoch each (kernels, allocator, the prefetch thread), then ``rounds`` rounds of one epoch each, alternating
+    which goes first, so a drift of the host's load falls on both."""
+    for mgr in managers.values():
+        _epoch_s(mgr, sync)
+    modes = list(managers)
+    times: dict[str, list[float]] = {mode: [] for mode in modes}
+    for r in range(rounds):
+        for mode in (modes if r % 2 == 0 else modes[::-1]):
+            times[mode].append(_epoch_s(managers[mode], sync) / steps)
+    return times
+
+
 def _collate_ms(data: Any, b: int, cuda: bool) -> float:
     """Median host ms of what the prefetch thread does for one micro-batch (BatchPrefetcher's collation)."""
     from dcp.runtime.prefetch import pin_batch
@@ -119,12 +133,7 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> list[dict[str, Any]]
             for mode, value in zip(("on", "off"), values, strict=True):
                 config = DCPConfig(model=model.config.shape(), runtime=dataclasses.replace(base, **{knob: value}))
                 managers[mode] = set_manager(model, data, config, optimizer=opt, plans=plans)
-            for mode in ("on", "off"):  # warm-up: kernels, allocator, the prefetch thread
-                _epoch_s(managers[mode], sync)
-            times: dict[str, list[float]] = {"on": [], "off": []}
-            for r in range(rounds):
-                for mode in (("on", "off") if r % 2 == 0 else ("off", "on")):
-                    times[mode].append(_epoch_s(managers[mode], sync) / steps)
+            times = paired_rounds(managers, rounds, steps, sync)
             saving = [off - on for on, off in zip(times["on"], times["off"], strict=True)]
             row = {"model": name, "tokens": tokens, "b": b, "ga": ga, "knob": knob,
                    "step_ms_on": round(1e3 * statistics.median(times["on"]), 3),

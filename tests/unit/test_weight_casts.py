@@ -161,3 +161,12 @@ def test_without_autocast_it_does_nothing_and_says_so(caplog):
 def test_the_flag_must_be_a_bool():
     with pytest.raises(ConfigError, match="runtime.cache_weight_casts"):
         RuntimeConfig(cache_weight_casts="yes")
+
+
+def test_the_cpu_ab_script_runs_both_settings_and_prints_its_line():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "scripts/cast_ab.py", "--hidden", "64", "--layers", "1", "--tokens", "8",
+                          "--rounds", "2"], capture_output=True, text=True, check=True).stdout
+    assert out.startswith("step ms: cached ") and "cached faster in " in out and out.rstrip().endswith("/2 rounds")
