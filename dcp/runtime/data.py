@@ -88,10 +88,17 @@ def target_counts(dataset: Any, lengths: Sequence[int]) -> list[int]:
     if not hasattr(dataset, "target_counts"):
         return list(lengths)
     counts = [int(c) for c in dataset.target_counts()]
-    if len(counts) != len(lengths) or any(c < 0 for c in counts):
+    if len(counts) != len(lengths):
         raise DatasetError(
-            f"dataset.target_counts() must give one count >= 0 per sample ({len(lengths)}), got {len(counts)} "
+            f"dataset.target_counts() must give one count per sample ({len(lengths)}), got {len(counts)} "
             "entries: return the labelled tokens the loss of each sample counts"
+        )
+    bad = [(i, c) for i, c in enumerate(counts) if c < 0]
+    if bad:
+        raise DatasetError(
+            f"dataset.target_counts() has negative counts (index, count) {bad[:5]}"
+            f"{f' and {len(bad) - 5} more' if len(bad) > 5 else ''}: each must be >= 0, the labelled tokens the "
+            "loss of that sample counts"
         )
     return counts
 

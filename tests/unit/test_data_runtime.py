@@ -90,8 +90,15 @@ def test_check_dataset_protocol_errors():
     bad = Bad([3, 3], vocab_size=4)
     with pytest.raises(DatasetError, match="non-positive"):
         check_dataset(bad)
-    with pytest.raises(DatasetError, match="one count"):
+    with pytest.raises(DatasetError, match=r"one count per sample \(2\), got 1 entries"):
         target_counts(bad, [3, 3])
+
+    class Negative(SyntheticTokenDataset):
+        def target_counts(self):
+            return [3, -1, 4]
+
+    with pytest.raises(DatasetError, match=r"negative counts \(index, count\) \[\(1, -1\)\]: each must be >= 0"):
+        target_counts(Negative([3, 3, 4], vocab_size=4), [3, 3, 4])
 
     class Short(SyntheticTokenDataset):
         def lengths(self):

@@ -91,7 +91,9 @@ def test_a_position_whose_steps_trained_other_samples_is_refused():
     ({"done": b"\x00\x00"}, "done (2 bytes) is not a bitmap of the dataset's 6 samples"),
     ({"done": b"\xff"}, "done marks samples beyond the dataset's 6"),
     ({"base": b"\xfc", "done": b"\x00"}, "samples of its plan's base are not done"),
-    ({"steps": -1}, "is not a valid position"),
+    ({"steps": -1}, "field 'steps' is -1, not an int >= 0"),
+    ({"epoch": "0"}, "field 'epoch' is '0', not an int >= 0"),
+    ({"key": None}, "field 'key' is None, not a str"),
 ])
 def test_a_damaged_or_foreign_position_is_refused_with_one_line(change, needle):
     pos = EpochPosition.start(0, 6)
