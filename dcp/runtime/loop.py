@@ -117,7 +117,7 @@ class StepLoop:
                         f"({self.world_size}): plan with the world size of the job"
                     )
                 step = self.begin_step(view, first=first)
-                first, upcoming = False, _NOT_PULLED
+                first, upcoming, refused = False, _NOT_PULLED, None
                 if not step.group.micro_batches:
                     engine.idle_step()
                     self.step_done(0.0)
@@ -130,7 +130,13 @@ class StepLoop:
                         fetch.want([m.sample_ids for m in mbs[1:]])
                         ahead = True
                     if i + 1 == n and fetch.enabled and (max_steps is None or done < max_steps):
-                        upcoming = next(todo, None)
+                        try:
+                            upcoming = next(todo, None)
+                        except Exception as exc:
+                            # a refused next plan (a planner error, a PositionError) is raised where the loop
+                            # without prefetching meets it: after this step's sync, which the ranks idle in this
+                            # step are already waiting in; raised now, this step would never finish
+                            upcoming, refused = None, exc
                         if upcoming is not None and upcoming.group is not None:
                             fetch.want([m.sample_ids for m in upcoming.group.micro_batches])  # collated as this trains
                             wanted = True
@@ -148,6 +154,8 @@ class StepLoop:
                         "micro-batch (the step's gradient sync never ran): call model.step() after every "
                         "model.backward(loss)"
                     )
+                if refused is not None:
+                    raise refused
                 view = next(todo, None) if upcoming is _NOT_PULLED else upcoming
         finally:
             self.prefetched += fetch.prefetched

@@ -132,3 +132,33 @@ def test_unlogged_steps_run_no_exchange_and_a_divergence_is_named_at_the_next_on
         assert "end of epoch 0: step plans differ across ranks from epoch 0 step 4 on" in res["msg"]
         assert "ranks [1]" in res["msg"]
     assert results[0]["msg"] == results[1]["msg"]
+
+
+def _refused_next_plan(rank: int, world: int, prefetch: str) -> str:
+    """Step 1 runs on rank 0 only (rank 1 is idle and waits in its gradient sync); step 2 plans sample 3 a
+    second time. Both ranks must finish step 1 and then raise the same PositionError."""
+    from dcp.runtime.position import PositionError
+
+    model, data = build("t1d")
+    plans = [step(0, 2, group(data, 0, 1, 0, [0]), group(data, 1, 1, 0, [1]), number=0),
+             step(0, 2, group(data, 0, 1, 0, [2], [3]), group(data, 1, 1, 0), number=1),
+             step(0, 2, group(data, 0, 1, 0, [3]), group(data, 1, 1, 0, [4]), number=2)]
+    cfg = config_for(model)
+    cfg = cfg.replace(runtime=dataclasses.replace(cfg.runtime, prefetch=prefetch, collective_timeout_s=30.0))
+    mgr = set_manager(model, data, cfg, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), plans=lambda e: plans)
+    try:
+        for batch in mgr.get_data_iter():
+            mgr.train_micro_batch(batch)
+    except PositionError as exc:
+        return f"{mgr.global_step}: {exc}"
+    return "no error"
+
+
+@pytest.mark.parametrize("prefetch", ["off", "on"])
+def test_a_refused_next_plan_is_raised_after_the_step_on_every_rank(prefetch):
+    """With prefetching the next plan is pulled during a step's last micro-batch; a plan refused there must
+    not leave the step unfinished while a rank idle in it waits in its gradient sync (it would fail there,
+    or wait out the collective timeout)."""
+    results = run_distributed(_refused_next_plan, 2, prefetch, timeout_s=120)
+    for res in results:
+        assert res.startswith("2: ") and "step 2 plans samples [3] a second time" in res, results

@@ -194,13 +194,19 @@ def test_the_manager_prepares_get_data_iters_plans_per_rank():
     assert [v.n_step for v in views] == [step_normaliser(p, mgr._target_counts_np, "tokens") for p in plain]
 
 
-def test_a_custom_plan_source_that_repeats_a_sample_is_refused_before_the_step_trains_it():
+@pytest.mark.parametrize("prefetch", ["off", "on"])
+def test_a_custom_plan_source_that_repeats_a_sample_is_refused_before_the_step_trains_it(prefetch):
+    """With prefetching the bad plan is pulled during step 1's last micro-batch; it is raised where the loop
+    without prefetching meets it, after step 1's sync (which ranks idle in step 1 wait in), not before."""
+    import dataclasses
+
     import torch
 
     from dcp.api import set_manager
     from tests.unit.test_resume_exactly_once import setup
 
     model, dataset, config, _ = setup()
+    config = config.replace(runtime=dataclasses.replace(config.runtime, prefetch=prefetch))
     plans = [_step(0, 0, 1), _step(1, 2), _step(2, 1, 3)]
     mgr = set_manager(model, dataset, config, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                       plans=lambda e: plans)
