@@ -223,11 +223,11 @@ class EpochPosition:
                                 "with the dataset the checkpoint was trained on, or start a new run without "
                                 "loading the manager's state")
         epoch, steps, key = state.get("epoch"), state.get("steps"), state.get("key")
-        for field, value, ok, rule in (("epoch", epoch, type(epoch) is int and epoch >= 0, "an int >= 0"),
-                                       ("steps", steps, type(steps) is int and steps >= 0, "an int >= 0"),
-                                       ("key", key, isinstance(key, str), "a str (the plan segment's key)")):
+        for name, value, ok, rule in (("epoch", epoch, type(epoch) is int and epoch >= 0, "an int >= 0"),
+                                      ("steps", steps, type(steps) is int and steps >= 0, "an int >= 0"),
+                                      ("key", key, isinstance(key, str), "a str (the plan segment's key)")):
             if not ok:
-                raise PositionError(f"checkpoint position field {field!r} is {value!r}, not {rule}: the checkpoint "
+                raise PositionError(f"checkpoint position field {name!r} is {value!r}, not {rule}: the checkpoint "
                                     "is damaged; resume from another one")
         done, base = _mask(state.get("done"), n, "done"), _mask(state.get("base"), n, "base")
         if (base & ~done).any():
