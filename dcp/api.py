@@ -158,7 +158,7 @@ def set_manager(model: torch.nn.Module, dataset: Any, config: DCPConfig | None =
         fitted = fit_profiling(config.profiling, lengths)
         # a table cached for the unfitted config (``dcp profile`` has no data to fit to) is used as it is
         # (need_profile: a collective lookup, rank 0's answer on every rank)
-        if fitted != config.profiling and CachedProfiler().need_profile(model, config, world):
+        if fitted != config.profiling and CachedProfiler().need_profile(model if adapter is None else adapter, config, world):
             config = config.replace(profiling=fitted)
     if table is not None:  # a table of another model (depth, width) would price every step wrongly
         _check_table(table, model, adapter, config)

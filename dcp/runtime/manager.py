@@ -273,7 +273,8 @@ class DCPManager:
         if ids is not mb.sample_ids and tuple(ids) != mb.sample_ids:
             raise ManagerError(
                 f"batch sample_ids {tuple(ids)} are not the planned micro-batch {mb.sample_ids}: pass the batch that "
-                "get_data_iter() yielded, unchanged"
+                "get_data_iter() yielded, unchanged, and let dataset.collate(samples) give each sample's id "
+                "(collate_tokens(tokens, sample_ids), the ids __getitem__ returned with the samples)"
             )
         if step.ctx is None:  # the step's first micro-batch: its group's context and (tokens) weight, once
             _open_step(self, step)

@@ -280,7 +280,8 @@ def test_wrong_batch_and_out_of_loop_calls_are_errors():
     it = mgr.get_data_iter()
     next(it)
     other = mgr.dataset.collate([mgr.dataset[3]])
-    with pytest.raises(ManagerError, match="sample_ids"):
+    with pytest.raises(ManagerError, match=r"sample_ids \(3,\) are not the planned micro-batch .* let "
+                                           r"dataset.collate\(samples\) give each sample's id"):
         mgr.optimize_dynamics(other)
 
 
