@@ -26,6 +26,8 @@ the Hugging Face integration, which sit above the runtime.
 
 from __future__ import annotations
 
+import inspect
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
@@ -114,6 +116,8 @@ class DCPManager:
             _set_world_timeout(config.runtime.collective_timeout_s)
         self._board = PhaseBoard.for_default_group()
         """Every rank's phase in the rendezvous store: a failed collective names the rank that stalled or died."""
+        self._iters: weakref.WeakSet[Iterator[Any]] = weakref.WeakSet()
+        """The get_data_iter() iterators still referenced: a new one closes those left suspended (their threads)."""
         # Every rank creates the same groups in the same order (new_group is a world collective).
         self.registry = registry or SPGroupRegistry.for_config(
             config, self.world_size, [p for p in config.planning.sp_sizes if p <= self.world_size]
@@ -239,6 +243,19 @@ class DCPManager:
         save a checkpoint; breaking out of the loop yourself would leave a rank that is idle in the last
         step waiting in the next step's collective).
         """
+        batches = self._batches(max_steps)
+        self._iters.add(batches)
+        return batches
+
+    def _batches(self, max_steps: int | None) -> Iterator[Any]:
+        step = self._loop.step
+        if step is None or not step.open or step.forwards == 0:  # else run_epoch refuses to start (mid-step)
+            for old in list(self._iters):
+                if inspect.getgeneratorstate(old) == inspect.GEN_SUSPENDED:
+                    # an earlier get_data_iter() still referenced, left at a micro-batch: closed before this one
+                    # reads the dataset, so its prefetch and planning threads stop and its clean-up runs now, not
+                    # in the middle of this loop
+                    old.close()
         epoch = self.epoch
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)

@@ -155,6 +155,58 @@ def test_a_break_before_any_forward_of_a_step_restarts_it_cleanly():
     assert sorted(i for step in trained for i in step) == list(range(len(mgr.lengths)))
 
 
+def test_a_new_loop_closes_an_earlier_one_still_referenced_before_it_reads_the_dataset():
+    """An iterator kept after leaving it before any forward (``it = get_data_iter(); next(it)``) is closed when a
+    new get_data_iter() starts: its prefetch thread no longer reads the dataset beside the new loop, and its
+    threads end. A loop left after a forward is still refused, and kept."""
+    import inspect
+    import threading
+    import time
+
+    from dcp.runtime.data import SyntheticTokenDataset
+
+    model, dataset, config, table = setup()
+
+    class Counting(SyntheticTokenDataset):
+        busy = most = 0
+        lock = threading.Lock()
+
+        def __getitem__(self, i):
+            with self.lock:
+                Counting.busy += 1
+                Counting.most = max(Counting.most, Counting.busy)
+            try:
+                time.sleep(0.01)
+                return super().__getitem__(i)
+            finally:
+                with self.lock:
+                    Counting.busy -= 1
+
+    data = Counting(dataset.lengths(), vocab_size=model.config.vocab_size)
+    config = config.replace(runtime=dataclasses.replace(config.runtime, prefetch="on"))
+    mgr = set_manager(model, data, config, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), table=table)
+    before = set(threading.enumerate())
+    old = mgr.get_data_iter()
+    next(old)  # left at a step's first micro-batch, before its forward, and kept
+    its_threads = [t for t in threading.enumerate() if t not in before]
+    assert {t.name for t in its_threads} >= {"dcp-collate"}
+    trained = train(mgr)
+    assert inspect.getgeneratorstate(old) == inspect.GEN_CLOSED
+    assert Counting.most == 1  # one reader at a time: the old loop's prefetch stopped before the new one read
+    assert sorted(i for step in trained for i in step) == list(range(len(data)))
+    for t in its_threads:
+        t.join(timeout=10)
+    assert not [t.name for t in its_threads if t.is_alive()]
+
+    kept = mgr.get_data_iter()
+    batch = next(kept)
+    mgr.optimize_dynamics(batch)
+    mgr.engine(batch)  # a forward of the step: its gradients would be partly accumulated
+    with pytest.raises(ManagerError, match="left inside epoch 1 step 0"):
+        next(mgr.get_data_iter())
+    assert inspect.getgeneratorstate(kept) == inspect.GEN_SUSPENDED
+
+
 def test_set_manager_refuses_a_table_of_another_model():
     from dcp.planner import CPU_SMALL, analytic_table
     from dcp.planner.table import TableError
