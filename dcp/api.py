@@ -8,6 +8,7 @@ Hugging Face causal LM, the forward, adapter, shape and recompute wrapping of ``
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -23,12 +24,20 @@ from dcp.runtime.compiled import compile_layers
 from dcp.runtime.engines import Engine, build_engine
 from dcp.runtime.log import get_logger
 from dcp.runtime.manager import DCPManager, PlanSource
+from dcp.runtime.step import ManagerError
 
 __all__ = ["set_manager"]
 
 
 def _check_arguments(model: Any, config: Any, table: Any) -> None:
-    """set_manager's argument types, each refused with the fix (instead of an AttributeError later)."""
+    """set_manager's argument types, each refused with the fix (instead of an AttributeError later), and a
+    launched job whose process group was never made (each process would train the whole dataset alone)."""
+    launched = os.environ.get("WORLD_SIZE", "1")
+    if launched.isdigit() and int(launched) > 1 and not (dist.is_available() and dist.is_initialized()):
+        raise ManagerError(
+            f"WORLD_SIZE is {launched} (a launcher such as torchrun started {launched} processes) but "
+            "torch.distributed is not initialised, so each process would train the whole dataset alone: call "
+            "torch.distributed.init_process_group() before set_manager")
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model ({type(model).__name__}) must be a torch.nn.Module: pass the model to train")
     if config is not None and not isinstance(config, DCPConfig):

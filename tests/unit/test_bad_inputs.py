@@ -337,8 +337,10 @@ class _Data:
     ("model-none", TypeError, "model (NoneType) must be a torch.nn.Module"),
     ("empty-dataset", ValueError, "dataset.lengths() is empty"),
     ("float-lengths", ValueError, "dataset.lengths()[0] (5.7) is not an integer"),
+    ("launched-no-group", ValueError, "WORLD_SIZE is 2 (a launcher such as torchrun started 2 processes) but "
+                                        "torch.distributed is not initialised"),
 ])
-def test_set_manager_arguments(case, error, needle):
+def test_set_manager_arguments(case, error, needle, monkeypatch):
     import torch
 
     from dcp.api import set_manager
@@ -356,6 +358,8 @@ def test_set_manager_arguments(case, error, needle):
         args["dataset"] = _Data([])
     elif case == "float-lengths":
         args["dataset"] = _Data([5.7, 3.2])
+    elif case == "launched-no-group":
+        monkeypatch.setenv("WORLD_SIZE", "2")  # torchrun's environment, init_process_group() forgotten
     with pytest.raises(error) as info:
         set_manager(args["model"], args["dataset"], args["config"], table=args["table"],
                     optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
