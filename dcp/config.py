@@ -50,6 +50,13 @@ MICRO_BATCH_TOKENS = ("off", "auto")
 CLOCKS = ("auto", "wall", "cpu", "pipelined")
 """profiling.clock choices (dcp.profiler.clock)."""
 GIB = 1024**3
+
+
+def gib(nbytes: float) -> str:
+    """``nbytes`` in GiB for a message: four significant digits, so a tiny capacity does not print as 0.000."""
+    return f"{nbytes / GIB:.4g} GiB"
+
+
 MAX_GA = 2**16
 """Bound of planning.gmin / gmax: beyond it ga_steps * micro-batch time overflows the planner's integers."""
 GRAD_BUCKET_MIB = 25.0
@@ -420,7 +427,7 @@ class DCPConfig:
         if const >= self.planning.mem_capacity_bytes:
             raise ConfigError(
                 f"planning.mem_capacity_gib ({self.planning.mem_capacity_gib}) is below the model's constant memory "
-                f"({const / GIB:.3f} GiB for parameters, gradients and optimizer state of "
+                f"({gib(const)} for parameters, gradients and optimizer state of "
                 f"{self.model.num_params:,} parameters): raise mem_capacity_gib or use a smaller model"
             )
 

@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from dcp.config import gib
 from dcp.planner.cost import micro_batch_time_s, min_recompute_layers
 from dcp.planner.placement import aligned_slots
 from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
@@ -73,7 +74,7 @@ def fixed_sp_size(
     raise PlanningError(
         f"no sp_size in {sorted(sp_sizes)} (<= world_size {world_size}) fits the longest seq_group "
         f"{longest_group} (<= {table.seq_group_edges[longest_group]} tokens) at b=1 with full recompute in "
-        f"{mem_capacity_bytes / 1024**3:.3f} GiB: raise planning.mem_capacity_gib, allow larger planning.sp_sizes "
+        f"{gib(mem_capacity_bytes)}: raise planning.mem_capacity_gib, allow larger planning.sp_sizes "
         "or more ranks"
     )
 
@@ -137,7 +138,7 @@ def packed_token_budget(table: ProfileTable, sp_size: int, mem_capacity_bytes: f
     ]
     if not fits:
         raise PlanningError(
-            f"no profile row at sp_size {sp_size} fits {mem_capacity_bytes / 1024**3:.3f} GiB with full recompute, "
+            f"no profile row at sp_size {sp_size} fits {gib(mem_capacity_bytes)} with full recompute, "
             "so no packing token budget can be derived: set planning.packed_token_budget or raise mem_capacity_gib"
         )
     return max(fits)

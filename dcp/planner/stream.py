@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from dcp.config import gib
 from dcp.planner.cost import micro_batch_time_s
 from dcp.planner.plan import MicroBatch
 from dcp.planner.table import ProfileTable
@@ -87,7 +88,7 @@ def no_setting_error(
     return PlanningError(
         f"seq_group {group} (<= {table.seq_group_edges[group]} tokens; {members.size} samples, e.g. sample "
         f"{int(members[0]) if members.size else '-'}) has no {what} that fits the memory capacity "
-        f"({mem_capacity_bytes / 1024**3:.3f} GiB) with sp_sizes {list(sp_sizes)} and world_size {world_size}: "
+        f"({gib(mem_capacity_bytes)}) with sp_sizes {list(sp_sizes)} and world_size {world_size}: "
         "raise planning.mem_capacity_gib, allow larger planning.sp_sizes (or more ranks), or re-profile with "
         "more candidates"
     )

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dcp.config import gib
 from dcp.planner.cost import micro_batch_mem_bytes
 from dcp.planner.placement import node_bounds
 from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
@@ -200,7 +201,7 @@ def check_fits(cost: PeerCost, lengths: np.ndarray, r: int, world_size: int) -> 
         i = int(np.argmax(lengths))
         raise PlanningError(
             f"sample {i} ({longest} tokens) fits no sp_size in {list(cost.sp_sizes)} (<= world_size {world_size}) "
-            f"within {cost.mem_capacity_bytes / 1024**3:.3f} GiB at recompute {r}: raise planning.mem_capacity_gib, "
+            f"within {gib(cost.mem_capacity_bytes)} at recompute {r}: raise planning.mem_capacity_gib, "
             "allow larger planning.sp_sizes or more ranks"
         )
 
