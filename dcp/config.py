@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -480,7 +481,11 @@ def _check_type(section: str, f: dataclasses.Field, value: Any) -> None:
         return
     bad_bool = expected is not bool and isinstance(value, bool)
     if bad_bool or not isinstance(value, expected):
-        raise ConfigError(f"{section}.{f.name} ({value!r}) must be of type {f.type}: write a {f.type} value")
+        fix = f"write a {f.type} value"
+        number = re.match(r"\s*([-+]?\d+(?:\.\d*)?)", value) if isinstance(value, str) and expected is not str else None
+        if number:  # "80GB", "2 steps": the number, unquoted (the key's name gives the unit)
+            fix = f"write {number.group(1)}, a {f.type} without quotes or units (the key's name gives the unit)"
+        raise ConfigError(f"{section}.{f.name} ({value!r}) must be of type {f.type}: {fix}")
 
 
 def _home_of(key: str) -> str | None:

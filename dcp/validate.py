@@ -75,7 +75,9 @@ def read_toml(
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise error(f"{what} ({str(path)!r}) is not valid TOML ({exc}): fix the syntax") from None
+        fix = ("the file is JSON: write it as TOML (the same sections as [tables] of key = value lines)"
+               if path.suffix.lower() == ".json" or text.lstrip().startswith("{") else "fix the syntax")
+        raise error(f"{what} ({str(path)!r}) is not valid TOML ({exc}): {fix}") from None
 
 
 def check_fields(obj: Any, section: str, *, int_max: dict[str, int] | None = None) -> None:

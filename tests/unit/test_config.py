@@ -141,6 +141,17 @@ def test_load_config_strict(tmp_path):
     with pytest.raises(ConfigError, match=r"planning.gmin \('two'\) must be of type int"):
         load_config(bad_type)
 
+    units = tmp_path / "units.toml"
+    units.write_text('[planning]\nmem_capacity_gib = "80GB"\n')
+    with pytest.raises(ConfigError, match=r"mem_capacity_gib \('80GB'\) must be of type float: write 80, a float "
+                                          r"without quotes or units"):
+        load_config(units)
+
+    as_json = tmp_path / "c.json"
+    as_json.write_text('{"planning": {"gmin": 2}}\n')
+    with pytest.raises(ConfigError, match=r"is not valid TOML \(.*\): the file is JSON: write it as TOML"):
+        load_config(as_json)
+
     bad_list = tmp_path / "bad_list.toml"
     bad_list.write_text("[planning]\nsp_sizes = [1, 2.5]\n")
     with pytest.raises(ConfigError, match=r"planning.sp_sizes .* must be a list of integers"):
