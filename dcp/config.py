@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,9 +21,7 @@ from dcp.validate import (
 from dcp.validate import (
     check_fields as check_fields,
 )
-from dcp.validate import (
-    did_you_mean,
-)
+from dcp.validate import did_you_mean, gib, number_fix
 from dcp.validate import (
     fail as fail,
 )
@@ -51,13 +48,6 @@ MICRO_BATCH_TOKENS = ("off", "auto")
 CLOCKS = ("auto", "wall", "cpu", "pipelined")
 """profiling.clock choices (dcp.profiler.clock)."""
 GIB = 1024**3
-
-
-def gib(nbytes: float) -> str:
-    """``nbytes`` in GiB for a message: four significant digits, so a tiny capacity does not print as 0.000."""
-    return f"{nbytes / GIB:.4g} GiB"
-
-
 MAX_GA = 2**16
 """Bound of planning.gmin / gmax: beyond it ga_steps * micro-batch time overflows the planner's integers."""
 GRAD_BUCKET_MIB = 25.0
@@ -481,11 +471,8 @@ def _check_type(section: str, f: dataclasses.Field, value: Any) -> None:
         return
     bad_bool = expected is not bool and isinstance(value, bool)
     if bad_bool or not isinstance(value, expected):
-        fix = f"write a {f.type} value"
-        number = re.match(r"\s*([-+]?\d+(?:\.\d*)?)", value) if isinstance(value, str) and expected is not str else None
-        if number:  # "80GB", "2 steps": the number, unquoted (the key's name gives the unit)
-            fix = f"write {number.group(1)}, a {f.type} without quotes or units (the key's name gives the unit)"
-        raise ConfigError(f"{section}.{f.name} ({value!r}) must be of type {f.type}: {fix}")
+        fix = number_fix(value, str(f.type)) if expected is not str else None
+        raise ConfigError(f"{section}.{f.name} ({value!r}) must be of type {f.type}: {fix or f'write a {f.type} value'}")
 
 
 def _home_of(key: str) -> str | None:

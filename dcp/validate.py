@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import math
 import numbers
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,18 @@ integer setting: far above any real value, small enough that sums and products s
 
 class ConfigError(ValueError):
     """A configuration value breaks a rule; the message says which and how to fix it."""
+
+
+def gib(nbytes: float) -> str:
+    """``nbytes`` in GiB for a message: four significant digits, so a tiny capacity does not print as 0.000."""
+    return f"{nbytes / 2**30:.4g} GiB"
+
+
+def number_fix(value: Any, type_name: str) -> str | None:
+    """The fix for a number written as text ("80GB", "2 steps"): the number, unquoted; None for other values."""
+    number = re.match(r"\s*([-+]?\d+(?:\.\d*)?)", value) if isinstance(value, str) else None
+    return f"write {number.group(1)}, a {type_name} without quotes or units (the key's name gives the unit)" \
+        if number else None
 
 
 def fail(path: str, value: Any, rule: str, fix: str, *, error: type[ValueError] = ConfigError) -> None:

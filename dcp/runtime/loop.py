@@ -130,13 +130,7 @@ class StepLoop:
                         fetch.want([m.sample_ids for m in mbs[1:]])
                         ahead = True
                     if i + 1 == n and fetch.enabled and (max_steps is None or done < max_steps):
-                        try:
-                            upcoming = next(todo, None)
-                        except Exception as exc:
-                            # a refused next plan (a planner error, a PositionError) is raised where the loop
-                            # without prefetching meets it: after this step's sync, which the ranks idle in this
-                            # step are already waiting in; raised now, this step would never finish
-                            upcoming, refused = None, exc
+                        upcoming, refused = _pull_ahead(todo)
                         if upcoming is not None and upcoming.group is not None:
                             fetch.want([m.sample_ids for m in upcoming.group.micro_batches])  # collated as this trains
                             wanted = True
@@ -234,3 +228,14 @@ class StepLoop:
         else:
             self.position.record(step.view.sample_id_array, step.view.step)  # every sample once per epoch
         self.global_step += 1
+
+
+def _pull_ahead(todo: Iterator[RankStep]) -> tuple[RankStep | None, Exception | None]:
+    """(the next step's view or None at the epoch's end, the error that pulling it raised). A refused plan (a
+    planner error, a PositionError) is raised by the loop where it would meet it without prefetching: after the
+    current step's sync, which the ranks idle in that step already wait in; raised while the step's last
+    micro-batch is handed out, the step would never finish."""
+    try:
+        return next(todo, None), None
+    except Exception as exc:
+        return None, exc

@@ -243,41 +243,9 @@ class DCPManager:
         save a checkpoint; breaking out of the loop yourself would leave a rank that is idle in the last
         step waiting in the next step's collective).
         """
-        batches = self._batches(max_steps)
+        batches = _batches(self, max_steps)
         self._iters.add(batches)
         return batches
-
-    def _batches(self, max_steps: int | None) -> Iterator[Any]:
-        step = self._loop.step
-        if step is None or not step.open or step.forwards == 0:  # else run_epoch refuses to start (mid-step)
-            for old in list(self._iters):
-                if inspect.getgeneratorstate(old) == inspect.GEN_SUSPENDED:
-                    # an earlier get_data_iter() still referenced, left at a micro-batch: closed before this one
-                    # reads the dataset, so its prefetch and planning threads stop and its clean-up runs now, not
-                    # in the middle of this loop
-                    old.close()
-        epoch = self.epoch
-        if hasattr(self.dataset, "set_epoch"):
-            self.dataset.set_epoch(epoch)
-        if self.table is None and self._plans is None:
-            self.init_profiler()
-        plans = ckpt.resume(self._loop.position, self._data, self.table, self.config, self.world_size,
-                            lambda ids: self.epoch_plans(epoch, ids, per_rank=True), self.log if self.rank == 0 else None)
-        finished = False
-        try:
-            yield from self._loop.run_epoch(plans, self.engine, max_steps)
-            finished = True
-        finally:
-            close = getattr(plans, "close", None)
-            if close is not None:
-                close()  # left early (max_steps, a break, an error): stop the planning thread or process now
-            if not finished and self._board is not None:
-                # a break (or an exception) in the user's loop: the other ranks will wait for this one
-                step = self._step
-                at = f"epoch {epoch} step {step.view.step}" if step is not None else f"epoch {epoch}"
-                self._board.note = f"after leaving get_data_iter() early at {at}"
-                self._board.enter("outside get_data_iter()")
-            self.engine.release_casts()  # weight copies held across a step's micro-batches (runtime.cache_weight_casts)
 
     # ----- per micro-batch (paper steps 3-6) -----------------------------------------------------
     def optimize_dynamics(self, batch: Any, model: Any = None) -> SPContext:
@@ -397,6 +365,40 @@ class DCPManager:
             return nullcontext()
         return self._board.collective(self._loop.phase(what), timeout_s=timeout_s or self.config.runtime.collective_timeout_s)
 
+
+
+def _batches(mgr: DCPManager, max_steps: int | None) -> Iterator[Any]:
+    """DCPManager.get_data_iter's generator."""
+    step = mgr._loop.step
+    if step is None or not step.open or step.forwards == 0:  # else run_epoch refuses to start (mid-step)
+        for old in list(mgr._iters):
+            if inspect.getgeneratorstate(old) == inspect.GEN_SUSPENDED:
+                # an earlier get_data_iter() still referenced, left at a micro-batch: closed before this one
+                # reads the dataset, so its prefetch and planning threads stop and its clean-up runs now, not
+                # in the middle of this loop
+                old.close()
+    epoch = mgr.epoch
+    if hasattr(mgr.dataset, "set_epoch"):
+        mgr.dataset.set_epoch(epoch)
+    if mgr.table is None and mgr._plans is None:
+        mgr.init_profiler()
+    plans = ckpt.resume(mgr._loop.position, mgr._data, mgr.table, mgr.config, mgr.world_size,
+                        lambda ids: mgr.epoch_plans(epoch, ids, per_rank=True), mgr.log if mgr.rank == 0 else None)
+    finished = False
+    try:
+        yield from mgr._loop.run_epoch(plans, mgr.engine, max_steps)
+        finished = True
+    finally:
+        close = getattr(plans, "close", None)
+        if close is not None:
+            close()  # left early (max_steps, a break, an error): stop the planning thread or process now
+        if not finished and mgr._board is not None:
+            # a break (or an exception) in the user's loop: the other ranks will wait for this one
+            step = mgr._step
+            at = f"epoch {epoch} step {step.view.step}" if step is not None else f"epoch {epoch}"
+            mgr._board.note = f"after leaving get_data_iter() early at {at}"
+            mgr._board.enter("outside get_data_iter()")
+        mgr.engine.release_casts()  # weight copies held across a step's micro-batches (runtime.cache_weight_casts)
 
 
 def _open_step(mgr: DCPManager, step: OpenStep) -> None:
