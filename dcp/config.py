@@ -471,7 +471,7 @@ def _check_type(section: str, f: dataclasses.Field, value: Any) -> None:
         return
     bad_bool = expected is not bool and isinstance(value, bool)
     if bad_bool or not isinstance(value, expected):
-        fix = number_fix(value, str(f.type)) if expected is not str else None
+        fix = number_fix(value, str(f.type), f.name)
         raise ConfigError(f"{section}.{f.name} ({value!r}) must be of type {f.type}: {fix or f'write a {f.type} value'}")
 
 

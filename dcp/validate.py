@@ -25,15 +25,25 @@ class ConfigError(ValueError):
 
 
 def gib(nbytes: float) -> str:
-    """``nbytes`` in GiB for a message: four significant digits, so a tiny capacity does not print as 0.000."""
-    return f"{nbytes / 2**30:.4g} GiB"
+    """``nbytes`` in GiB for a message: three decimals, or three significant digits below 1 GiB (a tiny capacity
+    printed as 0.000)."""
+    x = nbytes / 2**30
+    return f"{x:,.3f} GiB" if x >= 1 else f"{x:.3g} GiB"
 
 
-def number_fix(value: Any, type_name: str) -> str | None:
-    """The fix for a number written as text ("80GB", "2 steps"): the number, unquoted; None for other values."""
-    number = re.match(r"\s*([-+]?\d+(?:\.\d*)?)", value) if isinstance(value, str) else None
-    return f"write {number.group(1)}, a {type_name} without quotes or units (the key's name gives the unit)" \
-        if number else None
+UNIT_SPELLINGS = {"gib": ("gib", "gb", "g"), "mib": ("mib", "mb", "m"), "ms": ("ms",), "s": ("s", "sec")}
+"""A key's unit (the last part of its name) and the ways a value may spell it after the number."""
+
+
+def number_fix(value: Any, type_name: str, key: str) -> str | None:
+    """The fix for a number written as text ("80", "80GB" for a ``_gib`` key): the number, unquoted. None unless
+    the text is a number the key's type takes, bare or followed by the key's own unit."""
+    match = re.fullmatch(r"\s*([-+]?\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", value) if isinstance(value, str) else None
+    if match is None or type_name not in ("int", "float") or (type_name == "int" and "." in match[1]):
+        return None
+    if match[2] and match[2].lower() not in UNIT_SPELLINGS.get(key.rsplit("_", 1)[-1], ()):
+        return None
+    return f"write {match[1]}, a {type_name} without quotes or units (the key's name gives the unit)"
 
 
 def fail(path: str, value: Any, rule: str, fix: str, *, error: type[ValueError] = ConfigError) -> None:

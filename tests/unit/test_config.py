@@ -108,7 +108,7 @@ def test_capacity_below_constant_memory():
     tiny = ModelShapeConfig(num_layers=2, hidden_size=16, num_heads=2, vocab_size=32)
     with pytest.raises(ConfigError) as exc:  # small figures keep their digits (they printed as 0.000 GiB)
         DCPConfig(model=tiny, planning=PlanningConfig(mem_capacity_gib=0.00001, sp_sizes=(1,)))
-    assert f"constant memory ({tiny.constant_mem_bytes(dp_size=1) / 2**30:.4g} GiB for" in str(exc.value)
+    assert f"constant memory ({tiny.constant_mem_bytes(dp_size=1) / 2**30:.3g} GiB for" in str(exc.value)
     assert "(0.000 GiB" not in str(exc.value)
 
 
@@ -146,6 +146,14 @@ def test_load_config_strict(tmp_path):
     with pytest.raises(ConfigError, match=r"mem_capacity_gib \('80GB'\) must be of type float: write 80, a float "
                                           r"without quotes or units"):
         load_config(units)
+
+    for section, key, text in (("planning", "mem_capacity_gib", "512MiB"), ("planning", "mem_capacity_gib", "1e3"),
+                               ("planning", "mem_capacity_gib", "1,000"), ("planning", "gmin", "1.5"),
+                               ("runtime", "check_plan_hash", "1")):
+        wrong = tmp_path / "wrong.toml"
+        wrong.write_text(f'[{section}]\n{key} = "{text}"\n')
+        with pytest.raises(ConfigError, match=r"must be of type \w+: write a \w+ value$"):  # no number to suggest
+            load_config(wrong)
 
     as_json = tmp_path / "c.json"
     as_json.write_text('{"planning": {"gmin": 2}}\n')
