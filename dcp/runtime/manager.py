@@ -171,7 +171,8 @@ class DCPManager:
     @property
     def measurements(self) -> Any:
         """(seq_group, micro_batch_size, sp_size, recompute_layers, seconds) of every profiled micro-batch
-        (on CUDA: GPU time between events, added when a logged step's stats are exchanged)."""
+        (on CUDA: GPU time between events, added when a logged step's stats are exchanged); a step's last row
+        includes its gradient sync and update when engine.step() runs inside ``profile``, as in the paper's loop."""
         return self._timings.rows
 
     def need_profile(self) -> bool:
