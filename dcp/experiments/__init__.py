@@ -4,7 +4,7 @@
     dcp sweep experiments/cpu_small.toml --update-committed   # refresh experiments/results/cpu_small
     dcp sweep experiments/gpu_paper.toml --launcher torchrun  # torchrun per node, NCCL
     dcp sweep --plot DIR                                      # rebuild plots from DIR/runs.csv only
-    dcp sweep --plot experiments/results/cpu_small            # its plot into runs/sweeps/cpu_small/
+    dcp sweep --plot experiments/results/cpu_small            # its plot into runs/plots/cpu_small/
     dcp sweep --plot experiments/results/cpu_small --update-committed   # the committed summary.png itself
 
 Results: DIR/runs.csv, DIR/steps.csv, DIR/config.json (see dcp.experiments.results) and DIR/summary.png,
@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--print-config", action="store_true", help="print the resolved sweep as JSON and exit")
     parser.add_argument("--plot", metavar="RESULTS_DIR", default=None,
                         help="rebuild the plot and the table of RESULTS_DIR from its runs.csv and exit (a committed "
-                             "folder's plot is drawn in runs/sweeps/NAME/ unless --update-committed)")
+                             "folder's plot is drawn in runs/plots/NAME/ unless --update-committed)")
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict:
@@ -87,7 +87,8 @@ def report(results_dir: str | Path, png_path: str | Path | None = None) -> Path:
 
 def plot_target(results_dir: str | Path, update_committed: bool) -> Path | None:
     """Where ``--plot`` draws: beside the CSV (None), except for a committed results folder without
-    ``--update-committed``, whose plot is redrawn in runs/sweeps/NAME/ (a committed file changes only on request)."""
+    ``--update-committed``, whose plot is redrawn in runs/plots/NAME/ (a committed file changes only on request; not
+    runs/sweeps/NAME/, the default folder of the user's own sweep of that name, whose plot it would replace)."""
     from dcp.experiments.sweep import COMMITTED_RESULTS_ROOT
 
     folder = Path(results_dir).resolve()
@@ -96,7 +97,7 @@ def plot_target(results_dir: str | Path, update_committed: bool) -> Path | None:
              Path(COMMITTED_RESULTS_ROOT).resolve()}
     if update_committed or not any(folder.is_relative_to(root) for root in roots):
         return None
-    return Path("runs") / "sweeps" / folder.name / "summary.png"
+    return Path("runs") / "plots" / folder.name / "summary.png"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -162,6 +163,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"dcp sweep: error: a run failed (the finished runs' results are in {spec.output_dir}; the same command "
               f"resumes after them): {detail}", file=sys.stderr)
         rc = 1
+    except KeyboardInterrupt:  # Ctrl-C: each finished run's row is already written; the next call resumes after them
+        print(f"\ndcp sweep: interrupted: the finished runs' results are in {spec.output_dir}; the same command "
+              "resumes after them", file=sys.stderr)
+        rc = 130
     if (inside_torchrun and os.environ.get("RANK") != "0") or (not inside_torchrun and spec.launcher == "torchrun"):
         return rc  # other ranks write nothing; torchrun's rank 0 has already printed the report
     if (spec.output_dir / "runs.csv").exists():

@@ -8,6 +8,7 @@ bar; the bottom row is the measured idle ratio, with the planner's predicted idl
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -101,15 +102,19 @@ def plot_results(results_dir: str | Path, out_path: str | Path | None = None) ->
         ax_t.set_ylim(0, 1.4 * ax_t.get_ylim()[1])  # room for the speedup labels
         ax_t.set_title(f"{model}, W={w}")
         ax_t.set_ylabel("throughput (tokens/s)\nlabel: speedup vs bucket, tok/s | adj" if col == 0 else "")
-        ax_i.set_ylabel("idle fraction of GPU time\n(bar measured, tick predicted)" if col == 0 else "")
+        ax_i.set_ylabel(f"idle fraction of {'GPU' if rows[0]['device'] == 'cuda' else 'rank'} time\n"
+                        "(bar measured, tick predicted)" if col == 0 else "")
         top = max([r["idle_ratio"] for r in rows] + [r["predicted_idle_ratio"] for r in rows] + [0.1])
         ax_i.set_ylim(0, min(1.0, 1.15 * top))
     axes[0][0].legend(fontsize=7)
     axes[1][0].legend(fontsize=7, loc="upper right")
     meta = rows[0]
-    fig.suptitle(f"DCP vs baselines: real runs on {meta['device']} processes, speedup vs bucket (adj: of the ideal "
-                 "fraction, free of which samples each run's steps held)\n"
-                 f"(git {meta['git_sha']}, {meta['sweep']}; {rows_batch_label(rows)})", fontsize=10)
+    # wrapped to the figure's width (~12 characters of 10-point text an inch): one panel is 6.5 inches wide
+    chars = int(12 * fig.get_figwidth())
+    title = [f"DCP vs baselines: real runs on {meta['device']} processes, speedup vs bucket (adj: of the ideal "
+             "fraction, free of which samples each run's steps held)",
+             f"(git {meta['git_sha']}, {meta['sweep']}; {rows_batch_label(rows)})"]
+    fig.suptitle("\n".join(line for part in title for line in textwrap.wrap(part, chars)), fontsize=10)
     fig.tight_layout()
     out = Path(out_path) if out_path else Path(results_dir) / PLOT_NAME
     out.parent.mkdir(parents=True, exist_ok=True)

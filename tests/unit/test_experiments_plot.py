@@ -111,9 +111,9 @@ def test_cli_plot_of_a_committed_folder_draws_in_runs_unless_update_committed(re
     committed_png.write_bytes(b"committed")
     assert sweep_run(_args("--plot", str(results_dir))) == 0
     out = capsys.readouterr().out
-    drawn = tmp_path / "runs" / "sweeps" / results_dir.name / "summary.png"
+    drawn = tmp_path / "runs" / "plots" / results_dir.name / "summary.png"
     assert drawn.read_bytes()[:4] == b"\x89PNG" and committed_png.read_bytes() == b"committed"
-    assert f"plot: runs/sweeps/{results_dir.name}/summary.png" in out and "changes only with --plot" in out
+    assert f"plot: runs/plots/{results_dir.name}/summary.png" in out and "changes only with --plot" in out
     assert sweep_run(_args("--plot", str(results_dir), "--update-committed")) == 0
     assert committed_png.read_bytes()[:4] == b"\x89PNG" and f"plot: {committed_png}" in capsys.readouterr().out
 
@@ -168,6 +168,6 @@ def test_plot_target_knows_the_checkout_s_committed_folder_from_any_directory(tm
 
     committed = REPO / "experiments" / "results" / "cpu_small"
     monkeypatch.chdir(tmp_path)  # not the checkout
-    assert plot_target(committed, False) == Path("runs") / "sweeps" / "cpu_small" / "summary.png"
+    assert plot_target(committed, False) == Path("runs") / "plots" / "cpu_small" / "summary.png"
     assert plot_target(committed, True) is None
     assert plot_target(tmp_path, False) is None

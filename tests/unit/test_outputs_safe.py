@@ -186,9 +186,9 @@ def _spec(tmp_path):
                                       "out_dir": str(tmp_path / "out")}})
 
 
-def _fake_runner(log, fail_at=None):
+def _fake_runner(log, fail_at=None, error=None):
     """Stands for run_distributed(run_group, ...): rank 0 writes each run's rows as it ends; the run with
-    index ``fail_at`` dies (a killed rank)."""
+    index ``fail_at`` dies (a killed rank), or raises ``error`` (e.g. Ctrl-C's KeyboardInterrupt)."""
     from dcp.distributed.launch import DistributedFailure
     from dcp.experiments.runner import save_outcomes
 
@@ -196,7 +196,7 @@ def _fake_runner(log, fail_at=None):
         outcomes = []
         for run_, index in zip(group, info.indices, strict=True):
             if index == fail_at:
-                raise DistributedFailure("rank 1 exited with code -9 without reporting")
+                raise error or DistributedFailure("rank 1 exited with code -9 without reporting")
             log.append(index)
             row = {c: 1 for c in RUN_COLUMNS} | {"run_id": f"{info.stamp}-{index:03d}", "method": run_.method,
                                                  "config_hash": run_.config_hash()}
@@ -229,6 +229,24 @@ def test_a_sweep_killed_in_its_second_run_keeps_the_first_and_resumes_after_it(t
     assert json.loads((spec.output_dir / files.MARKER).read_text())["session"]["complete"] is True
     launch_local(spec, quiet=True)  # a finished sweep started again is a new session: it appends 3 more runs
     assert log == [0, 1, 2, 0, 1, 2] and len(read_runs(spec.output_dir)) == 6
+
+
+def test_ctrl_c_in_a_sweep_says_where_the_finished_runs_are_and_resumes_after_them(tmp_path, monkeypatch, capsys):
+    import dcp.distributed.launch as launcher
+
+    toml = tmp_path / "resume.toml"
+    toml.write_text('[sweep]\nname = "resume"\nworld_sizes = [2]\nmodels = ["t1d-tiny"]\ndatasets = ["balanced"]\n'
+                    'methods = ["bucket", "dcp-inter", "dcp-intra"]\nsteps = 1\nwarmup_steps = 0\nnum_samples = 16\n'
+                    f'out_dir = "{tmp_path / "out"}"\n')
+    log: list[int] = []
+    monkeypatch.setattr(launcher, "run_distributed", _fake_runner(log, fail_at=1, error=KeyboardInterrupt()))
+    code, text = cli(capsys, "sweep", str(toml))
+    assert code == 130, text
+    assert f"dcp sweep: interrupted: the finished runs' results are in {tmp_path / 'out'}; the same command resumes" in text
+    assert "Traceback" not in text and [r["method"] for r in read_runs(tmp_path / "out")] == ["bucket"]
+    monkeypatch.setattr(launcher, "run_distributed", _fake_runner(log))
+    code, text = cli(capsys, "sweep", str(toml))
+    assert code == 0 and log == [0, 1, 2]  # the same command ran only the two unfinished runs
 
 
 def test_a_failed_job_is_summed_up_in_one_line_naming_the_rank_and_its_phase():
