@@ -21,7 +21,7 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("profile",), "dcp.profiler.cli", "run the dual-layer profiler and cache the table"),
     (("simulate",), "dcp.sim.cli", "simulate a cluster on your own sequence lengths"),
     (("figures",), "dcp.figures", "regenerate every paper figure (PNG + CSV)"),
-    (("sweep",), "dcp.experiments", "run an experiment sweep (real CPU runs or simulated clusters)"),
+    (("sweep",), "dcp.experiments", "run an experiment sweep (real runs on CPU processes or GPUs; simulated clusters: dcp simulate)"),
     (("parity",), "dcp.integrations.parity", "train a small HF Llama with bucket and DCP-intra: loss vs tokens"),
     (("bench", "planner"), "dcp.bench.planner", "planning time per step for several world sizes"),
     (("bench", "runtime"), "dcp.bench.runtime", "manager overhead per step and SP switch cost"),

@@ -231,6 +231,20 @@ def test_a_sweep_killed_in_its_second_run_keeps_the_first_and_resumes_after_it(t
     assert log == [0, 1, 2, 0, 1, 2] and len(read_runs(spec.output_dir)) == 6
 
 
+def test_a_finished_sweep_started_again_says_it_appends(tmp_path, monkeypatch, capsys):
+    import dcp.distributed.launch as launcher
+    from dcp.experiments.launch import launch_local
+
+    spec = _spec(tmp_path)
+    monkeypatch.setattr(launcher, "run_distributed", _fake_runner([]))
+    launch_local(spec)
+    assert "earlier sessions" not in capsys.readouterr().out
+    launch_local(spec)
+    assert (f"{spec.output_dir / 'runs.csv'} holds 3 rows of earlier sessions: this one appends its 3 runs, and the "
+            "table and plot show each run's newest row") in capsys.readouterr().out
+    assert len(read_runs(spec.output_dir)) == 6
+
+
 def test_ctrl_c_in_a_sweep_says_where_the_finished_runs_are_and_resumes_after_them(tmp_path, monkeypatch, capsys):
     import dcp.distributed.launch as launcher
 
