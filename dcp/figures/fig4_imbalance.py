@@ -55,8 +55,11 @@ def make(out_dir: Path, sizes: common.Sizes) -> list[Path]:
     ax1.set_ylabel("imbalance ratio (% GPU time idle)")
     ax1.set_title(f"Imbalance across datasets, {WORLD_SIZE} GPUs\n{common.batch_title(rows)}", fontsize=10)
     ax1.legend(fontsize=8)
-    ax2.hist([100 * r["bucket_idle_ratio"] for r in rows], bins=20, color="#7f7f7f", alpha=0.8, label="bucket")
-    ax2.hist([100 * r["dcp_intra_idle_ratio"] for r in rows], bins=20, color="#d62728", alpha=0.6, label="DCP-intra")
+    # the same bins for both methods, so their bar heights compare
+    top = max(100 * max(r["bucket_idle_ratio"], r["dcp_intra_idle_ratio"]) for r in rows)
+    bins = [top * i / 40 for i in range(41)]
+    ax2.hist([100 * r["bucket_idle_ratio"] for r in rows], bins=bins, color="#7f7f7f", alpha=0.8, label="bucket")
+    ax2.hist([100 * r["dcp_intra_idle_ratio"] for r in rows], bins=bins, color="#d62728", alpha=0.6, label="DCP-intra")
     ax2.set_xlabel("imbalance ratio (%)")
     ax2.set_ylabel("datasets")
     ax2.legend(fontsize=8)

@@ -51,7 +51,9 @@ def make(out_dir: Path, sizes: Sizes) -> list[Path]:
         ax.plot([r["seq_len"] / 1024 for r in pts], [100 * r["comm_fraction"] for r in pts], "o-", ms=3,
                 label=f"SP={p}" + (" (inter-node)" if pts[0]["inter_node"] else ""))
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("sequence length (k tokens)")
+    lengths_k = sorted({r["seq_len"] // 1024 for r in rows})[::2]  # every other length: 1k, 4k, 16k, ...
+    ax.set_xticks(lengths_k, [f"{k}k" for k in lengths_k])
+    ax.set_xlabel("sequence length (tokens)")
     ax.set_ylabel("all-to-all share of step time (%)")
     ax.set_title("Transformer-1D (5B), H200: Ulysses all-to-all overhead")
     ax.legend(fontsize=7)
