@@ -16,7 +16,8 @@ from typing import Any
 from dcp.config import METHODS
 from dcp.experiments.results import ResultsError, compact, read_runs, targets_label
 
-METHOD_COLORS = {"bucket": "#8c8c8c", "packed": "#c9a227", "dcp-inter": "#3b75af", "dcp-intra": "#2e8b57"}
+METHOD_COLORS = {"bucket": "#7f7f7f", "packed": "#bcbd22", "dcp-inter": "#1f77b4", "dcp-intra": "#d62728"}
+"""Each method's colour in every plot (the sweeps', the demo's and the paper figures', which add the peers')."""
 PLOT_NAME = "summary.png"
 TABLE_LEGEND = (
     "tok/s: tokens of the measured steps / their total wall time | step-med: median over steps of one step's "

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dcp.experiments.plot import METHOD_COLORS
 from dcp.files import write_text, write_with
 from dcp.named_models import MODELS, PAPER_MODELS
 
@@ -19,8 +20,7 @@ LOOKAHEAD_PER_RANK = 0
 """Planner look-ahead window per GPU for every figure; 0 keeps the planner's default (as ``dcp simulate``)."""
 MODEL_DATASET_PREFIX = {name: MODELS[name].family for name in PAPER_MODELS}
 """Which distribution family each paper model trains on."""
-COLORS = {"bucket": "#7f7f7f", "packed": "#bcbd22", "dcp-inter": "#1f77b4", "dcp-intra": "#d62728",
-          "megatron-dyncp": "#2ca02c", "flexsp": "#9467bd"}
+COLORS = {**METHOD_COLORS, "megatron-dyncp": "#2ca02c", "flexsp": "#9467bd"}
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
