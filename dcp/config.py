@@ -21,7 +21,7 @@ from dcp.validate import (
 from dcp.validate import (
     check_fields as check_fields,
 )
-from dcp.validate import did_you_mean, gib, number_fix
+from dcp.validate import did_you_mean, gib, type_fix
 from dcp.validate import (
     fail as fail,
 )
@@ -471,8 +471,7 @@ def _check_type(section: str, f: dataclasses.Field, value: Any) -> None:
         return
     bad_bool = expected is not bool and isinstance(value, bool)
     if bad_bool or not isinstance(value, expected):
-        fix = number_fix(value, str(f.type), f.name)
-        raise ConfigError(f"{section}.{f.name} ({value!r}) must be of type {f.type}: {fix or f'write a {f.type} value'}")
+        raise ConfigError(f"{section}.{f.name} ({value!r}) must be of type {f.type}: {type_fix(value, str(f.type), f.name)}")
 
 
 def _home_of(key: str) -> str | None:

@@ -35,15 +35,19 @@ UNIT_SPELLINGS = {"gib": ("gib", "gb", "g"), "mib": ("mib", "mb", "m"), "ms": ("
 """A key's unit (the last part of its name) and the ways a value may spell it after the number."""
 
 
-def number_fix(value: Any, type_name: str, key: str) -> str | None:
-    """The fix for a number written as text ("80", "80GB" for a ``_gib`` key): the number, unquoted. None unless
-    the text is a number the key's type takes, bare or followed by the key's own unit."""
+def type_fix(value: Any, type_name: str, key: str) -> str:
+    """The fix for ``value`` of the wrong type under ``key``: "write a <type> value", or for a number written as
+    text ("80", "80GB" for a ``_gib`` key) the number, unquoted: only when the text is a number the key's type
+    takes, bare or followed by the key's own unit."""
     match = re.fullmatch(r"\s*([-+]?\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", value) if isinstance(value, str) else None
-    if match is None or type_name not in ("int", "float") or (type_name == "int" and "." in match[1]):
-        return None
-    if match[2] and match[2].lower() not in UNIT_SPELLINGS.get(key.rsplit("_", 1)[-1], ()):
-        return None
-    return f"write {match[1]}, a {type_name} without quotes or units (the key's name gives the unit)"
+    if (match is None or type_name not in ("int", "float") or (type_name == "int" and "." in match[1])
+            or (match[2] and match[2].lower() not in UNIT_SPELLINGS.get(key.rsplit("_", 1)[-1], ()))):
+        return f"write {_article(type_name)} {type_name} value"
+    return f"write {match[1]}, {_article(type_name)} {type_name} without quotes or units (the key's name gives the unit)"
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"
 
 
 def fail(path: str, value: Any, rule: str, fix: str, *, error: type[ValueError] = ConfigError) -> None:

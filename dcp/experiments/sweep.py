@@ -30,7 +30,7 @@ from typing import Any
 from dcp.argtypes import MAX_LOCAL_PROCESSES, MAX_SAMPLES, MAX_WORLD_SIZE
 from dcp.config import METHODS, ConfigError, DCPConfig, config_from_dict, fail, read_toml
 from dcp.named_models import MODEL_NAMES, MODELS
-from dcp.validate import did_you_mean
+from dcp.validate import did_you_mean, type_fix
 
 DATASET_NAMES = ("short", "balanced", "long")
 LAUNCHERS = ("local", "torchrun")
@@ -333,7 +333,7 @@ def _check_type(key: str, hint: str, value: Any) -> None:
         return
     expected = {"int": int, "str": str, "bool": bool}.get(hint)
     if expected and (not isinstance(value, expected) or (expected is not bool and isinstance(value, bool))):
-        raise SweepError(f"sweep.{key} ({value!r}) must be of type {hint}: write a {hint} value")
+        raise SweepError(f"sweep.{key} ({value!r}) must be of type {hint}: {type_fix(value, hint, key)}")
 
 
 def load_sweep(path: str | Path, *, overrides: dict[str, Any] | None = None) -> SweepSpec:

@@ -47,10 +47,10 @@ def make(out_dir: Path, sizes: common.Sizes) -> list[Path]:
     plt = common.pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
     order = sorted(range(len(rows)), key=lambda k: rows[k]["bucket_idle_ratio"])
-    ax1.bar(range(len(rows)), [100 * rows[k]["bucket_idle_ratio"] for k in order], color="#7f7f7f", width=1.0,
-            label="bucket parallel")
-    ax1.plot(range(len(rows)), [100 * rows[k]["dcp_intra_idle_ratio"] for k in order], ".", color="#d62728",
-             ms=3, label="DCP-intra")
+    ax1.bar(range(len(rows)), [100 * rows[k]["bucket_idle_ratio"] for k in order], color=common.COLORS["bucket"],
+            width=1.0, label="bucket parallel")
+    ax1.plot(range(len(rows)), [100 * rows[k]["dcp_intra_idle_ratio"] for k in order], ".",
+             color=common.COLORS["dcp-intra"], ms=3, label="DCP-intra")
     ax1.set_xlabel(f"dataset (sorted by bucket imbalance), {len(rows)} datasets")
     ax1.set_ylabel("imbalance ratio (% GPU time idle)")
     ax1.set_title(f"Imbalance across datasets, {WORLD_SIZE} GPUs\n{common.batch_title(rows)}", fontsize=10)
@@ -58,8 +58,10 @@ def make(out_dir: Path, sizes: common.Sizes) -> list[Path]:
     # the same bins for both methods, so their bar heights compare
     top = max(100 * max(r["bucket_idle_ratio"], r["dcp_intra_idle_ratio"]) for r in rows)
     bins = [top * i / 40 for i in range(41)]
-    ax2.hist([100 * r["bucket_idle_ratio"] for r in rows], bins=bins, color="#7f7f7f", alpha=0.8, label="bucket")
-    ax2.hist([100 * r["dcp_intra_idle_ratio"] for r in rows], bins=bins, color="#d62728", alpha=0.6, label="DCP-intra")
+    ax2.hist([100 * r["bucket_idle_ratio"] for r in rows], bins=bins, color=common.COLORS["bucket"], alpha=0.8,
+             label="bucket")
+    ax2.hist([100 * r["dcp_intra_idle_ratio"] for r in rows], bins=bins, color=common.COLORS["dcp-intra"], alpha=0.6,
+             label="DCP-intra")
     ax2.set_xlabel("imbalance ratio (%)")
     ax2.set_ylabel("datasets")
     ax2.legend(fontsize=8)

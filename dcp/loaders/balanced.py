@@ -34,6 +34,7 @@ from dcp.loaders._common import (
     packed_batch,
     padded_batch,
 )
+from dcp.validate import type_fix
 
 BATCHING_STRATEGIES = ("prefer_closest", "prefer_first")
 OVERSIZED_POLICIES = ("error", "alone")
@@ -125,7 +126,8 @@ class LoadBalancedConfig:
                 want = {"int": int, "bool": bool, "str": str}[str(f.type)]
                 value = flat[f.name]
                 if not isinstance(value, want) or (want is int and isinstance(value, bool)):
-                    fail_config(_path(f.name), value, f"must be of type {want.__name__}", f"write a {want.__name__}")
+                    fail_config(_path(f.name), value, f"must be of type {want.__name__}",
+                                type_fix(value, want.__name__, f.name))
         return cls(**flat)
 
 

@@ -152,7 +152,7 @@ def test_load_config_strict(tmp_path):
                                ("runtime", "check_plan_hash", "1")):
         wrong = tmp_path / "wrong.toml"
         wrong.write_text(f'[{section}]\n{key} = "{text}"\n')
-        with pytest.raises(ConfigError, match=r"must be of type \w+: write a \w+ value$"):  # no number to suggest
+        with pytest.raises(ConfigError, match=r"must be of type \w+: write an? \w+ value$"):  # no number to suggest
             load_config(wrong)
 
     as_json = tmp_path / "c.json"

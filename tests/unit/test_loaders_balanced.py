@@ -225,7 +225,7 @@ def test_from_dict_reads_the_documented_toml_layout():
         ({"max_num_steps": 5, "enable_dp_load_balancing": False}, r"enable_dp_load_balancing \(False\) is false: set it to true"),
         ({"max_num_steps": 5, "load_balanced_accumulate_steps": 2, "load_balanced_batches_per_optimizer_step": 3},
          r"load_balanced_accumulate_steps \(2\) contradicts load_balanced_batches_per_optimizer_step \(3\)"),
-        ({"max_num_steps": "5"}, r"train\.max_num_steps \('5'\) must be of type int"),
+        ({"max_num_steps": "5"}, r"train\.max_num_steps \('5'\) must be of type int: write 5, an int without quotes"),
         ({"max_num_steps": 5, "sequence_packing": 1}, r"train\.sequence_packing \(1\) must be of type bool"),
         ({"max_num_steps": True}, r"train\.max_num_steps \(True\) must be of type int"),
     ],
