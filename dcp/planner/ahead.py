@@ -155,7 +155,8 @@ class PlanAhead:
         self._stop.set()
         self._buffer.wake.set()
         _terminate(self._source)
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+        # while the interpreter finalizes, a daemon thread is frozen where it stood: joining it never returns
+        if self._thread.is_alive() and threading.current_thread() is not self._thread and not sys.is_finalizing():
             self._thread.join()
         # the plans in hand (_current, _previous) and those retired go with this object: a PlanFeed drops it on a
         # helper thread (dcp.runtime.stepview), so the training thread frees no plan here (the producer, which

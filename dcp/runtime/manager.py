@@ -27,6 +27,7 @@ the Hugging Face integration, which sit above the runtime.
 from __future__ import annotations
 
 import inspect
+import logging
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
@@ -118,6 +119,11 @@ class DCPManager:
         """Every rank's phase in the rendezvous store: a failed collective names the rank that stalled or died."""
         self._iters: weakref.WeakSet[Iterator[Any]] = weakref.WeakSet()
         """The get_data_iter() iterators still referenced: a new one closes those left suspended (their threads)."""
+        # A loop left by a break or an exception leaves its iterator suspended, referenced from the user's frames
+        # or a traceback; without this it is closed by the interpreter's last garbage collection, after threads
+        # can no longer start or be joined, and its clean-up (stopping the plan and prefetch threads) blocked the
+        # exit for ever. Closed at exit instead, while threads still run (weakref.finalize runs at exit).
+        weakref.finalize(self, _close_suspended, self._iters)
         # Every rank creates the same groups in the same order (new_group is a world collective).
         self.registry = registry or SPGroupRegistry.for_config(
             config, self.world_size, [p for p in config.planning.sp_sizes if p <= self.world_size]
@@ -366,6 +372,16 @@ class DCPManager:
             return nullcontext()
         return self._board.collective(self._loop.phase(what), timeout_s=timeout_s or self.config.runtime.collective_timeout_s)
 
+
+
+def _close_suspended(iters: weakref.WeakSet[Iterator[Any]]) -> None:
+    """Close the get_data_iter() iterators left at a micro-batch (at exit, or when the manager is dropped)."""
+    for it in list(iters):
+        if inspect.getgeneratorstate(it) == inspect.GEN_SUSPENDED:
+            try:
+                it.close()
+            except Exception as exc:  # noqa: BLE001 - at exit: say what failed, never block or mask the exit
+                logging.getLogger("dcp").warning("closing a get_data_iter() left early failed: %s: %s", type(exc).__name__, exc)
 
 
 def _batches(mgr: DCPManager, max_steps: int | None) -> Iterator[Any]:

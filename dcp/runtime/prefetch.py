@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import queue
+import sys
 import threading
 from collections import deque
 from collections.abc import Iterable
@@ -158,5 +159,6 @@ class BatchPrefetcher:
         if self._requests is not None:
             self._closing = True
             self._requests.put(None)
-            self._thread.join()
+            if not sys.is_finalizing():  # a daemon thread is frozen while the interpreter finalizes: never joined
+                self._thread.join()
             self._requests = self._thread = None

@@ -20,6 +20,7 @@ step's samples (``EpochPosition.record_checked``). A plan that fails it raises `
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -168,7 +169,11 @@ class PlanFeed:
         # handed over in a box that the helper empties, so that this thread keeps no reference that could
         # be the last one dropped (the helper may finish before this call returns)
         box, self._plans = [self._plans], None
-        threading.Thread(target=_drop, args=(box,), name="dcp-plan-free").start()
+        if sys.is_finalizing():
+            # a new thread never starts while the interpreter finalizes (start() would wait for it for ever)
+            _drop(box)
+            return
+        threading.Thread(target=_drop, args=(box,), name="dcp-plan-free", daemon=True).start()
 
 
 def _drop(box: list[Any]) -> None:
