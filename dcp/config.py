@@ -343,6 +343,11 @@ class RuntimeConfig:
     """Scale each optimizer step's learning rate by its tokens over planning.tokens_per_step (steps vary within
     planning.step_tokens_bounds): none, linear or sqrt (the rules of dcp.loaders.lr_scaling). Needs
     planning.tokens_per_step."""
+    nonfinite: str = "stop"
+    """What a step whose loss or gradients are not finite does (checked at every step, before the update; one
+    8-byte all-reduce and one host read per step): stop = raise NonFiniteError on every rank naming the step,
+    the ranks and the sample ids, nothing applied; skip = the step is not applied (weights, optimizer state and
+    LR schedule untouched), its samples are recorded as skipped in the checkpoint position and logged."""
     stats_every: int = 0
     """Also gather those step statistics (StepStats: loss, count, per-rank busy time) every this many steps
     without logging them, e.g. 1 for experiment runs that record every step; 0: only on logged steps."""
@@ -373,6 +378,13 @@ class RuntimeConfig:
         if self.lr_scaling not in LR_SCALING:
             fail("runtime.lr_scaling", self.lr_scaling, f"is not one of {list(LR_SCALING)}",
                  'write lr_scaling = "none" (or "linear" / "sqrt" with planning.tokens_per_step)')
+        if self.nonfinite not in ("stop", "skip"):
+            fail("runtime.nonfinite", self.nonfinite, "is not one of ['stop', 'skip']",
+                 'write nonfinite = "stop" (raise, nothing applied) or "skip" (drop the step, record its samples)')
+        if self.nonfinite == "skip" and self.engine == "deepspeed":
+            fail("runtime.nonfinite", self.nonfinite, "needs the ddp engine (DeepSpeed reduces and applies the "
+                 "gradients in one call, so a step cannot be dropped between them)",
+                 'write nonfinite = "stop", or engine = "ddp"')
         if self.stats_every < 0:
             fail("runtime.stats_every", self.stats_every, "must be >= 0", "use 0 for logged steps only, 1 for every step")
 

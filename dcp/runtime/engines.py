@@ -91,9 +91,6 @@ class Engine:
     def _backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
-    def _sync_and_update(self) -> None:
-        raise NotImplementedError
-
     # ----- the paper's loop ----------------------------------------------------------------------
     def _manager(self) -> EngineHooks:
         if self._mgr is None:
@@ -163,9 +160,34 @@ class Engine:
         or timeout names only the rank that is elsewhere (an idle rank is not a suspect)."""
         self.release_casts()  # before the update changes the weights the cached copies were made from
         self._fill_missing_grads()
-        with self._manager().collective("gradient sync"):
-            self._sync_and_update()
+        mgr = self._manager()
+        with mgr.collective("gradient sync"):
+            self._reduce()
+            # every rank takes the same decision (one flag all-reduce): applied, skipped, or NonFiniteError
+            if not mgr.finite_step(self._checked_grads()):
+                self._discard()
+                return
+            self._update()
         self.optimizer_steps += 1
+
+    def _reduce(self) -> None:
+        """The step's gradient reduction over the data-parallel ranks (may be started during backward)."""
+        raise NotImplementedError
+
+    def _update(self) -> None:
+        """The optimizer step (and the LR scheduler's) from the reduced gradients, then the gradients zeroed."""
+        raise NotImplementedError
+
+    def _discard(self) -> None:
+        """A skipped step (runtime.nonfinite = 'skip'): its gradients dropped, nothing updated."""
+        lr = getattr(self._manager(), "_lr", None)
+        if lr is not None:
+            lr.restore()  # runtime.lr_scaling scaled this step's LR: the next step scales the scheduled one
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _checked_grads(self) -> list[torch.Tensor]:
+        """The gradients the non-finite guard checks after ``_reduce``."""
+        return [p.grad for p in self.module.parameters() if p.grad is not None]
 
     def _fill_missing_grads(self) -> None:
         # Parameters this rank did not touch (idle rank, unused branch) still take part in the collective
@@ -270,13 +292,15 @@ class DDPEngine(Engine):
                 return
             self._started.append(all_reduce_grads_flat(self._buckets[i], self.group, async_op=True))
 
-    def _sync_and_update(self) -> None:
+    def _reduce(self) -> None:
         if self._distributed:
             self._start_ready_buckets(all_=True)  # those the backward did not start (an idle rank: all)
             for bucket, (flat, work) in zip(self._buckets, self._started, strict=True):
                 work.wait()
                 copy_flat_into_grads(bucket, flat)
             self._started = []
+
+    def _update(self) -> None:
         self.optimizer.step()
         lr = getattr(self._manager(), "_lr", None)
         if lr is not None:
@@ -397,7 +421,13 @@ class DeepSpeedEngine(Engine):
         self.ds.backward(zero, scale_wrt_gas=False)
         super().idle_step()
 
-    def _sync_and_update(self) -> None:
+    def _reduce(self) -> None:
+        pass  # DeepSpeed reduces inside its step()
+
+    def _checked_grads(self) -> list[torch.Tensor]:
+        return []  # ZeRO owns the gradient buffers and reduces them inside step(): the guard checks the losses
+
+    def _update(self) -> None:
         # Unmanaged accumulation: step() reduces the locally accumulated gradients over all ranks, applies
         # the update, steps the LR scheduler once and zeroes the gradients.
         self.ds.step()

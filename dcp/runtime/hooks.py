@@ -52,6 +52,12 @@ class EngineHooks(Protocol):
         """The step's gradient sync + update ran (it took ``sync``): the step is closed."""
         ...
 
+    def finite_step(self, grads: list[torch.Tensor]) -> bool:
+        """After the step's gradient reduction, before the update: True to apply the step; False to skip it
+        (runtime.nonfinite = 'skip'); raises ``dcp.runtime.guard.NonFiniteError`` ('stop'). Collective: every
+        rank calls it once per step and all get the same answer."""
+        ...
+
     def collective(self, what: str, timeout_s: float | None = None) -> AbstractContextManager[Any]:
         """Context of a collective in phase ``what`` of the step: a failure names the rank that is elsewhere."""
         ...

@@ -21,9 +21,10 @@ import torch
 from dcp.config import DCPConfig
 from dcp.distributed.device import Span
 from dcp.planner.plan import StepPlan
+from dcp.runtime import guard
 from dcp.runtime.contracts import forward_pair
 from dcp.runtime.exchange import AgreementExchange, PlanMismatchError
-from dcp.runtime.log import StepStats
+from dcp.runtime.log import StepStats, get_logger
 from dcp.runtime.phases import PhaseBoard
 from dcp.runtime.position import EpochPosition
 from dcp.runtime.prefetch import BatchPrefetcher
@@ -53,6 +54,10 @@ class StepLoop:
         """One record per exchanged step (the same on every rank), filled one step late."""
         self.prefetched = 0
         """Micro-batches that were collated on the prefetch thread while the previous one trained."""
+        self.skipped: dict[int, list[int]] = {}
+        """epoch -> sample ids of its steps the non-finite guard skipped since the manager was created."""
+        self.skipped_steps = 0
+        """Steps the non-finite guard skipped (runtime.nonfinite = 'skip') since the manager was created."""
         self.lr: Any = None
         """runtime.lr_scaling: scales the LR of each step by its tokens as it opens (dcp.runtime.lr), or None."""
 
@@ -217,6 +222,31 @@ class StepLoop:
                 tally.counts.append(count)
                 tally.has_count = True
         return loss
+
+    def finite_step(self, grads: list[torch.Tensor]) -> bool:
+        """The non-finite guard of the open step (dcp.runtime.guard), inside its gradient sync: True to apply it."""
+        step = self.step
+        losses = step.tally.losses
+        flag = guard.local_flags(losses, grads, self.device)
+        verdict = guard.agree(flag, rank=self.rank, world_size=self.world_size, group=None, losses=losses,
+                              sample_ids=[mb.sample_ids for mb in step.group.micro_batches],
+                              where=f"epoch {self.epoch} step {step.view.step} (optimizer step {step.global_step})")
+        if verdict.finite:
+            return True
+        if self.config.runtime.nonfinite == "stop":
+            raise guard.NonFiniteError(
+                f"{verdict.message}: the step was not applied (runtime.nonfinite = 'stop'); fix the data or the "
+                "model (e.g. a lower learning rate), resume from the last checkpoint, or set runtime.nonfinite = "
+                "'skip' to drop such steps")
+        ids = np.asarray(step.view.sample_id_array, dtype=np.int64)
+        self.position.skipped.extend(int(i) for i in ids)  # this epoch's, in its checkpoint
+        self.skipped.setdefault(self.epoch, []).extend(int(i) for i in ids)
+        self.skipped_steps += 1
+        if self.rank == 0:
+            get_logger(self.rank).warning(
+                f"{verdict.message}: step skipped (runtime.nonfinite = 'skip'), its {len(ids)} samples recorded as "
+                f"skipped; {self.skipped_steps} step{'s' if self.skipped_steps > 1 else ''} skipped so far")
+        return False
 
     def step_done(self, sync: Span | float) -> None:
         """The open step's gradient sync + update ran: close it and count it."""

@@ -165,6 +165,12 @@ class DCPManager:
         return self._loop.global_step
 
     @property
+    def skipped_samples(self) -> dict[int, list[int]]:
+        """epoch -> sample ids of the steps the non-finite guard skipped (runtime.nonfinite = 'skip') since this
+        manager was created; the current epoch's are also in ``state_dict()['position']['skipped']``."""
+        return {e: list(ids) for e, ids in self._loop.skipped.items()}
+
+    @property
     def step_stats(self) -> list[StepStats]:
         """One record per exchanged step (the same on every rank), filled one step late."""
         return self._loop.step_stats
@@ -366,6 +372,9 @@ class DCPManager:
 
     def step_done(self, sync: Span | float) -> None:
         self._loop.step_done(sync)
+
+    def finite_step(self, grads: list[torch.Tensor]) -> bool:
+        return self._loop.finite_step(grads)
 
     def collective(self, what: str, timeout_s: float | None = None) -> AbstractContextManager[Any]:
         if self._board is None:

@@ -139,6 +139,8 @@ class EpochPosition:
     legacy: bool = False
     """Restored from a step-index checkpoint of an older dcp (same config, lengths and world size, so the same
     plan): ``done`` is learnt from the skipped steps instead of checked against them."""
+    skipped: list[int] = field(default_factory=list)
+    """Samples of steps the non-finite guard skipped this epoch (runtime.nonfinite = 'skip'): done, never applied."""
     _kept: list[np.ndarray] = field(default_factory=list, repr=False, compare=False)
     """Sample ids of finished steps not yet marked in ``_done`` (``record_checked``)."""
     _marking: _Marking | None = field(default=None, repr=False, compare=False)
@@ -208,7 +210,7 @@ class EpochPosition:
 
     def to_state(self) -> dict[str, Any]:
         return {"format": FORMAT, "epoch": self.epoch, "num_samples": self.num_samples, "done": _bits(self.done),
-                "base": _bits(self.base), "key": self.key, "steps": self.steps}
+                "base": _bits(self.base), "key": self.key, "steps": self.steps, "skipped": list(self.skipped)}
 
     @classmethod
     def from_state(cls, state: Any, num_samples: int) -> EpochPosition:
@@ -233,7 +235,11 @@ class EpochPosition:
         if (base & ~done).any():
             raise PositionError("checkpoint position: samples of its plan's base are not done: the checkpoint is "
                                 "damaged; resume from another one")
-        return cls(epoch, done, base, key, steps)
+        skipped = state.get("skipped", [])
+        if not (isinstance(skipped, list) and all(type(i) is int and 0 <= i < n and done[i] for i in skipped)):
+            raise PositionError(f"checkpoint position field 'skipped' is {str(skipped)[:80]}, not a list of done "
+                                "sample ids: the checkpoint is damaged; resume from another one")
+        return cls(epoch, done, base, key, steps, skipped=list(skipped))
 
     def resume(self, key_of: Callable[[np.ndarray], str],
                plans: Callable[[np.ndarray], Iterator[Any]]) -> tuple[Iterator[Any], int, bool]:

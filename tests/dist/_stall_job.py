@@ -42,7 +42,7 @@ def stall_job(rank: int, world: int, mode: str) -> None:
     if mode == "exit-in-sync" and rank == 1:
         # rank 1 dies inside step 1's gradient sync (after the all-reduce the backward started): its last phase
         # is that sync, and its heartbeat stops
-        sync, calls = mgr.engine._sync_and_update, [0]
+        sync, calls = mgr.engine._reduce, [0]
 
         def dying_sync():
             calls[0] += 1
@@ -50,7 +50,7 @@ def stall_job(rank: int, world: int, mode: str) -> None:
                 os._exit(3)
             sync()
 
-        mgr.engine._sync_and_update = dying_sync
+        mgr.engine._reduce = dying_sync
     for batch in mgr.get_data_iter():
         mgr.train_micro_batch(batch)
 
