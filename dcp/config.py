@@ -18,10 +18,10 @@ from dcp.validate import (  # re-exported: the config's public error and readers
 from dcp.validate import (
     ConfigError as ConfigError,
 )
+from dcp.validate import check_field_type, did_you_mean, gib
 from dcp.validate import (
     check_fields as check_fields,
 )
-from dcp.validate import did_you_mean, gib, type_fix
 from dcp.validate import (
     fail as fail,
 )
@@ -343,6 +343,11 @@ class RuntimeConfig:
     """Scale each optimizer step's learning rate by its tokens over planning.tokens_per_step (steps vary within
     planning.step_tokens_bounds): none, linear or sqrt (the rules of dcp.loaders.lr_scaling). Needs
     planning.tokens_per_step."""
+    peer_timeout_s: float = 20.0
+    """A rank whose heartbeat stood still this long inside its epoch (killed, stopped, a frozen host) is named by
+    every other rank, which then ends its process with exit status 3 even while it waits inside a collective
+    (dcp.runtime.watchdog); independent of the step's length. 0 turns the watch off (the collectives then fail
+    after collective_timeout_s). Keep it well above a few heartbeat periods (1 s per 1000 ranks, at least 1 s)."""
     nonfinite: str = "stop"
     """What a step whose loss or gradients are not finite does (checked at every step, before the update; one
     8-byte all-reduce and one host read per step): stop = raise NonFiniteError on every rank naming the step,
@@ -354,37 +359,29 @@ class RuntimeConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, "runtime")
-        if self.engine not in ("ddp", "deepspeed"):
-            fail("runtime.engine", self.engine, "is not one of ['ddp', 'deepspeed']", "pick one of those")
-        if self.attention not in ("auto", "sdpa", "flash"):
-            fail("runtime.attention", self.attention, "is not one of ['auto', 'sdpa', 'flash']", "pick one of those")
-        if self.precision not in ("auto", "bf16", "fp32"):
-            fail("runtime.precision", self.precision, "is not one of ['auto', 'bf16', 'fp32']",
-                 "pick one of those (auto: bf16 on CUDA, fp32 on CPU)")
-        if self.loss_weighting not in ("tokens", "samples"):
-            fail("runtime.loss_weighting", self.loss_weighting, "is not one of ['tokens', 'samples']", "pick one")
-        if not self.plan_check_timeout_s > 0:
-            fail("runtime.plan_check_timeout_s", self.plan_check_timeout_s, "must be > 0", "e.g. 60")
-        if not self.collective_timeout_s > 0:
-            fail("runtime.collective_timeout_s", self.collective_timeout_s, "must be > 0", "e.g. 300")
-        if self.prefetch not in ("auto", "on", "off"):
-            fail("runtime.prefetch", self.prefetch, "is not one of ['auto', 'on', 'off']",
-                 "pick one of those (auto: on with CUDA, off on CPU)")
-        if self.compile not in COMPILE_MODES:
-            fail("runtime.compile", self.compile, f"is not one of {list(COMPILE_MODES)}",
-                 'write compile = "off" (eager) or "default"')
+        for key, options, fix in (
+                ("engine", ("ddp", "deepspeed"), "pick one of those"),
+                ("attention", ("auto", "sdpa", "flash"), "pick one of those"),
+                ("precision", ("auto", "bf16", "fp32"), "pick one of those (auto: bf16 on CUDA, fp32 on CPU)"),
+                ("loss_weighting", ("tokens", "samples"), "pick one"),
+                ("prefetch", ("auto", "on", "off"), "pick one of those (auto: on with CUDA, off on CPU)"),
+                ("compile", COMPILE_MODES, 'write compile = "off" (eager) or "default"'),
+                ("lr_scaling", LR_SCALING, 'write lr_scaling = "none" (or "linear" / "sqrt" with planning.tokens_per_step)'),
+                ("nonfinite", ("stop", "skip"),
+                 'write nonfinite = "stop" (raise, nothing applied) or "skip" (drop the step, record its samples)')):
+            if getattr(self, key) not in options:
+                fail(f"runtime.{key}", getattr(self, key), f"is not one of {list(options)}", fix)
+        for key, low, example in (("plan_check_timeout_s", 0, "60"), ("collective_timeout_s", 0, "300")):
+            if not getattr(self, key) > low:
+                fail(f"runtime.{key}", getattr(self, key), f"must be > {low}", f"e.g. {example}")
         if self.log_every < 1:
             fail("runtime.log_every", self.log_every, "must be >= 1", "set it to 1 or more")
-        if self.lr_scaling not in LR_SCALING:
-            fail("runtime.lr_scaling", self.lr_scaling, f"is not one of {list(LR_SCALING)}",
-                 'write lr_scaling = "none" (or "linear" / "sqrt" with planning.tokens_per_step)')
-        if self.nonfinite not in ("stop", "skip"):
-            fail("runtime.nonfinite", self.nonfinite, "is not one of ['stop', 'skip']",
-                 'write nonfinite = "stop" (raise, nothing applied) or "skip" (drop the step, record its samples)')
+        if not (self.peer_timeout_s == 0 or 5 <= self.peer_timeout_s < float("inf")):
+            fail("runtime.peer_timeout_s", self.peer_timeout_s, "must be 0 (off) or a finite number >= 5 seconds "
+                 "(several heartbeat periods)", "e.g. 20")
         if self.nonfinite == "skip" and self.engine == "deepspeed":
             fail("runtime.nonfinite", self.nonfinite, "needs the ddp engine (DeepSpeed reduces and applies the "
-                 "gradients in one call, so a step cannot be dropped between them)",
-                 'write nonfinite = "stop", or engine = "ddp"')
+                 "gradients in one call, so a step cannot be dropped between them)", 'write nonfinite = "stop", or engine = "ddp"')
         if self.stats_every < 0:
             fail("runtime.stats_every", self.stats_every, "must be >= 0", "use 0 for logged steps only, 1 for every step")
 
@@ -465,25 +462,8 @@ def _build_section(name: str, cls: type, raw: Any) -> Any:
     kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
     for f in dataclasses.fields(cls):
         if f.name in kwargs:
-            _check_type(name, f, kwargs[f.name])
+            check_field_type(name, f, kwargs[f.name])
     return cls(**kwargs)
-
-
-def _check_type(section: str, f: dataclasses.Field, value: Any) -> None:
-    expected = {"int": int, "float": (int, float), "str": str, "bool": bool}.get(str(f.type))
-    if str(f.type).startswith("tuple[float"):
-        if not isinstance(value, tuple) or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in value):
-            raise ConfigError(f"{section}.{f.name} ({value!r}) must be a list of numbers: e.g. [0.5, 2.0]")
-        return
-    if str(f.type).startswith("tuple"):
-        if not isinstance(value, tuple) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            raise ConfigError(f"{section}.{f.name} ({value!r}) must be a list of integers: e.g. [1, 2, 4]")
-        return
-    if expected is None:
-        return
-    bad_bool = expected is not bool and isinstance(value, bool)
-    if bad_bool or not isinstance(value, expected):
-        raise ConfigError(f"{section}.{f.name} ({value!r}) must be of type {f.type}: {type_fix(value, str(f.type), f.name)}")
 
 
 def _home_of(key: str) -> str | None:

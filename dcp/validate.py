@@ -140,3 +140,21 @@ def check_fields(obj: Any, section: str, *, int_max: dict[str, int] | None = Non
             fail(path, value, "must be a string", f'write {f.name} = "..."')
         elif kind == "bool" and not isinstance(value, bool):
             fail(path, value, "must be true or false", f"write {f.name} = true or false")
+
+
+def check_field_type(section: str, f: dataclasses.Field, value: Any) -> None:
+    """A TOML value of a config field, checked against the field's annotation (one line naming it otherwise)."""
+    expected = {"int": int, "float": (int, float), "str": str, "bool": bool}.get(str(f.type))
+    if str(f.type).startswith("tuple[float"):
+        if not isinstance(value, tuple) or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in value):
+            raise ConfigError(f"{section}.{f.name} ({value!r}) must be a list of numbers: e.g. [0.5, 2.0]")
+        return
+    if str(f.type).startswith("tuple"):
+        if not isinstance(value, tuple) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise ConfigError(f"{section}.{f.name} ({value!r}) must be a list of integers: e.g. [1, 2, 4]")
+        return
+    if expected is None:
+        return
+    bad_bool = expected is not bool and isinstance(value, bool)
+    if bad_bool or not isinstance(value, expected):
+        raise ConfigError(f"{section}.{f.name} ({value!r}) must be of type {f.type}: {type_fix(value, str(f.type), f.name)}")

@@ -119,11 +119,7 @@ class DCPManager:
         """Every rank's phase in the rendezvous store: a failed collective names the rank that stalled or died."""
         self._iters: weakref.WeakSet[Iterator[Any]] = weakref.WeakSet()
         """The get_data_iter() iterators still referenced: a new one closes those left suspended (their threads)."""
-        # A loop left by a break or an exception leaves its iterator suspended, referenced from the user's frames
-        # or a traceback; without this it is closed by the interpreter's last garbage collection, after threads
-        # can no longer start or be joined, and its clean-up (stopping the plan and prefetch threads) blocked the
-        # exit for ever. Closed at exit instead, while threads still run (weakref.finalize runs at exit).
-        weakref.finalize(self, _close_suspended, self._iters)
+        weakref.finalize(self, _close_suspended, self._iters)  # at exit too, while threads still run
         # Every rank creates the same groups in the same order (new_group is a world collective).
         self.registry = registry or SPGroupRegistry.for_config(
             config, self.world_size, [p for p in config.planning.sp_sizes if p <= self.world_size]
@@ -384,7 +380,12 @@ class DCPManager:
 
 
 def _close_suspended(iters: weakref.WeakSet[Iterator[Any]]) -> None:
-    """Close the get_data_iter() iterators left at a micro-batch (at exit, or when the manager is dropped)."""
+    """Close the get_data_iter() iterators left at a micro-batch (at exit, or when the manager is dropped).
+
+    A loop left by a break or an exception leaves its iterator suspended, referenced from the user's frames or a
+    traceback. Left to the interpreter's last garbage collection, its clean-up (stopping the plan and prefetch
+    threads) ran after threads could no longer start or be joined and blocked the exit for ever; weakref.finalize
+    runs this at exit, before that."""
     for it in list(iters):
         if inspect.getgeneratorstate(it) == inspect.GEN_SUSPENDED:
             try:

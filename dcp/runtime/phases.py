@@ -115,15 +115,22 @@ class PhaseBoard:
             pass
 
     @contextmanager
-    def heartbeat(self, period_s: float | None = None) -> Iterator[None]:
+    def heartbeat(self, period_s: float | None = None, *, watch_s: float = 0.0) -> Iterator[None]:
         """Count this rank's heartbeat key up every ``period_s`` (a daemon thread) while the block runs, and write
         this rank's phase when it changed since the last write (a followed step's micro-batch, or an
         ``enter(..., publish=False)``) at each beat.
         Default period: 1 s, and 1 s per 1000 ranks beyond that, so the store serves at most ~1000 beats per
-        second."""
+        second. ``watch_s`` > 0: also watch the next rank (``dcp.runtime.watchdog.PeerWatch``): a peer whose beat
+        stood still this long ends every rank's process, naming it."""
+        from dcp.runtime.watchdog import PeerWatch
+
         period_s = period_s or max(1.0, self.world_size / 1000)
         stop = threading.Event()
         key = f"{self.prefix}beat/{self.rank}"
+        watch = (PeerWatch(self.store, self.prefix, self.rank, self.world_size, watch_s, period_s=period_s)
+                 if watch_s > 0 else None)
+        if watch is not None:
+            watch.beating(True)
 
         def beat() -> None:
             due = 0.0
@@ -140,6 +147,8 @@ class PhaseBoard:
                     except Exception:  # noqa: BLE001 - a gone store: the failure is reported by the collective
                         pass
                     due = time.monotonic() + period_s
+                    if watch is not None:
+                        watch.check()
                 stop.wait(max(0.0, due - time.monotonic()))
 
         thread = threading.Thread(target=beat, name=f"dcp-heartbeat-{self.rank}", daemon=True)
@@ -151,6 +160,8 @@ class PhaseBoard:
             stop.set()
             thread.join(timeout=5 * period_s)
             self.beat_period_s = 0.0
+            if watch is not None:
+                watch.beating(False)
             if not thread.is_alive() and (entered := self._current()) != self._published:
                 self._publish(entered)  # entered while the thread stopped: written here, not lost
 
