@@ -23,7 +23,7 @@ from dcp.distributed.device import Span
 from dcp.planner.plan import StepPlan
 from dcp.runtime import guard
 from dcp.runtime.contracts import forward_pair
-from dcp.runtime.exchange import AgreementExchange, PlanMismatchError
+from dcp.runtime.exchange import AgreementExchange, DataMismatchError, PlanMismatchError
 from dcp.runtime.log import StepStats, get_logger
 from dcp.runtime.phases import PhaseBoard
 from dcp.runtime.position import EpochPosition
@@ -132,6 +132,8 @@ class StepLoop:
                 ahead, wanted = wanted, False  # ahead: the step's micro-batches are wanted (at the last step's end)
                 for i, mb in enumerate(mbs):
                     batch = fetch.take(mb.sample_ids)
+                    if getattr(batch, "seq_lens", mb.seq_lens) != mb.seq_lens:
+                        raise _lengths_differ(batch, mb, epoch, view.step)
                     if not ahead:  # collated here; the step's later ones are collated ahead on the prefetch thread
                         fetch.want([m.sample_ids for m in mbs[1:]])
                         ahead = True
@@ -259,6 +261,19 @@ class StepLoop:
         else:
             self.position.record(step.view.sample_id_array, step.view.step)  # every sample once per epoch
         self.global_step += 1
+
+
+def _lengths_differ(batch: Any, mb: Any, epoch: int, step: int) -> DataMismatchError:
+    """The refusal of a collated micro-batch whose tokens differ from the lengths it was planned with."""
+    got, ids = tuple(batch.seq_lens), tuple(getattr(batch, "sample_ids", ()) or mb.sample_ids)
+    k = next((k for k, (a, b) in enumerate(zip(got, mb.seq_lens, strict=False)) if a != b), min(len(got), len(mb.seq_lens)))
+    if k < len(got) and k < len(mb.seq_lens):
+        what = f"sample {ids[k] if k < len(ids) else mb.sample_ids[k]} collated to {got[k]} tokens, lengths() said {mb.seq_lens[k]}"
+    else:
+        what = f"samples {list(mb.sample_ids)} collated to {len(got)} sequences, not {len(mb.seq_lens)}"
+    return DataMismatchError(
+        f"epoch {epoch} step {step}: {what}: the plan's memory and time figures come from dataset.lengths(); make "
+        "lengths() return each sample's collated token count (after truncation and special tokens)")
 
 
 def _pull_ahead(todo: Iterator[RankStep]) -> tuple[RankStep | None, Exception | None]:
