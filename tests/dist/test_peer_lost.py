@@ -25,7 +25,9 @@ BOUND_S = 30.0
 
 
 def test_a_stopped_rank_is_named_by_every_survivor_which_exits_non_zero():
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
+    tag = f"dcp-peer-lost-{os.getpid()}-{time.monotonic_ns()}"
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1",
+           "DCP_TEST_TAG": tag}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "3", "--master_port", str(free_port()),
            str(ROOT / "tests/dist/_peer_lost_job.py"), "stop"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -44,14 +46,26 @@ def test_a_stopped_rank_is_named_by_every_survivor_which_exits_non_zero():
             if len(named) == 2 or now > deadline:
                 break
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the stopped rank and the agent waiting for it
+        os.killpg(proc.pid, signal.SIGKILL)  # the agent waiting for the stopped rank
         proc.wait()
+        _kill_tagged(tag)  # the stopped rank itself (torchrun starts each worker in a process group of its own)
     text = "".join(lines)
     assert fault is not None, text[-3000:]
     assert set(named) == {0, 2}, text[-3000:]
     assert max(named.values()) < BOUND_S, named
     assert "heartbeat stood still for" in text and "in 'micro-batch 1/1 of epoch 0 step 1'" in text, text[-3000:]
     print(f"survivors named the stopped rank after {named} s")
+
+
+def _kill_tagged(tag: str) -> None:
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if f"DCP_TEST_TAG={tag}".encode() in f.read():
+                        os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
 
 
 def test_a_killed_rank_ends_a_peer_inside_a_long_micro_batch():

@@ -91,7 +91,7 @@ def test_busy_and_idle_ranks_report_the_same_gradient_sync_phase():
     watch = SimpleNamespace(start=lambda: 0, stop=lambda token: 0.0)
     # the engine drives its manager only through the public EngineHooks (dcp.runtime.hooks)
     eng.attach(SimpleNamespace(collective=collective, at_boundary=lambda: True, watch=lambda: watch,
-                               step_done=lambda busy: None))
+                               step_done=lambda busy: None, finite_step=lambda grads: True))
     eng.idle_step()
     model(torch.ones(1, 2)).sum().backward()
     assert eng.step()

@@ -80,8 +80,9 @@ def test_recording_the_views_marks_what_recording_the_plans_marked():
     assert new.done.all()
 
 
-def _step(step: int, *ids: int, world: int = 1) -> StepPlan:
-    mbs = tuple(MicroBatch(sample_ids=(i,), seq_lens=(4,), seq_group=0) for i in ids)
+def _step(step: int, *ids: int, world: int = 1, lengths=None) -> StepPlan:
+    mbs = tuple(MicroBatch(sample_ids=(i,), seq_lens=(4 if lengths is None else int(lengths[i]),), seq_group=0)
+                for i in ids)
     return StepPlan(epoch=0, step=step, world_size=world, method="dcp-intra",
                     groups=(GroupPlan(first_rank=0, sp_size=world, recompute_layers=0, micro_batches=mbs),))
 
@@ -207,7 +208,8 @@ def test_a_custom_plan_source_that_repeats_a_sample_is_refused_before_the_step_t
 
     model, dataset, config, _ = setup()
     config = config.replace(runtime=dataclasses.replace(config.runtime, prefetch=prefetch))
-    plans = [_step(0, 0, 1), _step(1, 2), _step(2, 1, 3)]
+    n = dataset.lengths()  # a plan source plans with the data's lengths (the loop checks each collated batch)
+    plans = [_step(0, 0, 1, lengths=n), _step(1, 2, lengths=n), _step(2, 1, 3, lengths=n)]
     mgr = set_manager(model, dataset, config, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                       plans=lambda e: plans)
     trained = []
