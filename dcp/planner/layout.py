@@ -1,0 +1,67 @@
+"""The layout of an SP size: (ulysses, context), and the bytes each axis moves per attention.
+
+A micro-batch's SP group of p ranks is laid out as ``ulysses x context`` (p = u * c): ranks
+``first + ci * u .. first + ci * u + u - 1`` form Ulysses group ``ci`` (contiguous, so they share a node
+first), and the ranks with the same index ``ui`` inside their Ulysses group form a context group (stride u).
+The sequence is cut into 2c chunks; context rank ci holds chunks ci and 2c-1-ci (causal load balance), and
+Ulysses rank ui holds the ui-th contiguous piece of those two chunks put together.
+
+One layout per SP size, a function of the model's heads: ``u = gcd(p, H_kv)``, ``c = p / u``. Ulysses is
+preferred as far as it holds whole K/V heads, because its all-to-all moves ``~ (2 + 2 H_kv/H) n h d / p``
+per rank (falling with p) while the context all-gather moves the K/V of the whole sequence shard,
+``2 b s (H_kv/H) h d / u * (c-1)/c`` (not falling with c); past H_kv, Ulysses would have to send
+repeated K/V heads (H/H_kv times the bytes) over larger, slower groups, so context parallelism takes over.
+With H_kv = H (no grouped-query attention) every SP size dividing H is plain Ulysses (c = 1).
+
+All counts are bytes per rank per attention, forward; backward moves the same (all-to-all's inverse; the
+all-gather's reduce-scatter of dK, dV). They equal what ``dcp.runtime.ulysses`` and
+``dcp.runtime.context_parallel`` send (tests/dist/test_context_parallel.py counts them).
+"""
+
+from __future__ import annotations
+
+import math
+
+
+class LayoutError(ValueError):
+    """An SP size with no layout for the model's heads; the message names the value, the rule and a fix."""
+
+
+def sp_layout(sp_size: int, num_heads: int, num_kv_heads: int) -> tuple[int, int]:
+    """(ulysses, context) of ``sp_size`` ranks for a model of ``num_heads`` query and ``num_kv_heads`` K/V heads."""
+    if sp_size < 1:
+        raise LayoutError(f"sp_size ({sp_size}) must be >= 1: pass the ranks sharing one sequence")
+    if num_kv_heads < 1 or num_heads % num_kv_heads:
+        raise LayoutError(f"num_kv_heads ({num_kv_heads}) must divide num_heads ({num_heads}): pass the model's "
+                          "key/value head count")
+    if num_heads % sp_size:
+        raise LayoutError(f"sp_size ({sp_size}) does not divide num_heads ({num_heads}): SP sizes divide the head "
+                          "count; use a divisor of it")
+    u = math.gcd(sp_size, num_kv_heads)
+    return u, sp_size // u
+
+
+def layout_name(ulysses: int, context: int) -> str:
+    """'UxC', as reports write a layout (e.g. '8x2')."""
+    return f"{ulysses}x{context}"
+
+
+def ulysses_bytes(tokens: int, num_heads: int, num_kv_heads: int, head_dim: int, ulysses: int,
+                  dtype_bytes: int) -> tuple[int, int]:
+    """(q/k/v exchange, output exchange): bytes one rank sends into the Ulysses all-to-alls of one attention
+    forward, holding ``tokens`` tokens (its own share, before the exchange). K/V go unexpanded when
+    ``ulysses`` divides ``num_kv_heads`` (the runtime repeats them after the exchange), else repeated to H
+    first. Includes the piece a rank keeps for itself (what all_to_all_single is handed)."""
+    if ulysses <= 1:
+        return 0, 0
+    kv = num_kv_heads if num_kv_heads % ulysses == 0 else num_heads
+    return tokens * (num_heads + 2 * kv) * head_dim * dtype_bytes, tokens * num_heads * head_dim * dtype_bytes
+
+
+def context_bytes(tokens: int, num_heads: int, num_kv_heads: int, head_dim: int, ulysses: int, context: int,
+                  dtype_bytes: int) -> int:
+    """Bytes one rank contributes to the K/V all-gather of one attention forward: its ``tokens`` (the context
+    rank's sequence shard, after the Ulysses exchange) of its ``H_kv / u`` K and V heads, unexpanded."""
+    if context <= 1:
+        return 0
+    return 2 * tokens * (num_kv_heads // ulysses) * head_dim * dtype_bytes

@@ -1,0 +1,110 @@
+"""Context-parallel attention on gloo: layouts (ulysses x context) 1x2, 2x2 and 1x4 against one process
+attending over the whole sequence (fp32, tight tolerance): outputs and the gradients of q, k and v, for
+causal and full attention, packed documents, lengths not divisible by 2 * sp_size, and grouped-query K/V
+(8 query, 2 K/V heads) sent unexpanded. The bytes each rank hands to the all-to-all and the all-gather
+equal dcp.planner.layout's count exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from dcp.distributed.launch import run_distributed
+
+pytestmark = pytest.mark.dist
+
+TOL = dict(rtol=1e-5, atol=1e-6)
+DOCS = ((5, 6), (7,))  # row 0: two packed documents; row 1: one; 11 tokens: not a multiple of 2 * p
+
+
+def _counting():
+    """Wrap all_to_all_single and the all-gather to record the bytes each call is handed (forward calls)."""
+    sent = {"a2a": [], "gather": []}
+    name = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+    inner_a2a, inner_gather = dist.all_to_all_single, getattr(dist, name)
+
+    def a2a(out, inp, *args, **kwargs):
+        sent["a2a"].append(inp.numel() * inp.element_size())
+        return inner_a2a(out, inp, *args, **kwargs)
+
+    def gather(out, inp, *args, **kwargs):
+        sent["gather"].append(inp.numel() * inp.element_size())
+        return inner_gather(out, inp, *args, **kwargs)
+
+    def restore():
+        dist.all_to_all_single = inner_a2a
+        setattr(dist, name, inner_gather)
+
+    dist.all_to_all_single = a2a
+    setattr(dist, name, gather)
+    return sent, restore
+
+
+def _check(ctx, heads: int, kv_heads: int, causal: bool) -> None:
+    from dcp.planner.layout import context_bytes, ulysses_bytes
+    from dcp.runtime.attention import local_attention
+    from dcp.runtime.context_parallel import take_shard
+    from dcp.runtime.ulysses import ulysses_attention
+
+    gen = torch.Generator().manual_seed(heads + kv_heads + causal)
+    padded, d, b = ctx.padded_len(max(map(sum, DOCS))), 4, len(DOCS)
+    assert padded % (2 * ctx.sp_size) == 0 and padded >= 11
+    q, up = (torch.randn(b, padded, heads, d, generator=gen) for _ in range(2))
+    k, v = (torch.randn(b, padded, kv_heads, d, generator=gen) for _ in range(2))
+    full = [t.clone().requires_grad_() for t in (q, k, v)]
+    rep = heads // kv_heads
+    ref = local_attention(full[0], full[1].repeat_interleave(rep, dim=2), full[2].repeat_interleave(rep, dim=2),
+                          causal=causal, doc_lens=DOCS, backend="sdpa")
+    (ref * up).sum().backward()
+
+    ranges = ctx.shard_ranges(max(map(sum, DOCS)))
+    shard = [take_shard(t, ranges).clone().requires_grad_() for t in (q, k, v)]
+    sent, restore = _counting()
+    try:
+        out = ulysses_attention(*shard, ctx, causal=causal, doc_lens=DOCS)
+    finally:
+        restore()
+    (out * take_shard(up, ranges)).sum().backward()
+    torch.testing.assert_close(out, take_shard(ref.detach(), ranges), **TOL)
+    for s, f in zip(shard, full, strict=True):
+        torch.testing.assert_close(s.grad, take_shard(f.grad, ranges), **TOL)
+    # Bytes: the forward's q/k/v and output all-to-alls (Ulysses) and one K/V all-gather (context).
+    u, c = ctx.ulysses_size, ctx.context_size
+    qkv, o = ulysses_bytes(b * padded // ctx.sp_size, heads, kv_heads, d, u, 4)
+    assert sent["a2a"] == ([qkv, o] if u > 1 else []), (sent, qkv, o)
+    assert sent["gather"] == [context_bytes(b * padded // c, heads, kv_heads, d, u, c, 4)], sent
+
+
+def _all_cases(ctx) -> None:
+    for heads, kv_heads in ((8, 2), (4, 4)):
+        for causal in (True, False):
+            _check(ctx, heads, kv_heads, causal)
+
+
+def _two(rank: int, world_size: int) -> None:
+    from dcp.runtime.context import SPContext
+
+    _all_cases(SPContext(group=dist.group.WORLD, sp_size=2, sp_rank=rank, attention="sdpa", context_size=2,
+                         context_group=dist.group.WORLD))
+
+
+def _four(rank: int, world_size: int) -> None:
+    from dcp.runtime.context import SPContext
+
+    # 2x2: Ulysses pairs {0,1}, {2,3}; context pairs {0,2}, {1,3} (every rank creates every group, same order)
+    uly = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    con = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    world = dist.group.WORLD
+    _all_cases(SPContext(group=world, sp_size=4, sp_rank=rank, attention="sdpa", context_size=2,
+                         ulysses_group=uly[rank // 2], context_group=con[rank % 2]))
+    _check(SPContext(group=world, sp_size=4, sp_rank=rank, attention="sdpa", context_size=4, context_group=world),
+           8, 2, True)
+
+
+def test_context_parallel_1x2():
+    run_distributed(_two, 2)
+
+
+def test_context_parallel_2x2_and_1x4():
+    run_distributed(_four, 4)
