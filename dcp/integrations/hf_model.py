@@ -94,7 +94,8 @@ def model_shape(model: Any, *, name: str | None = None) -> ModelShapeConfig:
     count = sum(p.numel() for p in model.parameters())
     return ModelShapeConfig(
         name=name or f"{model.config.model_type}-hf-{count / 1e6:.2g}m", num_layers=shape.num_layers,
-        hidden_size=shape.hidden_size, num_heads=shape.num_heads, ffn_hidden_size=shape.ffn_hidden_size,
+        hidden_size=shape.hidden_size, num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads,
+        ffn_hidden_size=shape.ffn_hidden_size,
         vocab_size=shape.vocab_size, param_bytes=param.element_size() if param is not None else 4,
     )
 

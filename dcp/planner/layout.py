@@ -65,3 +65,53 @@ def context_bytes(tokens: int, num_heads: int, num_kv_heads: int, head_dim: int,
     if context <= 1:
         return 0
     return 2 * tokens * (num_kv_heads // ulysses) * head_dim * dtype_bytes
+
+
+def _transfer_s(nbytes: float, size: int, span: int, hardware: object) -> float:
+    """One collective over ``size`` ranks spread over ``span`` consecutive ranks: latency + ``nbytes * (size-1) /
+    size`` over the intra-node bandwidth when the span fits in a node, else the inter-node one (the cost
+    model's all-to-all rule, ``dcp.planner.analytic.all_to_all_time_s``, for a group that need not be
+    contiguous)."""
+    if size <= 1:
+        return 0.0
+    fits = span <= hardware.ranks_per_node  # type: ignore[attr-defined]
+    bw = hardware.intra_node_bw_bytes_per_s if fits else hardware.inter_node_bw_bytes_per_s  # type: ignore[attr-defined]
+    return hardware.collective_latency_s + nbytes * (size - 1) / size / bw  # type: ignore[attr-defined]
+
+
+def layout_comm_s(model: object, micro_batch_size: int, seq_len: int, sp_size: int, hardware: object, *,
+                  dtype_bytes: int, attentions: int = 1, kv_heads: int | None = None) -> float:
+    """Seconds of communication per layer forward (backward moves the same) of one micro-batch on ``sp_size``
+    ranks laid out as ``sp_layout``: the Ulysses all-to-alls (q/k/v in, output back; priced as
+    ``A2A_PER_ATTENTION`` = 4 collectives' latency, as before the context axis, so a model without grouped
+    K/V prices exactly as plain Ulysses) and the context axis's K/V all-gather, not overlapped with
+    attention (the runtime gathers before it attends). ``kv_heads`` overrides the model's (2D attention
+    has no grouped K/V: pass its head count)."""
+    h, heads = model.hidden_size, model.num_heads  # type: ignore[attr-defined]
+    kv = kv_heads or model.kv_heads  # type: ignore[attr-defined]
+    u, c = sp_layout(sp_size, heads, kv)
+    hd = h // heads
+    tokens = micro_batch_size * seq_len / sp_size
+    qkv, out = ulysses_bytes(1, heads, kv, hd, u, dtype_bytes)
+    t = 0.0
+    if u > 1:
+        # 4 latencies and the bytes of the q/k/v and output exchanges over the u contiguous ranks
+        t += 4 * _transfer_s(tokens * (qkv + out) / 4, u, u, hardware)
+    if c > 1:
+        gather = context_bytes(1, heads, kv, hd, u, c, dtype_bytes) * micro_batch_size * seq_len / c
+        # all-gather: each rank receives (c-1) contributions; the group spans the whole SP block
+        t += _transfer_s(gather * c, c, sp_size, hardware)
+    return attentions * t
+
+
+def layout_saved_bytes(model: object, micro_batch_size: int, seq_len: int, sp_size: int, *, dtype_bytes: int,
+                       kv_heads: int | None = None) -> float:
+    """Bytes per rank per layer the context axis adds to what a layer keeps for backward: the gathered K/V of
+    the whole sequence for the rank's heads, minus its own share (already counted); 0 without a context axis."""
+    heads = model.num_heads  # type: ignore[attr-defined]
+    kv = kv_heads or model.kv_heads  # type: ignore[attr-defined]
+    u, c = sp_layout(sp_size, heads, kv)
+    if c == 1:
+        return 0.0
+    hd = model.hidden_size // heads  # type: ignore[attr-defined]
+    return 2.0 * micro_batch_size * seq_len * (kv // u) * hd * dtype_bytes * (c - 1) / c

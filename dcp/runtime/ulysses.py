@@ -77,29 +77,10 @@ def check_heads(num_heads: int, sp_size: int) -> None:
         )
 
 
-@torch.compiler.disable  # layouts from host ints and SP collectives stay eager in a compiled block
-def ulysses_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    ctx: SPContext,
-    *,
-    causal: bool,
-    doc_lens: Sequence[Sequence[int]] | None = None,
-    key_padding_mask: torch.Tensor | None = None,
-    impl: str = "dcp",
-) -> torch.Tensor:
-    """Sequence-parallel attention. q, k, v: this rank's chunk [b, s_local, H, d]; returns [b, s_local, H, d].
-
-    ``doc_lens`` (dcp.runtime.attention) describes the FULL padded sequence of s_local * sp_size tokens:
-    every rank of the group holds the same host ints from the micro-batch. With a context axis
-    (``ctx.context_size`` > 1) the exchange runs inside the Ulysses group and ``context_attention``
-    (dcp.runtime.context_parallel) attends across the context group; the rank then holds the ranges
-    ``ctx.shard_ranges`` gives. After the first all-to-all a
-    rank holds whole sequences of its H/p heads, so it attends inside each document exactly as one
-    process would, with no mask and no host read. ``key_padding_mask`` (bool [b, s_local * sp_size]) is
-    the dense masked reference path instead.
-    """
+def _checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: SPContext, *, impl: str,
+             doc_lens: Sequence[Sequence[int]] | None, key_padding_mask: torch.Tensor | None) -> tuple[Any, Any, Any]:
+    """ulysses_attention's inputs checked on the host before any communication: (k, v, doc_lens), with k and v
+    repeated up to the query heads where they cannot cross the exchange unexpanded."""
     if impl not in IMPLS:
         raise ValueError(f"ulysses impl ({impl!r}) is not one of {list(IMPLS)}: pick one of those")
     u, c = ctx.ulysses_size, ctx.context_size
@@ -129,6 +110,35 @@ def ulysses_attention(
         )
     if doc_lens is not None:  # checked here, on the host, before any communication
         doc_lens = check_doc_lens(doc_lens, q.shape[0], q.shape[1] * ctx.sp_size, "doc_lens (full sequence)")
+
+    return k, v, doc_lens
+
+
+@torch.compiler.disable  # layouts from host ints and SP collectives stay eager in a compiled block
+def ulysses_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    ctx: SPContext,
+    *,
+    causal: bool,
+    doc_lens: Sequence[Sequence[int]] | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+    impl: str = "dcp",
+) -> torch.Tensor:
+    """Sequence-parallel attention. q, k, v: this rank's chunk [b, s_local, H, d]; returns [b, s_local, H, d].
+
+    ``doc_lens`` (dcp.runtime.attention) describes the FULL padded sequence of s_local * sp_size tokens:
+    every rank of the group holds the same host ints from the micro-batch. With a context axis
+    (``ctx.context_size`` > 1) the exchange runs inside the Ulysses group and ``context_attention``
+    (dcp.runtime.context_parallel) attends across the context group; the rank then holds the ranges
+    ``ctx.shard_ranges`` gives. After the first all-to-all a
+    rank holds whole sequences of its H/p heads, so it attends inside each document exactly as one
+    process would, with no mask and no host read. ``key_padding_mask`` (bool [b, s_local * sp_size]) is
+    the dense masked reference path instead.
+    """
+    k, v, doc_lens = _checked(q, k, v, ctx, impl=impl, doc_lens=doc_lens, key_padding_mask=key_padding_mask)
+    u, c = ctx.ulysses_size, ctx.context_size
 
     def attend(qf: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor) -> torch.Tensor:
         if c > 1:
