@@ -121,3 +121,28 @@ def test_context_layout_refuses_deepspeed_and_dense_masks():
         ulysses_attention(q, q, q, ctx, causal=True, impl="deepspeed")
     with pytest.raises(ValueError, match=r"a context layout \(2x2\)"):
         ulysses_attention(q, q, q, ctx, causal=True, key_padding_mask=torch.ones(1, 16, dtype=torch.bool))
+
+
+def test_simulated_gqa_plan_goes_past_the_kv_heads_for_the_longest_samples():
+    from dcp.config import DCPConfig, PlanningConfig, ProfilingConfig
+    from dcp.planner.analytic import analytic_table
+    from dcp.sim.cli import layouts_report
+    from dcp.sim.cluster import simulate
+
+    h200 = HARDWARE["h200"]
+    cfg = DCPConfig(model=GQA_8B, profiling=ProfilingConfig(seq_group_edges=(16384, 1 << 20), max_micro_batch_size=4),
+                    planning=PlanningConfig(sp_sizes=(1, 2, 4, 8, 16, 32), mem_capacity_gib=130.0))
+    table = analytic_table(GQA_8B, cfg.profiling.seq_group_edges, sp_sizes=cfg.planning.sp_sizes,
+                           max_micro_batch_size=4, world_size=64, hardware=h200, dtype_bytes=2,
+                           mem_capacity_bytes=cfg.planning.mem_capacity_bytes)
+    lengths = [1 << 20] * 2 + [8000] * 200
+    r = simulate(lengths, table, cfg, 64, hardware=h200)
+    report = layouts_report(r, GQA_8B)
+    assert r.num_samples == len(lengths) and r.longest_sample_sp > 8
+    assert report["max_sp_size"] > 8 and report["longest_sample_sp_size"] == r.longest_sample_sp
+    assert sum(report["layouts_used"].values()) == sum(n for _, n in r.micro_batches_by_sp)
+    assert any(name.startswith("8x") and not name.endswith("x1") for name in report["layouts_used"])
+    # Ulysses alone (SP <= the 8 K/V heads) cannot hold a 1M-token sample in 130 GiB
+    uly = analytic_table(GQA_8B, cfg.profiling.seq_group_edges, sp_sizes=(1, 2, 4, 8), max_micro_batch_size=4,
+                         world_size=64, hardware=h200, dtype_bytes=2, mem_capacity_bytes=cfg.planning.mem_capacity_bytes)
+    assert not any(row.feasible and row.seq_group == 1 for row in uly.rows)
