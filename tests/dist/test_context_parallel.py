@@ -2,7 +2,8 @@
 attending over the whole sequence (fp32, tight tolerance): outputs and the gradients of q, k and v, for
 causal and full attention, packed documents, lengths not divisible by 2 * sp_size, and grouped-query K/V
 (8 query, 2 K/V heads) sent unexpanded. The bytes each rank hands to the all-to-all and the all-gather
-equal dcp.planner.layout's count exactly."""
+equal dcp.planner.layout's count exactly. The reference Transformer-1D runs the 1x2 and 2x2 layouts with
+the same loss and gradients as one process."""
 
 from __future__ import annotations
 
@@ -76,10 +77,37 @@ def _check(ctx, heads: int, kv_heads: int, causal: bool) -> None:
     assert sent["gather"] == [context_bytes(b * padded // c, heads, kv_heads, d, u, c, 4)], sent
 
 
+def _check_t1d(ctx) -> None:
+    """The reference Transformer-1D under a context layout == one process: loss and every parameter's gradient
+    (summed over the group), for two samples of 2p+1 and 3p tokens packed into one padded row of documents."""
+    from dcp.data import collate_tokens
+    from dcp.models import build_model
+    from dcp.runtime.context import SPContext
+
+    gen = torch.Generator().manual_seed(7)
+    p = ctx.sp_size
+    batch = collate_tokens([torch.randint(0, 256, (n,), generator=gen) for n in (2 * p + 1, 3 * p)])
+    ref_model = build_model("t1d-tiny")
+    ref_loss, ref_count = ref_model(batch, SPContext.single(attention="sdpa"))
+    ref_loss.backward()
+    model = build_model("t1d-tiny")
+    loss, count = model(batch, ctx)
+    loss.backward()
+    totals = torch.stack([loss.detach(), count.to(loss.dtype)])
+    dist.all_reduce(totals, group=ctx.group)
+    torch.testing.assert_close(totals[0], ref_loss.detach(), **TOL)
+    assert int(totals[1]) == int(ref_count)
+    for (name, param), ref in zip(model.named_parameters(), ref_model.parameters(), strict=True):
+        grad = param.grad.clone()
+        dist.all_reduce(grad, group=ctx.group)
+        torch.testing.assert_close(grad, ref.grad, rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+
+
 def _all_cases(ctx) -> None:
     for heads, kv_heads in ((8, 2), (4, 4)):
         for causal in (True, False):
             _check(ctx, heads, kv_heads, causal)
+    _check_t1d(ctx)
 
 
 def _two(rank: int, world_size: int) -> None:
