@@ -118,14 +118,19 @@ def _two(rank: int, world_size: int) -> None:
 
 
 def _four(rank: int, world_size: int) -> None:
+    from dcp.planner.plan import GroupPlan
     from dcp.runtime.context import SPContext
+    from dcp.runtime.registry import SPGroupRegistry
 
-    # 2x2: Ulysses pairs {0,1}, {2,3}; context pairs {0,2}, {1,3} (every rank creates every group, same order)
-    uly = [dist.new_group([0, 1]), dist.new_group([2, 3])]
-    con = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    # 2x2 from the registry: Ulysses pairs {0,1}, {2,3} (its size-2 blocks), context pairs {0,2}, {1,3}
+    registry = SPGroupRegistry(4, 4, [1, 2, 4], context_sizes={4: 2})
+    assert registry.creation == "members" and registry.context_blocks == [(4, (0, 2)), (4, (1, 3))]
+    assert len(registry._context) == 1 and len(registry._groups) == 3  # one group per size, one context group
+    ctx = registry.context(GroupPlan(first_rank=0, sp_size=4, recompute_layers=0, micro_batches=()), rank,
+                           attention="sdpa")
+    assert (ctx.ulysses_size, ctx.context_size, ctx.context_rank) == (2, 2, rank // 2)
+    _all_cases(ctx)
     world = dist.group.WORLD
-    _all_cases(SPContext(group=world, sp_size=4, sp_rank=rank, attention="sdpa", context_size=2,
-                         ulysses_group=uly[rank // 2], context_group=con[rank % 2]))
     _check(SPContext(group=world, sp_size=4, sp_rank=rank, attention="sdpa", context_size=4, context_group=world),
            8, 2, True)
 

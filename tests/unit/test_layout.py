@@ -146,3 +146,28 @@ def test_simulated_gqa_plan_goes_past_the_kv_heads_for_the_longest_samples():
     uly = analytic_table(GQA_8B, cfg.profiling.seq_group_edges, sp_sizes=(1, 2, 4, 8), max_micro_batch_size=4,
                          world_size=64, hardware=h200, dtype_bytes=2, mem_capacity_bytes=cfg.planning.mem_capacity_bytes)
     assert not any(row.feasible and row.seq_group == 1 for row in uly.rows)
+
+
+def test_registry_context_groups_and_layouts_from_the_config():
+    from dcp.config import DCPConfig, PlanningConfig
+    from dcp.runtime.registry import (
+        SPGroupRegistry,
+        context_groups,
+        context_sizes_for,
+        local_sync_safe,
+        sp_blocks,
+    )
+
+    blocks = sp_blocks(16, 8, [1, 2, 4, 8, 16])
+    groups = context_groups(blocks, {16: 2, 8: 4})
+    # size 8 as 2x4: per block of 8, two context groups of stride 2; size 16 as 8x2: eight of stride 8
+    assert groups[:2] == [(8, (0, 2, 4, 6)), (8, (1, 3, 5, 7))] and len(groups) == 4 + 8
+    assert groups[4] == (16, (0, 8)) and groups[-1] == (16, (7, 15))
+    assert local_sync_safe(blocks, [r for _, r in groups])
+    cfg = DCPConfig(model=dataclasses.replace(GQA_8B, num_layers=2), planning=PlanningConfig(
+        sp_sizes=(1, 2, 4, 8, 16, 32), mem_capacity_gib=200.0))
+    assert context_sizes_for(cfg.model, cfg.planning.sp_sizes) == {16: 2, 32: 4}
+    assert context_sizes_for(ModelShapeConfig(num_heads=8), (1, 2, 4, 8)) == {}
+    assert SPGroupRegistry.for_config(cfg, 1, [1]).context_sizes == {}  # one process: nothing to shard
+    with pytest.raises(ValueError, match=r"context_sizes \(\{4: 3\}\) must divide their SP sizes"):
+        SPGroupRegistry(1, 8, [1, 4], context_sizes={4: 3})
