@@ -40,6 +40,7 @@ mask (or flash-attn varlen per chunk), which this module does not yet do.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -68,9 +69,18 @@ def _doc_ids(docs: DocLens, padded: int) -> torch.Tensor:
     return torch.stack(rows)
 
 
-def _mask(docs: DocLens, padded: int, positions: torch.Tensor, keys: int, causal: bool) -> tuple[torch.Tensor,
-                                                                                               torch.Tensor]:
-    """(attention mask [b, 1, q, keys] bool, real-query mask [b, q] bool) for queries at global ``positions``."""
+@functools.lru_cache(maxsize=16)
+def _mask(docs: DocLens, padded: int, context: int, context_rank: int, causal: bool) -> tuple[torch.Tensor,
+                                                                                             torch.Tensor, int]:
+    """(attention mask [b, 1, q, keys] bool, real-query mask [b, q] bool, keys) of this context rank's queries,
+    on the host; cached, so the layers of one micro-batch build it once. Never modified in place."""
+    if context > 1:
+        front, back = balanced_chunks(padded, context, context_rank)
+        positions = torch.cat([torch.arange(*front), torch.arange(*back)])
+    else:
+        positions = torch.arange(padded)
+    # Causal: no query of this rank reads past its back chunk's end, so later keys are never touched.
+    keys = int(positions.max()) + 1 if causal else padded
     ids = _doc_ids(docs, padded)
     q_ids, k_ids = ids[:, positions], ids[:, :keys]
     real = q_ids >= 0
@@ -79,7 +89,7 @@ def _mask(docs: DocLens, padded: int, positions: torch.Tensor, keys: int, causal
         mask &= torch.arange(keys)[None, None, :] <= positions[None, :, None]
     # A padded query attends to nothing; give it key 0 so softmax stays finite, its output is zeroed after.
     mask[:, :, 0] |= ~real
-    return mask[:, None], real
+    return mask[:, None], real, keys
 
 
 class _GatherSeq(torch.autograd.Function):
@@ -151,14 +161,8 @@ def context_attention(
     padded = s_local * context
     docs = ((padded,),) * b if doc_lens is None else check_doc_lens(doc_lens, b, padded, "doc_lens (full sequence)")
     if context > 1:
-        front, back = balanced_chunks(padded, context, context_rank)
-        positions = torch.cat([torch.arange(*front), torch.arange(*back)])
         k, v = _gather_kv(k, v, group, context, padded)
-    else:
-        positions = torch.arange(padded)
-    # Causal: no query of this rank reads past its back chunk's end, so later keys are never touched.
-    keys = int(positions.max()) + 1 if causal else padded
-    mask, real = _mask(docs, padded, positions, keys, causal)
+    mask, real, keys = _mask(docs, padded, context, context_rank, causal)
     mask, real = mask.to(q.device, non_blocking=True), real.to(q.device, non_blocking=True)
     qt, kt, vt = q.transpose(1, 2), k[:, :keys].transpose(1, 2), v[:, :keys].transpose(1, 2)
     out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, enable_gqa=hq != k.shape[2]).transpose(1, 2)
