@@ -141,3 +141,36 @@ def test_context_parallel_1x2():
 
 def test_context_parallel_2x2_and_1x4():
     run_distributed(_four, 4)
+
+
+def _profile_cp(rank: int, world_size: int, cache_dir: str) -> tuple[int, list]:
+    import dcp.runtime.ulysses as uly
+    from dcp.config import DCPConfig, PlanningConfig, ProfilingConfig
+    from dcp.models import build_model
+    from dcp.profiler import load_or_profile
+    from dcp.runtime.registry import SPGroupRegistry
+
+    calls = []
+    inner = uly.context_attention
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs["context"])
+        return inner(*args, **kwargs)
+
+    uly.context_attention = counting
+    model = build_model("t1d-tiny")
+    config = DCPConfig(model=model.config.shape(),
+                       profiling=ProfilingConfig(seq_group_edges=(64, 128), max_micro_batch_size=2, warmup_iters=0,
+                                                 measure_iters=1, cache_dir=cache_dir),
+                       planning=PlanningConfig(sp_sizes=(1, 2), ranks_per_node=2))
+    registry = SPGroupRegistry(world_size, 2, (1, 2), context_sizes={2: 2})  # SP 2 as 1 x 2
+    table, _ = load_or_profile(model, config, world_size, registry, progress=False)
+    return len(calls), sorted({(r.sp_size, r.seq_len) for r in table.rows if r.feasible})
+
+
+def test_the_profiler_measures_an_sp_size_in_its_context_layout(tmp_path):
+    """The dual-layer profiler takes each candidate's SPContext from the registry: SP 2 registered as 1x2 is
+    measured through the context-parallel attention on both ranks."""
+    out = run_distributed(_profile_cp, 2, str(tmp_path), timeout_s=150.0)
+    assert all(n > 0 for n, _ in out), out
+    assert out[0][1] == out[1][1] and (2, 128) in out[0][1]
