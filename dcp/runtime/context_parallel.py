@@ -33,7 +33,8 @@ SDPA keeps them for the layer's backward.
 the mask (same document, causal by global position, no padding keys) is built from them on the host's
 ints with no device read. Padded queries get exact zeros and send zero gradients. K/V heads stay
 unexpanded: SDPA's ``enable_gqa`` maps each query head to its K/V head. The mask is dense, ``b x 2L x s``
-bools per call (the keys past the back chunk's end are cut off first): exact and simple for the CPU runs
+bools per call (keys past the back chunk's end are cut off, and with causal attention the front chunk
+runs as its own call over the keys before its end, which halves context rank 0's work): exact and simple for the CPU runs
 and tests; at 1M tokens it is too large, and a CUDA run would give SDPA's place to FlexAttention with a block
 mask (or flash-attn varlen per chunk), which this module does not yet do.
 """
@@ -164,6 +165,22 @@ def context_attention(
         k, v = _gather_kv(k, v, group, context, padded)
     mask, real, keys = _mask(docs, padded, context, context_rank, causal)
     mask, real = mask.to(q.device, non_blocking=True), real.to(q.device, non_blocking=True)
-    qt, kt, vt = q.transpose(1, 2), k[:, :keys].transpose(1, 2), v[:, :keys].transpose(1, 2)
-    out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, enable_gqa=hq != k.shape[2]).transpose(1, 2)
+    gqa = hq != k.shape[2]
+    if causal and context > 1:
+        # Front and back chunk apart: the front chunk's queries read only keys before its end, so the dense
+        # mask never makes SDPA compute the (c - i) L x L blocks no query of it can see (about half the work
+        # of context rank 0, whose back chunk ends the sequence).
+        half, front_end = s_local // 2, balanced_chunks(padded, context, context_rank)[0][1]
+        parts = [_sdpa(q[:, :half], k[:, :front_end], v[:, :front_end], mask[:, :, :half, :front_end], gqa),
+                 _sdpa(q[:, half:], k[:, :keys], v[:, :keys], mask[:, :, half:], gqa)]
+        out = torch.cat(parts, dim=1)
+    else:
+        out = _sdpa(q, k[:, :keys], v[:, :keys], mask, gqa)
     return out * real[:, :, None, None].to(out.dtype)
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, gqa: bool) -> torch.Tensor:
+    """SDPA on [b, s, h, d] tensors with a bool mask [b, 1, s_q, s_k]; K/V heads unexpanded when ``gqa``."""
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+                                         enable_gqa=gqa)
+    return out.transpose(1, 2)
