@@ -80,16 +80,18 @@ def _transfer_s(nbytes: float, size: int, span: int, hardware: object) -> float:
 
 
 def layout_comm_s(model: object, micro_batch_size: int, seq_len: int, sp_size: int, hardware: object, *,
-                  dtype_bytes: int, attentions: int = 1, kv_heads: int | None = None) -> float:
+                  dtype_bytes: int, attentions: int = 1, kv_heads: int | None = None,
+                  layout: tuple[int, int] | None = None) -> float:
     """Seconds of communication per layer forward (backward moves the same) of one micro-batch on ``sp_size``
     ranks laid out as ``sp_layout``: the Ulysses all-to-alls (q/k/v in, output back; priced as
     ``A2A_PER_ATTENTION`` = 4 collectives' latency, as before the context axis, so a model without grouped
     K/V prices exactly as plain Ulysses) and the context axis's K/V all-gather, not overlapped with
     attention (the runtime gathers before it attends). ``kv_heads`` overrides the model's (2D attention
-    has no grouped K/V: pass its head count)."""
+    has no grouped K/V: pass its head count); ``layout`` (u, c) prices another layout of ``sp_size`` than
+    ``sp_layout``'s (a benchmark's comparison)."""
     h, heads = model.hidden_size, model.num_heads  # type: ignore[attr-defined]
     kv = kv_heads or model.kv_heads  # type: ignore[attr-defined]
-    u, c = sp_layout(sp_size, heads, kv)
+    u, c = layout or sp_layout(sp_size, heads, kv)
     hd = h // heads
     tokens = micro_batch_size * seq_len / sp_size
     qkv, out = ulysses_bytes(1, heads, kv, hd, u, dtype_bytes)

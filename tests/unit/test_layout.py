@@ -171,3 +171,10 @@ def test_registry_context_groups_and_layouts_from_the_config():
     assert SPGroupRegistry.for_config(cfg, 1, [1]).context_sizes == {}  # one process: nothing to shard
     with pytest.raises(ValueError, match=r"context_sizes \(\{4: 3\}\) must divide their SP sizes"):
         SPGroupRegistry(1, 8, [1, 4], context_sizes={4: 3})
+
+
+def test_bench_layouts_refuses_shapes_without_both_layouts(capsys):
+    from dcp.bench import layouts
+
+    assert layouts.main(["--kv-heads", "3", "--heads", "9"]) == 2
+    assert "--kv-heads (3) must be even and divide --heads (9)" in capsys.readouterr().out
