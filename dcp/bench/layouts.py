@@ -6,7 +6,9 @@ analytic CPU model's prediction, and the bytes each layout hands to its collecti
 Layouts: ``2x1`` (Ulysses over both ranks, K/V sent unexpanded) and ``1x2`` (context parallelism: balanced
 chunks, K/V all-gathered). One row per layout: median time, the prediction (``analytic.attention_time_s``
 plus twice ``layout.layout_comm_s``, CPU_SMALL), both relative to ``2x1``, and the forward bytes sent
-(all-to-all and all-gather inputs) next to ``layout.ulysses_bytes`` / ``context_bytes``.
+(all-to-all and all-gather inputs) next to ``layout.ulysses_bytes`` / ``context_bytes``. A last row times
+moving one rank's K/V block as one all-gather against a ring's P2P steps (why the runtime gathers:
+dcp.runtime.context_parallel).
 """
 
 from __future__ import annotations
@@ -67,7 +69,36 @@ def _measure(rank: int, world_size: int, seq_len: int, heads: int, kv_heads: int
             if i:
                 times.append(time.perf_counter() - start)
         out[f"{u}x{c}"] = {"time_s": statistics.median(times), **sent}
+    out["transfer"] = _transfer(k, v, rank, world_size, iters)
     return out
+
+
+def _transfer(k, v, rank: int, world_size: int, iters: int) -> dict:
+    """Seconds to move this rank's K/V block to the other ranks: one all-gather, or a ring's world_size - 1
+    P2P steps (``batch_isend_irecv``), the alternative context attention (dcp.runtime.context_parallel)."""
+    import torch
+    import torch.distributed as dist
+
+    kv = torch.stack((k, v)).chunk(world_size, dim=2)[rank].contiguous()
+    out, recv = kv.new_empty((world_size * kv.shape[0], *kv.shape[1:])), torch.empty_like(kv)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+    def ring() -> None:
+        for _ in range(world_size - 1):
+            ops = [dist.P2POp(dist.isend, kv, (rank + 1) % world_size),
+                   dist.P2POp(dist.irecv, recv, (rank - 1) % world_size)]
+            for req in dist.batch_isend_irecv(ops):
+                req.wait()
+
+    times: dict[str, list[float]] = {"all_gather": [], "ring": []}
+    for i in range(iters + 1):
+        for name, fn in (("all_gather", lambda: gather(out, kv)), ("ring", ring)):
+            dist.barrier()
+            start = time.perf_counter()
+            fn()
+            if i:
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -107,8 +138,10 @@ def run(args: argparse.Namespace) -> int:
         row["measured_vs_2x1"] = row["measured_s"] / base["measured_s"]
         row["predicted_vs_2x1"] = row["predicted_s"] / base["predicted_s"]
         print(" ".join(f"{k}={round(v, 4) if isinstance(v, float) else v}" for k, v in row.items()), flush=True)
+    transfer = measured["transfer"]
+    print(f"kv_transfer all_gather_s={transfer['all_gather']:.5f} ring_s={transfer['ring']:.5f}", flush=True)
     if args.json:
-        print(json.dumps({"rows": rows}))
+        print(json.dumps({"rows": rows, "kv_transfer_s": transfer}))
     return 0
 
 

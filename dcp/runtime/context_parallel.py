@@ -13,15 +13,15 @@ Sequences are padded to a multiple of 2 c u tokens (``SPContext.padded_len``); a
 
 **All-gather of K/V, not a ring.** Each context rank gathers the K and V of the whole sequence for its own
 heads (``all_gather_single``; its backward reduce-scatters dK, dV), then attends its
-2L queries over them in one masked call. This is Llama 3's long-context scheme. Chosen over ring
+2L queries over them in masked SDPA calls. This is Llama 3's long-context scheme. Chosen over ring
 attention with P2P because (1) it is exact by construction: one softmax over all keys, no online-softmax
 merge of partial results, so outputs and gradients equal one process's to fp32 rounding; (2) with GQA the
 gathered K/V are small: ``2 (H_kv/u) d`` per token against ``(H/u) d`` of queries, half of it for Llama-3 (8 of 32 heads);
 (3) packed documents and causal load balance need no per-step mask bookkeeping (a ring must skip or mask
 each of its c blocks per document and merge c partial softmaxes, in forward and backward). The price was
-measured, not assumed: on this project's 2-core CPU with gloo, moving the K/V of 4096 tokens (fp32, 2 K/V
-heads of 64) took 5.8 ms as one all-gather against 2.6 ms as a ring's P2P steps over 2 ranks, and 15 ms
-against 9-10 ms over 4 (oversubscribed) ranks (median of 30; ``batch_isend_irecv`` per ring step). So gloo's
+measured, not assumed (``dcp bench layouts``, 2 gloo ranks on this project's 2-core CPU, median of 8):
+moving one rank's K/V block (fp32, 2 K/V heads of 64) took 8.7 ms as one all-gather against 4.6 ms as a
+ring's P2P step at 8192 tokens, and 5.8 ms against 2.6 ms at 4096. So gloo's
 all-gather is slower than the ring's exchanges, and a ring would also overlap its steps with the blocks'
 attention. With GQA the K/V are a small share of the layer's traffic (``2 H_kv/H`` of the Ulysses
 exchange's q bytes), which is why exactness won here; a ring with overlap is the next step where the
