@@ -196,7 +196,7 @@ class PlanningConfig:
     ranks_per_node: int = 8
     """Ranks that share a fast interconnect; an SP group stays inside one node unless sp_size exceeds it."""
     sp_sizes: tuple[int, ...] = (1, 2, 4, 8)
-    """SP sizes the planner may choose; each must divide model.num_heads."""
+    """SP sizes the planner may choose; each divides model.num_heads, or (1D models) is a multiple of its K/V heads."""
     lookahead_samples: int = 0
     """Samples the step assembler may read ahead of the stream to fill ranks. 0 sizes the window from the
     profile table: twice the samples whose GPU-time fills one longest micro-batch on every rank (at least 32
@@ -396,15 +396,15 @@ class DCPConfig:
             if not isinstance(getattr(self, name), cls):
                 raise TypeError(f"DCPConfig.{name} ({getattr(self, name)!r}) must be a {cls.__name__}: build it as "
                                 f"{cls.__name__}(...), or load a TOML file with dcp.config.load_config")
-        heads = self.model.num_heads
-        bad = [p for p in self.planning.sp_sizes if heads % p]
+        heads, kv = self.model.num_heads, self.model.kv_heads
+        past = self.model.attentions_per_layer == 1  # 1D: sizes past the heads run as H_kv x context
+        bad = [p for p in self.planning.sp_sizes if heads % p and not (past and p > heads and p % kv == 0)]
         if bad:
-            ok = [p for p in self.planning.sp_sizes if heads % p == 0]
             raise ConfigError(
                 f"planning.sp_sizes ({list(self.planning.sp_sizes)}) contains {bad}, which do not divide "
-                f"model.num_heads ({heads}): Ulysses shards heads across the SP group; use sizes from {ok or [1]} "
-                f"or divisors of {heads}"
-            )
+                f"model.num_heads ({heads}) (nor, for a 1D model, are multiples of its {kv} K/V heads past the "
+                f"heads): use sizes from {[p for p in self.planning.sp_sizes if p not in bad] or [1]}, divisors of "
+                f"{heads}" + (f" or multiples of {kv} above {heads}" if past else ""))
         if self.runtime.lr_scaling != "none" and not self.planning.tokens_per_step:
             fail("runtime.lr_scaling", self.runtime.lr_scaling, "needs planning.tokens_per_step (0: unset), the batch "
                  "the learning rate was tuned for", "set planning.tokens_per_step or lr_scaling = \"none\"")

@@ -406,11 +406,12 @@ def _table_args(model: ModelShapeConfig, seq_group_edges: Sequence[int], *, sp_s
         raise ValueError(
             f"dtype_bytes ({dtype_bytes}) is not one of {sorted(DTYPE_NAMES)}: use 4 (fp32) or 2 (bf16)"
         )
-    bad = [p for p in sp_sizes if p < 1 or model.num_heads % p]
+    bad = [p for p in sp_sizes if p < 1 or (model.num_heads % p and (p < model.num_heads or p % model.kv_heads))]
     if bad:
         raise ValueError(
-            f"sp_sizes ({list(sp_sizes)}) contains {bad}, which do not divide model.num_heads ({model.num_heads}): "
-            "Ulysses shards heads; use divisors of the head count"
+            f"sp_sizes ({list(sp_sizes)}) contains {bad}, which do not divide model.num_heads ({model.num_heads}) "
+            f"nor are multiples of its K/V heads ({model.kv_heads}) above it: Ulysses shards heads, context "
+            "parallelism the sequence past them; use such sizes"
         )
     if frames_per_sample is None or isinstance(frames_per_sample, int):
         frames = [frames_per_sample] * len(edges)

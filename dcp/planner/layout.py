@@ -6,7 +6,8 @@ first), and the ranks with the same index ``ui`` inside their Ulysses group form
 The sequence is cut into 2c chunks; context rank ci holds chunks ci and 2c-1-ci (causal load balance), and
 Ulysses rank ui holds the ui-th contiguous piece of those two chunks put together.
 
-One layout per SP size, a function of the model's heads: ``u = gcd(p, H_kv)``, ``c = p / u``. Ulysses is
+One layout per SP size, a function of the model's heads: ``u = gcd(p, H_kv)``, ``c = p / u`` (for a size
+past the heads, a multiple of H_kv: ``u = H_kv``). Ulysses is
 preferred as far as it holds whole K/V heads, because its all-to-all moves ``~ (2 + 2 H_kv/H) n h d / p``
 per rank (falling with p) while the context all-gather moves the K/V of the whole sequence shard,
 ``2 b s (H_kv/H) h d / u * (c-1)/c`` (not falling with c); past H_kv, Ulysses would have to send
@@ -35,8 +36,10 @@ def sp_layout(sp_size: int, num_heads: int, num_kv_heads: int) -> tuple[int, int
         raise LayoutError(f"num_kv_heads ({num_kv_heads}) must divide num_heads ({num_heads}): pass the model's "
                           "key/value head count")
     if num_heads % sp_size:
-        raise LayoutError(f"sp_size ({sp_size}) does not divide num_heads ({num_heads}): SP sizes divide the head "
-                          "count; use a divisor of it")
+        if sp_size > num_heads and sp_size % num_kv_heads == 0:  # past the heads: all K/V heads, then context
+            return num_kv_heads, sp_size // num_kv_heads
+        raise LayoutError(f"sp_size ({sp_size}) does not divide num_heads ({num_heads}) nor is a multiple of "
+                          f"num_kv_heads ({num_kv_heads}) above it: use a divisor of the heads or such a multiple")
     u = math.gcd(sp_size, num_kv_heads)
     return u, sp_size // u
 

@@ -107,7 +107,7 @@ def context_sizes_for(model: Any, sp_sizes: Iterable[int]) -> dict[int, int]:
     sizes that have a context axis."""
     from dcp.planner.layout import sp_layout
 
-    out = {p: sp_layout(p, model.num_heads, model.kv_heads)[1] for p in sp_sizes if model.num_heads % p == 0}
+    out = {p: sp_layout(p, model.num_heads, model.kv_heads)[1] for p in sp_sizes}
     return {p: c for p, c in out.items() if c > 1}
 
 

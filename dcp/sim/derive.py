@@ -69,8 +69,9 @@ def derive_row(
     """The per-rank row at SP size ``p`` from the p = 1 ``row`` (see the module docstring)."""
     if row.sp_size != 1:
         raise DeriveError(f"row sp_size ({row.sp_size}) is not 1: derive from rows measured on one GPU")
-    if p < 1 or model.num_heads % p:
-        raise DeriveError(f"sp_size ({p}) must divide num_heads ({model.num_heads}): Ulysses shards heads")
+    if p < 1 or (model.num_heads % p and (p < model.num_heads or p % model.kv_heads)):
+        raise DeriveError(f"sp_size ({p}) must divide num_heads ({model.num_heads}) or be a multiple of its K/V heads "
+                          f"({model.kv_heads}) above it: Ulysses shards heads, context parallelism the sequence")
     shape = dataclasses.replace(model, num_layers=row.num_layers)
     a = 1 if attention == "1d" else 2
     ref = analytic_row(shape, row.seq_group, row.seq_len, row.micro_batch_size, 1, world_size=1, hardware=hardware,

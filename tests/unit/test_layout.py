@@ -178,3 +178,38 @@ def test_bench_layouts_refuses_shapes_without_both_layouts(capsys):
 
     assert layouts.main(["--kv-heads", "3", "--heads", "9"]) == 2
     assert "--kv-heads (3) must be even and divide --heads (9)" in capsys.readouterr().out
+
+
+def test_sp_sizes_past_the_heads_are_context_layouts_of_1d_models():
+    from dcp.config import DCPConfig, PlanningConfig
+
+    assert sp_layout(64, 32, 8) == (8, 8) and sp_layout(16, 8, 8) == (8, 2)
+    with pytest.raises(LayoutError, match=r"sp_size \(36\) does not divide num_heads \(32\) nor is a multiple"):
+        sp_layout(36, 32, 8)
+    ok = DCPConfig(model=GQA_8B, planning=PlanningConfig(sp_sizes=(1, 8, 32, 64), mem_capacity_gib=200.0))
+    assert ok.planning.sp_sizes[-1] == 64
+    with pytest.raises(ConfigError, match=r"contains \[36\], which do not divide model.num_heads \(32\) \(nor, for a "
+                                          r"1D model, are multiples of its 8 K/V heads past the heads\)"):
+        DCPConfig(model=GQA_8B, planning=PlanningConfig(sp_sizes=(1, 36), mem_capacity_gib=200.0))
+    two_d = ModelShapeConfig(num_heads=8, hidden_size=64, attentions_per_layer=2)
+    with pytest.raises(ConfigError, match=r"contains \[16\], which do not divide model.num_heads \(8\).*use sizes from \[1\], "
+                                          r"divisors of 8$"):
+        DCPConfig(model=two_d, planning=PlanningConfig(sp_sizes=(1, 16)))
+
+
+def test_a_4m_token_sample_plans_only_past_the_heads():
+    """A 4M-token sample of the 8B GQA shape fits 130 GiB of an H200 only at SP 64 = 8 x 8 (priced)."""
+    from dcp.planner.analytic import analytic_table
+
+    h200 = HARDWARE["h200"]
+    cap = 130.0 * 1024**3
+    edges = (16384, 1 << 22)
+
+    def feasible(sizes):
+        t = analytic_table(GQA_8B, edges, sp_sizes=sizes, max_micro_batch_size=1, world_size=64, hardware=h200,
+                           dtype_bytes=2, mem_capacity_bytes=cap)
+        return sorted(r.sp_size for r in t.rows if r.seq_group == 1 and r.feasible)
+
+    assert feasible((8, 16, 32)) == [] and feasible((8, 16, 32, 64)) == [64]
+    with pytest.raises(ValueError, match=r"sp_sizes \(\[8, 36\]\) contains \[36\]"):
+        feasible((8, 36))
