@@ -32,6 +32,7 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("bench", "gpu"), "dcp.bench.gpu", "one-GPU checks: GPU tests, profile vs steps, padding, syncs, sweeps"),
     (("bench", "padded"), "dcp.bench.padded", "predicted vs measured time of unequal-length micro-batches"),
     (("bench", "tokens"), "dcp.bench.tokens", "micro-batches sized in tokens vs in samples: measured vs predicted"),
+    (("bench", "layouts"), "dcp.bench.layouts", "Ulysses vs context layout of SP 2: time and bytes against the cost model"),
     (("bench", "models"), "dcp.bench.models", "forward+backward time of a reference model per sequence length and SP size"),
     (("bench", "peers"), "dcp.bench.peers", "DCP vs Megatron-style dynamic CP and FlexSP on the simulator, dataset x method"),
     (("bench", "scale"), "dcp.bench.scale", "one rank of a 64-4096 rank job under a fake process group: start-up, groups, collectives, host ms"),

@@ -12,24 +12,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dcp.validate import (  # re-exported: the config's public error and readers
-    MAX_TOKENS as MAX_TOKENS,
+# re-exported: the config's public error and readers
+from dcp.validate import (  # noqa: F401
+    MAX_TOKENS,
+    ConfigError,
+    check_field_type,
+    check_fields,
+    did_you_mean,
+    fail,
+    gib,
+    read_text_file,
+    read_toml,
 )
-from dcp.validate import (
-    ConfigError as ConfigError,
-)
-from dcp.validate import check_field_type, did_you_mean, gib
-from dcp.validate import (
-    check_fields as check_fields,
-)
-from dcp.validate import (
-    fail as fail,
-)
-from dcp.validate import (
-    read_text_file as read_text_file,
-)
-from dcp.validate import (
-    read_toml as read_toml,
 )
 
 METHODS = ("bucket", "packed", "dcp-inter", "dcp-intra", "bucket-search")
@@ -79,7 +73,10 @@ class ModelShapeConfig:
     hidden_size: int = 64
     """Model width."""
     num_heads: int = 8
-    """Attention heads; every SP size must divide it (Ulysses shards heads)."""
+    """Attention (query) heads; every SP size must divide it (Ulysses shards heads)."""
+    num_kv_heads: int = 0
+    """K/V heads of grouped-query attention (Llama-3 8B: 8 of 32); 0 means num_heads. Must divide num_heads; SP
+    sizes past it shard the sequence with context parallelism (dcp.planner.layout)."""
     ffn_hidden_size: int = 0
     """Feed-forward (SwiGLU) width; 0 means 8 * hidden_size // 3 (keeps about 12 h^2 parameters per layer)."""
     attentions_per_layer: int = 1
@@ -100,6 +97,9 @@ class ModelShapeConfig:
             fail("model.ffn_hidden_size", self.ffn_hidden_size, "must be >= 0", "use 0 for 8 * hidden_size // 3")
         if self.optimizer_bytes_per_param < 0:
             fail("model.optimizer_bytes_per_param", self.optimizer_bytes_per_param, "must be >= 0", "use 8 for Adam")
+        if self.num_kv_heads < 0 or (self.num_kv_heads and self.num_heads % self.num_kv_heads):
+            fail("model.num_kv_heads", self.num_kv_heads, f"must divide model.num_heads ({self.num_heads})",
+                 "use the model's key/value head count (config.num_key_value_heads), or 0 for num_heads")
         if self.hidden_size % self.num_heads:
             fail(
                 "model.hidden_size",
@@ -107,6 +107,10 @@ class ModelShapeConfig:
                 f"is not divisible by model.num_heads ({self.num_heads})",
                 "choose a head count that divides the hidden size",
             )
+
+    @property
+    def kv_heads(self) -> int:  # num_kv_heads, or num_heads when it is 0
+        return self.num_kv_heads or self.num_heads
 
     @property
     def ffn_size(self) -> int:
@@ -193,7 +197,7 @@ class PlanningConfig:
     ranks_per_node: int = 8
     """Ranks that share a fast interconnect; an SP group stays inside one node unless sp_size exceeds it."""
     sp_sizes: tuple[int, ...] = (1, 2, 4, 8)
-    """SP sizes the planner may choose; each must divide model.num_heads."""
+    """SP sizes the planner may choose; each divides model.num_heads, or (1D models) is a multiple of its K/V heads."""
     lookahead_samples: int = 0
     """Samples the step assembler may read ahead of the stream to fill ranks. 0 sizes the window from the
     profile table: twice the samples whose GPU-time fills one longest micro-batch on every rank (at least 32
@@ -246,9 +250,7 @@ class PlanningConfig:
         if self.gmax < 1:
             fail("planning.gmax", self.gmax, "must be >= 1", "set gmax to 1 or more")
         if self.gmin > self.gmax:
-            raise ConfigError(
-                f"planning.gmin ({self.gmin}) > planning.gmax ({self.gmax}): set gmin <= gmax"
-            )
+            raise ConfigError(f"planning.gmin ({self.gmin}) > planning.gmax ({self.gmax}): set gmin <= gmax")
         if self.ranks_per_node < 1:
             fail("planning.ranks_per_node", self.ranks_per_node, "must be >= 1", "set the GPUs per node, e.g. 8")
         if not sizes or any(p < 1 for p in sizes) or len(set(sizes)) != len(sizes):
@@ -404,15 +406,15 @@ class DCPConfig:
             if not isinstance(getattr(self, name), cls):
                 raise TypeError(f"DCPConfig.{name} ({getattr(self, name)!r}) must be a {cls.__name__}: build it as "
                                 f"{cls.__name__}(...), or load a TOML file with dcp.config.load_config")
-        heads = self.model.num_heads
-        bad = [p for p in self.planning.sp_sizes if heads % p]
+        heads, kv = self.model.num_heads, self.model.kv_heads
+        past = self.model.attentions_per_layer == 1  # 1D: sizes past the heads run as H_kv x context
+        bad = [p for p in self.planning.sp_sizes if heads % p and not (past and p > heads and p % kv == 0)]
         if bad:
-            ok = [p for p in self.planning.sp_sizes if heads % p == 0]
             raise ConfigError(
                 f"planning.sp_sizes ({list(self.planning.sp_sizes)}) contains {bad}, which do not divide "
-                f"model.num_heads ({heads}): Ulysses shards heads across the SP group; use sizes from {ok or [1]} "
-                f"or divisors of {heads}"
-            )
+                f"model.num_heads ({heads}) (nor, for a 1D model, are multiples of its {kv} K/V heads past the "
+                f"heads): use sizes from {[p for p in self.planning.sp_sizes if p not in bad] or [1]}, divisors of "
+                f"{heads}" + (f" or multiples of {kv} above {heads}" if past else ""))
         if self.runtime.lr_scaling != "none" and not self.planning.tokens_per_step:
             fail("runtime.lr_scaling", self.runtime.lr_scaling, "needs planning.tokens_per_step (0: unset), the batch "
                  "the learning rate was tuned for", "set planning.tokens_per_step or lr_scaling = \"none\"")

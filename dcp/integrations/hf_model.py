@@ -32,6 +32,7 @@ from torch import nn
 
 from dcp.config import ModelShapeConfig
 from dcp.profiler.adapters import ModelAdapter, _config_dict, config_hash
+from dcp.runtime.context_parallel import take_shard
 
 NORM_NAMES = ("norm", "final_layernorm", "final_layer_norm", "ln_f", "final_norm", "norm_f")
 """Attribute names of a base model's final norm, in the order they are tried."""
@@ -94,7 +95,8 @@ def model_shape(model: Any, *, name: str | None = None) -> ModelShapeConfig:
     count = sum(p.numel() for p in model.parameters())
     return ModelShapeConfig(
         name=name or f"{model.config.model_type}-hf-{count / 1e6:.2g}m", num_layers=shape.num_layers,
-        hidden_size=shape.hidden_size, num_heads=shape.num_heads, ffn_hidden_size=shape.ffn_hidden_size,
+        hidden_size=shape.hidden_size, num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads,
+        ffn_hidden_size=shape.ffn_hidden_size,
         vocab_size=shape.vocab_size, param_bytes=param.element_size() if param is not None else 4,
     )
 
@@ -129,10 +131,10 @@ def find_final_norm(model: nn.Module) -> nn.Module:
 
 
 def chunk(t: torch.Tensor, ctx: Any, value: int) -> torch.Tensor:
-    """This rank's contiguous chunk of ``[b, s]``, right-padded with ``value`` to a multiple of sp_size."""
+    """This rank's part of ``[b, s]`` right-padded with ``value`` to ``ctx.padded_len``: its contiguous chunk,
+    or a context layout's two chunks (``SPContext.shard_ranges``)."""
     s = t.shape[1]
-    start, end = ctx.shard(s)
-    return F.pad(t, (0, ctx.padded_len(s) - s), value=value)[:, start:end]
+    return take_shard(F.pad(t, (0, ctx.padded_len(s) - s), value=value), ctx.shard_ranges(s))
 
 
 class _Captured(Exception):  # noqa: N818 (control flow, not an error)
@@ -193,9 +195,10 @@ class HFCausalLMAdapter(ModelAdapter):
     def layer_inputs(self, batch: Any, ctx: Any) -> tuple[torch.Tensor, Any]:
         device = self.head.weight.device
         ids = chunk(batch.inputs.to(device), ctx, 0)
-        start, end = ctx.shard(batch.inputs.shape[1])
-        # global positions: a token gets the same rotation (or position embedding) whatever the SP size
-        position_ids = torch.arange(start, end, device=device)[None, :].expand_as(ids)
+        s = batch.inputs.shape[1]
+        # global positions: a token gets the same rotation (or position embedding) whatever the SP layout
+        positions = torch.arange(ctx.padded_len(s), device=device)[None, :]
+        position_ids = take_shard(positions, ctx.shard_ranges(s)).expand_as(ids)
         extra = {"dcp_ctx": ctx} if self.sp_aware else {}  # HF forwards it through the layer to the attention
         hook = self.layers[0].register_forward_pre_hook(_capture, with_kwargs=True)
         try:

@@ -26,6 +26,7 @@ from dcp.data import IGNORE_INDEX, Batch, collate_tokens
 from dcp.models.common import SwiGLU, init_weights, pack_rows
 from dcp.runtime.attention import DocLens
 from dcp.runtime.context import SPContext
+from dcp.runtime.context_parallel import take_shard
 from dcp.runtime.recompute import checkpoint_layer
 from dcp.runtime.ulysses import IMPLS, ulysses_attention
 
@@ -203,8 +204,7 @@ class Transformer1D(nn.Module):
         """[rows, s_local, hidden]: embeddings of this rank's chunk of the (padded) token rows."""
         ids = self._rows(batch.inputs.to(self.tok_embed.weight.device), batch)
         padded = ctx.padded_len(ids.shape[1])
-        start, end = ctx.shard(ids.shape[1])
-        return self.tok_embed(F.pad(ids, (0, padded - ids.shape[1]))[:, start:end])
+        return self.tok_embed(take_shard(F.pad(ids, (0, padded - ids.shape[1])), ctx.shard_ranges(ids.shape[1])))
 
     def prepare_aux(self, batch: Batch, ctx: SPContext) -> T1DAux:
         device = self.tok_embed.weight.device
@@ -219,15 +219,15 @@ class Transformer1D(nn.Module):
             s_len = batch.inputs.shape[1]
             docs = ((s_len,),) * batch.size
             pos = torch.arange(s_len, device=device, dtype=torch.float32)
-        start, end = ctx.shard(s_len)
-        pos = F.pad(pos, (0, ctx.padded_len(s_len) - s_len))[start:end]
+        ranges = ctx.shard_ranges(s_len)  # one range, or a context layout's two chunks
+        pos = take_shard(F.pad(pos, (0, ctx.padded_len(s_len) - s_len)), ranges, dim=0)
         angles = pos[:, None] * inv_freq[None, :]
         # in the layers' compute dtype (autocast's, else the weights'), cast once per micro-batch, not per layer
         if torch.is_autocast_enabled(device.type):
             dtype = torch.get_autocast_dtype(device.type)
         else:
             dtype = self.tok_embed.weight.dtype
-        return T1DAux(cos=angles.cos().to(dtype), sin=angles.sin().to(dtype), doc_lens=docs, start=start)
+        return T1DAux(cos=angles.cos().to(dtype), sin=angles.sin().to(dtype), doc_lens=docs, start=ranges[0][0])
 
     def layer_inputs(self, batch: Batch, ctx: SPContext) -> tuple[torch.Tensor, T1DAux]:
         """(hidden, aux) as the first layer sees them; the profiler runs single layers on these."""
@@ -242,8 +242,7 @@ class Transformer1D(nn.Module):
         targets = self._rows(batch.targets.to(logits.device), batch)
         s_max = targets.shape[1]
         targets = F.pad(targets, (0, ctx.padded_len(s_max) - s_max), value=IGNORE_INDEX)
-        start, end = ctx.shard(s_max)
-        targets = targets[:, start:end]
+        targets = take_shard(targets, ctx.shard_ranges(s_max))
         loss_sum = F.cross_entropy(logits.flatten(0, 1).float(), targets.reshape(-1), ignore_index=IGNORE_INDEX,
                                    reduction="sum")
         return loss_sum, (targets != IGNORE_INDEX).sum()

@@ -23,9 +23,12 @@ Formulas (h = hidden, f = ffn hidden, V = vocab, d = dtype bytes, n = b*s/p loca
 - memory-bound elementwise traffic per layer forward: ``(ELEMENTWISE_H * h + ELEMENTWISE_F * f) * n * d``
   bytes over mem_bandwidth.
 - per-layer launch overhead: KERNELS_PER_LAYER x kernel_overhead_s forward, backward_factor x that backward.
-- Ulysses all-to-all: ``A2A_PER_ATTENTION * A`` per layer forward and the same backward, each moving
-  ``b*s*h*d/p * (p-1)/p`` bytes per rank, at intra-node bandwidth when p <= ranks_per_node, else at
-  inter-node bandwidth, plus collective_latency_s each. Zero for p = 1.
+- communication of the layout (u, c) of p (``dcp.planner.layout``): Ulysses all-to-alls,
+  ``A2A_PER_ATTENTION * A`` per layer forward and the same backward, together moving
+  ``n*h*d*(2 + 2 H_kv/H) * (u-1)/u`` bytes per rank (K/V unexpanded; 4 n h d without grouped K/V), at
+  intra-node bandwidth when u <= ranks_per_node, else inter-node, plus collective_latency_s each; with
+  c > 1 one K/V all-gather per attention (``2 b s/c (H_kv/u) head_dim d`` bytes from each rank), exposed,
+  and the gathered K/V kept for backward in m_act. Zero for p = 1.
 - m_act: the tensors a non-recomputed layer keeps for backward, counted from the reference models
   (``activation_bytes_per_token``: ``(ACT_H[layout] * h + ACT_F * f) * d`` + fp32 softmax statistics per
   head and attention + fp32 norm statistics, per local token; hardware with ``counted_activations=False``
@@ -56,6 +59,7 @@ from dataclasses import dataclass
 
 from dcp.config import GRAD_BUCKET_MIB, DCPConfig, ModelShapeConfig  # noqa: F401 (GRAD_BUCKET_MIB: dcp.sim reads it here)
 from dcp.planner.cost import micro_batch_mem_bytes
+from dcp.planner.layout import layout_comm_s, layout_saved_bytes
 from dcp.planner.table import ProfileRow, ProfileTable, TableMeta
 
 BACKWARD_FLOPS_FACTOR = 2.0
@@ -330,8 +334,8 @@ def analytic_row(
     )
     elem = (ELEMENTWISE_H * h + ELEMENTWISE_F * f) * n * d / bw
     launch = KERNELS_PER_LAYER * hardware.kernel_overhead_s
-    # Each all-to-all moves this rank's n tokens x h (q, k, v or output) split over the p ranks.
-    a2a = A2A_PER_ATTENTION * a * all_to_all_time_s(n * h * d, sp_size, hardware)
+    # Ulysses all-to-alls (K/V unexpanded) and, past the K/V heads, the context axis's K/V all-gather.
+    a2a = layout_comm_s(model, micro_batch_size, seq_len, sp_size, hardware, dtype_bytes=d, attentions=a)
     t_f = lin + att_f + elem + launch + a2a
     t_b = hardware.backward_factor * (lin + elem + launch) + att_b + a2a
     t_const = (
@@ -345,6 +349,7 @@ def analytic_row(
         m_act = activation_bytes_per_token(model, attention, d) * n
     else:
         m_act = (LEGACY_ACT_H * a * h + LEGACY_ACT_F * f) * n * d
+    m_act += layout_saved_bytes(model, micro_batch_size, seq_len, sp_size, dtype_bytes=d)
     # M_C holds the larger of the head's (logits + gradient) and one recomputed layer's working set, as the
     # profiler measures it: Eq. 6 at r = L otherwise has no room for the layer being recomputed.
     m_const = model.constant_mem_bytes(dp_size=world_size) + 2.0 * n * h * d + max(2.0 * n * v * d, m_act)
@@ -362,9 +367,6 @@ def analytic_row(
         num_layers=model.num_layers,
         feasible=True,
     )
-
-
-
 
 
 def grad_sync_time_s(model: ModelShapeConfig, hardware: HardwareSpec, world_size: int) -> float:
@@ -404,11 +406,12 @@ def _table_args(model: ModelShapeConfig, seq_group_edges: Sequence[int], *, sp_s
         raise ValueError(
             f"dtype_bytes ({dtype_bytes}) is not one of {sorted(DTYPE_NAMES)}: use 4 (fp32) or 2 (bf16)"
         )
-    bad = [p for p in sp_sizes if p < 1 or model.num_heads % p]
+    bad = [p for p in sp_sizes if p < 1 or (model.num_heads % p and (p < model.num_heads or p % model.kv_heads))]
     if bad:
         raise ValueError(
-            f"sp_sizes ({list(sp_sizes)}) contains {bad}, which do not divide model.num_heads ({model.num_heads}): "
-            "Ulysses shards heads; use divisors of the head count"
+            f"sp_sizes ({list(sp_sizes)}) contains {bad}, which do not divide model.num_heads ({model.num_heads}) "
+            f"nor are multiples of its K/V heads ({model.kv_heads}) above it: Ulysses shards heads, context "
+            "parallelism the sequence past them; use such sizes"
         )
     if frames_per_sample is None or isinstance(frames_per_sample, int):
         frames = [frames_per_sample] * len(edges)

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from dcp.argtypes import nonneg_int, sample_count, world_size
-from dcp.config import METHODS, PEER_METHODS, DCPConfig, load_config
+from dcp.config import METHODS, PEER_METHODS, DCPConfig, ModelShapeConfig, load_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,8 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object last")
 
 
-LEGEND = ("sp, ga, recompute: one value per SP group in rank order (SP size, micro-batches = ga_steps, layers "
-          "recomputed), run-length encoded: '27,26x2' = 27, 26, 26; '0x29' = 0 for 29 groups")
+LEGEND = ("sp, layout, ga, recompute: one value per SP group in rank order (SP size, its ulysses x context layout, "
+          "micro-batches = ga_steps, layers recomputed), run-length encoded: '27,26x2' = 27, 26, 26; '0x29' = 0 "
+          "for 29 groups; layouts as 'UxC', repeated as 'UxC*n'")
 """The one-line key printed under the step table."""
 
 
@@ -42,7 +43,7 @@ def _build_table(config: DCPConfig, world_size: int):
     return analytic_table_for(config, world_size)
 
 
-def rle(values: Sequence[int]) -> str:
+def rle(values: Sequence[object], sep: str = "x") -> str:
     """Run-length form of a rank-ordered list: [8, 4, 4, 1] -> '8,4x2,1'."""
     out: list[str] = []
     i = 0
@@ -50,15 +51,21 @@ def rle(values: Sequence[int]) -> str:
         j = i
         while j < len(values) and values[j] == values[i]:
             j += 1
-        out.append(f"{values[i]}" + (f"x{j - i}" if j - i > 1 else ""))
+        out.append(f"{values[i]}" + (f"{sep}{j - i}" if j - i > 1 else ""))
         i = j
     return ",".join(out)
 
 
-def step_row(plan) -> dict:
+def step_row(plan, model: ModelShapeConfig | None = None) -> dict:
+    """One step's row; ``model`` (its heads) names each group's layout (dcp.planner.layout)."""
+    from dcp.planner.layout import layout_name, sp_layout
+
+    model = model or ModelShapeConfig()
     return {
         "step": plan.step,
         "sp": rle([g.sp_size for g in plan.groups]),
+        "layout": rle([layout_name(*sp_layout(g.sp_size, model.num_heads, model.kv_heads)) for g in plan.groups],
+                      sep="*"),
         "ga": rle([g.ga_steps for g in plan.groups]),
         "recompute": rle([g.recompute_layers for g in plan.groups]),
         "step_time_s": round(plan.step_time_s, 6),
@@ -123,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"dcp plan: error: {exc}", file=sys.stderr)
         return 2
     shown = plans if args.steps < 0 else plans[: args.steps]
-    rows = [step_row(p) for p in shown]
+    rows = [step_row(p, config.model) for p in shown]
     summary = summarize(plans, world)
     summary.update(method=config.planning.method, world_size=world,
                    tokens_per_step_target=config.planning.tokens_per_step)

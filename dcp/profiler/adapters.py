@@ -195,9 +195,10 @@ class HFLlamaAdapter(ModelAdapter):
         return collate_tokens(list(ids))
 
     def _chunk(self, t: torch.Tensor, ctx: Any, value: int) -> torch.Tensor:
+        from dcp.runtime.context_parallel import take_shard
+
         s = t.shape[1]
-        start, end = ctx.shard(s)
-        return F.pad(t, (0, ctx.padded_len(s) - s), value=value)[:, start:end]
+        return take_shard(F.pad(t, (0, ctx.padded_len(s) - s), value=value), ctx.shard_ranges(s))
 
     def config_hash(self) -> str:
         # the attention implementation is part of what was measured (SP-aware or not)
@@ -208,9 +209,8 @@ class HFLlamaAdapter(ModelAdapter):
         device = inner.embed_tokens.weight.device
         ids = self._chunk(batch.inputs.to(device), ctx, 0)
         hidden = inner.embed_tokens(ids)
-        start, end = ctx.shard(batch.inputs.shape[1])
-        # Global positions: a token gets the same rotation whatever the SP size.
-        position_ids = torch.arange(start, end, device=device)[None, :]
+        # Global positions: a token gets the same rotation whatever the SP layout.
+        position_ids = self._chunk(torch.arange(ctx.padded_len(batch.inputs.shape[1]), device=device)[None, :], ctx, 0)
         cos, sin = inner.rotary_emb(hidden, position_ids)
         return hidden, {"position_embeddings": (cos, sin), "position_ids": position_ids}
 

@@ -217,7 +217,7 @@ def profile_table(
         seed=config.planning.seed,
         clock=resolve_clock(prof.clock, device),
     )
-    from dcp.runtime.context import SPContext
+    from dcp.planner.plan import GroupPlan
 
     bar = None
     if progress and rank == 0:
@@ -252,10 +252,9 @@ def profile_table(
             mine: list[ProfileRow] = []
             for k, first in enumerate(blocks):
                 if first <= rank < first + p and share[k]:
-                    ctx = SPContext(
-                        group=registry.get(first, p), sp_size=p, sp_rank=rank - first,
-                        recompute_layers=adapter.num_layers, attention=config.runtime.attention,
-                    )
+                    # the registry's context: a size past the K/V heads is measured in its context layout
+                    ctx = registry.context(GroupPlan(first_rank=first, sp_size=p, recompute_layers=adapter.num_layers,
+                                                     micro_batches=()), rank, attention=config.runtime.attention)
                     found = _profile_block(adapter, ctx, share[k], edges, settings, config, fault, bar, board)
                     # one copy per block: its first rank reports, the others hold the same rows
                     mine = found if rank == first else []

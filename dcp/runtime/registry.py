@@ -37,6 +37,14 @@ Blocks (contiguous rank ranges) for an SP size p, with W ranks and R ranks per n
   ranks when W is not a multiple of R; blocks that would cross its end are not created);
 - p > R: blocks start at multiples of p and end at or before W.
 
+Context layouts (``dcp.planner.layout``): an SP size p whose layout is u x c with c > 1 (past a grouped-query
+model's K/V heads) runs its Ulysses all-to-all in the size-u blocks inside its block (the registry adds size
+u to the blocks it creates) and its K/V all-gather in the context groups: for block (first, p), the c ranks
+``first + ui, first + u + ui, ...`` for each ui < u (``context_groups``). They are created after the blocks,
+in the same mode (members only when every member holds the same earlier groups, else every rank; one more
+``split_group`` per such size in a bound world), so a rank holds at most one context group per SP size:
+groups per rank stay O(number of SP sizes).
+
 Size 1 is always included: the planner gives idle ranks (and any p = 1 setting) a one-rank group, and
 ``mgr.group`` must then be a one-rank ProcessGroup, never ``None``, because ``group=None`` means the
 whole world to torch.distributed: a user's ``all_to_all(..., group=mgr.group)`` would otherwise become a
@@ -80,20 +88,45 @@ def sp_blocks(world_size: int, ranks_per_node: int, sp_sizes: Iterable[int]) -> 
     return blocks
 
 
-def local_sync_safe(blocks: list[tuple[int, int]]) -> bool:
-    """True when every member of every block holds the same number of earlier blocks (in creation order):
-    then each rank can create only its own blocks and the members still agree on the groups' names."""
+def context_groups(blocks: list[tuple[int, int]], context_sizes: dict[int, int]) -> list[tuple[int, tuple[int, ...]]]:
+    """(sp_size, ranks) of the context groups of every block whose SP size has a context axis (``context_sizes[p]`` = c > 1), in
+    creation order (sizes ascending, then first rank, then Ulysses rank): for block (first, p) with
+    u = p / c, ranks ``first + ui, first + u + ui, ..., first + (c-1) u + ui`` for each ui < u
+    (dcp.planner.layout: Ulysses inside, context outside)."""
+    out = []
+    for first, p in sorted(blocks, key=lambda b: (b[1], b[0])):
+        c = context_sizes.get(p, 1)
+        if c > 1:
+            u = p // c
+            out.extend((p, tuple(first + ci * u + ui for ci in range(c))) for ui in range(u))
+    return out
+
+
+def context_sizes_for(model: Any, sp_sizes: Iterable[int]) -> dict[int, int]:
+    """SP size -> context ranks of its layout for a model shape (``dcp.planner.layout.sp_layout``), for the
+    sizes that have a context axis."""
+    from dcp.planner.layout import sp_layout
+
+    out = {p: sp_layout(p, model.num_heads, model.kv_heads)[1] for p in sp_sizes}
+    return {p: c for p, c in out.items() if c > 1}
+
+
+def local_sync_safe(blocks: list[tuple[int, int]], extra: list[tuple[int, ...]] = ()) -> bool:
+    """True when every member of every group (the blocks, then the ``extra`` rank sets, in creation order)
+    holds the same number of earlier groups: then each rank can create only its own groups and the members
+    still agree on the groups' names."""
     held: dict[int, int] = {}
-    for first, p in blocks:
-        counts = {held.get(r, 0) for r in range(first, first + p)}
+    for ranks in [tuple(range(first, first + p)) for first, p in blocks] + list(extra):
+        counts = {held.get(r, 0) for r in ranks}
         if len(counts) > 1:
             return False
-        for r in range(first, first + p):
+        for r in ranks:
             held[r] = held.get(r, 0) + 1
     return True
 
 
-def creation_mode(blocks: list[tuple[int, int]], *, device_bound: bool, can_split: bool) -> str:
+def creation_mode(blocks: list[tuple[int, int]], *, device_bound: bool, can_split: bool,
+                  extra: list[tuple[int, ...]] = ()) -> str:
     """How the registry creates the groups of ``blocks`` (module docstring): ``"split"`` (one split_group per
     SP size, every rank), ``"members"`` (new_group with local synchronisation, members only) or ``"world"``
     (new_group for every block on every rank). ``device_bound``: new groups are split from the world's
@@ -101,7 +134,7 @@ def creation_mode(blocks: list[tuple[int, int]], *, device_bound: bool, can_spli
     (present, and the requested backend is the world's)."""
     if device_bound:
         return "split" if can_split else "world"
-    return "members" if local_sync_safe(blocks) else "world"
+    return "members" if local_sync_safe(blocks, extra) else "world"
 
 
 def splits_world_communicator() -> bool:
@@ -118,15 +151,20 @@ class SPGroupRegistry:
 
     @classmethod
     def for_config(cls, config: Any, world_size: int, sp_sizes: Iterable[int]) -> SPGroupRegistry:
-        """The registry every dcp entry point builds: the config's ranks_per_node and collective timeout."""
-        return cls(world_size, config.planning.ranks_per_node, sp_sizes, timeout_s=config.runtime.collective_timeout_s)
+        """The registry every dcp entry point builds: the config's ranks_per_node, collective timeout and the
+        model's layouts (a context axis for SP sizes past its K/V heads, dcp.planner.layout)."""
+        sizes = tuple(sp_sizes)
+        return cls(world_size, config.planning.ranks_per_node, sizes, timeout_s=config.runtime.collective_timeout_s,
+                   context_sizes=context_sizes_for(config.model, sizes))
 
     def __init__(
         self, world_size: int, ranks_per_node: int, sp_sizes: Iterable[int], *, backend: str | None = None,
-        timeout_s: float | None = None,
+        timeout_s: float | None = None, context_sizes: dict[int, int] | None = None,
     ) -> None:
         """``timeout_s``: collective timeout of every SP group (runtime.collective_timeout_s; None: torch's
-        default, 30 minutes for gloo)."""
+        default, 30 minutes for gloo). ``context_sizes``: SP size -> its layout's context ranks c (absent or 1:
+        plain Ulysses); for c > 1 the registry also holds the Ulysses blocks of size p / c and the context
+        groups (``context_groups``), so a rank holds at most one more group per SP size."""
         import math
         from datetime import timedelta
 
@@ -144,8 +182,18 @@ class SPGroupRegistry:
         self.world_size = world_size
         self.ranks_per_node = ranks_per_node
         self.sp_sizes = tuple(sorted(set(sp_sizes)))
-        self.blocks = sp_blocks(world_size, ranks_per_node, self.sp_sizes)
+        self.context_sizes = {p: c for p, c in (context_sizes or {}).items() if c > 1 and p in self.sp_sizes}
+        """SP size -> context ranks of its layout, for the sizes with a context axis."""
+        bad = {p: c for p, c in self.context_sizes.items() if p % c}
+        if bad:
+            raise ValueError(f"context_sizes ({bad}) must divide their SP sizes: take them from "
+                             "dcp.planner.layout.sp_layout")
+        ulysses = {p // c for p, c in self.context_sizes.items()}
+        self.blocks = sp_blocks(world_size, ranks_per_node, set(self.sp_sizes) | ulysses)
+        self.context_blocks = context_groups(self.blocks, self.context_sizes)
+        """(sp_size, ranks) of every context group, in creation order."""
         self._groups: dict[tuple[int, int], Any] = {}
+        self._context: dict[tuple[int, ...], Any] = {}
         self._known = set(self.blocks)
         if not dist.is_initialized():
             if any(p > 1 for _, p in self.blocks):
@@ -159,11 +207,17 @@ class SPGroupRegistry:
         rank = dist.get_rank()
         can_split = hasattr(dist, "split_group") and (
             backend is None or str(backend).lower() == str(dist.get_backend()).lower())
-        self.creation = creation_mode(self.blocks, device_bound=splits_world_communicator(), can_split=can_split)
+        self.creation = creation_mode(self.blocks, device_bound=splits_world_communicator(), can_split=can_split,
+                                      extra=[r for _, r in self.context_blocks])
         """'members', 'split' or 'world': how this registry's groups were created (module docstring)."""
         if self.creation == "split":
             self._split_by_size(dist, rank, timeout)
-            return
+        else:
+            self._new_groups(dist, rank, timeout, backend)
+
+    def _new_groups(self, dist: Any, rank: int, timeout: Any, backend: str | None) -> None:
+        """The blocks, then the context groups, with new_group: members only ("members"), or every rank
+        ("world"); the same order on every rank."""
         local = self.creation == "members"
         for first, p in self.blocks:
             mine = first <= rank < first + p
@@ -173,6 +227,12 @@ class SPGroupRegistry:
             group = dist.new_group(ranks, backend=backend, timeout=timeout, use_local_synchronization=local)
             if mine:
                 self._groups[(first, p)] = group
+        for _, ranks in self.context_blocks:
+            if local and rank not in ranks:
+                continue
+            group = dist.new_group(list(ranks), backend=backend, timeout=timeout, use_local_synchronization=local)
+            if rank in ranks:
+                self._context[ranks] = group
 
     @property
     def local(self) -> bool:
@@ -195,6 +255,12 @@ class SPGroupRegistry:
                                        f"block (first_rank={mine[0]}, sp_size={p}): the ranks disagree on the "
                                        "split; build the registry with the same arguments on every rank")
                 self._groups[(mine[0], p)] = group
+        for p in sorted(self.context_sizes):  # one more split per SP size with a context axis
+            sets = [r for q, r in self.context_blocks if q == p]
+            group = dist.split_group(split_ranks=[list(r) for r in sets], timeout=timeout, group_desc=f"dcp_cp{p}")
+            mine = [r for r in sets if rank in r]
+            if mine:
+                self._context[mine[0]] = group
 
     def get(self, first_rank: int, sp_size: int) -> Any:
         """ProcessGroup of ranks first_rank .. first_rank + sp_size - 1 (a one-rank group for sp_size 1;
@@ -223,13 +289,15 @@ class SPGroupRegistry:
                 f"rank ({rank}) is not in the GroupPlan's ranks [{first}, {first + p}): pass the group of this rank "
                 "(StepPlan.group_of(rank))"
             )
-        return SPContext(
-            group=self.get(first, p),
-            sp_size=p,
-            sp_rank=rank - first,
-            recompute_layers=group_plan.recompute_layers,
-            attention=attention,
-        )
+        c = self.context_sizes.get(p, 1)
+        layout: dict[str, Any] = {}
+        if c > 1:  # Ulysses inside (contiguous u ranks), context outside (stride u): dcp.planner.layout
+            u = p // c
+            ci, ui = divmod(rank - first, u)
+            layout = dict(context_size=c, ulysses_group=self.get(first + ci * u, u) if u > 1 else None,
+                          context_group=self._context.get(tuple(first + k * u + ui for k in range(c))))
+        return SPContext(group=self.get(first, p), sp_size=p, sp_rank=rank - first,
+                         recompute_layers=group_plan.recompute_layers, attention=attention, **layout)
 
     def context_for_step(self, step_plan: Any, rank: int, attention: str = "auto") -> SPContext:
         """The SPContext of ``rank`` in a StepPlan."""
@@ -238,5 +306,6 @@ class SPGroupRegistry:
     def __repr__(self) -> str:
         return (
             f"SPGroupRegistry(world_size={self.world_size}, ranks_per_node={self.ranks_per_node}, "
-            f"sp_sizes={list(self.sp_sizes)}, groups={len(self._groups)} of {len(self.blocks)} blocks)"
+            f"sp_sizes={list(self.sp_sizes)}, groups={len(self._groups)} of {len(self.blocks)} blocks, "
+            f"context groups={len(self._context)} of {len(self.context_blocks)})"
         )

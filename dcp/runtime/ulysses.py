@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from dcp.runtime.attention import check_doc_lens, local_attention
 from dcp.runtime.context import SPContext, pad_to_multiple, shard_range
+from dcp.runtime.context_parallel import context_attention
 
 __all__ = ["IMPLS", "all_to_all_sp", "check_heads", "pad_to_multiple", "shard_range", "ulysses_attention"]
 
@@ -76,6 +77,43 @@ def check_heads(num_heads: int, sp_size: int) -> None:
         )
 
 
+def _checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: SPContext, *, impl: str,
+             doc_lens: Sequence[Sequence[int]] | None, key_padding_mask: torch.Tensor | None) -> tuple[Any, Any, Any]:
+    """ulysses_attention's inputs checked on the host before any communication: (k, v, doc_lens), with k and v
+    repeated up to the query heads where they cannot cross the exchange unexpanded."""
+    if impl not in IMPLS:
+        raise ValueError(f"ulysses impl ({impl!r}) is not one of {list(IMPLS)}: pick one of those")
+    u, c = ctx.ulysses_size, ctx.context_size
+    check_heads(q.shape[2], u)
+    if c > 1 and (impl == "deepspeed" or key_padding_mask is not None):
+        raise ValueError(f"a context layout ({u}x{c}) runs impl 'dcp' with doc_lens only (not deepspeed's layer or "
+                         "a key_padding_mask): pass doc_lens, or use an SP size within the K/V heads")
+    if k.shape[2] != q.shape[2] or v.shape[2] != q.shape[2]:
+        # Grouped-query attention: each kv head serves H / H_kv query heads. Ulysses gives rank j the query
+        # heads [j H/u, (j+1) H/u), which read exactly the kv heads [j H_kv/u, (j+1) H_kv/u) when u divides
+        # H_kv: those are sent as they are and repeated only where attention needs them (H/H_kv times fewer
+        # kv bytes on the wire; a context layout gathers and attends them unexpanded). Otherwise (or for
+        # deepspeed's layer, which takes equal heads) they are repeated up to H first, so a rank receives
+        # exactly the kv heads its query heads read.
+        if q.shape[2] % k.shape[2] or k.shape[2] != v.shape[2]:
+            raise ValueError(
+                f"key/value heads ({k.shape[2]}, {v.shape[2]}) must be equal and divide the query heads "
+                f"({q.shape[2]}): pass grouped-query attention tensors [b, s, H_kv, d]"
+            )
+        if u > 1 and (impl == "deepspeed" or k.shape[2] % u):
+            rep = q.shape[2] // k.shape[2]
+            k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
+    if key_padding_mask is not None and key_padding_mask.shape[1] != q.shape[1] * ctx.sp_size:
+        raise ValueError(
+            f"key_padding_mask length ({key_padding_mask.shape[1]}) != s_local ({q.shape[1]}) * sp_size "
+            f"({ctx.sp_size}): pass the mask of the full padded sequence"
+        )
+    if doc_lens is not None:  # checked here, on the host, before any communication
+        doc_lens = check_doc_lens(doc_lens, q.shape[0], q.shape[1] * ctx.sp_size, "doc_lens (full sequence)")
+
+    return k, v, doc_lens
+
+
 @torch.compiler.disable  # layouts from host ints and SP collectives stay eager in a compiled block
 def ulysses_attention(
     q: torch.Tensor,
@@ -91,67 +129,53 @@ def ulysses_attention(
     """Sequence-parallel attention. q, k, v: this rank's chunk [b, s_local, H, d]; returns [b, s_local, H, d].
 
     ``doc_lens`` (dcp.runtime.attention) describes the FULL padded sequence of s_local * sp_size tokens:
-    every rank of the group holds the same host ints from the micro-batch. After the first all-to-all a
+    every rank of the group holds the same host ints from the micro-batch. With a context axis
+    (``ctx.context_size`` > 1) the exchange runs inside the Ulysses group and ``context_attention``
+    (dcp.runtime.context_parallel) attends across the context group; the rank then holds the ranges
+    ``ctx.shard_ranges`` gives. After the first all-to-all a
     rank holds whole sequences of its H/p heads, so it attends inside each document exactly as one
     process would, with no mask and no host read. ``key_padding_mask`` (bool [b, s_local * sp_size]) is
     the dense masked reference path instead.
     """
-    if impl not in IMPLS:
-        raise ValueError(f"ulysses impl ({impl!r}) is not one of {list(IMPLS)}: pick one of those")
-    check_heads(q.shape[2], ctx.sp_size)
-    rep = 1  # kv heads to repeat after the exchange (grouped-query attention sent unexpanded)
-    if k.shape[2] != q.shape[2] or v.shape[2] != q.shape[2]:
-        # Grouped-query attention: each kv head serves H / H_kv query heads. Ulysses gives rank j the query
-        # heads [j H/p, (j+1) H/p), which read exactly the kv heads [j H_kv/p, (j+1) H_kv/p) when p divides
-        # H_kv: those are sent as they are and repeated after the exchange (H/H_kv times fewer kv bytes on
-        # the wire). Otherwise (or for deepspeed's layer, which takes equal heads) they are repeated up to H
-        # first, so a rank receives exactly the kv heads its query heads read.
-        if q.shape[2] % k.shape[2] or k.shape[2] != v.shape[2]:
-            raise ValueError(
-                f"key/value heads ({k.shape[2]}, {v.shape[2]}) must be equal and divide the query heads "
-                f"({q.shape[2]}): pass grouped-query attention tensors [b, s, H_kv, d]"
-            )
-        rep = q.shape[2] // k.shape[2]
-        if ctx.sp_size == 1 or impl == "deepspeed" or k.shape[2] % ctx.sp_size:
-            k, v, rep = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2), 1
-    if key_padding_mask is not None and key_padding_mask.shape[1] != q.shape[1] * ctx.sp_size:
-        raise ValueError(
-            f"key_padding_mask length ({key_padding_mask.shape[1]}) != s_local ({q.shape[1]}) * sp_size "
-            f"({ctx.sp_size}): pass the mask of the full padded sequence"
-        )
-    if doc_lens is not None:  # checked here, on the host, before any communication
-        doc_lens = check_doc_lens(doc_lens, q.shape[0], q.shape[1] * ctx.sp_size, "doc_lens (full sequence)")
+    k, v, doc_lens = _checked(q, k, v, ctx, impl=impl, doc_lens=doc_lens, key_padding_mask=key_padding_mask)
+    u, c = ctx.ulysses_size, ctx.context_size
 
     def attend(qf: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor) -> torch.Tensor:
+        if c > 1:
+            return context_attention(qf, kf, vf, group=ctx.context_group, context=c, context_rank=ctx.context_rank,
+                                     causal=causal, doc_lens=doc_lens)
+        if kf.shape[2] != qf.shape[2]:
+            rep = qf.shape[2] // kf.shape[2]
+            kf, vf = kf.repeat_interleave(rep, dim=2), vf.repeat_interleave(rep, dim=2)
         return local_attention(qf, kf, vf, causal=causal, doc_lens=doc_lens, key_padding_mask=key_padding_mask,
                                backend=ctx.attention)
 
-    if ctx.sp_size == 1:
+    if u == 1:
         return attend(q, k, v)
     if impl == "deepspeed":
         return _deepspeed_attention(q, k, v, ctx, attend)
-    if rep == 1:
-        # One exchange for q, k and v together: [b, s/p, 3, H, d] -> [b, s, 3, H/p, d].
-        qkv = all_to_all_sp(torch.stack((q, k, v), dim=2), ctx.group, scatter_dim=3, gather_dim=1)
+    if k.shape[2] == q.shape[2]:
+        # One exchange for q, k and v together: [b, s/u, 3, H, d] -> [b, s, 3, H/u, d].
+        qkv = all_to_all_sp(torch.stack((q, k, v), dim=2), ctx.a2a_group, scatter_dim=3, gather_dim=1)
         out = attend(*qkv.unbind(dim=2))
     else:
-        out = attend(*_exchange_grouped(q, k, v, ctx, rep))
-    return all_to_all_sp(out, ctx.group, scatter_dim=1, gather_dim=2)
+        out = attend(*_exchange_grouped(q, k, v, ctx))
+    return all_to_all_sp(out, ctx.a2a_group, scatter_dim=1, gather_dim=2)
 
 
-def _exchange_grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: SPContext,
-                      rep: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One exchange of unexpanded grouped-query heads; returns q, k, v of this rank's heads, kv repeated.
+def _exchange_grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      ctx: SPContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One exchange of unexpanded grouped-query heads; returns q, k, v of this rank's heads, kv unexpanded.
 
-    Chunk j of the packed head dim holds rank j's H/p query heads, then its H_kv/p key and value heads:
-    [b, s/p, p * (H/p + 2 H_kv/p), d] -> [b, s, H/p + 2 H_kv/p, d].
+    Chunk j of the packed head dim holds rank j's H/u query heads, then its H_kv/u key and value heads:
+    [b, s/u, u * (H/u + 2 H_kv/u), d] -> [b, s, H/u + 2 H_kv/u, d].
     """
-    p, b, s = ctx.sp_size, q.shape[0], q.shape[1]
-    hq, hk = q.shape[2] // p, k.shape[2] // p
-    packed = torch.cat([t.reshape(b, s, p, -1, t.shape[-1]) for t in (q, k, v)], dim=3).flatten(2, 3)
-    mine = all_to_all_sp(packed, ctx.group, scatter_dim=2, gather_dim=1)
+    u, b, s = ctx.ulysses_size, q.shape[0], q.shape[1]
+    hq, hk = q.shape[2] // u, k.shape[2] // u
+    packed = torch.cat([t.reshape(b, s, u, -1, t.shape[-1]) for t in (q, k, v)], dim=3).flatten(2, 3)
+    mine = all_to_all_sp(packed, ctx.a2a_group, scatter_dim=2, gather_dim=1)
     q, k, v = mine.split([hq, hk, hk], dim=2)
-    return q, k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
+    return q, k, v
 
 
 def _deepspeed_attention(q, k, v, ctx: SPContext, attend) -> torch.Tensor:

@@ -186,9 +186,20 @@ def run(args: argparse.Namespace) -> int:
                     "idle_ratio_batch": r.idle_ratio_batch, "ideal_tokens_per_s": r.ideal_tokens_per_s,
                     "idle_ratio_max_gpu": max(r.idle_ratio_per_rank), "num_steps": r.num_steps,
                     "tokens_per_step_min": tok[0], "tokens_per_step_median": statistics.median(tok),
-                    "tokens_per_step_max": tok[-1], "control_plane_share": r.control_plane_share}
+                    "tokens_per_step_max": tok[-1], "control_plane_share": r.control_plane_share,
+                    **layouts_report(r, configs[m].model)}
         if len(methods) == 1:
             print(json.dumps(brief(methods[0])))
         else:
             print(json.dumps({"methods": {m: brief(m) for m in out}}))
     return 0
+
+
+def layouts_report(r, model) -> dict:
+    """``layouts_used`` ("UxC" -> micro-batches, dcp.planner.layout), the largest SP size used, and the SP
+    size of the micro-batch with the longest sample."""
+    from dcp.planner.layout import layout_name, sp_layout
+
+    used = {layout_name(*sp_layout(p, model.num_heads, model.kv_heads)): n for p, n in r.micro_batches_by_sp if n}
+    return {"layouts_used": used, "max_sp_size": max((p for p, n in r.micro_batches_by_sp if n), default=0),
+            "longest_sample_sp_size": r.longest_sample_sp}

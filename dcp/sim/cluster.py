@@ -119,6 +119,10 @@ class SimResult:
     """Wall time the planner took for the epoch."""
     control_time_s: float = 0.0
     """Sum of the steps' control-plane time (dcp.sim.control), part of total_time_s and of sync_time_s."""
+    micro_batches_by_sp: tuple[tuple[int, int], ...] = ()
+    """(sp_size, micro-batches run at it) over the epoch, sizes ascending (layouts: dcp.planner.layout)."""
+    longest_sample_sp: int = 0
+    """SP size of the micro-batch holding the epoch's longest sample."""
 
     @property
     def control_plane_share(self) -> float:
@@ -335,6 +339,13 @@ def simulate(lengths: Sequence[int], table: ProfileTable, config: DCPConfig, wor
             f"planner placed {seen} samples of {len(lengths)}: every sample must be trained exactly once; "
             "this is a planner bug, report it with the length file"
         )
+    by_sp: dict[int, int] = {}
+    longest = (-1, 0)  # (tokens, sp_size)
+    for plan in plans:
+        for g in plan.groups:
+            by_sp[g.sp_size] = by_sp.get(g.sp_size, 0) + len(g.micro_batches)
+            for mb in g.micro_batches:
+                longest = max(longest, (max(mb.seq_lens, default=0), g.sp_size))
     compute = sum(s.compute_time_s for s in steps)
     total = sum(s.step_time_s for s in steps)
     tokens = sum(s.tokens for s in steps)
@@ -366,5 +377,7 @@ def simulate(lengths: Sequence[int], table: ProfileTable, config: DCPConfig, wor
         mem_violations=sum(1 for s in steps if s.peak_mem_bytes > cap),
         plan_time_s=plan_s,
         control_time_s=sum(s.control_time_s for s in steps),
+        micro_batches_by_sp=tuple(sorted(by_sp.items())),
+        longest_sample_sp=longest[1],
     )
     return (result, steps) if return_steps else result

@@ -8,8 +8,9 @@ Per (seq_group, b) row measured at p = 1 and each p > 1 (per rank of the SP grou
   shape (``dcp.planner.analytic``, the simulated hardware): attention runs over the whole sequence s with
   heads / p, so its measured part is divided by p; the rest (the linear layers and elementwise work on the
   b s / p local tokens) is divided by p down to the hardware's fixed per-layer launch cost, which stays;
-- the Ulysses all-to-alls (4 per attention forward and 4 backward) come from the network model
-  (``analytic.all_to_all_time_s``: intra-node bandwidth up to ``ranks_per_node`` ranks, inter-node beyond);
+- the layout's communication (Ulysses all-to-alls with K/V unexpanded, 4 per attention forward and 4
+  backward, and past the K/V heads the context axis's K/V all-gather) comes from the network model
+  (``layout.layout_comm_s``: intra-node bandwidth up to ``ranks_per_node`` ranks, inter-node beyond);
 - T_C (embedding, head, loss on the local tokens) is divided by p down to the hardware's fixed
   per-micro-batch cost;
 - m_act and m_inp are divided by p (every kept tensor is per local token, the attention's per-head
@@ -26,14 +27,13 @@ from collections.abc import Sequence
 
 from dcp.config import ModelShapeConfig
 from dcp.planner.analytic import (
-    A2A_PER_ATTENTION,
     CONST_KERNELS,
     KERNELS_PER_LAYER,
     HardwareSpec,
-    all_to_all_time_s,
     analytic_row,
     attention_time_s,
 )
+from dcp.planner.layout import layout_comm_s, layout_saved_bytes
 from dcp.planner.table import ProfileRow, ProfileTable, TableMeta
 
 
@@ -69,14 +69,15 @@ def derive_row(
     """The per-rank row at SP size ``p`` from the p = 1 ``row`` (see the module docstring)."""
     if row.sp_size != 1:
         raise DeriveError(f"row sp_size ({row.sp_size}) is not 1: derive from rows measured on one GPU")
-    if p < 1 or model.num_heads % p:
-        raise DeriveError(f"sp_size ({p}) must divide num_heads ({model.num_heads}): Ulysses shards heads")
+    if p < 1 or (model.num_heads % p and (p < model.num_heads or p % model.kv_heads)):
+        raise DeriveError(f"sp_size ({p}) must divide num_heads ({model.num_heads}) or be a multiple of its K/V heads "
+                          f"({model.kv_heads}) above it: Ulysses shards heads, context parallelism the sequence")
     shape = dataclasses.replace(model, num_layers=row.num_layers)
     a = 1 if attention == "1d" else 2
     ref = analytic_row(shape, row.seq_group, row.seq_len, row.micro_batch_size, 1, world_size=1, hardware=hardware,
                        dtype_bytes=dtype_bytes, attention=attention, frames=frames)
     n = row.micro_batch_size * row.seq_len / p
-    a2a = A2A_PER_ATTENTION * a * all_to_all_time_s(n * model.hidden_size * dtype_bytes, p, hardware)
+    a2a = layout_comm_s(model, row.micro_batch_size, row.seq_len, p, hardware, dtype_bytes=dtype_bytes, attentions=a)
     launch_f = KERNELS_PER_LAYER * hardware.kernel_overhead_s
     launch_b = hardware.backward_factor * launch_f
 
@@ -94,7 +95,8 @@ def derive_row(
     t_c = max(min(row.t_const_s, fixed_c), fixed_c + (row.t_const_s - fixed_c) / p)
     working = max(0.0, row.m_const_bytes - state_bytes_measured)
     m_const = shape.constant_mem_bytes(dp_size=world_size) + working / p + 2.0 * n * model.hidden_size * dtype_bytes
-    return dataclasses.replace(row, sp_size=p, t_f_s=t_f, t_b_s=t_b, t_const_s=t_c, m_act_bytes=row.m_act_bytes / p,
+    return dataclasses.replace(row, sp_size=p, t_f_s=t_f, t_b_s=t_b, t_const_s=t_c, m_act_bytes=row.m_act_bytes / p + layout_saved_bytes(
+                                   model, row.micro_batch_size, row.seq_len, p, dtype_bytes=dtype_bytes),
                                m_inp_bytes=row.m_inp_bytes / p, m_const_bytes=m_const)
 
 

@@ -39,10 +39,15 @@ def hf_reference_loss(model, batch, ctx):
 
 
 def build(kind: str, seed: int = 0):
-    """(model, dataset) of a tiny reference model (t1d, t2d) or the example's HF Llama (hf)."""
+    """(model, dataset) of a tiny reference model (t1d, t2d), the example's HF Llama (hf) or a Llama with 2 K/V
+    heads of its 4 (hf-gqa: SP 4 runs the context layout 2x2)."""
     if kind == "hf":
         ex = hf_example()
         return ex.tiny_llama(), SyntheticTokenDataset(TOKEN_LENGTHS, vocab_size=256, seed=7)
+    if kind == "hf-gqa":
+        from dcp.integrations.hf_zoo import tiny_causal_lm
+
+        return tiny_causal_lm("llama", layers=2), SyntheticTokenDataset(TOKEN_LENGTHS, vocab_size=256, seed=7)
     if kind == "t1d":
         model = Transformer1D(T1DConfig.tiny(seed=seed))
         data = SyntheticTokenDataset(TOKEN_LENGTHS, vocab_size=model.config.vocab_size, seed=7)
@@ -92,7 +97,13 @@ def mixed_steps_w4(data) -> list[StepPlan]:
 def reference_grads(model, data, sample_ids, weighting: str = "tokens") -> list[torch.Tensor]:
     """Gradient of the mean loss over the samples, on one process, one sample at a time (no SP)."""
     if type(model).__name__ == "LlamaForCausalLM":  # a fresh SDPA model with the same weights
-        ref = hf_example().tiny_llama()  # its own SDPA attention: not prepared for DCP
+        c = model.config
+        if c.num_key_value_heads == c.num_attention_heads:
+            ref = hf_example().tiny_llama()  # its own SDPA attention: not prepared for DCP
+        else:
+            from dcp.integrations.hf_zoo import tiny_causal_lm
+
+            ref = tiny_causal_lm("llama", layers=c.num_hidden_layers)
         ref.load_state_dict(model.state_dict())
         forward = hf_reference_loss
     else:

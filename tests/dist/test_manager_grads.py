@@ -35,6 +35,7 @@ def check_exact(rank: int, world: int, kind: str, engine: str) -> dict:
                       plans=lambda e: [plans[e]])
     eng = mgr.engine
     seen: list[tuple] = []
+    layouts: set[tuple[int, int]] = set()
     micro = 0
     for epoch, plan in enumerate(plans):
         data.set_epoch(epoch)
@@ -47,6 +48,7 @@ def check_exact(rank: int, world: int, kind: str, engine: str) -> dict:
                 eng.backward(loss)
                 eng.step()
             micro += 1
+            layouts.add((mgr.ctx.ulysses_size, mgr.ctx.context_size))
             digest = hashlib.sha256(batch.inputs.numpy().tobytes()).hexdigest()
             seen.append((epoch, batch.sample_ids, digest, mgr.ctx.sp_size, mgr.ctx.recompute_layers))
         got = [b - p.detach() for b, p in zip(before, model.parameters(), strict=True)]
@@ -61,7 +63,7 @@ def check_exact(rank: int, world: int, kind: str, engine: str) -> dict:
     last = sched.last_epoch if engine == "ddp" else eng.lr_scheduler.last_epoch
     return {"micro": micro, "opt_steps": eng.optimizer_steps, "sched": last, "n_stats": len(mgr.step_stats),
             "loss": [s.loss for s in mgr.step_stats], "summary": [s.summary for s in mgr.step_stats],
-            "sp_seen": sorted({s[3] for s in seen})}
+            "sp_seen": sorted({s[3] for s in seen}), "layouts": sorted(layouts)}
 
 
 def check_against_bucket(rank: int, world: int, n_steps: int) -> dict:
@@ -89,7 +91,7 @@ def check_against_bucket(rank: int, world: int, n_steps: int) -> dict:
 
 
 def _run_all(rank: int, world: int) -> dict:
-    out = {kind: check_exact(rank, world, kind, "ddp") for kind in ("t1d", "t2d", "hf")}
+    out = {kind: check_exact(rank, world, kind, "ddp") for kind in ("t1d", "t2d", "hf", "hf-gqa")}
     out["bucket"] = check_against_bucket(rank, world, 3)
     return out
 
@@ -99,7 +101,7 @@ def ddp_results():
     return run_distributed(_run_all, 4, timeout_s=240)
 
 
-@pytest.mark.parametrize("kind", ["t1d", "t2d", "hf"])
+@pytest.mark.parametrize("kind", ["t1d", "t2d", "hf", "hf-gqa"])
 def test_exact_gradients_mixed_sp_unequal_ga_ddp(ddp_results, kind):
     out = [r[kind] for r in ddp_results]
     # rank 2 ran 3 + 2 micro-batches, rank 3 ran 1 + 2, ranks 2 and 3 idled in the last step; still every rank
@@ -107,6 +109,9 @@ def test_exact_gradients_mixed_sp_unequal_ga_ddp(ddp_results, kind):
     assert [o["micro"] for o in out] == [5, 5, 5, 3]
     assert all(o["opt_steps"] == 3 and o["sched"] == 3 for o in out)
     assert all(o["n_stats"] == 3 for o in out)
+    # the Llama with 2 K/V heads runs its SP-4 group as Ulysses 2 x context 2 (dcp.planner.layout)
+    want = [(1, 1), (2, 1), (2, 2)] if kind == "hf-gqa" else [(1, 1), (2, 1), (4, 1)]
+    assert sorted({lay for o in out for lay in o["layouts"]}) == want
     assert out[0]["loss"] == out[3]["loss"] and all(loss > 0 for loss in out[0]["loss"])
     assert out[0]["summary"][0] == "sp=[2,1,1] ga=[2,3,1] recompute=[1,0,2]"
     assert out[0]["sp_seen"] == [2, 4] and out[3]["sp_seen"] == [1, 4]  # SP size switched across steps

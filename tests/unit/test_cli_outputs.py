@@ -125,8 +125,9 @@ def test_help_shows_defaults_of_a_command(capsys):
 def test_plan_prints_a_legend_for_its_notation(capsys):
     assert main(["plan", "--synthetic", "200", "--world-size", "4", "--steps", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    legend = [line for line in lines if line.startswith("sp, ga, recompute:")]
+    legend = [line for line in lines if line.startswith("sp, layout, ga, recompute:")]
     assert len(legend) == 1 and "'27,26x2' = 27, 26, 26" in legend[0] and "'0x29' = 0 for 29 groups" in legend[0]
+    assert "'UxC*n'" in legend[0]
 
 
 def test_env_prints_no_third_party_warning(capsys):

@@ -24,8 +24,25 @@ def test_plan_synthetic_json(capsys):
     data = json.loads(out[-1])
     assert len(data["steps"]) == 2 and data["summary"]["samples"] == 1000
     assert data["summary"]["world_size"] == 6 and data["summary"]["method"] == "dcp-intra"
-    assert out[0].split()[:3] == ["step", "sp", "ga"]
+    assert out[0].split()[:4] == ["step", "sp", "layout", "ga"]
     assert any(line.startswith("epoch: steps=") for line in out)
+    assert all(row["layout"].replace("x1", "").replace("*", "x") == row["sp"] for row in data["steps"])  # no GQA
+
+
+def test_plan_rows_name_each_groups_layout():
+    from dcp.config import DCPConfig, ModelShapeConfig, PlanningConfig
+    from dcp.planner.assemble import EpochPlanner
+    from dcp.planner.layout import layout_name, sp_layout
+
+    gqa = ModelShapeConfig(num_heads=8, num_kv_heads=2, hidden_size=64)
+    config = DCPConfig(model=gqa, planning=PlanningConfig(sp_sizes=(1, 2, 4, 8)))
+    table = cli._build_table(config, 8)
+    plans = list(EpochPlanner(synthetic_lengths(300, table.max_len, 0).tolist(), table, config, 8, 0))
+    for plan in plans[:5]:
+        row = cli.step_row(plan, gqa)
+        want = [layout_name(*sp_layout(g.sp_size, 8, 2)) for g in plan.groups]
+        assert row["layout"] == cli.rle(want, sep="*")
+    assert sp_layout(4, 8, 2) == (2, 2) and cli.rle(["2x2", "2x2", "1x1"], sep="*") == "2x2*2,1x1"
 
 
 @pytest.mark.parametrize("method", ["bucket", "packed", "dcp-inter"])
