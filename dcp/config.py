@@ -24,7 +24,6 @@ from dcp.validate import (  # noqa: F401
     read_text_file,
     read_toml,
 )
-)
 
 METHODS = ("bucket", "packed", "dcp-inter", "dcp-intra", "bucket-search")
 PEER_METHODS = ("megatron-dyncp", "flexsp")
