@@ -49,6 +49,9 @@ CLOCKS = ("auto", "wall", "cpu", "pipelined")
 """profiling.clock choices (dcp.profiler.clock)."""
 GIB = 1024**3
 MAX_GA = 2**16
+MAX_MEM_GIB = 2**20
+"""Largest planning.mem_capacity_gib (1 PiB per rank): far above any device, small enough that the capacity in
+bytes is an exact int64."""
 """Bound of planning.gmin / gmax: beyond it ga_steps * micro-batch time overflows the planner's integers."""
 GRAD_BUCKET_MIB = 25.0
 """The ddp engine's gradient bucket (the default of ``DDPEngine(bucket_cap_mb=...)``), shared with the cost
@@ -239,6 +242,9 @@ class PlanningConfig:
                  "pick one of those names")
         if not self.mem_capacity_gib > 0:
             fail("planning.mem_capacity_gib", self.mem_capacity_gib, "must be > 0", "set the per-rank memory in GiB")
+        if self.mem_capacity_gib > MAX_MEM_GIB:
+            fail("planning.mem_capacity_gib", self.mem_capacity_gib, f"is above {MAX_MEM_GIB} GiB (1 PiB per rank)",
+                 "set the per-rank memory in GiB, e.g. 80")
         if self.seed < 0:
             fail("planning.seed", self.seed, "must be >= 0", "use a non-negative seed, e.g. 0")
         if self.gmin < 1:
