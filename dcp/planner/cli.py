@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     from dcp.data_dists import load_lengths_csv
     from dcp.planner.assemble import EpochPlanner
     from dcp.planner.lengths import synthetic_lengths
-    from dcp.planner.table import ProfileTable
+    from dcp.planner.table import ProfileTable, check_table_for_model
 
     try:
         config = load_config(args.config) if args.config else DCPConfig()
@@ -113,6 +113,9 @@ def run(args: argparse.Namespace) -> int:
         world = args.world_size or (table.meta.world_size if table is not None else 8)
         if table is None:
             table = _build_table(config, world)
+        else:
+            check_table_for_model(table, num_layers=config.model.num_layers,
+                                  model_name=f"the config's model ({config.model.name})")
         if args.lengths:
             lengths = list(load_lengths_csv(args.lengths).tokens)
         else:
