@@ -102,6 +102,7 @@ def _step_tokens(plans: list) -> dict:
 def run(args: argparse.Namespace) -> int:
     from dcp.data_dists import load_lengths_csv
     from dcp.planner.assemble import EpochPlanner
+    from dcp.planner.batch_settings import check_batch_settings
     from dcp.planner.lengths import synthetic_lengths
     from dcp.planner.table import ProfileTable, check_table_for_model
 
@@ -121,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             n = 2000 if args.synthetic is None else args.synthetic
             lengths = synthetic_lengths(n, table.max_len, config.planning.seed).tolist()
+        for line in check_batch_settings(lengths, config):
+            print(f"dcp plan: warning: {line}", file=sys.stderr)
         plans = list(EpochPlanner(lengths, table, config, world, args.epoch))
     except (ValueError, OSError) as exc:
         print(f"dcp plan: error: {exc}", file=sys.stderr)
