@@ -42,6 +42,7 @@ CLOCKS = ("auto", "wall", "cpu", "pipelined")
 """profiling.clock choices (dcp.profiler.clock)."""
 GIB = 1024**3
 MAX_GA = 2**16
+MAX_MEM_GIB = 2**20  # largest planning.mem_capacity_gib (1 PiB per rank): its bytes stay an exact int64
 """Bound of planning.gmin / gmax: beyond it ga_steps * micro-batch time overflows the planner's integers."""
 GRAD_BUCKET_MIB = 25.0
 """The ddp engine's gradient bucket (the default of ``DDPEngine(bucket_cap_mb=...)``), shared with the cost
@@ -240,8 +241,9 @@ class PlanningConfig:
         if self.method not in METHODS + PEER_METHODS:
             fail("planning.method", self.method, f"is not one of {list(METHODS + PEER_METHODS)}",
                  "pick one of those names")
-        if not self.mem_capacity_gib > 0:
-            fail("planning.mem_capacity_gib", self.mem_capacity_gib, "must be > 0", "set the per-rank memory in GiB")
+        if not 0 < self.mem_capacity_gib <= MAX_MEM_GIB:
+            fail("planning.mem_capacity_gib", self.mem_capacity_gib, f"must be > 0 and <= {MAX_MEM_GIB} (1 PiB)",
+                 "set the per-rank memory in GiB, e.g. 80")
         if self.seed < 0:
             fail("planning.seed", self.seed, "must be >= 0", "use a non-negative seed, e.g. 0")
         if self.gmin < 1:
@@ -270,9 +272,9 @@ class PlanningConfig:
             fail("planning.tokens_per_step", self.tokens_per_step, "must be >= 0",
                  "set the global batch in tokens, or 0 for each method's own step sizes")
         b = self.step_tokens_bounds
-        if len(b) != 2 or not 0 < b[0] <= 1 <= b[1]:
-            fail("planning.step_tokens_bounds", list(b), "must be [low, high] with 0 < low <= 1 <= high",
-                 "e.g. [0.5, 2.0] (a step holds 0.5x to 2x of tokens_per_step)")
+        if len(b) != 2 or not 0 < b[0] <= 1 <= b[1] or b[0] == b[1]:  # against the data: planner.batch_settings
+            fail("planning.step_tokens_bounds", list(b), "must be [low, high] with 0 < low <= 1 <= high and low < high "
+                 "(whole samples cannot sum to exactly tokens_per_step)", "e.g. [0.5, 2.0] (a step holds 0.5x to 2x)")
         if self.plan_ahead not in PLAN_AHEAD:
             fail("planning.plan_ahead", self.plan_ahead, f"is not one of {list(PLAN_AHEAD)}",
                  'write plan_ahead = "auto" (or "thread" / "process" to choose)')

@@ -62,10 +62,18 @@ def _session(spec: SweepSpec, marker: dict[str, Any], runs: list[RunSpec], quiet
         if not quiet:
             print(f"resuming the unfinished sweep session {stamp}: {len(done)} of {len(runs)} runs are already in "
                   f"{spec.output_dir} (pass a new --out to start over)", flush=True)
-    elif not quiet and (spec.output_dir / RUNS_CSV).exists():
-        print(f"{spec.output_dir / RUNS_CSV} holds {len(read_runs(spec.output_dir))} rows of earlier sessions: this one "
-              f"appends its {len(runs)} runs, and the table and plot show each run's newest row (pass a new --out to "
-              "keep them apart)", flush=True)
+    elif (spec.output_dir / RUNS_CSV).exists():
+        # run ids are "<stamp>-<index>" and the results keep one row per id: a session started within the
+        # second of an earlier one takes a stamp of its own
+        used = {str(r["run_id"]).rpartition("-")[0] for r in read_runs(spec.output_dir)}
+        base, k = stamp, 1
+        while stamp in used:
+            k += 1
+            stamp = f"{base}.{k}"
+        if not quiet:
+            print(f"{spec.output_dir / RUNS_CSV} holds {len(read_runs(spec.output_dir))} rows of earlier sessions: this one "
+                  f"appends its {len(runs)} runs, and the table and plot show each run's newest row (pass a new --out "
+                  "to keep them apart)", flush=True)
     write_marker(spec.output_dir, {**marker, "session": {"stamp": stamp, "hashes": hashes, "complete": False}})
     return stamp, done
 

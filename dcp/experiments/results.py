@@ -7,16 +7,24 @@ An output folder holds three files, written by ``write_results`` (appending when
   step time and every group's predicted time and measured busy time; ``dcp bench simulator`` reads it.
 - ``config.json`` the sweep definition and, per run id, the resolved run configuration and its hash.
 
+Each run id is written once: ``write_results`` holds an exclusive lock on the folder's RESULTS_LOCK file while
+it reads and rewrites the three files, and drops rows whose run id runs.csv already holds. Rank processes of a
+killed sweep that outlive their parent may finish a run that the re-run of the same session runs again: the
+second copy is dropped with a logged line, and no append is lost to a concurrent rewrite.
+
 The aggregation helpers are pure (no torch) so they are unit-tested directly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import fcntl
 import json
+import logging
 import statistics
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -57,6 +65,10 @@ once-per-step gradient all-reduce + optimizer update the profiler measured on th
 table without it), which ``dcp bench simulator`` adds to predict the whole step."""
 
 RUNS_CSV, STEPS_CSV, CONFIG_JSON = "runs.csv", "steps.csv", "config.json"
+RESULTS_LOCK = ".results.lock"
+"""Empty file whose exclusive flock serialises the writers of one results folder (all on one host: a sweep's
+rank 0 processes, current and orphaned)."""
+log = logging.getLogger("dcp")
 
 
 class ResultsError(ValueError):
@@ -225,20 +237,51 @@ def write_results(
     sweep: dict[str, Any],
     run_configs: dict[str, dict[str, Any]],
 ) -> Path:
-    """Append rows to runs.csv / steps.csv in ``out_dir`` and merge the resolved configs into config.json."""
+    """Append rows to runs.csv / steps.csv in ``out_dir`` and merge the resolved configs into config.json; rows
+    of a run id that runs.csv already holds are dropped (logged), all under the folder's lock."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _upgrade_legacy_runs(out / RUNS_CSV)
-    _append_csv(out / RUNS_CSV, RUN_COLUMNS, run_rows)
-    _append_csv(out / STEPS_CSV, STEP_COLUMNS, step_rows)
-    cfg_path = out / CONFIG_JSON
-    doc: dict[str, Any] = {"sweep": sweep, "runs": {}}
-    if cfg_path.exists():
-        doc = read_config(out)
-        doc["sweep"] = sweep
-    doc["runs"].update(run_configs)
-    write_text(cfg_path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    with _locked(out):
+        _upgrade_legacy_runs(out / RUNS_CSV)
+        written = _run_ids(out / RUNS_CSV)
+        repeated = sorted({str(r["run_id"]) for r in run_rows} & written)
+        if repeated:
+            log.warning("%s already holds run(s) %s (finished by another process of the same sweep session, e.g. "
+                        "a rank left running by a killed sweep): their new rows are dropped, the first kept",
+                        out / RUNS_CSV, ", ".join(repeated))
+            run_rows = [r for r in run_rows if str(r["run_id"]) not in written]
+            step_rows = [r for r in step_rows if str(r["run_id"]) not in written]
+            run_configs = {k: v for k, v in run_configs.items() if k not in written}
+        _append_csv(out / RUNS_CSV, RUN_COLUMNS, run_rows)
+        _append_csv(out / STEPS_CSV, STEP_COLUMNS, step_rows)
+        cfg_path = out / CONFIG_JSON
+        doc: dict[str, Any] = {"sweep": sweep, "runs": {}}
+        if cfg_path.exists():
+            doc = read_config(out)
+            doc["sweep"] = sweep
+        doc["runs"].update(run_configs)
+        write_text(cfg_path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
     return out
+
+
+@contextlib.contextmanager
+def _locked(out: Path) -> Iterator[None]:
+    """Hold the exclusive lock of results folder ``out`` (released by the kernel if the holder dies)."""
+    with open(out / RESULTS_LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _run_ids(path: Path) -> set[str]:
+    """The run ids runs.csv holds (empty for a missing file; a damaged one is refused by the append)."""
+    if not path.exists() or path.stat().st_size == 0:
+        return set()
+    text = read_csv_text(path, what="results file", error=ResultsError,
+                         fix="delete its last, cut line (or the file) and run again")
+    return {row.get("run_id", "") for row in csv.DictReader(text.splitlines())}
 
 
 def read_config(results_dir: str | Path) -> dict[str, Any]:
@@ -257,7 +300,7 @@ def read_config(results_dir: str | Path) -> dict[str, Any]:
 def is_results_folder(folder: Path) -> bool:
     """True when ``folder`` holds only a sweep's result files, in their shape (runs.csv with RUN_COLUMNS,
     config.json with 'runs'): a results folder of a dcp that did not mark its folders, safe to append to."""
-    return any(holds_only(folder, {RUNS_CSV, STEPS_CSV, CONFIG_JSON, "summary.png"},
+    return any(holds_only(folder, {RUNS_CSV, STEPS_CSV, CONFIG_JSON, RESULTS_LOCK, "summary.png"},
                           {RUNS_CSV: runs, STEPS_CSV: STEP_COLUMNS}, CONFIG_JSON,
                           lambda doc: isinstance(doc, dict) and isinstance(doc.get("runs"), dict))
                for runs in (RUN_COLUMNS, LEGACY_RUN_COLUMNS))

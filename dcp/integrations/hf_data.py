@@ -8,6 +8,9 @@ from ``__getitem__`` and ``collate``. The convention is transformers' own: ``lab
 loss); ``-100`` marks a position the loss ignores (prompt tokens, padding). Without ``labels`` every next
 token is a target. A sample of ``n`` tokens therefore has ``n - 1`` targets, fewer where its labels hold
 ``-100``, and ``target_counts()`` counts exactly those, so the loss weights of a step are the real targets.
+A row with no target (one token, or labels all ``-100`` after the first position) trains nothing and would make
+a step of such rows a 0 / 0 = nan loss: ``TokenDataset`` refuses the data up front, naming those rows and the
+``ds.filter`` that drops them (refused rather than skipped, so that sample ids stay the dataset's row numbers).
 
 **Lengths are needed up front.** DCP plans a whole epoch (which samples share a step, which SP size each
 gets) from every sample's length before the first step, and then fetches samples by index. A streaming
@@ -132,6 +135,19 @@ def cached_lengths(data: Any, *, cache_dir: str | os.PathLike[str] = ".dcp_cache
     return lengths, targets
 
 
+def _check_targets(targets: Sequence[int], label_key: str) -> None:
+    """Refuse rows without a next-token target, naming them (the first ten) and the filter that drops them."""
+    empty = [i for i, t in enumerate(targets) if t < 1]
+    if empty:
+        shown = ", ".join(map(str, empty[:10])) + (f", ... ({len(empty)} rows)" if len(empty) > 10 else "")
+        raise HFDataError(
+            f"{'rows' if len(empty) > 1 else 'row'} {shown} {'have' if len(empty) > 1 else 'has'} no next-token target (one token, or {label_key!r} all -100 after the first "
+            "position): a step of such rows has a 0/0 = nan loss; drop them first, e.g. ds.filter(lambda r: "
+            f"len(r['input_ids']) > 1 and any(v != -100 for v in r[{label_key!r}][1:])) (without labels: "
+            "len(r['input_ids']) > 1)"
+        )
+
+
 class TokenDataset:
     """A DCP dataset over rows of ``input_ids`` (optional ``labels``); see the module docstring.
 
@@ -159,6 +175,7 @@ class TokenDataset:
                 f"lengths ({len(self._lengths)}) and target_counts ({len(self._targets)}) must give one entry per "
                 f"row of the data ({len(data)}): compute them from this dataset"
             )
+        _check_targets(self._targets, label_key)
 
     def __len__(self) -> int:
         return len(self._lengths)

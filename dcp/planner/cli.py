@@ -109,8 +109,9 @@ def _step_tokens(plans: list) -> dict:
 def run(args: argparse.Namespace) -> int:
     from dcp.data_dists import load_lengths_csv
     from dcp.planner.assemble import EpochPlanner
+    from dcp.planner.batch_settings import check_batch_settings
     from dcp.planner.lengths import synthetic_lengths
-    from dcp.planner.table import ProfileTable
+    from dcp.planner.table import ProfileTable, check_table_for_model
 
     try:
         config = load_config(args.config) if args.config else DCPConfig()
@@ -120,11 +121,16 @@ def run(args: argparse.Namespace) -> int:
         world = args.world_size or (table.meta.world_size if table is not None else 8)
         if table is None:
             table = _build_table(config, world)
+        else:
+            check_table_for_model(table, num_layers=config.model.num_layers,
+                                  model_name=f"the config's model ({config.model.name})")
         if args.lengths:
             lengths = list(load_lengths_csv(args.lengths).tokens)
         else:
             n = 2000 if args.synthetic is None else args.synthetic
             lengths = synthetic_lengths(n, table.max_len, config.planning.seed).tolist()
+        for line in check_batch_settings(lengths, config):
+            print(f"dcp plan: warning: {line}", file=sys.stderr)
         plans = list(EpochPlanner(lengths, table, config, world, args.epoch))
     except (ValueError, OSError) as exc:
         print(f"dcp plan: error: {exc}", file=sys.stderr)

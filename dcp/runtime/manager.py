@@ -40,6 +40,7 @@ import torch.distributed as dist
 
 from dcp.config import DCPConfig
 from dcp.distributed.device import Span, Stopwatch, module_device, resolve_precision
+from dcp.planner.batch_settings import check_batch_settings
 from dcp.planner.plan import StepPlan
 from dcp.runtime import checkpoint as ckpt
 from dcp.runtime import weight_casts
@@ -108,6 +109,9 @@ class DCPManager:
         self._target_counts_np = np.asarray(self.target_counts, dtype=np.int64)
         """The same as an array: a step's N_step is one gather (``step_normaliser``)."""
         self.log = get_logger(self.rank)
+        for line in check_batch_settings(self.lengths, config, two_d=self.shapes is not None):  # refuses first
+            if self.rank == 0:
+                self.log.warning(line)
         self.device = getattr(engine, "device", None) or module_device(model)
         """The run's device (where the engine's module computes): batches, loss and count accumulators live
         there; only the agreement exchange copies its small row to the host."""

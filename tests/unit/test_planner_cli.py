@@ -60,6 +60,21 @@ def test_plan_methods_and_table_file(method, tmp_path, capsys):
     assert data["summary"]["samples"] == 4 and data["summary"]["world_size"] == 4
 
 
+def test_plan_refuses_table_of_another_depth(tmp_path, capsys):
+    from dcp.config import DCPConfig, ModelShapeConfig
+    from dcp.planner.cli import _build_table
+
+    path = tmp_path / "t.csv"
+    _build_table(DCPConfig(model=ModelShapeConfig(num_layers=4)), 4).save(path)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[model]\nnum_layers = 32\n")
+    assert _run(cli, ["--synthetic", "50", "--table", str(path), "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "has num_layers (4), but the config's model (t1d-tiny) has 32" in err[0]
+    assert "profile this model" in err[0]
+
+
 def test_plan_config_file(tmp_path, capsys):
     cfg = tmp_path / "c.toml"
     cfg.write_text(

@@ -1,0 +1,86 @@
+"""Batch settings the data cannot hold are refused, and settings without effect are named, before any work."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from dcp.config import ConfigError, DCPConfig, PlanningConfig, RuntimeConfig
+from dcp.planner.batch_settings import check_batch_settings
+
+LENGTHS = [187, 1000, 4096, 300, 2500] * 20  # 161,660 tokens in all, the longest 4,096
+
+
+def _cfg(runtime: dict | None = None, **planning) -> DCPConfig:
+    return DCPConfig(planning=PlanningConfig(**planning), runtime=RuntimeConfig(**(runtime or {})))
+
+
+def test_a_target_whose_upper_bound_is_below_the_longest_sample_is_refused():
+    with pytest.raises(ConfigError) as exc:
+        check_batch_settings(LENGTHS, _cfg(tokens_per_step=1))
+    msg = str(exc.value)
+    assert msg.startswith("planning.tokens_per_step (1) x step_tokens_bounds high (2) is below the longest sample "
+                          "(4,096 tokens)")
+    assert msg.endswith("set tokens_per_step >= 2,731 (or 0: each method's own step sizes)") and "\n" not in msg
+    assert "lr_scaling" not in msg
+    assert check_batch_settings(LENGTHS, _cfg(tokens_per_step=2731)) == []  # the fix it names is accepted
+
+
+def test_linear_lr_scaling_with_a_tiny_target_names_the_lr_factor():
+    with pytest.raises(ConfigError, match=r"with runtime.lr_scaling 'linear' its learning rate would be multiplied "
+                                          r"by the step's tokens / target \(x4,096 or more\)"):
+        check_batch_settings(LENGTHS, _cfg({"lr_scaling": "linear"}, tokens_per_step=1))
+
+
+def test_a_target_above_the_epoch_is_warned_with_what_happens():
+    (line,) = check_batch_settings(LENGTHS, _cfg(tokens_per_step=10**7))
+    assert line == ("planning.tokens_per_step (10,000,000) is above the epoch's 161,660 tokens (100 samples): the "
+                    "epoch will be one step of 161,660 tokens; set tokens_per_step <= 161,660 for several steps")
+
+
+def test_bounds_narrower_than_the_longest_sample_are_warned():
+    (line,) = check_batch_settings(LENGTHS, _cfg(tokens_per_step=20000, step_tokens_bounds=(0.95, 1.05)))
+    assert line.startswith("planning.step_tokens_bounds ([0.95, 1.05]) spans 2,000 tokens at tokens_per_step 20,000, "
+                           "less than the longest sample (4,096): steps will fall outside [19,000, 21,000] tokens")
+    assert line.endswith("e.g. [0.95, 1.16]")
+    # the bounds it proposes span the longest sample: no warning
+    assert check_batch_settings(LENGTHS, _cfg(tokens_per_step=20000, step_tokens_bounds=(0.95, 1.16))) == []
+
+
+def test_equal_bounds_are_refused_by_the_config():
+    with pytest.raises(ConfigError, match=r"^planning.step_tokens_bounds \(\[1.0, 1.0\]\) must be .* and low < high "
+                                          r"\(whole samples cannot sum to exactly tokens_per_step\): e.g. \[0.5, 2.0\]"):
+        PlanningConfig(tokens_per_step=20000, step_tokens_bounds=(1, 1))
+
+
+def test_bounds_without_a_target_have_no_effect():
+    (line,) = check_batch_settings(LENGTHS, _cfg(step_tokens_bounds=(0.75, 1.5)))
+    assert line.startswith("planning.step_tokens_bounds ([0.75, 1.5]) has no effect without planning.tokens_per_step")
+    assert check_batch_settings(LENGTHS, _cfg()) == []
+
+
+@pytest.mark.parametrize(("method", "two_d", "why"), [
+    ("dcp-intra", True, "for 2D data"), ("bucket", False, "for planning.method 'bucket'")])
+def test_token_packs_without_effect_are_named(method, two_d, why):
+    (line,) = check_batch_settings(LENGTHS, _cfg(method=method, micro_batch_tokens="auto"), two_d=two_d)
+    assert line.startswith(f"planning.micro_batch_tokens ('auto') has no effect {why}")
+    assert line.endswith('set micro_batch_tokens = "off"')
+    assert check_batch_settings(LENGTHS, _cfg(method="dcp-intra", micro_batch_tokens="auto")) == []
+
+
+def test_the_manager_refuses_before_any_work_and_logs_warnings_once(capfd):
+    from dcp import set_manager
+    from dcp.models import build_model
+    from dcp.runtime.data import SyntheticTokenDataset
+
+    model = build_model("t1d-tiny")
+    data = SyntheticTokenDataset([64, 100, 200] * 4, vocab_size=model.config.vocab_size)
+    base = DCPConfig(model=model.config.shape())
+    bad = base.replace(planning=dataclasses.replace(base.planning, tokens_per_step=10))
+    with pytest.raises(ConfigError, match=r"^planning.tokens_per_step \(10\) x step_tokens_bounds high"):
+        set_manager(model, data, bad, plans=lambda epoch: [])
+    noted = base.replace(planning=dataclasses.replace(base.planning, step_tokens_bounds=(0.5, 3.0)))
+    capfd.readouterr()
+    set_manager(model, data, noted, plans=lambda epoch: [])
+    assert capfd.readouterr().err.count("planning.step_tokens_bounds ([0.5, 3.0]) has no effect") == 1
