@@ -292,8 +292,9 @@ class RuntimeConfig:
     """How the manager runs a plan."""
 
     engine: str = "ddp"
-    """Gradient-sync engine: ddp (data parallel with one bucketed all-reduce per step, done by DCP) or
-    deepspeed (ZeRO-1)."""
+    """Gradient-sync engine: ddp (data parallel with one bucketed all-reduce per step, done by DCP),
+    deepspeed (ZeRO-1: optimizer state sharded) or fsdp2 (torch fully_shard: parameters, gradients and optimizer
+    state sharded over the ranks; parameters gathered once per step, gradients reduce-scattered once per step)."""
     attention: str = "auto"
     """Attention kernel: auto (flash-attn on CUDA when installed, else SDPA), sdpa or flash."""
     precision: str = "auto"
@@ -349,8 +350,8 @@ class RuntimeConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, "runtime")
-        if self.engine not in ("ddp", "deepspeed"):
-            fail("runtime.engine", self.engine, "is not one of ['ddp', 'deepspeed']", "pick one of those")
+        if self.engine not in ("ddp", "deepspeed", "fsdp2"):
+            fail("runtime.engine", self.engine, "is not one of ['ddp', 'deepspeed', 'fsdp2']", "pick one of those")
         if self.attention not in ("auto", "sdpa", "flash"):
             fail("runtime.attention", self.attention, "is not one of ['auto', 'sdpa', 'flash']", "pick one of those")
         if self.precision not in ("auto", "bf16", "fp32"):
