@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dcp.memory import ENGINE_NAMES, state_bytes
+
 # re-exported: the config's public error and readers
 from dcp.validate import (  # noqa: F401
     MAX_TOKENS,
@@ -124,10 +126,9 @@ class ModelShapeConfig:
         per_layer = self.attentions_per_layer * 4 * h * h + 3 * h * f + 2 * h
         return self.num_layers * per_layer + 2 * self.vocab_size * h
 
-    def constant_mem_bytes(self, dp_size: int = 1) -> int:
-        """Parameters + gradients + optimizer state (ZeRO-1 shards the optimizer over dp_size ranks)."""
-        n = self.num_params
-        return n * 2 * self.param_bytes + (n * self.optimizer_bytes_per_param) // max(1, dp_size)
+    def constant_mem_bytes(self, engine: str, dp_size: int | None) -> int:
+        """Per-rank state bytes of runtime.``engine`` over ``dp_size`` ranks: ``dcp.memory.state_bytes``."""
+        return state_bytes(self.num_params, self.param_bytes, self.optimizer_bytes_per_param, engine, dp_size)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -295,8 +296,8 @@ class RuntimeConfig:
     """How the manager runs a plan."""
 
     engine: str = "ddp"
-    """Gradient-sync engine: ddp (data parallel with one bucketed all-reduce per step, done by DCP) or
-    deepspeed (ZeRO-1)."""
+    """Gradient-sync engine: ddp (one bucketed all-reduce per step, done by DCP), deepspeed (ZeRO-1) or fsdp2
+    (torch fully_shard; one parameter gather and one gradient reduce-scatter per step; docs/runtime.md)."""
     attention: str = "auto"
     """Attention kernel: auto (flash-attn on CUDA when installed, else SDPA), sdpa or flash."""
     precision: str = "auto"
@@ -363,7 +364,7 @@ class RuntimeConfig:
     def __post_init__(self) -> None:
         check_fields(self, "runtime")
         for key, options, fix in (
-                ("engine", ("ddp", "deepspeed"), "pick one of those"),
+                ("engine", ENGINE_NAMES, "pick one of those"),
                 ("attention", ("auto", "sdpa", "flash"), "pick one of those"),
                 ("precision", ("auto", "bf16", "fp32"), "pick one of those (auto: bf16 on CUDA, fp32 on CPU)"),
                 ("loss_weighting", ("tokens", "samples"), "pick one"),
@@ -426,12 +427,14 @@ class DCPConfig:
                 f"is not in planning.sp_sizes ({list(self.planning.sp_sizes)})",
                 "add it to sp_sizes (the runtime builds SP groups only for those sizes) or use 0 to derive it",
             )
-        const = self.model.constant_mem_bytes(dp_size=1)
+        # the world size is unknown here: the engine's floor (the analytic model counts shards at its world size)
+        const = self.model.constant_mem_bytes(self.runtime.engine, dp_size=None)
         if const >= self.planning.mem_capacity_bytes:
             raise ConfigError(
                 f"planning.mem_capacity_gib ({self.planning.mem_capacity_gib}) is below the model's constant memory "
                 f"({gib(const)} for parameters, gradients and optimizer state of "
-                f"{self.model.num_params:,} parameters): raise mem_capacity_gib or use a smaller model"
+                f"{self.model.num_params:,} parameters with runtime.engine {self.runtime.engine!r}): raise mem_capacity_gib, "
+                "use runtime.engine 'fsdp2' (sharded state) or a smaller model"
             )
 
     def replace(self, **sections: Any) -> DCPConfig:

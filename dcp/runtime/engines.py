@@ -44,7 +44,7 @@ from dcp.runtime.weight_casts import CastHold
 if TYPE_CHECKING:
     from dcp.runtime.hooks import EngineHooks
 
-ENGINES = ("ddp", "deepspeed")
+ENGINES = ("ddp", "deepspeed", "fsdp2")
 __all__ = ["ENGINES", "DDPEngine", "DeepSpeedEngine", "Engine", "EngineError", "all_reduce_grads_flat",
            "build_engine", "copy_flat_into_grads", "deepspeed_config"]
 
@@ -327,7 +327,8 @@ def deepspeed_config(world_size: int, *, zero_stage: int = 1, user_config: dict[
         raise EngineError(f"precision ({precision!r}) must be 'bf16' or 'fp32' here: resolve runtime.precision first")
     if zero_stage not in (0, 1):
         raise EngineError(
-            f"zero_stage ({zero_stage}) is not supported: DCP's engine adapter covers ZeRO-0/1 (use 1)"
+            f"zero_stage ({zero_stage}) is not supported: DCP's DeepSpeed adapter covers ZeRO-0/1; for sharded "
+            "gradients and parameters use runtime.engine = 'fsdp2'"
         )
     fixed = {
         "train_micro_batch_size_per_gpu": 1,
@@ -344,7 +345,8 @@ def deepspeed_config(world_size: int, *, zero_stage: int = 1, user_config: dict[
         )
     zero = {"stage": zero_stage, **user.pop("zero_optimization", {})}
     if zero.get("stage") != zero_stage:
-        raise EngineError(f"zero_optimization.stage ({zero.get('stage')}) must be {zero_stage}: use ZeRO-1")
+        raise EngineError(f"zero_optimization.stage ({zero.get('stage')}) must be {zero_stage}: use ZeRO-1 (for "
+                          "sharded gradients and parameters use runtime.engine = 'fsdp2')")
     want_bf16 = precision == "bf16"
     for key, want in (("bf16", want_bf16), ("fp16", False)):
         got = bool(user.get(key, {}).get("enabled", False)) if isinstance(user.get(key), dict) else None
@@ -445,7 +447,11 @@ def check_accelerator(accelerator: str, device: torch.device) -> None:
 
 def build_engine(name: str, module: torch.nn.Module, optimizer: Any, lr_scheduler: Any, *, world_size: int,
                  deepspeed_config: dict[str, Any] | None = None, precision: str = "fp32") -> Engine:
-    """An engine by name (runtime.engine): 'ddp' or 'deepspeed'; ``precision`` is runtime.precision."""
+    """An engine by name (runtime.engine): 'ddp', 'deepspeed' or 'fsdp2'; ``precision`` is runtime.precision."""
+    if name == "fsdp2":
+        from dcp.runtime.fsdp import FSDP2Engine  # imports engines: a module-level import would be a cycle
+
+        return FSDP2Engine(module, optimizer, lr_scheduler, precision=precision)
     if name == "ddp":
         return DDPEngine(module, optimizer, lr_scheduler, precision=precision)
     if name == "deepspeed":

@@ -23,6 +23,8 @@ class EngineHooks(Protocol):
 
     forward_fn: Callable[..., Any]
     """``(model, batch, ctx) -> loss_sum`` or ``(loss_sum, count)``."""
+    dataset: Any
+    """The run's dataset (``collate``, ``lengths``): the fsdp2 engine's idle rank runs one of its samples."""
 
     def before_forward(self, batch: Any) -> SPContext:
         """Set up ``batch`` (optimize_dynamics if the loop did not) and return its SP context."""

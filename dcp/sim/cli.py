@@ -50,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hardware", default="h200", choices=("h100", "h200", "cpu"), help="simulated device")
     parser.add_argument("--config", metavar="TOML", help="a DCPConfig file: its model and planning sections replace "
                         "the paper model's (method and look-ahead still come from the flags)")
+    parser.add_argument("--engine", default=None, choices=("ddp", "deepspeed", "fsdp2"),
+                        help="engine whose state memory (parameters, gradients, optimizer) the rows count (default: "
+                        "--config's runtime.engine, else deepspeed, the paper's ZeRO-1)")
     parser.add_argument("--gpus", type=world_size, default=32, help="simulated GPUs (world size)")
     parser.add_argument("--method", default="dcp-intra", choices=(*METHODS, *PEER_METHODS, "all"),
                         help="planning method (all: every method but the peers)")
@@ -112,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
             print(configs[methods[0]].to_json())
             return 0
         lengths = _lengths(args)
+        engine = args.engine or (custom.runtime.engine if custom is not None else "deepspeed")
         if args.table:
             table = ProfileTable.load(args.table)
             first = configs[methods[0]]
@@ -132,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
                     frames = frames_per_group(table.seq_group_edges, lengths.shapes)
                 table = derive_sp_table(table, model=first.model, attention=sc.attention, hardware=sc.hardware,
                                         sp_sizes=first.planning.sp_sizes, world_size=args.gpus,
-                                        frames_per_group=frames)
+                                        frames_per_group=frames, engine=engine)
                 print(f"note: {args.table} holds p = 1 rows only; p > 1 derived from them with the "
                       f"{sc.hardware.name} network model", file=sys.stderr)
         elif custom is not None:
@@ -140,12 +144,12 @@ def run(args: argparse.Namespace) -> int:
             table = analytic_table(first.model, first.profiling.seq_group_edges, sp_sizes=first.planning.sp_sizes,
                                    max_micro_batch_size=first.profiling.max_micro_batch_size, world_size=args.gpus,
                                    hardware=sc.hardware, dtype_bytes=first.model.param_bytes, attention=sc.attention,
-                                   mem_capacity_bytes=first.planning.mem_capacity_bytes)
+                                   mem_capacity_bytes=first.planning.mem_capacity_bytes, engine=engine)
         else:
             if (lengths.shapes is not None) != (sc.attention == "2d"):
                 kind = "2d (frames, spatial_tokens)" if lengths.shapes is not None else "1d (tokens)"
                 print(f"note: {kind} lengths on model {args.model}; using total tokens per sample", file=sys.stderr)
-            table = paper_table(sc, args.gpus, shapes=lengths.shapes if sc.attention == "2d" else None)
+            table = paper_table(sc, args.gpus, shapes=lengths.shapes if sc.attention == "2d" else None, engine=engine)
     except (ValueError, OSError) as exc:
         print(f"dcp simulate: error: {exc}", file=sys.stderr)
         return 2

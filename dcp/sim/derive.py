@@ -65,6 +65,7 @@ def derive_row(
     world_size: int,
     state_bytes_measured: float,
     frames: int | None = None,
+    engine: str = "deepspeed",
 ) -> ProfileRow:
     """The per-rank row at SP size ``p`` from the p = 1 ``row`` (see the module docstring)."""
     if row.sp_size != 1:
@@ -94,7 +95,7 @@ def derive_row(
     fixed_c = CONST_KERNELS * hardware.kernel_overhead_s + hardware.micro_batch_overhead_s
     t_c = max(min(row.t_const_s, fixed_c), fixed_c + (row.t_const_s - fixed_c) / p)
     working = max(0.0, row.m_const_bytes - state_bytes_measured)
-    m_const = shape.constant_mem_bytes(dp_size=world_size) + working / p + 2.0 * n * model.hidden_size * dtype_bytes
+    m_const = shape.constant_mem_bytes(engine, dp_size=world_size) + working / p + 2.0 * n * model.hidden_size * dtype_bytes
     return dataclasses.replace(row, sp_size=p, t_f_s=t_f, t_b_s=t_b, t_const_s=t_c, m_act_bytes=row.m_act_bytes / p + layout_saved_bytes(
                                    model, row.micro_batch_size, row.seq_len, p, dtype_bytes=dtype_bytes),
                                m_inp_bytes=row.m_inp_bytes / p, m_const_bytes=m_const)
@@ -109,8 +110,10 @@ def derive_sp_table(
     sp_sizes: Sequence[int],
     world_size: int,
     frames_per_group: Sequence[int | None] | None = None,
+    engine: str = "deepspeed",
 ) -> ProfileTable:
-    """``table`` (p = 1 rows only) plus derived rows for every p in ``sp_sizes`` with 1 < p <= world_size.
+    """``table`` (p = 1 rows only) plus derived rows for every p in ``sp_sizes`` with 1 < p <= world_size;
+    their state memory is ``engine``'s at ``world_size`` (ModelShapeConfig.constant_mem_bytes).
 
     Rows whose derived memory exceeds the table's capacity (``extra`` mem_capacity_bytes or
     mem_capacity_gib, else the hardware's) are kept with feasible = False, as an analytic table marks them.
@@ -125,7 +128,7 @@ def derive_sp_table(
     shape = dataclasses.replace(model, num_layers=table.num_layers)
     state = table.meta.extra.get("state_bytes")
     state_measured = float(state) if isinstance(state, (int, float)) else float(
-        shape.constant_mem_bytes(dp_size=max(1, table.meta.world_size)))
+        shape.constant_mem_bytes("deepspeed", dp_size=max(1, table.meta.world_size)))
     extra = table.meta.extra
     cap = extra.get("mem_capacity_bytes") or (extra["mem_capacity_gib"] * 1024**3 if isinstance(
         extra.get("mem_capacity_gib"), (int, float)) else hardware.mem_capacity_bytes)
@@ -136,7 +139,8 @@ def derive_sp_table(
             if p <= 1 or p > world_size:
                 continue
             new = derive_row(r, p, model=model, attention=attention, hardware=hardware, dtype_bytes=d,
-                             world_size=world_size, state_bytes_measured=state_measured, frames=frames[r.seq_group])
+                             world_size=world_size, state_bytes_measured=state_measured, frames=frames[r.seq_group],
+                             engine=engine)
             if not r.feasible or micro_batch_mem_bytes(new, new.num_layers) > cap:
                 new = dataclasses.replace(new, feasible=False)
             rows.append(new)

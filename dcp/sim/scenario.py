@@ -82,8 +82,10 @@ def video_shapes() -> list[tuple[int, int]]:
     return load_grid_scale("t2d", "paper").buckets()
 
 
-def paper_table(sc: Scenario, world_size: int, *, shapes: Sequence[tuple[int, int]] | None = None) -> ProfileTable:
-    """Analytic bf16 table of the scenario; 2d groups take their frames from ``shapes`` (default: video grid).
+def paper_table(sc: Scenario, world_size: int, *, shapes: Sequence[tuple[int, int]] | None = None,
+                engine: str = "deepspeed") -> ProfileTable:
+    """Analytic bf16 table of the scenario; 2d groups take their frames from ``shapes`` (default: video grid);
+    state memory of ``engine`` (the paper ran DeepSpeed ZeRO-1).
 
     Its M_C already holds one recomputed layer's working set, as a measured table's does
     (see dcp.planner.analytic), so full recompute leaves room for the layer being recomputed.
@@ -96,7 +98,7 @@ def paper_table(sc: Scenario, world_size: int, *, shapes: Sequence[tuple[int, in
     return analytic_table(sc.model, sc.seq_group_edges, sp_sizes=[p for p in sc.sp_sizes if p <= world_size],
                           max_micro_batch_size=MAX_MICRO_BATCH_SIZE, world_size=world_size, hardware=sc.hardware,
                           dtype_bytes=BF16_BYTES, attention=sc.attention, frames_per_sample=frames,
-                          mem_capacity_bytes=sc.hardware.mem_capacity_bytes)
+                          mem_capacity_bytes=sc.hardware.mem_capacity_bytes, engine=engine)
 
 
 def told_grad_sync_s(method: str, model: ModelShapeConfig, hardware: HardwareSpec, world_size: int) -> float:

@@ -112,7 +112,7 @@ def test_capacity_below_constant_memory():
     tiny = ModelShapeConfig(num_layers=2, hidden_size=16, num_heads=2, vocab_size=32)
     with pytest.raises(ConfigError) as exc:  # small figures keep their digits (they printed as 0.000 GiB)
         DCPConfig(model=tiny, planning=PlanningConfig(mem_capacity_gib=0.00001, sp_sizes=(1,)))
-    assert f"constant memory ({tiny.constant_mem_bytes(dp_size=1) / 2**30:.3g} GiB for" in str(exc.value)
+    assert f"constant memory ({tiny.constant_mem_bytes('ddp', dp_size=None) / 2**30:.3g} GiB for" in str(exc.value)
     assert "(0.000 GiB" not in str(exc.value)
 
 

@@ -207,7 +207,7 @@ def test_analytic_m_const_holds_one_layer_working_set(vocab, attention):
     h, d = model.hidden_size, 4
     for r in t.rows:
         n = r.micro_batch_size * r.seq_len / r.sp_size
-        base = model.constant_mem_bytes(dp_size=2) + 2 * n * h * d
+        base = model.constant_mem_bytes("deepspeed", dp_size=2) + 2 * n * h * d
         assert r.m_const_bytes == pytest.approx(base + max(2 * n * vocab * d, r.m_act_bytes))
         assert r.m_const_bytes >= base + r.m_act_bytes
         assert micro_batch_mem_bytes(r, r.num_layers) >= r.num_layers * r.m_inp_bytes + r.m_act_bytes + base

@@ -1,0 +1,102 @@
+"""fsdp2 engine (torch fully_shard): exact parameters after DCP steps with unequal micro-batch counts, an SP-2
+group and an idle rank, against one process (W=2, gloo). A deadlock fails by the launcher's timeout."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from dcp.api import set_manager
+from dcp.distributed.launch import run_distributed
+from dcp.runtime.engines import EngineError, deepspeed_config
+from tests.dist._runtime_cases import build, config_for, group, reference_grads, step
+
+pytestmark = pytest.mark.dist
+
+
+def steps_w2(data):
+    """Three one-step epochs: 3 vs 1 micro-batches (the case that hangs with per-forward gathers), one SP-2
+    group with 2 micro-batches, rank 1 idle."""
+    return [
+        step(0, 2, group(data, 0, 1, 0, [0], [1, 2], [3]), group(data, 1, 1, 1, [4])),
+        step(1, 2, group(data, 0, 2, 1, [5], [6, 7])),
+        step(2, 2, group(data, 0, 1, 0, [8], [9]), group(data, 1, 1, 0)),
+    ]
+
+
+def full(p: torch.Tensor) -> torch.Tensor:
+    return p.full_tensor() if hasattr(p, "full_tensor") else p
+
+
+def check_fsdp2(rank: int, world: int, kind: str) -> dict:
+    model, data = build(kind)
+    ref = copy.deepcopy(model)  # the one-process replay: plain SGD on the mean-loss gradient of each step
+    plans = steps_w2(data)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    mgr = set_manager(model, data, config_for(model, engine="fsdp2"), optimizer=opt, lr_scheduler=sched,
+                      plans=lambda e: [plans[e]])
+    eng = mgr.engine
+    micro = 0
+    for epoch, plan in enumerate(plans):
+        data.set_epoch(epoch)
+        want = reference_grads(ref, data, plan.sample_ids)
+        with torch.no_grad():
+            for p, g in zip(ref.parameters(), want, strict=True):
+                p -= g
+        for batch in mgr.get_data_iter():
+            mgr.train_micro_batch(batch)
+            micro += 1
+        for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(full(p.detach()), q.detach(), rtol=1e-4, atol=1e-6, msg=name)
+    sharded = sum(p.to_local().numel() for p in model.parameters())
+    return {"micro": micro, "opt_steps": eng.optimizer_steps, "sched": sched.last_epoch,
+            "local_params": sharded, "params": sum(p.numel() for p in ref.parameters())}
+
+
+def _run(rank: int, world: int) -> dict:
+    return {kind: check_fsdp2(rank, world, kind) for kind in ("t1d", "t2d")}
+
+
+def test_fsdp2_exact_parameters_unequal_micro_batches_idle_rank():
+    results = run_distributed(_run, 2, timeout_s=240, pg_timeout_s=60)
+    for kind in ("t1d", "t2d"):
+        out = [r[kind] for r in results]
+        assert [o["micro"] for o in out] == [7, 3]  # 3+2+2 vs 1+2+0: unequal counts and an idle step
+        assert all(o["opt_steps"] == 3 and o["sched"] == 3 for o in out)
+        # parameters are sharded: each rank holds about half of them
+        assert sum(o["local_params"] for o in out) == out[0]["params"]
+        assert max(o["local_params"] for o in out) < 0.6 * out[0]["params"]
+
+
+def _reshard_refused(rank: int, world: int) -> str:
+    from dcp.runtime.fsdp import FSDP2Engine
+
+    model, _ = build("t1d")
+    try:
+        FSDP2Engine(model, torch.optim.SGD(model.parameters(), lr=1.0), reshard_after_forward=True)
+    except EngineError as exc:
+        return str(exc)
+    return ""
+
+
+def test_fsdp2_zero3_mode_refused():
+    out = run_distributed(_reshard_refused, 1, timeout_s=60)
+    assert "reshard_after_forward (True)" in out[0] and "hang" in out[0]
+
+
+def test_fsdp2_needs_torch_distributed():
+    from dcp.runtime.fsdp import FSDP2Engine
+
+    model, _ = build("t1d")
+    with pytest.raises(EngineError, match="torch.distributed initialised"):
+        FSDP2Engine(model, torch.optim.SGD(model.parameters(), lr=1.0))
+
+
+def test_deepspeed_zero3_refusal_names_fsdp2():
+    with pytest.raises(EngineError, match="fsdp2"):
+        deepspeed_config(2, zero_stage=3)
+    with pytest.raises(EngineError, match="fsdp2"):
+        deepspeed_config(2, user_config={"zero_optimization": {"stage": 2}})

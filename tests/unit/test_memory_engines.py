@@ -1,0 +1,58 @@
+"""One memory model of the engines' state: the config check, the analytic rows and the derived rows agree."""
+
+from __future__ import annotations
+
+import pytest
+
+from dcp.config import ConfigError, DCPConfig, ModelShapeConfig, PlanningConfig, RuntimeConfig
+from dcp.planner.analytic import analytic_row
+from dcp.sim.hardware import H100
+
+# 8B shape: 32 layers, width 4096, FFN 14336, vocab 128256, bf16 weights, Adam (fp32 m, v, master: 12 bytes)
+SHAPE_8B = ModelShapeConfig(num_layers=32, hidden_size=4096, num_heads=32, ffn_hidden_size=14336, vocab_size=128256,
+                            param_bytes=2, optimizer_bytes_per_param=12)
+
+
+def config(engine: str) -> DCPConfig:
+    return DCPConfig(model=SHAPE_8B, planning=PlanningConfig(mem_capacity_gib=80.0, sp_sizes=(1, 2, 4, 8)),
+                     runtime=RuntimeConfig(engine=engine))
+
+
+@pytest.mark.parametrize("engine", ["deepspeed", "fsdp2"])
+def test_8b_accepted_with_sharded_state(engine):
+    cfg = config(engine)
+    row = analytic_row(SHAPE_8B, 0, 4096, 1, 8, world_size=64, hardware=H100, engine=engine)
+    state = SHAPE_8B.constant_mem_bytes(engine, dp_size=64)
+    assert state < 80 * 2**30 and cfg.planning.mem_capacity_bytes > row.m_const_bytes > state
+
+
+def test_8b_refused_with_ddp():
+    with pytest.raises(ConfigError, match="runtime.engine 'ddp'.*fsdp2"):
+        config("ddp")
+
+
+def test_engines_state_ordered_and_shared():
+    n, dp = SHAPE_8B.num_params, 64
+    ddp, zero1, fsdp2 = (SHAPE_8B.constant_mem_bytes(e, dp_size=dp) for e in ("ddp", "deepspeed", "fsdp2"))
+    assert ddp == n * 16 and zero1 == n * 4 + n * 12 // dp and fsdp2 == n * 4 + n * 14 // dp
+    for engine in ("ddp", "deepspeed", "fsdp2"):  # the analytic M_C starts from the same state bytes
+        a = analytic_row(SHAPE_8B, 0, 1024, 1, 1, world_size=dp, hardware=H100, engine=engine)
+        b = analytic_row(SHAPE_8B, 0, 1024, 1, 1, world_size=dp, hardware=H100, engine="ddp")
+        assert a.m_const_bytes - SHAPE_8B.constant_mem_bytes(engine, dp_size=dp) == pytest.approx(
+            b.m_const_bytes - ddp)
+
+
+def test_unknown_engine_named():
+    with pytest.raises(ConfigError, match="runtime.engine"):
+        SHAPE_8B.constant_mem_bytes("zero3", dp_size=2)
+
+
+def test_simulator_counts_the_same_state():
+    from dcp.sim.scenario import paper_table, scenario
+
+    sc = scenario("t1d-5b", "h100")
+    rows = {e: paper_table(sc, 64, engine=e).rows[0] for e in ("ddp", "deepspeed", "fsdp2")}
+    for e, row in rows.items():
+        assert row.m_const_bytes - sc.model.constant_mem_bytes(e, dp_size=64) == pytest.approx(
+            rows["ddp"].m_const_bytes - sc.model.constant_mem_bytes("ddp", dp_size=64))
+    assert rows["ddp"].m_const_bytes > rows["fsdp2"].m_const_bytes > rows["deepspeed"].m_const_bytes
