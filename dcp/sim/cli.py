@@ -91,6 +91,7 @@ def _lengths(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from dcp.config import load_config
     from dcp.planner.analytic import analytic_table
+    from dcp.planner.batch_settings import check_batch_settings
     from dcp.planner.table import ProfileTable
     from dcp.sim.cluster import simulate, stronger_bucket
     from dcp.sim.derive import derive_sp_table, is_single_gpu
@@ -116,6 +117,11 @@ def run(args: argparse.Namespace) -> int:
             return 0
         lengths = _lengths(args)
         engine = args.engine or (custom.runtime.engine if custom is not None else "deepspeed")
+        # the same target for every method: checked once, on a DCP method's config under --method all (the
+        # baselines ignore --micro-batch-tokens there by design)
+        shown = configs[args.method if args.method != "all" else "dcp-intra"]
+        for line in check_batch_settings(lengths.tokens, shown, two_d=lengths.shapes is not None):
+            print(f"dcp simulate: warning: {line}", file=sys.stderr)
         if args.table:
             table = ProfileTable.load(args.table)
             first = configs[methods[0]]

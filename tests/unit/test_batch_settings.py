@@ -16,21 +16,34 @@ def _cfg(runtime: dict | None = None, **planning) -> DCPConfig:
     return DCPConfig(planning=PlanningConfig(**planning), runtime=RuntimeConfig(**(runtime or {})))
 
 
-def test_a_target_whose_upper_bound_is_below_the_longest_sample_is_refused():
+def test_a_target_whose_upper_bound_is_below_the_median_sample_is_refused():
     with pytest.raises(ConfigError) as exc:
         check_batch_settings(LENGTHS, _cfg(tokens_per_step=1))
     msg = str(exc.value)
-    assert msg.startswith("planning.tokens_per_step (1) x step_tokens_bounds high (2) is below the longest sample "
-                          "(4,096 tokens)")
+    assert msg.startswith("planning.tokens_per_step (1) x step_tokens_bounds high (2) is below the median sample "
+                          "(1,000 tokens): every step holds at least one whole sample, so most steps would hold more "
+                          "than 2x the target (the longest 4,096x)")
     assert msg.endswith("set tokens_per_step >= 2,731 (or 0: each method's own step sizes)") and "\n" not in msg
-    assert "lr_scaling" not in msg
     assert check_batch_settings(LENGTHS, _cfg(tokens_per_step=2731)) == []  # the fix it names is accepted
 
 
-def test_linear_lr_scaling_with_a_tiny_target_names_the_lr_factor():
-    with pytest.raises(ConfigError, match=r"with runtime.lr_scaling 'linear' its learning rate would be multiplied "
-                                          r"by the step's tokens / target \(x4,096 or more\)"):
-        check_batch_settings(LENGTHS, _cfg({"lr_scaling": "linear"}, tokens_per_step=1))
+def test_lr_scaling_refuses_a_step_whose_lr_factor_would_pass_the_bounds():
+    with pytest.raises(ConfigError) as exc:
+        check_batch_settings(LENGTHS, _cfg({"lr_scaling": "linear"}, tokens_per_step=1500))
+    assert str(exc.value) == (
+        "planning.tokens_per_step (1500) x step_tokens_bounds high (2) is below the longest sample (4,096 tokens) "
+        "with runtime.lr_scaling 'linear': the step of that sample alone would multiply the learning rate by "
+        "x2.731, past the bounds' x2: set tokens_per_step >= 2,731 (or 0: each method's own step sizes), or "
+        'lr_scaling = "none"')
+    with pytest.raises(ConfigError, match=r"by x1.652, past the bounds' x1.414"):
+        check_batch_settings(LENGTHS, _cfg({"lr_scaling": "sqrt"}, tokens_per_step=1500))
+    check_batch_settings(LENGTHS, _cfg({"lr_scaling": "linear"}, tokens_per_step=2731))
+
+
+def test_a_long_tail_sample_above_the_bound_is_warned():
+    (line,) = check_batch_settings(LENGTHS, _cfg(tokens_per_step=1500))
+    assert line.startswith("planning.tokens_per_step (1,500) x step_tokens_bounds high (2) is below the longest "
+                           "sample (4,096 tokens): 20 sample(s) above 3,000 tokens will each take a step alone")
 
 
 def test_a_target_above_the_epoch_is_warned_with_what_happens():
