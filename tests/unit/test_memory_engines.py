@@ -56,3 +56,16 @@ def test_simulator_counts_the_same_state():
         assert row.m_const_bytes - sc.model.constant_mem_bytes(e, dp_size=64) == pytest.approx(
             rows["ddp"].m_const_bytes - sc.model.constant_mem_bytes("ddp", dp_size=64))
     assert rows["ddp"].m_const_bytes > rows["fsdp2"].m_const_bytes > rows["deepspeed"].m_const_bytes
+
+
+def test_chunked_loss_counts_one_chunk_of_logits():
+    kw = dict(world_size=64, hardware=H100, engine="fsdp2")
+    whole = analytic_row(SHAPE_8B, 0, 32768, 1, 1, **kw)
+    chunked = analytic_row(SHAPE_8B, 0, 32768, 1, 1, loss_chunk_tokens=1024, **kw)
+    d, v = 4, SHAPE_8B.vocab_size
+    # the head's working set drops from the whole sequence's logits to one chunk's (or the layer's, if larger)
+    saved = 2.0 * 32768 * v * d - max(2.0 * 1024 * v * d, whole.m_act_bytes)
+    assert saved > 0.5 * 2.0 * 32768 * v * d
+    assert whole.m_const_bytes - chunked.m_const_bytes == pytest.approx(saved)
+    short = analytic_row(SHAPE_8B, 0, 512, 1, 1, loss_chunk_tokens=1024, **kw)  # shorter than a chunk: unchanged
+    assert short.m_const_bytes == analytic_row(SHAPE_8B, 0, 512, 1, 1, **kw).m_const_bytes
