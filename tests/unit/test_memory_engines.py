@@ -69,3 +69,23 @@ def test_chunked_loss_counts_one_chunk_of_logits():
     assert whole.m_const_bytes - chunked.m_const_bytes == pytest.approx(saved)
     short = analytic_row(SHAPE_8B, 0, 512, 1, 1, loss_chunk_tokens=1024, **kw)  # shorter than a chunk: unchanged
     assert short.m_const_bytes == analytic_row(SHAPE_8B, 0, 512, 1, 1, **kw).m_const_bytes
+
+
+def test_simulate_engine_flag_plans_8b_with_fsdp2_only(tmp_path, capsys):
+    from dcp.cli import main
+
+    cfg = tmp_path / "8b.toml"
+    cfg.write_text(
+        '[model]\nname = "llama-8b"\nnum_layers = 32\nhidden_size = 4096\nnum_heads = 32\nffn_hidden_size = 14336\n'
+        'vocab_size = 128256\nparam_bytes = 2\noptimizer_bytes_per_param = 12\n'
+        '[planning]\nmem_capacity_gib = 80.0\nsp_sizes = [1, 2, 4, 8]\n'
+        '[profiling]\nseq_group_edges = [4096, 32768, 131072]\nmax_micro_batch_size = 2\n'
+        '[runtime]\nengine = "fsdp2"\n')
+    lengths = tmp_path / "len.csv"
+    lengths.write_text("tokens\n" + "\n".join(str(n) for n in [2048, 131072, 30000, 4096, 100000, 9000] * 22) + "\n")
+    args = ["simulate", "--config", str(cfg), "--lengths", str(lengths), "--gpus", "64", "--hardware", "h100",
+            "--loss-chunk-tokens", "1024", "--engine"]
+    assert main([*args, "fsdp2"]) == 0
+    assert "dcp-intra" in capsys.readouterr().out
+    assert main([*args, "ddp"]) == 2
+    assert "has no setting that fits the memory capacity" in capsys.readouterr().err
