@@ -32,3 +32,8 @@ def state_bytes(num_params: int, param_bytes: int, optimizer_bytes_per_param: in
         fail("runtime.engine", engine, f"is not one of {list(ENGINE_NAMES)}", "pick one of those")
     sharded = n * optimizer_bytes_per_param + (n * pb if engine == "fsdp2" else 0)
     return 2 * n * pb + (0 if dp_size is None else sharded // max(1, dp_size))
+
+
+LOSS_CHUNK_TOKENS = 1024
+"""Token rows per piece of the reference models' chunked cross-entropy (dcp.models.loss): the head holds the
+logits (and their gradient) of this many tokens at once, not of the whole micro-batch."""

@@ -23,7 +23,9 @@ from torch import nn
 
 from dcp.config import ModelShapeConfig, fail
 from dcp.data import IGNORE_INDEX, Batch, collate_tokens
+from dcp.memory import LOSS_CHUNK_TOKENS
 from dcp.models.common import SwiGLU, init_weights, pack_rows
+from dcp.models.loss import chunked_cross_entropy
 from dcp.runtime.attention import DocLens
 from dcp.runtime.context import SPContext
 from dcp.runtime.context_parallel import take_shard
@@ -59,6 +61,9 @@ class T1DConfig:
     """Init seed: the same seed gives the same weights on every rank and device."""
     ulysses_impl: str = "dcp"
     """Ulysses implementation: dcp (dcp.runtime.ulysses) or deepspeed (DistributedAttention)."""
+    loss_chunk_tokens: int = LOSS_CHUNK_TOKENS
+    """Token rows per piece of the chunked cross-entropy (dcp.models.loss; logits of one piece live at once);
+    0: the whole micro-batch in one piece."""
 
     def __post_init__(self) -> None:
         for f in ("num_layers", "hidden_size", "num_heads", "vocab_size"):
@@ -75,6 +80,8 @@ class T1DConfig:
         if not self.rope_theta > 0 or not self.norm_eps > 0 or not self.init_std > 0:
             fail("t1d.rope_theta/norm_eps/init_std", (self.rope_theta, self.norm_eps, self.init_std),
                  "must all be > 0", "use the defaults 10000.0, 1e-5, 0.02")
+        if self.loss_chunk_tokens < 0:
+            fail("t1d.loss_chunk_tokens", self.loss_chunk_tokens, "must be >= 0", "use 0 for one piece")
         if self.ulysses_impl not in IMPLS:
             fail("t1d.ulysses_impl", self.ulysses_impl, f"is not one of {list(IMPLS)}", "pick one of those")
 
@@ -238,13 +245,12 @@ class Transformer1D(nn.Module):
 
     def head_loss(self, hidden: torch.Tensor, batch: Batch, ctx: SPContext, aux: T1DAux) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss_sum, count): cross-entropy summed over this chunk's labelled tokens, and their number."""
-        logits = self.lm_head(self.norm(hidden))
-        targets = self._rows(batch.targets.to(logits.device), batch)
+        targets = self._rows(batch.targets.to(hidden.device), batch)
         s_max = targets.shape[1]
         targets = F.pad(targets, (0, ctx.padded_len(s_max) - s_max), value=IGNORE_INDEX)
         targets = take_shard(targets, ctx.shard_ranges(s_max))
-        loss_sum = F.cross_entropy(logits.flatten(0, 1).float(), targets.reshape(-1), ignore_index=IGNORE_INDEX,
-                                   reduction="sum")
+        loss_sum = chunked_cross_entropy(hidden, targets, lambda h: self.lm_head(self.norm(h)),
+                                         self.config.loss_chunk_tokens)
         return loss_sum, (targets != IGNORE_INDEX).sum()
 
     def forward(self, batch: Batch, ctx: SPContext, recompute: RecomputeFn | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -38,8 +38,9 @@ Formulas (h = hidden, f = ffn hidden, V = vocab, d = dtype bytes, n = b*s/p loca
   ``hardware.const_h_tensors`` h-wide tensors per token outside the layers, CONST_KERNELS launches and a
   fixed ``hardware.micro_batch_overhead_s``.
 - M_C: parameters + gradients + optimizer state as the engine holds them (ModelShapeConfig.constant_mem_bytes;
-  ``engine`` defaults to deepspeed, ZeRO-1, the paper's; analytic_table_for passes runtime.engine) + all-to-all buffers (``2 * n * h * d``) + the larger of the head's working set (logits
-  and their gradient, ``2 * n * V * d``) and one layer's working set (the row's own m_act). The last term
+  ``engine`` defaults to deepspeed, ZeRO-1, the paper's; analytic_table_for passes runtime.engine) + all-to-all
+  buffers (``2 * n * h * d``) + the larger of the head's working set (logits and their gradient, ``2 * n * V * d``;
+  with ``loss_chunk_tokens`` > 0 only one chunk's, dcp.models.loss) and one layer's working set (the row's own m_act). The last term
   is the measured profiler's M_C (dcp/profiler/measure.py, docs/profiler.md "What is measured"): with full
   recompute (r = L) Eq. 6 keeps only the L layer inputs, yet backward re-materialises one layer's
   activations at a time, so the true peak is ``L * m_inp + m_act + ...``; without this term Eq. 6 at r = L
@@ -322,6 +323,7 @@ def analytic_row(
     attention: str = "1d",
     frames: int | None = None,
     engine: str = "deepspeed",
+    loss_chunk_tokens: int = 0,
 ) -> ProfileRow:
     """One ProfileRow from the formulas in the module docstring (feasible=True; the caller checks memory)."""
     a = _attentions(attention)
@@ -353,7 +355,8 @@ def analytic_row(
     m_act += layout_saved_bytes(model, micro_batch_size, seq_len, sp_size, dtype_bytes=d)
     # M_C holds the larger of the head's (logits + gradient) and one recomputed layer's working set, as the
     # profiler measures it: Eq. 6 at r = L otherwise has no room for the layer being recomputed.
-    m_const = model.constant_mem_bytes(engine, dp_size=world_size) + 2.0 * n * h * d + max(2.0 * n * v * d, m_act)
+    m_const = model.constant_mem_bytes(engine, dp_size=world_size) + 2.0 * n * h * d + max(
+        2.0 * (min(n, loss_chunk_tokens) if loss_chunk_tokens > 0 else n) * v * d, m_act)
     return ProfileRow(
         seq_group=seq_group,
         seq_len=seq_len,
@@ -439,6 +442,7 @@ def analytic_table(
     frames_per_sample: int | Sequence[int] | None = None,
     mem_capacity_bytes: float | None = None,
     engine: str = "deepspeed",
+    loss_chunk_tokens: int = 0,
 ) -> ProfileTable:
     """Rows for every seq_group edge, p in sp_sizes (p <= world_size) and b = 1, 2, 4, ... <= max.
 
@@ -457,6 +461,7 @@ def analytic_table(
             b = 1
             while b <= max_micro_batch_size:
                 row = analytic_row(model, g, s, b, p, world_size=world_size, hardware=hardware, engine=engine,
+                                   loss_chunk_tokens=loss_chunk_tokens,
                                    dtype_bytes=dtype_bytes, attention=attention, frames=frames[g])
                 if not (mem_capacity_bytes is None or micro_batch_mem_bytes(row, row.num_layers) <= mem_capacity_bytes):
                     rows.append(dataclasses.replace(row, feasible=False))

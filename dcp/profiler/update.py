@@ -69,8 +69,8 @@ def measure_step_update(
     """Time the step's gradient sync and optimizer update for ``module`` on ``world_size`` ranks."""
     if iters < 1:
         raise ValueError(f"iters ({iters}) must be >= 1: pass how many timed repetitions to take the median of")
-    if engine not in ("ddp", "deepspeed"):
-        raise ValueError(f"engine ({engine!r}) is not 'ddp' or 'deepspeed': pass the runtime's engine name")
+    if engine not in ("ddp", "deepspeed", "fsdp2"):
+        raise ValueError(f"engine ({engine!r}) is not 'ddp', 'deepspeed' or 'fsdp2': pass the runtime's engine name")
     params = [p for p in module.parameters() if p.requires_grad]
     numel = sum(p.numel() for p in params)
     if numel == 0:
@@ -85,6 +85,14 @@ def measure_step_update(
     if engine == "deepspeed":
         total = math.ceil(numel / world_size)
         shapes = [(min(total, max_elements),)]
+    elif engine == "fsdp2":  # every parameter's 1/W shard, updated tensor by tensor
+        total, shapes, kept = math.ceil(numel / world_size), [], 0
+        for p in params:
+            shard = math.ceil(p.numel() / world_size)
+            if kept and kept + shard > max_elements:
+                break
+            shapes.append((shard,))
+            kept += shard
     else:
         total, shapes, kept = numel, [], 0
         for p in params:
@@ -105,7 +113,8 @@ def measure_step_update(
             flat, _ = all_reduce_grads_flat(tensors)
             copy_flat_into_grads(tensors, flat)
 
-        # the whole gradient crosses the network whatever the engine: scale by its size
+        # the whole gradient crosses the network whatever the engine: scale by its size (fsdp2's all-gather plus
+        # reduce-scatter move the bytes of one all-reduce)
         sync_s = _median_time(all_reduce_grads, iters, device) * numel / sum(t.numel() for t in stand_ins)
 
     try:

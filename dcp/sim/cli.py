@@ -53,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", default=None, choices=("ddp", "deepspeed", "fsdp2"),
                         help="engine whose state memory (parameters, gradients, optimizer) the rows count (default: "
                         "--config's runtime.engine, else deepspeed, the paper's ZeRO-1)")
+    parser.add_argument("--loss-chunk-tokens", type=nonneg_int, default=0,
+                        help="analytic rows: the head holds the logits of this many tokens at once (a chunked loss, "
+                        "dcp.models.loss); 0: of the whole micro-batch, as the paper's models")
     parser.add_argument("--gpus", type=world_size, default=32, help="simulated GPUs (world size)")
     parser.add_argument("--method", default="dcp-intra", choices=(*METHODS, *PEER_METHODS, "all"),
                         help="planning method (all: every method but the peers)")
@@ -150,12 +153,14 @@ def run(args: argparse.Namespace) -> int:
             table = analytic_table(first.model, first.profiling.seq_group_edges, sp_sizes=first.planning.sp_sizes,
                                    max_micro_batch_size=first.profiling.max_micro_batch_size, world_size=args.gpus,
                                    hardware=sc.hardware, dtype_bytes=first.model.param_bytes, attention=sc.attention,
-                                   mem_capacity_bytes=first.planning.mem_capacity_bytes, engine=engine)
+                                   mem_capacity_bytes=first.planning.mem_capacity_bytes, engine=engine,
+                                   loss_chunk_tokens=args.loss_chunk_tokens)
         else:
             if (lengths.shapes is not None) != (sc.attention == "2d"):
                 kind = "2d (frames, spatial_tokens)" if lengths.shapes is not None else "1d (tokens)"
                 print(f"note: {kind} lengths on model {args.model}; using total tokens per sample", file=sys.stderr)
-            table = paper_table(sc, args.gpus, shapes=lengths.shapes if sc.attention == "2d" else None, engine=engine)
+            table = paper_table(sc, args.gpus, shapes=lengths.shapes if sc.attention == "2d" else None, engine=engine,
+                                loss_chunk_tokens=args.loss_chunk_tokens)
     except (ValueError, OSError) as exc:
         print(f"dcp simulate: error: {exc}", file=sys.stderr)
         return 2

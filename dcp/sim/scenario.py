@@ -83,9 +83,9 @@ def video_shapes() -> list[tuple[int, int]]:
 
 
 def paper_table(sc: Scenario, world_size: int, *, shapes: Sequence[tuple[int, int]] | None = None,
-                engine: str = "deepspeed") -> ProfileTable:
+                engine: str = "deepspeed", loss_chunk_tokens: int = 0) -> ProfileTable:
     """Analytic bf16 table of the scenario; 2d groups take their frames from ``shapes`` (default: video grid);
-    state memory of ``engine`` (the paper ran DeepSpeed ZeRO-1).
+    state memory of ``engine`` (the paper ran DeepSpeed ZeRO-1); ``loss_chunk_tokens`` > 0: a chunked loss.
 
     Its M_C already holds one recomputed layer's working set, as a measured table's does
     (see dcp.planner.analytic), so full recompute leaves room for the layer being recomputed.
@@ -98,7 +98,8 @@ def paper_table(sc: Scenario, world_size: int, *, shapes: Sequence[tuple[int, in
     return analytic_table(sc.model, sc.seq_group_edges, sp_sizes=[p for p in sc.sp_sizes if p <= world_size],
                           max_micro_batch_size=MAX_MICRO_BATCH_SIZE, world_size=world_size, hardware=sc.hardware,
                           dtype_bytes=BF16_BYTES, attention=sc.attention, frames_per_sample=frames,
-                          mem_capacity_bytes=sc.hardware.mem_capacity_bytes, engine=engine)
+                          mem_capacity_bytes=sc.hardware.mem_capacity_bytes, engine=engine,
+                          loss_chunk_tokens=loss_chunk_tokens)
 
 
 def told_grad_sync_s(method: str, model: ModelShapeConfig, hardware: HardwareSpec, world_size: int) -> float:

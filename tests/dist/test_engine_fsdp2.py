@@ -57,12 +57,12 @@ def check_fsdp2(rank: int, world: int, kind: str) -> dict:
 
 
 def _run(rank: int, world: int) -> dict:
-    return {kind: check_fsdp2(rank, world, kind) for kind in ("t1d", "t2d")}
+    return {kind: check_fsdp2(rank, world, kind) for kind in ("t1d", "t2d", "hf")}
 
 
 def test_fsdp2_exact_parameters_unequal_micro_batches_idle_rank():
     results = run_distributed(_run, 2, timeout_s=240, pg_timeout_s=60)
-    for kind in ("t1d", "t2d"):
+    for kind in ("t1d", "t2d", "hf"):
         out = [r[kind] for r in results]
         assert [o["micro"] for o in out] == [7, 3]  # 3+2+2 vs 1+2+0: unequal counts and an idle step
         assert all(o["opt_steps"] == 3 and o["sched"] == 3 for o in out)

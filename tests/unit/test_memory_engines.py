@@ -56,3 +56,36 @@ def test_simulator_counts_the_same_state():
         assert row.m_const_bytes - sc.model.constant_mem_bytes(e, dp_size=64) == pytest.approx(
             rows["ddp"].m_const_bytes - sc.model.constant_mem_bytes("ddp", dp_size=64))
     assert rows["ddp"].m_const_bytes > rows["fsdp2"].m_const_bytes > rows["deepspeed"].m_const_bytes
+
+
+def test_chunked_loss_counts_one_chunk_of_logits():
+    kw = dict(world_size=64, hardware=H100, engine="fsdp2")
+    whole = analytic_row(SHAPE_8B, 0, 32768, 1, 1, **kw)
+    chunked = analytic_row(SHAPE_8B, 0, 32768, 1, 1, loss_chunk_tokens=1024, **kw)
+    d, v = 4, SHAPE_8B.vocab_size
+    # the head's working set drops from the whole sequence's logits to one chunk's (or the layer's, if larger)
+    saved = 2.0 * 32768 * v * d - max(2.0 * 1024 * v * d, whole.m_act_bytes)
+    assert saved > 0.5 * 2.0 * 32768 * v * d
+    assert whole.m_const_bytes - chunked.m_const_bytes == pytest.approx(saved)
+    short = analytic_row(SHAPE_8B, 0, 512, 1, 1, loss_chunk_tokens=1024, **kw)  # shorter than a chunk: unchanged
+    assert short.m_const_bytes == analytic_row(SHAPE_8B, 0, 512, 1, 1, **kw).m_const_bytes
+
+
+def test_simulate_engine_flag_plans_8b_with_fsdp2_only(tmp_path, capsys):
+    from dcp.cli import main
+
+    cfg = tmp_path / "8b.toml"
+    cfg.write_text(
+        '[model]\nname = "llama-8b"\nnum_layers = 32\nhidden_size = 4096\nnum_heads = 32\nffn_hidden_size = 14336\n'
+        'vocab_size = 128256\nparam_bytes = 2\noptimizer_bytes_per_param = 12\n'
+        '[planning]\nmem_capacity_gib = 80.0\nsp_sizes = [1, 2, 4, 8]\n'
+        '[profiling]\nseq_group_edges = [4096, 32768, 131072]\nmax_micro_batch_size = 2\n'
+        '[runtime]\nengine = "fsdp2"\n')
+    lengths = tmp_path / "len.csv"
+    lengths.write_text("tokens\n" + "\n".join(str(n) for n in [2048, 131072, 30000, 4096, 100000, 9000] * 22) + "\n")
+    args = ["simulate", "--config", str(cfg), "--lengths", str(lengths), "--gpus", "64", "--hardware", "h100",
+            "--loss-chunk-tokens", "1024", "--engine"]
+    assert main([*args, "fsdp2"]) == 0
+    assert "dcp-intra" in capsys.readouterr().out
+    assert main([*args, "ddp"]) == 2
+    assert "has no setting that fits the memory capacity" in capsys.readouterr().err

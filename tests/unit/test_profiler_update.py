@@ -44,7 +44,7 @@ def test_frozen_model_and_errors():
     assert (got.grad_sync_s, got.optimizer_step_s) == (0.0, 0.0)
     with pytest.raises(ValueError, match=r"iters \(0\) must be >= 1"):
         measure_step_update(_model(), world_size=1, iters=0)
-    with pytest.raises(ValueError, match=r"engine \('fsdp'\) is not 'ddp' or 'deepspeed'"):
+    with pytest.raises(ValueError, match=r"engine \('fsdp'\) is not 'ddp', 'deepspeed' or 'fsdp2'"):
         measure_step_update(_model(), world_size=1, engine="fsdp")
 
 
@@ -76,6 +76,8 @@ def test_stand_ins_follow_the_engine_parameter_shapes_for_ddp_one_flat_shard_for
     assert _Recording.seen[-1] == [(64, 64), (64,), (8, 64), (8,)]  # per-tensor, like the ddp engine
     measure_step_update(model, world_size=1, optimizer=_Recording(model.parameters()), engine="deepspeed", iters=1)
     assert _Recording.seen[-1] == [(4680,)]  # ZeRO-1: one flat shard (1/W of the parameters; W = 1 here)
+    measure_step_update(model, world_size=1, optimizer=_Recording(model.parameters()), engine="fsdp2", iters=1)
+    assert _Recording.seen[-1] == [(4096,), (64,), (512,), (8,)]  # fsdp2: each tensor's flat 1/W shard
     # capped: whole tensors up to max_elements (always at least one)
     measure_step_update(model, world_size=1, optimizer=_Recording(model.parameters()), iters=1, max_elements=4096)
     assert _Recording.seen[-1] == [(64, 64)]
