@@ -64,6 +64,14 @@ class TableLoader:
         reason = "refresh requested" if refresh else ""
         target = adapter if adapter is not None else model
         args = (model, self.config, self.world_size, registry)
+        if self.config.runtime.engine == "fsdp2" and (refresh or self.need_profile(target)):
+            # the dual-layer profiler runs single layers of the model on their own, while fully_shard's layers
+            # all-gather their parameters over every rank on each forward: it measures replicated modules only
+            raise ManagerError(
+                "runtime.engine ('fsdp2') cannot profile inside the run (the profiler measures unsharded layers): "
+                "pass set_manager(..., table=...) with dcp.planner.analytic_table_for(config, world_size) or a table "
+                "profiled with runtime.engine 'ddp', or use a cached table"
+            )
         try:
             if strict and not refresh and self.source.need_profile(target, self.config, self.world_size):
                 raise ManagerError(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dcp.config import DCPConfig, ProfilingConfig
+from dcp.config import DCPConfig, ProfilingConfig, RuntimeConfig
 from dcp.models import T1DConfig, Transformer1D
 from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
 from dcp.runtime import checkpoint as ckpt
@@ -141,6 +141,10 @@ def test_table_loader_goes_through_the_injected_source():
     strict = TableLoader(_Source(), DCPConfig(profiling=ProfilingConfig(strict_cache=True)), 1, 1, log)
     with pytest.raises(ManagerError, match="strict_cache .true. forbids re-profiling"):
         strict.need_profile(object())
+    sharded = TableLoader(_Source(), DCPConfig(profiling=ProfilingConfig(strict_cache=False),
+                                               runtime=RuntimeConfig(engine="fsdp2")), 1, 1, log)
+    with pytest.raises(ManagerError, match=r"runtime.engine \('fsdp2'\) cannot profile inside the run"):
+        sharded.load(object(), None, None)
 
 
 class _Lines(logging.Handler):
