@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 10's checks on a machine with one GPU, its own torch and no network (../shared/GPU.md):
+# The GPU checks on a machine with one GPU, its own torch and no network:
 #   bash scripts/gpu_checks.sh bench          # python -m dcp.cli bench gpu --no-tests --json
 #   bash scripts/gpu_checks.sh gpu-tests      # pytest tests/gpu
 #   bash scripts/gpu_checks.sh suite K N      # the K-th (0-based) of N slices of the test files, with the
@@ -22,7 +22,7 @@ case "${1:-}" in
            || { echo "suite needs a slice K and a count N with 0 <= K < N, e.g. suite 0 4; $usage" >&2; exit 2; } ;;
   *) echo "$usage" >&2; exit 2 ;;
 esac
-# the project's venv when there is one (CPU machines), else the machine's own python3 (a lent GPU machine)
+# the project's venv when there is one (CPU machines), else the machine's own python3 (a GPU machine without network)
 PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 "$PY" -c "import torch" 2> /dev/null || { echo "$PY cannot import torch: set PYTHON to a Python with torch" >&2; exit 2; }
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -42,7 +42,7 @@ case "${1:-}" in
     gpu_log=$([ "$log" = /dev/null ] && mktemp || echo "${log%.log}-gpu.log"); rc=0
     "$PY" -m pytest -v -rfE -p no:cacheprovider --durations=15 tests/gpu > "$gpu_log" 2>&1 & gpu=$!
     # one intra-op thread per worker: torch's default is one per core, N workers x 16 threads on 16 cores
-    # (the third H200 loan's suite-xdist 12 ran past 515 s with it, and the CUDA tests beside it took 498 s)
+    # (the third H200 run's suite-xdist 12 ran past 515 s with it, and the CUDA tests beside it took 498 s)
     OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "$PY" -m pytest -v -rfE -p no:cacheprovider -n "$2" --dist worksteal --durations=15 tests/unit tests/dist 2>&1 | tee "$log" || rc=$?
     wait "$gpu" || rc=$?
     echo "== tests/gpu, in one process beside them:"

@@ -1,4 +1,4 @@
-"""``dcp bench scale`` of two source trees, interleaved A B A B, with medians: how issue 23's host figures are
+"""``dcp bench scale`` of two source trees, interleaved A B A B, with medians: how the 4096-rank host figures are
 compared on a noisy shared host (one run of the same code reads ~2.0-3.3 ms at W 4096 rank 2048 within minutes).
 
     python scripts/scale_ab.py TREE_A TREE_B [--pairs 8] [--keys host_ms_per_step,plan_cpu_ms_per_step] \

@@ -1,4 +1,4 @@
-"""Test-session settings shared by every tier.
+"""Settings shared by every tier of the test suite.
 
 DeepSpeed picks its accelerator once, at its first import: the CPU/gloo tests (unit and dist) need its CPU
 accelerator even on a machine with a GPU, or DeepSpeed places rank r's model on cuda:r. Processes spawned by

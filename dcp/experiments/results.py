@@ -51,7 +51,7 @@ and the timings are inflated. tokens_per_step_min / _median / _max are the token
 global batch each trained) and target_tokens_per_step the run's planning.tokens_per_step (0: unset, each method
 its own batch); a runs.csv of an older dcp, without these four, reads them as NaN (LEGACY_RUN_COLUMNS)."""
 LEGACY_RUN_COLUMNS = RUN_COLUMNS[:-4]
-"""runs.csv columns before tokens per step was recorded (issue 24): still read, and upgraded on append."""
+"""runs.csv columns before tokens per step was recorded: still read, and upgraded on append."""
 
 STEP_COLUMNS = (
     "run_id", "method", "model", "dataset", "world_size", "step", "predicted_step_time_s",

@@ -168,7 +168,7 @@ share of step x target of it: the epoch's mean stays within about this share of 
 
 
 MEAN_TOLERANCE = 0.05
-"""The epoch's mean tokens per step may be this share off the target (issue 24): ``step_room``'s step count."""
+"""The epoch's mean tokens per step may be this share off the user's target: ``step_room``'s step count."""
 GIVE_BACK = 0.05
 """``step_room``: the steps still needed may each hold this share of the target less than it (a step that must take a
 long sample of 0.75-1.0 x cannot hold much less). Small long-tailed epochs (``tests/unit/test_planner_step_bounds.py``'s,

@@ -32,7 +32,7 @@ def _mismatches(rank: int, world: int) -> dict:
     model, data, config, table = planner_setup(world, seed=rank)
     mgr = set_manager(model, data, config, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), table=table)
     out["seed"] = _expect_mismatch(mgr)
-    # 2. rank 1 plans one step more than rank 0. Nothing is planned ahead for the check (issue 23), so it
+    # 2. rank 1 plans one step more than rank 0. Nothing is planned ahead for the check (plans are made lazily), so it
     # shows at the next exchange: with log_every = 1 that is step 1's start (rank 0 is at the epoch's end).
     # (With the default cadence rank 1 would run step 1 first: its SP-2 all-to-all then waits for rank 0,
     # and the exchange's timeout names rank 1's phase instead.)

@@ -1,4 +1,4 @@
-"""A rank that stalls, dies, leaves the loop early or holds other data is named, in seconds (issue 14)."""
+"""A rank that stalls, dies, leaves the loop early or holds other data is named, in seconds."""
 
 from __future__ import annotations
 

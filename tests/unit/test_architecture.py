@@ -52,7 +52,7 @@ MAX_CLASS_LINES = 300
 
 KNOWN_VIOLATIONS: frozenset[str] = frozenset({
 })
-"""Violations present on this branch that other issue-22 branches remove ("import A -> B", "size FILE[:Class]",
+"""Violations present on this branch that other branches of the package split remove ("import A -> B", "size FILE[:Class]",
 "missing unit U"); each must still occur (a stale entry fails too), so the list shrinks to empty as they land."""
 
 
@@ -270,7 +270,7 @@ def test_no_file_over_500_lines_and_no_class_over_300():
 
 
 MAX_FUNCTION_LINES = 60
-"""Issue 22: a function of the planner or the runtime (docstring included) fits on one screen."""
+"""A function of the planner or the runtime (docstring included) fits on one screen."""
 
 
 def long_functions(packages: tuple[str, ...] = ("planner", "runtime")) -> list[str]:

@@ -1,4 +1,4 @@
-"""The catalogue of bad inputs (issue 14): every case is one clear error naming the field or file (exit 2 and
+"""The catalogue of bad inputs: every case is one clear error naming the field or file (exit 2 and
 no traceback for the CLI), or a handled outcome; none silent, none hanging. Add a row for every new probe."""
 
 from __future__ import annotations

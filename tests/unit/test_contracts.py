@@ -1,4 +1,4 @@
-"""Contracts checked where they can be (issue 25): profile tables against their own rows and the model,
+"""Contracts checked where they can be: profile tables against their own rows and the model,
 cache_dir, forward_fn's return value, numeric CLI arguments before anything is allocated."""
 
 from __future__ import annotations

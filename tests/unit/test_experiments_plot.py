@@ -68,7 +68,7 @@ def test_plot_and_table_from_csv_only(results_dir):
     assert intra.split()[-4:-1] == ["2.00x", "0.60", "1.50x"]
     short = next(line for line in lines if "short" in line)
     assert short.split()[-4:-1] == ["-", "0.50", "-"]
-    # tokens per step beside throughput, and the batch the rows were made at (issue 24)
+    # tokens per step beside throughput, and the batch the rows were made at
     assert "tok/step min/med/max" in lines[0] and intra.split()[-1] == "1.23k/3.4k/5.6k"
     assert lines[-1] == "# tokens/step: each method its own"
 

@@ -97,7 +97,7 @@ def test_summarize_run_uses_total_tokens_over_total_time_and_time_weighted_idle(
 
 
 def test_summarize_run_reports_tokens_per_step_and_the_target():
-    # the global batch each measured step trained, min / median / max, beside the run's target (issue 24)
+    # the global batch each measured step trained, min / median / max, beside the run's target
     s = summarize_run(_steps([1.0, 3.0, 2.0], [100, 500, 200], [0.0, 0.4, 0.1]))
     assert (s["tokens_per_step_min"], s["tokens_per_step_median"], s["tokens_per_step_max"]) == (100, 200, 500)
     assert s["target_tokens_per_step"] == 0  # unset: each method its own batch

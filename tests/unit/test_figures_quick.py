@@ -31,7 +31,7 @@ def test_all_figures_quick(tmp_path, capsys, monkeypatch):
     fig8 = list(csv.DictReader((tmp_path / "fig8_throughput.csv").open()))
     assert len(fig8) == 2 * 3 * 6  # the paper's four methods and the two peers
     assert all(float(r["speedup_vs_bucket"]) == 1.0 for r in fig8 if r["method"] == "bucket")
-    # every result row carries its tokens per step beside throughput, and each figure states its batch (issue 24)
+    # every result row carries its tokens per step beside throughput, and each figure states its batch
     for name, prefixes in (("fig8_throughput", [""]), ("fig9_scaling", [""]),
                            ("fig4_imbalance", ["bucket_", "dcp_intra_"])):
         for r in csv.DictReader((tmp_path / f"{name}.csv").open()):

@@ -195,7 +195,7 @@ def test_the_hf_example_adds_at_most_ten_lines_and_the_readme_shows_them():
     assert added == [line for line in _code("hf_train.py") if "# DCP" in line]  # every added line is marked
     assert len(added) == 10
     readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### Hugging Face in ten lines"):]
+    section = readme[readme.index("## Hugging Face in ten lines"):]
     shown = re.search(r"```diff\n(.*?)```", section, re.S).group(1).splitlines()
     assert [line[1:].split("  # DCP")[0].rstrip() for line in shown if line.startswith("+")] == [
         line.split("  # DCP")[0].rstrip() for line in added]

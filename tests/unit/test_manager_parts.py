@@ -1,4 +1,4 @@
-"""The manager's parts (issue 22): engines drive it only through EngineHooks, the step state is a value,
+"""The manager's parts: engines drive it only through EngineHooks, the step state is a value,
 the profiler reaches it by injection, the runtime imports nothing above it."""
 
 from __future__ import annotations

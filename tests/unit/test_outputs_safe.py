@@ -1,4 +1,4 @@
-"""Nothing lost (issue 25): atomic writes, output folders dcp owns, writability checked before work, truncated
+"""Nothing lost: atomic writes, output folders dcp owns, writability checked before work, truncated
 files named, a sweep that resumes after its last finished run."""
 
 from __future__ import annotations
@@ -227,7 +227,7 @@ def test_a_sweep_killed_in_its_second_run_keeps_the_first_and_resumes_after_it(t
     assert [r["method"] for r in rows] == ["bucket", "dcp-inter", "dcp-intra"]
     assert rows[0]["run_id"] == first[0]["run_id"] and len({r["run_id"] for r in rows}) == 3
     assert json.loads((spec.output_dir / files.MARKER).read_text())["session"]["complete"] is True
-    launch_local(spec, quiet=True)  # a finished sweep started again is a new session: it appends 3 more runs
+    launch_local(spec, quiet=True)  # a finished sweep started again is a new sweep session: it appends 3 more runs
     assert log == [0, 1, 2, 0, 1, 2] and len(read_runs(spec.output_dir)) == 6
 
 

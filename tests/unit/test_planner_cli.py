@@ -113,7 +113,7 @@ def test_bench_rows_and_json(capsys):
     assert [r["world_size"] for r in rows] == [4, 12]
     assert all(r["steps"] == 5 and r["median_ms"] > 0 and r["p99_ms"] >= r["median_ms"] for r in rows)
     assert all(r["exposed_median_ms"] >= 0 and 0 <= r["idle_median"] < 1 for r in rows)
-    # the simulated step time of the same plans and the planner's CPU share of it (issue 24)
+    # the simulated step time of the same plans and the planner's CPU share of it
     for r in rows:
         assert r["step_time_s"] > 0 and r["pace_ms"] == 1.0 and r["plan_exposed_ms"] == r["exposed_median_ms"]
         # planning_share is rounded to 7 decimals: at ~5e-5 that alone is a 1e-3 relative difference

@@ -1,4 +1,4 @@
-"""The Gmin re-pack always places the step's head (issue 22 follow-up).
+"""The Gmin re-pack always places the step's head.
 
 At W = 8 with Gmin = Gmax = 2, a step whose first packing had to put the head first (the window's longest
 micro-batch took the ranks the head needed) was re-packed for Gmin without that rule, so the head could end

@@ -1,4 +1,4 @@
-"""The data position (issue 25): which samples an epoch trained, the plan segment, and every way a checkpoint's
+"""The data position: which samples an epoch trained, the plan segment, and every way a checkpoint's
 position is refused. Plans here are stand-ins with a ``sample_id_array``, as the manager's are."""
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ def _set(i, value):
     return edit
 
 
-# Each edit leaves a file that parses as CSV; the cache must still refuse it (issue 14, item 1).
+# Each edit leaves a file that parses as CSV; the cache must still refuse it.
 EDITS = {
     "drop-last-row": lambda t: "\n".join(t.splitlines()[:-1]) + "\n",
     "truncated-bool": lambda t: t.rstrip("\n")[:-2] + "\n",  # True -> Tr

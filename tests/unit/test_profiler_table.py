@@ -119,7 +119,7 @@ def test_load_or_profile_caches_and_reuses(t1d, tmp_path):
     again, status = load_or_profile(t1d, config, progress=False)
     assert status == "hit" and again.rows == first.rows
     other = config.replace(planning=dataclasses.replace(config.planning, mem_capacity_gib=2.0))
-    assert need_profile(t1d, other)  # another key: its own file, beside the first (issue 13)
+    assert need_profile(t1d, other)  # another key: its own file, beside the first
     load_or_profile(t1d, other, progress=False)
     assert len(list(tmp_path.iterdir())) == 2 and not need_profile(t1d, config)
 

@@ -1,4 +1,4 @@
-"""Every sample exactly once across a resume, and the loop's misuses named (issue 25), on one process (W = 1)
+"""Every sample exactly once across a resume, and the loop's misuses named, on one process (W = 1)
 through the real planner; the multi-process resumes (other world sizes) are tests/dist/test_resume.py."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 23, the manager's side on one rank: nothing beyond the first step's plan is computed before it
+"""The manager at scale, on one rank: nothing beyond the first step's plan is computed before it
 runs (no second planning pass for the epoch check), and the next micro-batch is collated ahead on a
 background thread without changing a single batch or gradient."""
 

@@ -226,7 +226,7 @@ def _scale_ab(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_scale_ab_runs_two_trees_interleaved_and_summarises():
-    """scripts/scale_ab.py (how issue 23's host figures are compared): A then B per pair, one line per run, and
+    """scripts/scale_ab.py (how the 4096-rank host figures are compared): A then B per pair, one line per run, and
     each key's medians with the pairs in which B was lower."""
     out = _scale_ab(".", ".", "--pairs", "1", "--keys", "host_ms_per_step,micro_batches_per_step", "--",
                     "--world-sizes", "8", "--ranks", "0", "--steps", "3", "--mb-ms", "0", "--samples-per-rank", "4")

@@ -69,7 +69,7 @@ def test_simulate_lengths_file_all_methods(tmp_path, capsys):
 
 
 def test_simulate_without_lengths_uses_the_balanced_mix_and_says_so(capsys):
-    # issue 23's check is `dcp simulate --gpus 4096 --json`: no lengths given
+    # the control-plane check at scale is `dcp simulate --gpus 4096 --json`: no lengths given
     assert _run(cli, ["--gpus", "64", "--num-samples", "2000", "--json"]) == 0
     cap = capsys.readouterr()
     assert "simulating --dataset t1d-balanced (2000 samples)" in cap.err

@@ -1,4 +1,4 @@
-"""runtime.cache_weight_casts (issue 27): under autocast the ddp engine casts the weights to bf16 at a step's first
+"""runtime.cache_weight_casts: under autocast the ddp engine casts the weights to bf16 at a step's first
 micro-batch and reuses the copies in its later ones; the same updates, bit for bit, and the copies are dropped
 before each update and when the loop is left. Runs bf16 autocast on CPU, one process."""
 
