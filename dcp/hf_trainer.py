@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from transformers import Trainer, TrainerState
+from transformers.trainer_callback import ExportableState
 
 from dcp.api import set_manager
 from dcp.config import ConfigError, DCPConfig, PlanningConfig, RuntimeConfig
@@ -53,7 +54,9 @@ def _refuse(args: Any, model: Any) -> None:
     if args.dataloader_drop_last:
         fail("TrainingArguments.dataloader_drop_last", True, "conflicts with DCP, which trains every sample of "
              "an epoch exactly once and never drops a batch", "set dataloader_drop_last=False")
-    if args.gradient_checkpointing or getattr(model, "is_gradient_checkpointing", False):
+    on_model = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5; before, the older name
+    on_model = on_model if on_model is not None else getattr(model, "is_gradient_checkpointing", False)
+    if args.gradient_checkpointing or on_model:
         fail("gradient checkpointing", True, "conflicts with DCP, which chooses the recomputed layers per "
              "micro-batch", "set gradient_checkpointing=False and do not call model.gradient_checkpointing_enable()")
     if args.deepspeed:
@@ -117,6 +120,7 @@ class DCPTrainer(Trainer):
         if self.train_dataset is None:
             fail("train_dataset", None, "is required by DCPTrainer.train", "pass train_dataset=... to DCPTrainer")
         args = self.args
+        folder = self._checkpoint_folder(resume_from_checkpoint) if resume_from_checkpoint else None
         data = self.train_dataset if isinstance(self.train_dataset, TokenDataset) else TokenDataset(self.train_dataset)
         config = self._config_for(data)
         self.create_optimizer()  # Trainer's own (its weight decay groups, args.learning_rate, optim)
@@ -128,12 +132,13 @@ class DCPTrainer(Trainer):
         max_steps = args.max_steps if args.max_steps > 0 else per_epoch * epochs
         self.create_scheduler(num_training_steps=max_steps, optimizer=self.optimizer)
         mgr.engine.lr_scheduler = self.lr_scheduler  # stepped by the engine after each optimizer update
-        self.state = TrainerState(stateful_callbacks=[], is_local_process_zero=self.is_local_process_zero(),
+        exportable = [cb for cb in self.callback_handler.callbacks + [self.control] if isinstance(cb, ExportableState)]
+        self.state = TrainerState(stateful_callbacks=exportable, is_local_process_zero=self.is_local_process_zero(),
                                   is_world_process_zero=self.is_world_process_zero())
         self.state.max_steps, self.state.num_train_epochs = max_steps, epochs
         self.state.logging_steps, self.state.save_steps = args.logging_steps, args.save_steps
-        if resume_from_checkpoint:
-            self._resume(mgr, resume_from_checkpoint)
+        if folder is not None:
+            self._resume(mgr, folder)
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         logged, self._lr_used = 0, {self.state.global_step + 1: self.lr_scheduler.get_last_lr()[0]}
         while mgr.epoch < epochs and self.state.global_step < max_steps:
@@ -182,8 +187,8 @@ class DCPTrainer(Trainer):
         if self.is_world_process_zero():
             torch.save(mgr.state_dict(), os.path.join(folder, DCP_STATE_FILE))
 
-    def _resume(self, mgr: Any, checkpoint: str | bool) -> None:
-        """Model, optimizer and scheduler from Trainer's files; DCP's position from its own (refused without)."""
+    def _checkpoint_folder(self, checkpoint: str | bool) -> str:
+        """The checkpoint folder to resume from, refused (before any training work) when it holds no DCP position."""
         from transformers.trainer_utils import get_last_checkpoint
 
         folder = get_last_checkpoint(self.args.output_dir) if checkpoint is True else str(checkpoint)
@@ -195,8 +200,13 @@ class DCPTrainer(Trainer):
             fail("resume_from_checkpoint", folder, f"holds no {DCP_STATE_FILE} (a plain Trainer checkpoint: it does "
                  "not say which samples were trained)", "resume from a DCPTrainer checkpoint, or load the weights "
                  "with model.from_pretrained(folder) and start a new epoch", error=ConfigError)
+        return folder
+
+    def _resume(self, mgr: Any, folder: str) -> None:
+        """Model, optimizer and scheduler from Trainer's files; DCP's position from its own."""
+        position = os.path.join(folder, DCP_STATE_FILE)
         self._load_from_checkpoint(folder)
         self._load_optimizer_and_scheduler(folder)
         mgr.load_state_dict(torch.load(position, weights_only=False))
-        self.state = TrainerState.load_from_json(os.path.join(folder, "trainer_state.json"))
-        self.state.global_step = mgr.global_step
+        saved = TrainerState.load_from_json(os.path.join(folder, "trainer_state.json"))
+        self.state.global_step, self.state.log_history = mgr.global_step, saved.log_history
