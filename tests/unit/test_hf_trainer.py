@@ -128,3 +128,37 @@ def test_the_trainer_example_changes_at_most_three_lines():
     assert len(added) <= 3 and len(diff) - len(added) <= len(added)  # changed or added lines, nothing else removed
     assert all("# DCP" in line for line in added)
     assert any("DCPTrainer(" in line and "dcp_config=config" in line for line in added)
+
+
+def test_the_trainers_steps_equal_dcps_own_loop_on_the_same_plans(cache_dir, monkeypatch):
+    import torch
+    from transformers import TrainingArguments, get_linear_schedule_with_warmup
+
+    from dcp.integrations.hf import TokenDataset
+    from dcp.integrations.hf_zoo import tiny_causal_lm
+
+    monkeypatch.chdir(cache_dir)
+    ds = hf_trainer.byte_dataset(SAMPLES, MAX_LEN)
+    args = TrainingArguments(output_dir=str(cache_dir / "own"), per_device_train_batch_size=2, learning_rate=1e-3,
+                             gradient_accumulation_steps=2, num_train_epochs=1, logging_steps=1, save_strategy="no",
+                             report_to=[], use_cpu=True, disable_tqdm=True)
+    trainer = DCPTrainer(model=tiny_causal_lm("llama"), args=args, train_dataset=ds, data_collator=hf_trainer.pad,
+                         dcp_config=CONFIG)
+    trainer.train()
+    got = [s.loss for s in trainer.dcp_manager.step_stats]
+    # DCP's own loop with the config and profile table DCPTrainer used, Trainer's AdamW (weight decay 0) and linear schedule
+    model = tiny_causal_lm("llama")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+    scheduler = get_linear_schedule_with_warmup(optimizer, 0, len(got))
+    mgr = dcp.set_manager(model, TokenDataset(ds), trainer.dcp_manager.config, optimizer=optimizer,
+                          lr_scheduler=scheduler, table=trainer.dcp_manager.table)  # the same plans
+    for batch in mgr.get_data_iter():
+        mgr.optimize_dynamics(batch, mgr.engine)
+        loss = mgr.engine(batch)
+        mgr.engine.backward(loss)
+        mgr.engine.step()
+    want = [s.loss for s in mgr.step_stats]
+    assert len(got) >= 2 and got == pytest.approx(want, rel=1e-6, abs=0)
+    assert [s.summary for s in trainer.dcp_manager.step_stats] == [s.summary for s in mgr.step_stats]
+    # Trainer turned use_cache off on its model; the profile cache key ignores it (one table for both)
+    assert trainer.model.config.use_cache is False and model.config.use_cache is True
