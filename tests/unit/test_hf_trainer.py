@@ -162,3 +162,11 @@ def test_the_trainers_steps_equal_dcps_own_loop_on_the_same_plans(cache_dir, mon
     assert [s.summary for s in trainer.dcp_manager.step_stats] == [s.summary for s in mgr.step_stats]
     # Trainer turned use_cache off on its model; the profile cache key ignores it (one table for both)
     assert trainer.model.config.use_cache is False and model.config.use_cache is True
+    # evaluation is Trainer's own (padded batches of per_device_eval_batch_size = 8): the trained model's mean
+    # batch loss equals an unmodified copy's on the same batches
+    reference = tiny_causal_lm("llama")
+    reference.load_state_dict(trainer.model.state_dict())
+    with torch.no_grad():
+        want_eval = sum(reference(**hf_trainer.pad([ds[i] for i in range(j, j + 8)])).loss.item()
+                        for j in range(0, SAMPLES, 8)) / (SAMPLES // 8)
+    assert trainer.evaluate(eval_dataset=ds)["eval_loss"] == pytest.approx(want_eval, rel=1e-4)
