@@ -183,8 +183,11 @@ class HFCausalLMAdapter(ModelAdapter):
         return None if self.sp_aware else 1
 
     def config_hash(self) -> str:
-        # the attention implementation is part of what was measured (SP-aware or not)
-        return config_hash({**_config_dict(self.module.config), "dcp_sp_aware": self.sp_aware})
+        # the attention implementation is part of what was measured (SP-aware or not); use_cache is not (DCP's
+        # forwards pass use_cache=False), and transformers.Trainer turns it off on the model it trains: a Trainer
+        # run and a plain loop of the same model share one cached table
+        fields = {k: v for k, v in _config_dict(self.module.config).items() if k != "use_cache"}
+        return config_hash({**fields, "dcp_sp_aware": self.sp_aware})
 
     def synthetic_batch(self, batch_size: int, seq_len: int, *, generator: torch.Generator) -> Any:
         from dcp.data import collate_tokens

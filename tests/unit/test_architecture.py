@@ -33,6 +33,7 @@ ORDER = (
     "loaders",
     "integrations",
     "api",
+    "hf_trainer",  # DCPTrainer: transformers.Trainer with DCP's loop (it builds its manager with api.set_manager)
     "experiments",
     "figures",
     "bench",
