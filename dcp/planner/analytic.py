@@ -332,9 +332,7 @@ def analytic_row(
     mm = hardware.matmul_flops_per_s * hardware.linear_efficiency
     bw = hardware.mem_bandwidth_bytes_per_s
     lin = 2.0 * n * layer_linear_params(model, attention) / mm
-    att_f, att_b = attention_time_s(
-        model, seq_len, micro_batch_size, sp_size, hardware, attention=attention, frames=frames
-    )
+    att_f, att_b = attention_time_s(model, seq_len, micro_batch_size, sp_size, hardware, attention=attention, frames=frames)
     elem = (ELEMENTWISE_H * h + ELEMENTWISE_F * f) * n * d / bw
     launch = KERNELS_PER_LAYER * hardware.kernel_overhead_s
     # Ulysses all-to-alls (K/V unexpanded) and, past the K/V heads, the context axis's K/V all-gather.
@@ -357,20 +355,9 @@ def analytic_row(
     # profiler measures it: Eq. 6 at r = L otherwise has no room for the layer being recomputed.
     m_const = model.constant_mem_bytes(engine, dp_size=world_size) + 2.0 * n * h * d + max(
         2.0 * (min(n, loss_chunk_tokens) if loss_chunk_tokens > 0 else n) * v * d, m_act)
-    return ProfileRow(
-        seq_group=seq_group,
-        seq_len=seq_len,
-        micro_batch_size=micro_batch_size,
-        sp_size=sp_size,
-        t_f_s=t_f,
-        t_b_s=t_b,
-        m_act_bytes=m_act,
-        m_inp_bytes=n * h * d,
-        t_const_s=t_const,
-        m_const_bytes=m_const,
-        num_layers=model.num_layers,
-        feasible=True,
-    )
+    return ProfileRow(seq_group=seq_group, seq_len=seq_len, micro_batch_size=micro_batch_size, sp_size=sp_size,
+                      t_f_s=t_f, t_b_s=t_b, m_act_bytes=m_act, m_inp_bytes=n * h * d, t_const_s=t_const,
+                      m_const_bytes=m_const, num_layers=model.num_layers, feasible=True)
 
 
 def grad_sync_time_s(model: ModelShapeConfig, hardware: HardwareSpec, world_size: int) -> float:

@@ -201,8 +201,10 @@ class HFLlamaAdapter(ModelAdapter):
         return take_shard(F.pad(t, (0, ctx.padded_len(s) - s), value=value), ctx.shard_ranges(s))
 
     def config_hash(self) -> str:
-        # the attention implementation is part of what was measured (SP-aware or not)
-        return config_hash({**_config_dict(self.module.config), "dcp_sp_aware": self.sp_aware})
+        # the attention implementation is part of what was measured (SP-aware or not); use_cache is not (the
+        # profiled forwards pass use_cache=False; transformers.Trainer turns it off on the model it trains)
+        fields = {k: v for k, v in _config_dict(self.module.config).items() if k != "use_cache"}
+        return config_hash({**fields, "dcp_sp_aware": self.sp_aware})
 
     def layer_inputs(self, batch: Any, ctx: Any) -> tuple[torch.Tensor, Any]:
         inner = self.module.model

@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from dcp.distributed.device import autocast, resolve_precision
 from dcp.runtime.context import SPContext
-from dcp.runtime.engines import Engine, EngineError
+from dcp.runtime.engine_base import Engine, EngineError
 
 __all__ = ["FSDP2Engine", "shard_units"]
 
