@@ -206,12 +206,14 @@ class PlanningConfig:
     bucket_sp_size: int = 0
     """Bucket/packed only: fixed SP size; 0 picks the smallest that fits the longest seq_group."""
     tokens_per_step: int = 0
-    """The global batch in tokens: every method's optimizer steps then hold about this many tokens, each within
-    step_tokens_bounds of it and the epoch's mean within 5% of it, so methods train the same recipe. 0 keeps
-    each method's own step sizes (DCP: a step sized by Gmax x its longest micro-batch; bucket: one micro-batch
-    per SP group), as before this setting existed."""
-    step_tokens_bounds: tuple[float, float] = (0.5, 2.0)
-    """[lowest, highest] tokens of one step as fractions of tokens_per_step (used only when that is set)."""
+    """The global batch in tokens: every method's steps hold about this many, each within step_tokens_bounds of it
+    and the epoch's mean on it. 0 with samples_per_step 0: one default for every method, derived from the data and
+    W (dcp.planner.step_tokens.batch_tokens: 4 x W samples of the mean length, at least the longest)."""
+    samples_per_step: int = 0
+    """The global batch in samples, as Megatron counts it (micro-batch x ga x data-parallel ranks): held as a
+    target of samples_per_step x the epoch's mean length in tokens (batch_tokens). At most one of the two is set."""
+    step_tokens_bounds: tuple[float, float] = (0.9, 1.1)
+    """[lowest, highest] tokens of one step as fractions of the global batch."""
     plan_ahead: str = "auto"
     """Where the next steps' plans are computed while a step runs: "thread" (a background thread of this
     process: hidden while the loop waits on GPU kernels, but it shares the GIL with the training thread),
@@ -265,13 +267,16 @@ class PlanningConfig:
                  "give the step's gradient all-reduce in seconds, or 0 when unknown")
         if self.bucket_sp_size < 0:
             fail("planning.bucket_sp_size", self.bucket_sp_size, "must be >= 0", "use 0 to derive it")
-        if self.tokens_per_step < 0:
-            fail("planning.tokens_per_step", self.tokens_per_step, "must be >= 0",
-                 "set the global batch in tokens, or 0 for each method's own step sizes")
+        for name in ("tokens_per_step", "samples_per_step"):
+            if getattr(self, name) < 0:
+                fail(f"planning.{name}", getattr(self, name), "must be >= 0", "set the global batch, or 0 for the default")
+        if self.tokens_per_step and self.samples_per_step:
+            fail("planning.samples_per_step", self.samples_per_step, f"is set beside tokens_per_step ({self.tokens_per_step})",
+                 "state the global batch once: set one of them to 0")
         b = self.step_tokens_bounds
         if len(b) != 2 or not 0 < b[0] <= 1 <= b[1]:
             fail("planning.step_tokens_bounds", list(b), "must be [low, high] with 0 < low <= 1 <= high",
-                 "e.g. [0.5, 2.0] (a step holds 0.5x to 2x of tokens_per_step)")
+                 "e.g. [0.9, 1.1] (a step holds 0.9x to 1.1x of the global batch)")
         if self.plan_ahead not in PLAN_AHEAD:
             fail("planning.plan_ahead", self.plan_ahead, f"is not one of {list(PLAN_AHEAD)}",
                  'write plan_ahead = "auto" (or "thread" / "process" to choose)')
