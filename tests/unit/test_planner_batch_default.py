@@ -14,6 +14,7 @@ from dcp.config import ConfigError, PlanningConfig
 from dcp.planner import plan_epoch
 from dcp.planner.step_tokens import batch_tokens, step_tokens
 
+
 def _with(cfg, **kw):
     return cfg.replace(planning=dataclasses.replace(cfg.planning, **kw))
 
