@@ -207,11 +207,14 @@ class PlanningConfig:
     """Bucket/packed only: fixed SP size; 0 picks the smallest that fits the longest seq_group."""
     tokens_per_step: int = 0
     """The global batch in tokens: every method's steps hold about this many, each within step_tokens_bounds of it
-    and the epoch's mean on it. 0 with samples_per_step 0: one default for every method, derived from the data and
-    W (dcp.planner.step_tokens.batch_tokens: 4 x W samples of the mean length, at least the longest)."""
+    and the epoch's mean on it. 0 with samples_per_step 0: one default for every method (default_batch)."""
     samples_per_step: int = 0
     """The global batch in samples, as Megatron counts it (micro-batch x ga x data-parallel ranks): held as a
     target of samples_per_step x the epoch's mean length in tokens (batch_tokens). At most one of the two is set."""
+    default_batch: str = "data"
+    """With neither set: "data" (4 x W samples of the mean length, at least the longest; step_tokens.batch_tokens)
+    or "method" (each method's own steps: DCP's by Gmax x its longest micro-batch, bucket's one micro-batch per SP
+    group; methods then train different batches)."""
     step_tokens_bounds: tuple[float, float] = (0.9, 1.1)
     """[lowest, highest] tokens of one step as fractions of the global batch."""
     plan_ahead: str = "auto"
@@ -270,6 +273,8 @@ class PlanningConfig:
         for name in ("tokens_per_step", "samples_per_step"):
             if getattr(self, name) < 0:
                 fail(f"planning.{name}", getattr(self, name), "must be >= 0", "set the global batch, or 0 for the default")
+        if self.default_batch not in ("data", "method"):
+            fail("planning.default_batch", self.default_batch, "is not one of ['data', 'method']", 'write "data"')
         if self.tokens_per_step and self.samples_per_step:
             fail("planning.samples_per_step", self.samples_per_step, f"is set beside tokens_per_step ({self.tokens_per_step})",
                  "state the global batch once: set one of them to 0")

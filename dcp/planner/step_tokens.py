@@ -63,6 +63,8 @@ def batch_tokens(config: DCPConfig, lengths: Sequence[int], world_size: int) -> 
         tok = max(1, round(cfg.samples_per_step * mean))
         return tok, (f"global batch: {cfg.samples_per_step} samples per step = {tok:,} tokens at the mean length "
                      f"{mean:,.0f} (planning.samples_per_step)")
+    if cfg.default_batch == "method":
+        return 0, "global batch: each method's own steps (planning.default_batch = \"method\")"
     tok = max(1, round(DEFAULT_SAMPLES_PER_RANK * world_size * mean), int(lens.max()) if len(lens) else 1)
     return tok, (f"global batch: {tok:,} tokens per step (default: {DEFAULT_SAMPLES_PER_RANK} x {world_size} ranks x the mean length {mean:,.0f}, "
                  f"at least the longest sample); change it with planning.samples_per_step = N or "

@@ -28,7 +28,7 @@ TAIL = pytest.mark.xfail(strict=True, reason="DCP's last step falls below the lo
                                     pytest.param("dcp-intra", marks=TAIL)])
 def test_defaults_one_batch_for_every_method_within_bounds(method):
     lengths = lengths_for(384, seed=5, hi=3000)
-    cfg, table = make(8, method=method)
+    cfg, table = make(8, method=method, default_batch="data")
     assert cfg.planning.tokens_per_step == 0 and cfg.planning.samples_per_step == 0
     assert cfg.planning.step_tokens_bounds == (0.9, 1.1)
     target, line = batch_tokens(cfg, lengths, 8)
@@ -45,7 +45,7 @@ def test_defaults_one_batch_for_every_method_within_bounds(method):
 def test_defaults_dcp_steps_but_the_last_within_bounds():
     lengths = lengths_for(384, seed=5, hi=3000)
     for method in ("dcp-inter", "dcp-intra"):
-        cfg, table = make(8, method=method)
+        cfg, table = make(8, method=method, default_batch="data")
         target = batch_tokens(cfg, lengths, 8)[0]
         tok = step_tokens(plan_epoch(lengths, table, cfg, 8))[:-1]
         assert (tok >= 0.9 * target).all() and (tok <= 1.1 * target).all(), (method, tok / target)
@@ -57,7 +57,7 @@ LAST = pytest.mark.xfail(strict=True, reason="a 9th step of ~0.1x the target is 
 @pytest.mark.parametrize("method", ["dcp-intra", pytest.param("dcp-inter", marks=LAST),
                                     pytest.param("bucket", marks=LAST)])
 def test_samples_per_step_8_on_64_samples_plans_8_steps(method):
-    cfg, table = make(2, method=method)
+    cfg, table = make(2, method=method, default_batch="data")
     lengths = lengths_for(64, seed=1, hi=3000)
     plans = plan_epoch(lengths, table, _with(cfg, samples_per_step=8), 2)
     assert sorted(i for p in plans for i in p.sample_ids) == list(range(64))
@@ -67,9 +67,14 @@ def test_samples_per_step_8_on_64_samples_plans_8_steps(method):
 
 
 def test_explicit_tokens_per_step_wins_and_both_set_is_refused():
-    cfg, _ = make(8, method="dcp-intra")
+    cfg, _ = make(8, method="dcp-intra", default_batch="data")
     assert batch_tokens(_with(cfg, tokens_per_step=12345), [100, 200], 8)[0] == 12345
     with pytest.raises(ConfigError, match=r"planning.samples_per_step \(8\) is set beside tokens_per_step \(4096\)"):
         PlanningConfig(tokens_per_step=4096, samples_per_step=8)
     with pytest.raises(ConfigError, match=r"planning.samples_per_step \(-1\) must be >= 0"):
         PlanningConfig(samples_per_step=-1)
+    with pytest.raises(ConfigError, match=r"planning.default_batch \('methods'\) is not one of \['data', 'method'\]"):
+        PlanningConfig(default_batch="methods")
+    assert PlanningConfig().default_batch == "data"
+    method, _ = make(8, method="dcp-intra")  # default_batch "method": each method's own steps, no target
+    assert batch_tokens(method, [100, 200], 8)[0] == 0

@@ -49,7 +49,8 @@ def plan_peer_epoch(lengths: Sequence[int], table, config: DCPConfig, world_size
     arr, _ = seq_groups_of(lengths, table)
     shp = check_shapes(shapes, arr)
     cfg = config.planning
-    tokens_per_step = float(batch_tokens(config, arr, world_size)[0])
+    tokens_per_step = float(batch_tokens(config, arr, world_size)[0]) or bucket_tokens_per_step(
+        arr, table, config, world_size, epoch, shapes=shapes)  # default_batch = "method": bucket's own mean
     order = shuffled_order(len(arr), cfg.seed, epoch)
     cost = PeerCost(table, cfg.mem_capacity_bytes, tuple(sorted(p for p in cfg.sp_sizes if p <= world_size)),
                     two_d=shp is not None)
