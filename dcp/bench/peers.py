@@ -6,7 +6,7 @@
 Every cell plans one epoch with the real planner (the peers: ``dcp.planner.peers``) and simulates it on the
 analytic table of the dataset's paper model (t1d-5b for t1d-* and text, t2d-1.2b for t2d-*). Every method
 trains the same global batch (``planning.tokens_per_step``): ``--tokens-per-step``, or the default every method
-plans at (``dcp.planner.step_tokens.batch_tokens``: W samples of the mean length; the target column); DCP methods with
+plans at (``dcp.planner.step_tokens.batch_tokens``: 4 x W samples of the mean length; the target column); DCP methods with
 ``planning.micro_batch_tokens = "auto"``. Columns: tokens/s, fraction of the ideal bound (one bound per dataset:
 every sample at its best per-GPU efficiency, token packs included), GPU-weighted idle, optimizer steps, tokens per step
 (min / median / max) and the target. With --json the last line is ``{"rows": [{"dataset", "method",
@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hardware", default="h200", choices=("h100", "h200"), help="simulated GPU")
     parser.add_argument("--seed", type=nonneg_int, default=0, help="dataset seed and the planner's shuffle seed")
     parser.add_argument("--tokens-per-step", type=nonneg_int, default=0,
-                        help="the global batch in tokens (0: the default, W samples of each dataset's mean length)")
+                        help="the global batch in tokens (0: the default, 4 x W samples of each dataset's mean length)")
     parser.add_argument("--json", action="store_true", help="print a JSON object as the last line")
 
 
