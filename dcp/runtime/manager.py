@@ -41,6 +41,7 @@ import torch.distributed as dist
 from dcp.config import DCPConfig
 from dcp.distributed.device import Span, Stopwatch, module_device, resolve_precision
 from dcp.planner.plan import StepPlan
+from dcp.planner.step_tokens import batch_tokens
 from dcp.runtime import checkpoint as ckpt
 from dcp.runtime import weight_casts
 from dcp.runtime.context import SPContext
@@ -108,6 +109,8 @@ class DCPManager:
         self._target_counts_np = np.asarray(self.target_counts, dtype=np.int64)
         """The same as an array: a step's N_step is one gather (``step_normaliser``)."""
         self.log = get_logger(self.rank)
+        if self.rank == 0:  # the global batch every epoch is planned at, and the config line that changes it
+            self.log.info(batch_tokens(config, self.lengths, self.world_size)[1])
         self.device = getattr(engine, "device", None) or module_device(model)
         """The run's device (where the engine's module computes): batches, loss and count accumulators live
         there; only the agreement exchange copies its small row to the host."""
