@@ -211,19 +211,22 @@ class PlanningConfig:
     bucket_sp_size: int = 0
     """Bucket/packed only: fixed SP size; 0 picks the smallest that fits the longest seq_group."""
     tokens_per_step: int = 0
-    """The global batch in tokens: every method's optimizer steps then hold about this many tokens, each within
-    step_tokens_bounds of it and the epoch's mean within 5% of it, so methods train the same recipe. 0 keeps
-    each method's own step sizes (DCP: a step sized by Gmax x its longest micro-batch; bucket: one micro-batch
-    per SP group), as before this setting existed."""
-    step_tokens_bounds: tuple[float, float] = (0.5, 2.0)
-    """[lowest, highest] tokens of one step as fractions of tokens_per_step (used only when that is set)."""
+    """The global batch in tokens: every method's steps hold about this many, each within step_tokens_bounds of it
+    and the epoch's mean on it. 0 with samples_per_step 0: one default for every method (default_batch)."""
+    samples_per_step: int = 0
+    """The global batch in samples, as Megatron counts it (micro-batch x ga x data-parallel ranks): held as a
+    target of samples_per_step x the epoch's mean length in tokens (batch_tokens). At most one of the two is set."""
+    default_batch: str = "data"
+    """With neither set: "data" (4 x W samples of the mean length, at least the longest; step_tokens.batch_tokens)
+    or "method" (each method's own steps: DCP's by Gmax x its longest micro-batch, bucket's one micro-batch per SP
+    group; methods then train different batches)."""
+    step_tokens_bounds: tuple[float, float] = (0.9, 1.1)
+    """[lowest, highest] tokens of one step as fractions of the global batch."""
     plan_ahead: str = "auto"
-    """Where the next steps' plans are computed while a step runs: "thread" (a background thread of this
-    process: hidden while the loop waits on GPU kernels, but it shares the GIL with the training thread),
-    "process" (a child process per rank, ``dcp.planner.serve``: its planning CPU leaves the training process;
-    costs a process start per epoch, ~0.4 s) or "auto" (a process from PROCESS_PLAN_MIN_RANKS = 512 ranks on,
-    where planning takes ~10-250 ms of CPU per step: measured with ``dcp bench scale --plan-ahead``, the
-    training thread's host time per step fell ~35% at 512 ranks; a thread below). The plans are the same."""
+    """Where the next steps' plans are computed while a step runs: "thread" (a background thread, sharing the GIL
+    with training), "process" (a child process per rank, ``dcp.planner.serve``, ~0.4 s to start per epoch) or
+    "auto" (a process from PROCESS_PLAN_MIN_RANKS = 512 ranks on, where planning takes ~10-250 ms of CPU per step
+    and the training thread's host time per step fell ~35% (``dcp bench scale --plan-ahead``); else a thread)."""
     micro_batch_tokens: str = "off"
     """DCP methods, 1D data: "auto" lets each seq_group whose documents sit well below its bound form its
     micro-batches by a token budget (b x bound of the profiled row with the best predicted time per token at
@@ -269,13 +272,19 @@ class PlanningConfig:
                  "give the step's gradient all-reduce in seconds, or 0 when unknown")
         if self.bucket_sp_size < 0:
             fail("planning.bucket_sp_size", self.bucket_sp_size, "must be >= 0", "use 0 to derive it")
-        if self.tokens_per_step < 0:
-            fail("planning.tokens_per_step", self.tokens_per_step, "must be >= 0",
-                 "set the global batch in tokens, or 0 for each method's own step sizes")
+        for name in ("tokens_per_step", "samples_per_step"):
+            if getattr(self, name) < 0:
+                fail(f"planning.{name}", getattr(self, name), "must be >= 0", "set the global batch, or 0 for the default")
+        if self.default_batch not in ("data", "method"):
+            fail("planning.default_batch", self.default_batch, "is not one of ['data', 'method']", 'write "data"')
+        if self.tokens_per_step and self.samples_per_step:
+            fail("planning.samples_per_step", self.samples_per_step, f"is set beside tokens_per_step ({self.tokens_per_step})",
+                 "state the global batch once: set one of them to 0")
         b = self.step_tokens_bounds
         if len(b) != 2 or not 0 < b[0] <= 1 <= b[1] or b[0] == b[1]:  # against the data: planner.batch_settings
             fail("planning.step_tokens_bounds", list(b), "must be [low, high] with 0 < low <= 1 <= high and low < high "
-                 "(whole samples cannot sum to exactly tokens_per_step)", "e.g. [0.5, 2.0] (a step holds 0.5x to 2x)")
+                 "(whole samples cannot sum to exactly the global batch)",
+                 "e.g. [0.9, 1.1] (a step holds 0.9x to 1.1x of the global batch)")
         if self.plan_ahead not in PLAN_AHEAD:
             fail("planning.plan_ahead", self.plan_ahead, f"is not one of {list(PLAN_AHEAD)}",
                  'write plan_ahead = "auto" (or "thread" / "process" to choose)')
@@ -344,9 +353,9 @@ class RuntimeConfig:
     a new shape pays the compilation."""
 
     lr_scaling: str = "none"
-    """Scale each optimizer step's learning rate by its tokens over planning.tokens_per_step (steps vary within
-    planning.step_tokens_bounds): none, linear or sqrt (the rules of dcp.loaders.lr_scaling). Needs
-    planning.tokens_per_step."""
+    """Scale each optimizer step's learning rate by its tokens over the global batch's (steps vary within
+    planning.step_tokens_bounds): none, linear or sqrt (the rules of dcp.loaders.lr_scaling). Needs a global
+    batch: stated (tokens_per_step, samples_per_step) or the default one (not default_batch = "method")."""
     peer_timeout_s: float = 20.0
     """A rank whose heartbeat stood still this long inside its epoch (killed, stopped, a frozen host) is named by
     every other rank, which then ends its process with exit status 3 even while it waits inside a collective
@@ -417,25 +426,24 @@ class DCPConfig:
                 f"model.num_heads ({heads}) (nor, for a 1D model, are multiples of its {kv} K/V heads past the "
                 f"heads): use sizes from {[p for p in self.planning.sp_sizes if p not in bad] or [1]}, divisors of "
                 f"{heads}" + (f" or multiples of {kv} above {heads}" if past else ""))
-        if self.runtime.lr_scaling != "none" and not self.planning.tokens_per_step:
-            fail("runtime.lr_scaling", self.runtime.lr_scaling, "needs planning.tokens_per_step (0: unset), the batch "
-                 "the learning rate was tuned for", "set planning.tokens_per_step or lr_scaling = \"none\"")
+        p = self.planning
+        if self.runtime.lr_scaling != "none" and not (p.tokens_per_step or p.samples_per_step) \
+                and p.default_batch == "method":
+            fail("runtime.lr_scaling", self.runtime.lr_scaling, "needs a global batch (the one the learning rate was "
+                 "tuned for), and planning.default_batch \"method\" leaves each method its own",
+                 "set planning.samples_per_step or tokens_per_step, or lr_scaling = \"none\"")
         if self.planning.bucket_sp_size and self.planning.bucket_sp_size not in self.planning.sp_sizes:
-            fail(
-                "planning.bucket_sp_size",
-                self.planning.bucket_sp_size,
-                f"is not in planning.sp_sizes ({list(self.planning.sp_sizes)})",
-                "add it to sp_sizes (the runtime builds SP groups only for those sizes) or use 0 to derive it",
-            )
+            fail("planning.bucket_sp_size", self.planning.bucket_sp_size, f"is not in planning.sp_sizes "
+                 f"({list(self.planning.sp_sizes)})", "add it to sp_sizes (the runtime builds SP groups only for those "
+                 "sizes) or use 0 to derive it")
         # the world size is unknown here: the engine's floor (the analytic model counts shards at its world size)
         const = self.model.constant_mem_bytes(self.runtime.engine, dp_size=None)
         if const >= self.planning.mem_capacity_bytes:
             raise ConfigError(
                 f"planning.mem_capacity_gib ({self.planning.mem_capacity_gib}) is below the model's constant memory "
-                f"({gib(const)} for parameters, gradients and optimizer state of "
-                f"{self.model.num_params:,} parameters with runtime.engine {self.runtime.engine!r}): raise mem_capacity_gib, "
-                "use runtime.engine 'fsdp2' (sharded state) or a smaller model"
-            )
+                f"({gib(const)} for parameters, gradients and optimizer state of {self.model.num_params:,} parameters "
+                f"with runtime.engine {self.runtime.engine!r}): raise mem_capacity_gib, use runtime.engine 'fsdp2' "
+                "(sharded state) or a smaller model")
 
     def replace(self, **sections: Any) -> DCPConfig:
         return dataclasses.replace(self, **sections)
@@ -447,12 +455,8 @@ class DCPConfig:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
 
-_SECTIONS: dict[str, type] = {
-    "model": ModelShapeConfig,
-    "profiling": ProfilingConfig,
-    "planning": PlanningConfig,
-    "runtime": RuntimeConfig,
-}
+_SECTIONS: dict[str, type] = {"model": ModelShapeConfig, "profiling": ProfilingConfig, "planning": PlanningConfig,
+                              "runtime": RuntimeConfig}
 
 
 def _build_section(name: str, cls: type, raw: Any) -> Any:

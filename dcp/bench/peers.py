@@ -5,8 +5,8 @@
 
 Every cell plans one epoch with the real planner (the peers: ``dcp.planner.peers``) and simulates it on the
 analytic table of the dataset's paper model (t1d-5b for t1d-* and text, t2d-1.2b for t2d-*). Every method
-trains the same global batch (``planning.tokens_per_step``): ``--tokens-per-step``, or bucket's mean tokens per
-step on the same data when bucket plans its own steps (the target column); DCP methods with
+trains the same global batch (``planning.tokens_per_step``): ``--tokens-per-step``, or the default every method
+plans at (``dcp.planner.step_tokens.batch_tokens``: 4 x W samples of the mean length; the target column); DCP methods with
 ``planning.micro_batch_tokens = "auto"``. Columns: tokens/s, fraction of the ideal bound (one bound per dataset:
 every sample at its best per-GPU efficiency, token packs included), GPU-weighted idle, optimizer steps, tokens per step
 (min / median / max) and the target. With --json the last line is ``{"rows": [{"dataset", "method",
@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hardware", default="h200", choices=("h100", "h200"), help="simulated GPU")
     parser.add_argument("--seed", type=nonneg_int, default=0, help="dataset seed and the planner's shuffle seed")
     parser.add_argument("--tokens-per-step", type=nonneg_int, default=0,
-                        help="the peers' global batch in tokens (0: bucket's mean tokens per step per dataset)")
+                        help="the global batch in tokens (0: the default, 4 x W samples of each dataset's mean length)")
     parser.add_argument("--json", action="store_true", help="print a JSON object as the last line")
 
 
@@ -64,16 +64,18 @@ def _dataset_names() -> tuple[str, ...]:
 def dataset_setup(ds: str, gpus: int, seed: int, *, num_samples: int = 30000, hardware: str = "h200",
                   tokens_per_step: float = 0.0) -> tuple:
     """(lengths, scenario, planning table, target tokens per step) of one dataset as the bench runs it: the
-    dataset's paper model on ``hardware``, the target bucket parallel's own mean tokens per step unless given."""
+    dataset's paper model on ``hardware``, the target the default global batch unless given
+    (``step_tokens.batch_tokens``)."""
     from dcp.data_dists import get_spec, load_lengths
-    from dcp.planner.peers import bucket_tokens_per_step
+    from dcp.planner.step_tokens import batch_tokens
     from dcp.sim.scenario import paper_config, paper_table, scenario
 
     lengths = load_lengths(ds, num_samples=num_samples, seed=seed)
     sc = scenario(MODEL_OF[get_spec(ds).grid], hardware)
     table = paper_table(sc, gpus, shapes=lengths.shapes)
-    target = float(tokens_per_step) or bucket_tokens_per_step(
-        lengths.tokens, table, paper_config(sc, "bucket", seed=seed), gpus, shapes=lengths.shapes)
+    cfg = paper_config(sc, "bucket", seed=seed)
+    cfg = cfg.replace(planning=dataclasses.replace(cfg.planning, tokens_per_step=round(tokens_per_step)))
+    target = float(batch_tokens(cfg, lengths.tokens, gpus)[0])
     return lengths, sc, table, target
 
 
@@ -126,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
                 rows.append(row)
                 bar.update(1)
     print(f"# {args.num_samples} samples per dataset, {args.gpus} x {args.hardware.upper()} (simulated), seed "
-          f"{args.seed}; every method at the target tokens per step (bucket's own mean unless --tokens-per-step)")
+          f"{args.seed}; every method at the target tokens per step (the default batch unless --tokens-per-step)")
     print(f"{'dataset':<13} {'method':<15} {'tokens/s':>10} {'ideal':>6} {'idle':>6} {'steps':>6} "
           f"{'tok/step min':>12} {'median':>10} {'max':>10} {'target':>10}")
     for r in rows:

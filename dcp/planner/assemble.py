@@ -74,7 +74,7 @@ class EpochPlanner:
         else:
             ep = self.arrays = prepare_epoch(inp)
             self.settings, self.lookahead_samples = ep.settings, ep.lookahead_samples
-            cfg = config.planning
+            cfg = inp.config.planning  # its tokens_per_step resolved (step_tokens.batch_tokens)
             self._steps = _dcp_steps(ep, cfg.tokens_per_step, cfg.step_tokens_bounds, SyncEnd.of(inp, ep.times))
 
     @property

@@ -13,7 +13,7 @@ planner will meet otherwise than written (the line says what happens instead):
 - warned: a target above the epoch's tokens (the epoch is one step); an upper bound below a long-tail sample
   (each such sample takes a step alone, above the bound); bounds narrower than the longest sample (where one
   whole sample jumps over the window, a step falls outside the bounds); bounds set without a target (no
-  effect); token packs (``micro_batch_tokens = "auto"``) for 2D data or a baseline method (no effect).
+  effect under ``default_batch = "method"``); token packs (``micro_batch_tokens = "auto"``) for 2D data or a baseline method (no effect).
 
 Whether each setting's rule holds depends on the lengths, so these checks live here rather than in
 ``PlanningConfig.__post_init__`` (which refuses what the config alone gets wrong, e.g. equal bounds). Pure:
@@ -40,11 +40,17 @@ def check_batch_settings(lengths: Sequence[int], config: DCPConfig, *, two_d: bo
     effect or met otherwise (module docstring). ``two_d``: the data has (T, S) shapes."""
     cfg = config.planning
     low, high = cfg.step_tokens_bounds
-    warnings = _target_checks(sorted(int(n) for n in lengths), config) if cfg.tokens_per_step else []
-    if not cfg.tokens_per_step and tuple(cfg.step_tokens_bounds) != DEFAULT_BOUNDS:
+    ordered = sorted(int(n) for n in lengths)
+    # the default batch (neither field set) is derived at least as large as the longest sample
+    # (step_tokens.batch_tokens), so only a batch the user states is checked against the data
+    stated = cfg.tokens_per_step or (max(1, round(cfg.samples_per_step * sum(ordered) / len(ordered)))
+                                     if cfg.samples_per_step and ordered else 0)
+    warnings = _target_checks(ordered, config, stated) if stated else []
+    if not stated and cfg.default_batch == "method" and tuple(cfg.step_tokens_bounds) != DEFAULT_BOUNDS:
         warnings.append(
-            f"planning.step_tokens_bounds ({[low, high]}) has no effect without planning.tokens_per_step: steps "
-            "keep each method's own sizes; set tokens_per_step (the global batch in tokens) or drop the bounds")
+            f"planning.step_tokens_bounds ({[low, high]}) has no effect with planning.default_batch \"method\" and "
+            "no global batch: steps keep each method's own sizes; set samples_per_step or tokens_per_step, or drop "
+            "the bounds")
     if cfg.micro_batch_tokens != "off" and (two_d or cfg.method not in TOKEN_PACK_METHODS):
         why = ("2D data (its micro-batches pad frames and spatial tokens separately)" if two_d
                else f"planning.method {cfg.method!r} (token packs are a DCP method's)")
@@ -54,35 +60,41 @@ def check_batch_settings(lengths: Sequence[int], config: DCPConfig, *, two_d: bo
     return warnings
 
 
-def _target_checks(lengths: list[int], config: DCPConfig) -> list[str]:
-    """planning.tokens_per_step (set) against the sorted ``lengths``: raises or returns warning lines."""
-    target, (low, high) = config.planning.tokens_per_step, config.planning.step_tokens_bounds
+def _target_checks(lengths: list[int], config: DCPConfig, target: int) -> list[str]:
+    """The stated global batch (``target`` tokens: planning.tokens_per_step, or samples_per_step x the mean
+    length) against the sorted ``lengths``: raises or returns warning lines."""
+    cfg = config.planning
+    low, high = cfg.step_tokens_bounds
     if not lengths:
         return []
+    # the field the user set, and its value as written (a sample count is checked as its tokens)
+    field, value = (("planning.tokens_per_step", target) if cfg.tokens_per_step
+                    else ("planning.samples_per_step", cfg.samples_per_step))
+    said = f"{field} ({value:,})" if cfg.tokens_per_step else f"{field} ({value:,} = {target:,} tokens)"
     longest, median, total, cap = lengths[-1], lengths[len(lengths) // 2], sum(lengths), high * target
-    fix = f"set tokens_per_step >= {math.ceil(longest / (high - low)):,} (or 0: each method's own step sizes)"
+    fix = f"set tokens_per_step >= {math.ceil(longest / (high - low)):,} (or 0 for the default batch)"
     where = f"x step_tokens_bounds high ({high:g}) is below"
     if median > cap:
-        fail("planning.tokens_per_step", target,
+        fail(field, value,
              f"{where} the median sample ({median:,} tokens): every step holds at least one whole sample, so most "
              f"steps would hold more than {high:g}x the target (the longest {_times(longest / target)}x)", fix)
     lr = config.runtime.lr_scaling
     if longest > cap and lr != "none":
-        fail("planning.tokens_per_step", target,
+        fail(field, value,
              f"{where} the longest sample ({longest:,} tokens) with runtime.lr_scaling {lr!r}: the step of that "
              f"sample alone would multiply the learning rate by x{_times(lr_factor(longest, target, lr))}, past the "
              f"bounds' x{_times(lr_factor(cap, target, lr))}", f'{fix}, or lr_scaling = "none"')
     if target > total:
-        return [f"planning.tokens_per_step ({target:,}) is above the epoch's {total:,} tokens ({len(lengths):,} "
+        return [f"{said} is above the epoch's {total:,} tokens ({len(lengths):,} "
                 f"samples): the epoch will be one step of {total:,} tokens; set tokens_per_step <= {total:,} for "
                 "several steps"]
     if longest > cap:
         over = len(lengths) - bisect.bisect_right(lengths, cap)
-        return [f"planning.tokens_per_step ({target:,}) {where} the longest sample ({longest:,} tokens): {over:,} "
+        return [f"{said} {where} the longest sample ({longest:,} tokens): {over:,} "
                 f"sample(s) above {cap:,.0f} tokens will each take a step alone, above the bounds; {fix}"]
     if longest > (high - low) * target:
         return [f"planning.step_tokens_bounds ({[low, high]}) spans {(high - low) * target:,.0f} tokens at "
-                f"tokens_per_step {target:,}, less than the longest sample ({longest:,}): steps will fall outside "
+                f"a global batch of {target:,} tokens, less than the longest sample ({longest:,}): steps will fall outside "
                 f"[{low * target:,.0f}, {cap:,.0f}] tokens where a whole sample jumps over that window (the "
                 "epoch's mean stays on the target); widen the bounds to span the longest sample, e.g. "
                 f"[{low:g}, {math.ceil(100 * (low + longest / target)) / 100:g}]"]

@@ -111,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
     from dcp.planner.assemble import EpochPlanner
     from dcp.planner.batch_settings import check_batch_settings
     from dcp.planner.lengths import synthetic_lengths
+    from dcp.planner.step_tokens import batch_tokens
     from dcp.planner.table import ProfileTable, check_table_for_model
 
     try:
@@ -131,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
             lengths = synthetic_lengths(n, table.max_len, config.planning.seed).tolist()
         for line in check_batch_settings(lengths, config):
             print(f"dcp plan: warning: {line}", file=sys.stderr)
-        plans = list(EpochPlanner(lengths, table, config, world, args.epoch))
+        planner = EpochPlanner(lengths, table, config, world, args.epoch)
+        plans = list(planner)
     except (ValueError, OSError) as exc:
         print(f"dcp plan: error: {exc}", file=sys.stderr)
         return 2
@@ -139,13 +141,14 @@ def run(args: argparse.Namespace) -> int:
     rows = [step_row(p, config.model) for p in shown]
     summary = summarize(plans, world)
     summary.update(method=config.planning.method, world_size=world,
-                   tokens_per_step_target=config.planning.tokens_per_step)
+                   tokens_per_step_target=planner.input.config.planning.tokens_per_step)
     if rows:
         cols = list(rows[0])
         print("  ".join(f"{c:>12}" for c in cols))
         for r in rows:
             print("  ".join(f"{r[c]!s:>12}" for c in cols))
         print(LEGEND)
+    print(batch_tokens(config, planner.lengths, world)[1])
     print("epoch: " + "  ".join(f"{k}={v}" for k, v in summary.items()))
     if args.json:
         print(json.dumps({"steps": rows, "summary": summary}))

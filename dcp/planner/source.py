@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dcp.config import DCPConfig
+from dcp.planner.step_tokens import with_batch
 from dcp.planner.stream import PlanningError, check_shapes, seq_groups_of, shuffled_order
 from dcp.planner.table import ProfileTable
 
@@ -49,10 +50,12 @@ def epoch_input(
     lengths: Sequence[int], table: ProfileTable, config: DCPConfig, world_size: int, epoch: int = 0,
     *, shapes: Sequence[Sequence[int]] | None = None,
 ) -> EpochInput:
-    """Checks the inputs and derives the seq_groups and the shuffled order."""
+    """Checks the inputs and derives the seq_groups, the shuffled order and the global batch in tokens
+    (``planning.tokens_per_step`` of the config it holds, resolved by ``step_tokens.batch_tokens``)."""
     if world_size < 1:
         raise PlanningError(f"world_size ({world_size}) must be >= 1: pass the number of ranks")
     lens, groups = seq_groups_of(lengths, table)
+    config = with_batch(config, lens, world_size)  # the global batch as tokens, the same for every method
     return EpochInput(lengths=lens, groups=groups, shapes=check_shapes(shapes, lens),
                       order=shuffled_order(len(lens), config.planning.seed, epoch), table=table, config=config,
                       world_size=world_size, epoch=epoch)

@@ -4,7 +4,8 @@ Every method's steps hold about the target, each within ``planning.step_tokens_b
 mean on it: ``cut_by_tokens`` cuts items (samples, micro-batches) in release order into about total / target
 steps of an equal share each; ``desired_tokens`` keeps a DCP step's running total on step x target; ``slot_steps`` puts the fixed-SP baselines' micro-batches of a
 step on their slots; ``token_target`` sizes a DCP step for the tokens it wants. ``step_tokens`` and
-``summary`` report tokens per step; ``lr_factor`` is the LR rule of ``runtime.lr_scaling`` (shared with
+``summary`` report tokens per step; ``batch_tokens`` resolves the global batch a user states (or its default);
+``lr_factor`` is the LR rule of ``runtime.lr_scaling`` (shared with
 ``dcp.loaders.lr_scaling``).
 """
 
@@ -15,7 +16,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from dcp.config import LR_SCALING
+from dcp.config import LR_SCALING, DCPConfig
 from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
 
 
@@ -35,6 +36,50 @@ def summary(plans: Iterable[StepPlan], tokens_per_step: int = 0) -> str:
     text = (f"tokens/step min {int(tok.min()):,} / median {float(np.median(tok)):,.0f} / max {int(tok.max()):,} "
             f"(mean {float(tok.mean()):,.0f}, {len(tok)} steps)")
     return text + (f", target {tokens_per_step:,}" if tokens_per_step else "")
+
+
+DEFAULT_SAMPLES_PER_RANK = 4
+"""The default global batch in samples per rank: room for DCP to balance ranks by ga_steps and for coarse
+micro-batches (bucket's b samples) to land within +-10% of the target (at 1 per rank bucket's steps fell to
+0.68x of it on a 400-sample test epoch at W = 8, at 4 within 0.94x-1.0x)."""
+
+
+def batch_tokens(config: DCPConfig, lengths: Sequence[int], world_size: int) -> tuple[int, str]:
+    """The global batch in tokens every method plans at, and the one line that states it.
+
+    ``planning.tokens_per_step`` as set; ``planning.samples_per_step`` as that many samples of the epoch's mean
+    length; neither: DEFAULT_SAMPLES_PER_RANK x W samples of the mean length, at least the longest sample (a step must be able to hold
+    it). A sample count is held as a token target because every method cuts, packs and bounds its steps by
+    tokens (``cut_by_tokens``, ``desired_tokens``, the tail): a target of n x mean gives round(N / n) steps,
+    n samples each on average, while the bounds keep each step's tokens (what the loss and the learning rate
+    are weighted by) near the batch's. The default depends only on the data and W, never on the method or
+    the profile, so every method trains the same recipe."""
+    cfg = config.planning
+    lens = np.asarray(lengths, dtype=np.int64)
+    mean = float(lens.mean()) if len(lens) else 1.0
+    if cfg.tokens_per_step:
+        return cfg.tokens_per_step, f"global batch: {cfg.tokens_per_step:,} tokens per step (planning.tokens_per_step)"
+    if cfg.samples_per_step:
+        tok = max(1, round(cfg.samples_per_step * mean))
+        return tok, (f"global batch: {cfg.samples_per_step} samples per step = {tok:,} tokens at the mean length "
+                     f"{mean:,.0f} (planning.samples_per_step)")
+    if cfg.default_batch == "method":
+        return 0, "global batch: each method's own steps (planning.default_batch = \"method\")"
+    tok = max(1, round(DEFAULT_SAMPLES_PER_RANK * world_size * mean), int(lens.max()) if len(lens) else 1)
+    return tok, (f"global batch: {tok:,} tokens per step (default: {DEFAULT_SAMPLES_PER_RANK} x {world_size} ranks x the mean length {mean:,.0f}, "
+                 f"at least the longest sample); change it with planning.samples_per_step = N or "
+                 f"planning.tokens_per_step = N")
+
+
+def with_batch(config: DCPConfig, lengths: Sequence[int], world_size: int) -> DCPConfig:
+    """``config`` with ``planning.tokens_per_step`` set to ``batch_tokens`` (samples_per_step cleared), what
+    every planning method reads."""
+    import dataclasses
+
+    tok, _ = batch_tokens(config, lengths, world_size)
+    if config.planning.tokens_per_step == tok:
+        return config
+    return config.replace(planning=dataclasses.replace(config.planning, tokens_per_step=tok, samples_per_step=0))
 
 
 def desired_tokens(step: int, done_tokens: int, tokens_per_step: int, bounds: tuple[float, float]) -> float:

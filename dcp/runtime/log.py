@@ -47,28 +47,32 @@ class StepStats:
     """What one optimizer step did, gathered from all ranks (the same record on every rank)."""
 
     epoch: int
-    """Epoch of the step."""
+    """Epoch of the step (0-based)."""
     step: int
-    """Step index within the epoch."""
+    """Optimizer step index within the epoch (0-based; StepPlan.step)."""
     global_step: int
     """Optimizer steps taken since the manager was created (or since the checkpoint it resumed from)."""
     loss: float
     """Mean loss of the step: sum of loss_sum over all ranks / sum of counts (NaN if nothing was counted)."""
     count: int
-    """Labelled tokens (the model's counts) over all ranks."""
+    """What the loss was averaged over, summed over all ranks: labelled tokens with runtime.loss_weighting =
+    "tokens" (checked against the plan), samples with "samples"; 0 when nothing was counted."""
     tokens: int
-    """Tokens of the step's samples (planner lengths)."""
+    """Tokens of the step's samples by the planner's lengths (held near the global batch,
+    planning.tokens_per_step / samples_per_step, within planning.step_tokens_bounds)."""
     step_time_s: float
-    """Wall time from this step's start to the next step's start on this rank."""
+    """Seconds of wall time from this step's start to the next step's start on this rank."""
     busy_s: tuple[float, ...]
-    """Per rank: time inside ``mgr.profile`` blocks minus time inside the gradient sync and optimizer step."""
+    """Seconds per rank (index = rank): time inside ``mgr.profile`` blocks minus time inside the gradient sync
+    and optimizer step; what ``measured_idle`` compares."""
     predicted_idle: float
-    """Plan's GPU-weighted idle fraction (StepPlan.idle_ratio_gpu)."""
+    """The plan's GPU-weighted idle fraction, 0..1, from the profile table's times (StepPlan.idle_ratio_gpu)."""
     summary: str
-    """SP sizes, ga steps and recompute layers of the step's groups."""
+    """SP sizes, ga steps and recompute layers of the step's groups, as text for the step's log line."""
 
     @property
     def tokens_per_s(self) -> float:
+        """Tokens of the step over its wall time (0 for a zero time)."""
         return self.tokens / self.step_time_s if self.step_time_s > 0 else 0.0
 
     @property
@@ -80,6 +84,7 @@ class StepStats:
         return sum(top - b for b in self.busy_s) / (len(self.busy_s) * top)
 
     def line(self) -> str:
+        """The one log line rank 0 prints for the step (every runtime.log_every steps)."""
         return (
             f"epoch {self.epoch} step {self.step} (global {self.global_step}) loss {self.loss:.4f} "
             f"tokens/s {self.tokens_per_s:,.0f} {self.summary} idle predicted {self.predicted_idle:.3f} "

@@ -42,6 +42,7 @@ from dcp.config import DCPConfig
 from dcp.distributed.device import Span, Stopwatch, module_device, resolve_precision
 from dcp.planner.batch_settings import check_batch_settings
 from dcp.planner.plan import StepPlan
+from dcp.planner.step_tokens import batch_tokens, with_batch
 from dcp.runtime import checkpoint as ckpt
 from dcp.runtime import weight_casts
 from dcp.runtime.context import SPContext
@@ -84,6 +85,16 @@ def _set_world_timeout(timeout_s: float) -> None:
             "init_process_group set", exc)
 
 
+def _state_batch(manager: DCPManager, config: DCPConfig) -> None:
+    """Refuse batch settings the data cannot hold (before any work); rank 0 logs the warnings, then the global
+    batch every epoch is planned at with the config line that changes it."""
+    warnings = check_batch_settings(manager.lengths, config, two_d=manager.shapes is not None)
+    if manager.rank == 0:
+        for line in warnings:
+            manager.log.warning(line)
+        manager.log.info(batch_tokens(config, manager.lengths, manager.world_size)[1])
+
+
 class DCPManager:
     """Runs DCP step plans on this rank; build it with ``dcp.set_manager``. Implements ``EngineHooks``."""
 
@@ -109,9 +120,7 @@ class DCPManager:
         self._target_counts_np = np.asarray(self.target_counts, dtype=np.int64)
         """The same as an array: a step's N_step is one gather (``step_normaliser``)."""
         self.log = get_logger(self.rank)
-        for line in check_batch_settings(self.lengths, config, two_d=self.shapes is not None):  # refuses first
-            if self.rank == 0:
-                self.log.warning(line)
+        _state_batch(self, config)
         self.device = getattr(engine, "device", None) or module_device(model)
         """The run's device (where the engine's module computes): batches, loss and count accumulators live
         there; only the agreement exchange copies its small row to the host."""
@@ -140,7 +149,7 @@ class DCPManager:
                               board=self._board, timings=self._timings)
         engine.attach(self)
         engine.keep_weight_casts = weight_casts.wanted(config.runtime, engine, self.log)
-        self._lr = self._loop.lr = step_lr(config, engine)
+        self._lr = self._loop.lr = step_lr(with_batch(config, self.lengths, self.world_size), engine)
         """runtime.lr_scaling (dcp.runtime.lr): applied as a step opens, restored by the engine after its update."""
         self._ctx = SPContext.single(attention=config.runtime.attention)
         self._ctx_cache: dict[tuple[int, int, int], SPContext] = {}

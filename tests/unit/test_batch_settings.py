@@ -13,6 +13,7 @@ LENGTHS = [187, 1000, 4096, 300, 2500] * 20  # 161,660 tokens in all, the longes
 
 
 def _cfg(runtime: dict | None = None, **planning) -> DCPConfig:
+    planning.setdefault("step_tokens_bounds", (0.5, 2.0))  # the figures below are at 0.5x-2x
     return DCPConfig(planning=PlanningConfig(**planning), runtime=RuntimeConfig(**(runtime or {})))
 
 
@@ -23,7 +24,7 @@ def test_a_target_whose_upper_bound_is_below_the_median_sample_is_refused():
     assert msg.startswith("planning.tokens_per_step (1) x step_tokens_bounds high (2) is below the median sample "
                           "(1,000 tokens): every step holds at least one whole sample, so most steps would hold more "
                           "than 2x the target (the longest 4,096x)")
-    assert msg.endswith("set tokens_per_step >= 2,731 (or 0: each method's own step sizes)") and "\n" not in msg
+    assert msg.endswith("set tokens_per_step >= 2,731 (or 0 for the default batch)") and "\n" not in msg
     assert check_batch_settings(LENGTHS, _cfg(tokens_per_step=2731)) == []  # the fix it names is accepted
 
 
@@ -33,7 +34,7 @@ def test_lr_scaling_refuses_a_step_whose_lr_factor_would_pass_the_bounds():
     assert str(exc.value) == (
         "planning.tokens_per_step (1500) x step_tokens_bounds high (2) is below the longest sample (4,096 tokens) "
         "with runtime.lr_scaling 'linear': the step of that sample alone would multiply the learning rate by "
-        "x2.731, past the bounds' x2: set tokens_per_step >= 2,731 (or 0: each method's own step sizes), or "
+        "x2.731, past the bounds' x2: set tokens_per_step >= 2,731 (or 0 for the default batch), or "
         'lr_scaling = "none"')
     with pytest.raises(ConfigError, match=r"by x1.652, past the bounds' x1.414"):
         check_batch_settings(LENGTHS, _cfg({"lr_scaling": "sqrt"}, tokens_per_step=1500))
@@ -54,7 +55,7 @@ def test_a_target_above_the_epoch_is_warned_with_what_happens():
 
 def test_bounds_narrower_than_the_longest_sample_are_warned():
     (line,) = check_batch_settings(LENGTHS, _cfg(tokens_per_step=20000, step_tokens_bounds=(0.95, 1.05)))
-    assert line.startswith("planning.step_tokens_bounds ([0.95, 1.05]) spans 2,000 tokens at tokens_per_step 20,000, "
+    assert line.startswith("planning.step_tokens_bounds ([0.95, 1.05]) spans 2,000 tokens at a global batch of 20,000 tokens, "
                            "less than the longest sample (4,096): steps will fall outside [19,000, 21,000] tokens")
     assert line.endswith("e.g. [0.95, 1.16]")
     # the bounds it proposes span the longest sample: no warning
@@ -63,13 +64,25 @@ def test_bounds_narrower_than_the_longest_sample_are_warned():
 
 def test_equal_bounds_are_refused_by_the_config():
     with pytest.raises(ConfigError, match=r"^planning.step_tokens_bounds \(\[1.0, 1.0\]\) must be .* and low < high "
-                                          r"\(whole samples cannot sum to exactly tokens_per_step\): e.g. \[0.5, 2.0\]"):
+                                          r"\(whole samples cannot sum to exactly the global batch\): e.g. \[0.9, 1.1\]"):
         PlanningConfig(tokens_per_step=20000, step_tokens_bounds=(1, 1))
 
 
-def test_bounds_without_a_target_have_no_effect():
-    (line,) = check_batch_settings(LENGTHS, _cfg(step_tokens_bounds=(0.75, 1.5)))
-    assert line.startswith("planning.step_tokens_bounds ([0.75, 1.5]) has no effect without planning.tokens_per_step")
+def test_bounds_without_a_batch_have_no_effect_only_under_method_steps():
+    (line,) = check_batch_settings(LENGTHS, _cfg(step_tokens_bounds=(0.75, 1.5), default_batch="method"))
+    assert line.startswith('planning.step_tokens_bounds ([0.75, 1.5]) has no effect with planning.default_batch "method"')
+    # the default batch (4 x W samples of the mean, at least the longest) is derived, never warned about
+    assert check_batch_settings(LENGTHS, _cfg(step_tokens_bounds=(0.75, 1.5))) == []
+
+
+def test_a_batch_in_samples_is_checked_as_its_tokens_and_named_as_written():
+    # 161,660 tokens / 100 samples: a mean of 1,616.6; 1 sample x 1.1 = 1,778 tokens, below the longest
+    (line,) = check_batch_settings(LENGTHS, _cfg(samples_per_step=1, step_tokens_bounds=(0.9, 1.1)))
+    assert line.startswith("planning.samples_per_step (1 = 1,617 tokens) x step_tokens_bounds high (1.1) is below "
+                           "the longest sample (4,096 tokens)")
+    with pytest.raises(ConfigError, match=r"^planning.samples_per_step \(1\) x step_tokens_bounds high"):
+        check_batch_settings(LENGTHS, _cfg(samples_per_step=1, step_tokens_bounds=(0.9, 1.1),
+                                           runtime={"lr_scaling": "linear"}))
     assert check_batch_settings(LENGTHS, _cfg()) == []
 
 
@@ -93,7 +106,8 @@ def test_the_manager_refuses_before_any_work_and_logs_warnings_once():
     bad = base.replace(planning=dataclasses.replace(base.planning, tokens_per_step=10))
     with pytest.raises(ConfigError, match=r"^planning.tokens_per_step \(10\) x step_tokens_bounds high"):
         set_manager(model, data, bad, plans=lambda epoch: [])
-    noted = base.replace(planning=dataclasses.replace(base.planning, step_tokens_bounds=(0.5, 3.0)))
+    noted = base.replace(planning=dataclasses.replace(base.planning, step_tokens_bounds=(0.5, 3.0),
+                                                      default_batch="method"))
     # the records themselves: the 'dcp' logger's stream handler may hold an earlier test's captured stderr
     import logging
 

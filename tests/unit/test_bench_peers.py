@@ -21,7 +21,7 @@ def test_bench_peers_json_rows(capsys):
     assert [(r["dataset"], r["method"]) for r in rows] == [("text", "bucket"), ("text", "megatron-dyncp")]
     assert all(set(r) == KEYS for r in rows)
     peer = rows[1]
-    assert peer["target_tokens_per_step"] == rows[0]["target_tokens_per_step"]  # bucket's mean, the default
+    assert peer["target_tokens_per_step"] == rows[0]["target_tokens_per_step"]  # the default batch, for every method
     assert peer["tokens_per_step_min"] <= peer["tokens_per_step_median"] <= peer["tokens_per_step_max"]
     assert 0 < peer["ideal_fraction"] <= 1 and 0 <= peer["idle_ratio"] < 1
 

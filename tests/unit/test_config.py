@@ -91,9 +91,11 @@ def test_bucket_sp_size_must_be_an_sp_size():
         DCPConfig(planning=PlanningConfig(sp_sizes=(1, 2), bucket_sp_size=4))
 
 
-def test_lr_scaling_needs_tokens_per_step_and_bounds_load_from_toml(tmp_path):
-    with pytest.raises(ConfigError, match=r"runtime.lr_scaling \('sqrt'\) needs planning.tokens_per_step"):
-        DCPConfig(runtime=RuntimeConfig(lr_scaling="sqrt"))
+def test_lr_scaling_needs_a_global_batch_and_bounds_load_from_toml(tmp_path):
+    with pytest.raises(ConfigError, match=r"runtime.lr_scaling \('sqrt'\) needs a global batch .* \"method\""):
+        DCPConfig(planning=PlanningConfig(default_batch="method"), runtime=RuntimeConfig(lr_scaling="sqrt"))
+    DCPConfig(runtime=RuntimeConfig(lr_scaling="sqrt"))  # the default batch is one
+    DCPConfig(planning=PlanningConfig(default_batch="method", samples_per_step=8), runtime=RuntimeConfig(lr_scaling="sqrt"))
     path = tmp_path / "run.toml"
     path.write_text("[planning]\ntokens_per_step = 65536\nstep_tokens_bounds = [0.75, 1.5]\n"
                     "[runtime]\nlr_scaling = \"linear\"\n")

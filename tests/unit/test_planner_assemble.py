@@ -29,12 +29,16 @@ def make(
     lookahead: int = 0,
     seed: int = 0,
     max_b: int = 8,
+    default_batch: str = "method",
 ):
+    """A small config and table; ``default_batch`` "method" (each method's own step sizes) for the tests of the
+    step mechanics (Gmin, Gmax, the window), "data" for the default global batch."""
     cfg = DCPConfig(
         model=MODEL,
         profiling=ProfilingConfig(seq_group_edges=EDGES, max_micro_batch_size=max_b),
         planning=PlanningConfig(
             method=method,
+            default_batch=default_batch,
             ranks_per_node=rpn,
             sp_sizes=sp,
             mem_capacity_gib=cap_mib / 1024,
@@ -224,7 +228,7 @@ def test_gmin_scales_ga():
 
     def first_step(gmin: int, gmax: int):
         cfg = DCPConfig(model=MODEL, profiling=ProfilingConfig(seq_group_edges=(100, 200)),
-                        planning=PlanningConfig(ranks_per_node=2, sp_sizes=(1,), gmin=gmin, gmax=gmax,
+                        planning=PlanningConfig(ranks_per_node=2, sp_sizes=(1,), gmin=gmin, gmax=gmax, default_batch="method",
                                                              lookahead_samples=400))
         plans = plan_epoch(lengths, table, cfg, 2)
         check_plans(plans, lengths, cfg, 2)

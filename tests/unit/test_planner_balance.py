@@ -25,6 +25,7 @@ def _long_tail(seed: int, n: int = 600, share: float = 0.05) -> np.ndarray:
 
 
 def _at(cfg, tokens_per_step: int, **planning):
+    planning.setdefault("step_tokens_bounds", (0.5, 2.0))  # the bounds these figures were measured at
     return cfg.replace(planning=dataclasses.replace(cfg.planning, tokens_per_step=tokens_per_step, **planning))
 
 

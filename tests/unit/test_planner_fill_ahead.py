@@ -21,10 +21,19 @@ W = 32
 @cache
 def _setup(ds: str):
     """``dcp bench peers``'s setup (t1d-5b on 32 simulated H200, global batch = bucket's mean, sync-aware ends)."""
-    from dcp.bench.peers import dataset_setup, method_config
+    import dataclasses
 
-    lengths, sc, table, target = dataset_setup(ds, W, 0)
-    return lengths.tokens, sc, table, method_config(sc, "dcp-intra", 0, target, W), target
+    from dcp.bench.peers import dataset_setup, method_config
+    from dcp.planner.peers import bucket_tokens_per_step
+    from dcp.sim.scenario import paper_config
+
+    lengths, sc, table, _ = dataset_setup(ds, W, 0)
+    own = paper_config(sc, "bucket", seed=0)  # the batch and bounds the figures below were measured at
+    own = own.replace(planning=dataclasses.replace(own.planning, default_batch="method"))
+    target = bucket_tokens_per_step(lengths.tokens, table, own, W)
+    cfg = method_config(sc, "dcp-intra", 0, target, W)
+    cfg = cfg.replace(planning=dataclasses.replace(cfg.planning, step_tokens_bounds=(0.5, 2.0)))
+    return lengths.tokens, sc, table, cfg, target
 
 
 def _spy(monkeypatch) -> list[tuple[bool, float, bool]]:

@@ -1,5 +1,5 @@
 """planning.tokens_per_step: every method trains the user's global batch (steps within the bounds, the epoch's
-mean on the target), every sample once; unset, plans are unchanged (scripts/plan_hash.py checks that)."""
+mean on the target), every sample once; unset, the plans are those of the default batch stated explicitly."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from test_planner_assemble import check_plans, lengths_for, make
 
 from dcp.planner import plan_epoch
-from dcp.planner.step_tokens import step_tokens
+from dcp.planner.step_tokens import batch_tokens, step_tokens
 
 METHODS = ["bucket", "packed", "dcp-inter", "dcp-intra", "megatron-dyncp", "flexsp"]
 
@@ -44,12 +44,15 @@ def test_tighter_bounds_are_honoured(method):
     assert (tok >= 0.8 * target).all() and (tok <= 1.25 * target).all() and abs(tok.mean() / target - 1) <= 0.05
 
 
-def test_unset_is_unchanged():
-    cfg, table = make(8, method="dcp-intra")
+@pytest.mark.parametrize("method", ["dcp-intra", "bucket"])
+def test_unset_is_the_default_batch(method):
+    cfg, table = make(8, method=method, default_batch="data")
     lengths = lengths_for(300, seed=7)
+    default = batch_tokens(cfg, lengths, 8)[0]
     a = [p.digest() for p in plan_epoch(lengths, table, cfg, 8)]
-    b = [p.digest() for p in plan_epoch(lengths, table, _at(cfg, 0), 8)]
-    assert a == b and np.isfinite(len(a))
+    b = [p.digest() for p in plan_epoch(lengths, table, _at(cfg, default, cfg.planning.step_tokens_bounds), 8)]
+    c = [p.digest() for p in plan_epoch(lengths, table, _at(cfg, default // 2, cfg.planning.step_tokens_bounds), 8)]
+    assert a == b and len(a) > 1 and a != c
 
 
 @pytest.mark.parametrize("method", ["dcp-inter", "dcp-intra"])

@@ -18,6 +18,7 @@ import numpy as np
 from dcp.config import PEER_METHODS, DCPConfig
 from dcp.planner.peers.common import PeerCost, check_fits
 from dcp.planner.plan import StepPlan
+from dcp.planner.step_tokens import batch_tokens
 from dcp.planner.stream import PlanningError, check_shapes, seq_groups_of, shuffled_order
 
 
@@ -48,8 +49,8 @@ def plan_peer_epoch(lengths: Sequence[int], table, config: DCPConfig, world_size
     arr, _ = seq_groups_of(lengths, table)
     shp = check_shapes(shapes, arr)
     cfg = config.planning
-    tokens_per_step = float(cfg.tokens_per_step) or bucket_tokens_per_step(arr, table, config, world_size, epoch,
-                                                                           shapes=shapes)
+    tokens_per_step = float(batch_tokens(config, arr, world_size)[0]) or bucket_tokens_per_step(
+        arr, table, config, world_size, epoch, shapes=shapes)  # default_batch = "method": bucket's own mean
     order = shuffled_order(len(arr), cfg.seed, epoch)
     cost = PeerCost(table, cfg.mem_capacity_bytes, tuple(sorted(p for p in cfg.sp_sizes if p <= world_size)),
                     two_d=shp is not None)

@@ -4,8 +4,9 @@ From the paper and docs/peers.md:
 
 1. One optimizer step per global batch (a fixed token budget cut from the stream in order), split into M
    phases that run one after another (a new group layout needs every rank): the fewest phases whose tokens
-   fit memory, and up to two more, the fastest kept. Sequences go to phases longest first, each to the phase
-   with the least GPU-work that still has room (``split_phases``).
+   fit memory, and up to two more, the fastest kept. Each phase count is split two ways, the faster kept: the
+   paper's sorted consecutive runs (``split_sorted``, section 4.2 and appendix A), and sequences dealt longest
+   first to the phase with the least GPU-work that still has room (``split_phases``).
 2. Per phase, a layout of SP groups (counts of the allowed sizes summing to W) and an assignment of every
    sequence to one group, minimising the phase's makespan; a group runs its sequences as one row of documents
    within its memory capacity (1D) or one shape per micro-batch (2D). The paper solves this as a MILP over
@@ -200,6 +201,34 @@ def split_phases(lens: np.ndarray, work: np.ndarray, phases: int, cap_tokens: fl
     return [np.asarray(sorted(o), dtype=np.int64) for o in out if o]
 
 
+def split_sorted(lens: np.ndarray, work: np.ndarray, phases: int, cap_tokens: np.ndarray,
+                 balance: bool = True) -> list[np.ndarray] | None:
+    """Sequences (indices) per phase as the paper's sequence blaster forms them (section 4.2, appendix A): the
+    batch sorted by length and cut into consecutive runs, so each phase holds similar lengths and its groups can
+    all be of one fitting size. Each run takes sorted sequences while that brings its work nearer an equal share
+    of the work left, never past the phase capacity of its longest sequence (``cap_tokens[s]``: the most tokens
+    W ranks hold in groups of the sizes s fits); where that leaves too much for the last run, each run is filled
+    to capacity instead (the fewest consecutive runs; also with ``balance`` False). None when ``phases`` runs
+    cannot hold the batch."""
+    order = np.argsort(lens, kind="stable")
+    for even in (True, False) if balance else (False,):
+        out: list[np.ndarray] = []
+        i, n, left = 0, len(order), float(work.sum())
+        for k in range(phases):
+            want, j, tok, w = left / (phases - k), i, 0.0, 0.0
+            while j < n and tok + lens[order[j]] <= cap_tokens[order[j]]:
+                if even and k < phases - 1 and j > i and abs(w + work[order[j]] - want) > abs(w - want):
+                    break
+                tok, w, j = tok + lens[order[j]], w + work[order[j]], j + 1
+            if j == i:
+                break
+            out.append(np.sort(order[i:j]))
+            left, i = left - w, j
+        if i >= n:
+            return out
+    return None
+
+
 def plan_step(ids: np.ndarray, lens: np.ndarray, shapes: np.ndarray | None, cost: PeerCost, world_size: int,
               ranks_per_node: int, r: int) -> tuple[float, list[list]] | None:
     """(compute time, phases) of one step at recompute r; a phase is [(first rank, p, micro-batches)]."""
@@ -210,18 +239,34 @@ def plan_step(ids: np.ndarray, lens: np.ndarray, shapes: np.ndarray | None, cost
     if not one.ok.any(axis=1).all():
         return None
     work = np.where(one.ok, one.t * np.asarray(sizes)[None, :], np.inf).min(axis=1)
-    phase_cap = max((world_size // p) * c for p, c in zip(sizes, one.cap.tolist(), strict=True))
+    per_size = np.asarray([(world_size // p) * c for p, c in zip(sizes, one.cap.tolist(), strict=True)], dtype=float)
+    phase_cap = float(per_size.max())
+    seq_cap = np.where(one.ok, per_size[None, :], 0.0).max(axis=1)  # a phase's tokens if s is its longest
     fewest = max(1, math.ceil(lens.sum() / phase_cap)) if not cost.two_d else 1
     best = None
-    for m in range(fewest, fewest + EXTRA_PHASES + 1):
-        parts = split_phases(lens, work, m, phase_cap) if m > 1 else [np.arange(len(lens))]
-        if parts is None:
+    # the sorted runs' own count: their phase capacity falls with their longest sequence, so the long end may
+    # need more phases than the fewest for the whole batch; a sorted run whose groups cannot pack it (capacity
+    # is per group: bin packing) is halved into two shorter consecutive runs until each fits
+    splits = [([np.arange(len(lens))], False), (split_sorted(lens, work, len(lens), seq_cap, balance=False), True)]
+    for m in range(max(2, fewest), fewest + EXTRA_PHASES + 1):
+        # both splits, the faster kept: the paper's sorted consecutive runs, and sequences dealt longest first
+        # to the least-loaded phase (every phase mixes long and short: each can pair a long sequence's large
+        # group with short ones on small groups)
+        splits += [(split_sorted(lens, work, m, seq_cap), True), (split_phases(lens, work, m, phase_cap), False)]
+    for parts, halve in splits:
+        if parts is None or (len(parts) == 1 and fewest > 1):
             continue
-        total, phases = 0.0, []
-        for part in parts:
+        total, phases, todo, ok = 0.0, [], list(parts), True
+        while todo:
+            part = todo.pop(0)
             sol = PhaseProblem.of(lens[part], cost, r).solve(world_size)
             if sol is None:
-                break
+                if not (halve and len(part) > 1):
+                    ok = False
+                    break
+                by_len = part[np.argsort(lens[part], kind="stable")]
+                todo[:0] = [np.sort(by_len[: len(part) // 2]), np.sort(by_len[len(part) // 2 :])]
+                continue
             _, kinds, where = sol
             group_sizes = [sizes[k] for k in kinds]
             order = sorted(range(len(kinds)), key=lambda g: -group_sizes[g])
@@ -237,9 +282,8 @@ def plan_step(ids: np.ndarray, lens: np.ndarray, shapes: np.ndarray | None, cost
                 t_phase = max(t_phase, sum(mb.time_s for mb in mbs))
             total += t_phase
             phases.append(phase)
-        else:
-            if best is None or total < best[0]:
-                best = (total, phases)
+        if ok and (best is None or total < best[0]):
+            best = (total, phases)
     return best
 
 

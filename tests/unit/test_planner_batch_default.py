@@ -1,0 +1,80 @@
+"""The global batch held by default: with no batch setting every method plans at one target derived from the data
+and W (``step_tokens.batch_tokens``), within the default +-10% bounds; ``planning.samples_per_step`` states it
+in samples; the two settings are not set together."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from test_planner_assemble import lengths_for, make
+
+from dcp.config import ConfigError, PlanningConfig
+from dcp.planner import plan_epoch
+from dcp.planner.step_tokens import batch_tokens, step_tokens
+
+
+def _with(cfg, **kw):
+    return cfg.replace(planning=dataclasses.replace(cfg.planning, **kw))
+
+
+# DCP's step assembly still leaves a short last step at +-10% (0.2x of the target on this epoch): its tail
+# (dcp.planner.tail) spreads what is left only within the bounds it was planned for
+TAIL = pytest.mark.xfail(strict=True, reason="DCP's last step falls below the lower bound at +-10%")
+
+
+@pytest.mark.parametrize("method", ["bucket", "packed", pytest.param("dcp-inter", marks=TAIL),
+                                    pytest.param("dcp-intra", marks=TAIL)])
+def test_defaults_one_batch_for_every_method_within_bounds(method):
+    lengths = lengths_for(384, seed=5, hi=3000)
+    cfg, table = make(8, method=method, default_batch="data")
+    assert cfg.planning.tokens_per_step == 0 and cfg.planning.samples_per_step == 0
+    assert cfg.planning.step_tokens_bounds == (0.9, 1.1)
+    target, line = batch_tokens(cfg, lengths, 8)
+    assert target == max(round(4 * 8 * lengths.mean()), int(lengths.max()))  # the same for every method
+    assert "planning.samples_per_step" in line and "planning.tokens_per_step" in line
+    plans = plan_epoch(lengths, table, cfg, 8)
+    assert sorted(i for p in plans for i in p.sample_ids) == list(range(len(lengths)))
+    tok = step_tokens(plans)
+    assert len(tok) == 12  # 384 samples at 4 x 8 per step
+    assert (tok >= 0.9 * target).all() and (tok <= 1.1 * target).all(), (method, tok / target)
+    assert abs(tok.mean() / target - 1) <= 0.02, (method, tok.mean() / target)
+
+
+def test_defaults_dcp_steps_but_the_last_within_bounds():
+    lengths = lengths_for(384, seed=5, hi=3000)
+    for method in ("dcp-inter", "dcp-intra"):
+        cfg, table = make(8, method=method, default_batch="data")
+        target = batch_tokens(cfg, lengths, 8)[0]
+        tok = step_tokens(plan_epoch(lengths, table, cfg, 8))[:-1]
+        assert (tok >= 0.9 * target).all() and (tok <= 1.1 * target).all(), (method, tok / target)
+
+
+LAST = pytest.mark.xfail(strict=True, reason="a 9th step of ~0.1x the target is left at +-10% (the tail)")
+
+
+@pytest.mark.parametrize("method", ["dcp-intra", pytest.param("dcp-inter", marks=LAST),
+                                    pytest.param("bucket", marks=LAST)])
+def test_samples_per_step_8_on_64_samples_plans_8_steps(method):
+    cfg, table = make(2, method=method, default_batch="data")
+    lengths = lengths_for(64, seed=1, hi=3000)
+    plans = plan_epoch(lengths, table, _with(cfg, samples_per_step=8), 2)
+    assert sorted(i for p in plans for i in p.sample_ids) == list(range(64))
+    assert len(step_tokens(plans)) == 8
+    target, line = batch_tokens(_with(cfg, samples_per_step=8), lengths, 2)
+    assert target == round(8 * float(np.mean(lengths))) and "8 samples per step" in line
+
+
+def test_explicit_tokens_per_step_wins_and_both_set_is_refused():
+    cfg, _ = make(8, method="dcp-intra", default_batch="data")
+    assert batch_tokens(_with(cfg, tokens_per_step=12345), [100, 200], 8)[0] == 12345
+    with pytest.raises(ConfigError, match=r"planning.samples_per_step \(8\) is set beside tokens_per_step \(4096\)"):
+        PlanningConfig(tokens_per_step=4096, samples_per_step=8)
+    with pytest.raises(ConfigError, match=r"planning.samples_per_step \(-1\) must be >= 0"):
+        PlanningConfig(samples_per_step=-1)
+    with pytest.raises(ConfigError, match=r"planning.default_batch \('methods'\) is not one of \['data', 'method'\]"):
+        PlanningConfig(default_batch="methods")
+    assert PlanningConfig().default_batch == "data"
+    method, _ = make(8, method="dcp-intra")  # default_batch "method": each method's own steps, no target
+    assert batch_tokens(method, [100, 200], 8)[0] == 0
