@@ -179,6 +179,10 @@ class HFCausalLMAdapter(ModelAdapter):
         return self.shape.num_heads
 
     @property
+    def num_kv_heads(self) -> int | None:
+        return self.shape.kv_heads
+
+    @property
     def max_sp_size(self) -> int | None:
         return None if self.sp_aware else 1
 

@@ -73,8 +73,14 @@ class ModelAdapter:
         raise NotImplementedError
 
     @property
+    def num_kv_heads(self) -> int | None:
+        """K/V heads (grouped-query attention), or None where the model cannot run SP sizes past its heads
+        (a context axis there: ``dcp.planner.layout``)."""
+        return None
+
+    @property
     def max_sp_size(self) -> int | None:
-        """Largest SP size this adapter can run correctly (None: any divisor of the head count)."""
+        """Largest SP size this adapter can run correctly (None: any size with a layout for its heads)."""
         return None
 
     def config_hash(self) -> str:
@@ -139,6 +145,14 @@ class ProtocolAdapter(ModelAdapter):
     def num_heads(self) -> int:
         return int(self.module.config.num_heads)
 
+    @property
+    def num_kv_heads(self) -> int | None:
+        # a model whose config states its shape (the reference models) says its K/V heads; a 2D model's two
+        # attentions per layer are Ulysses only, so it has no sizes past its heads
+        config = self.module.config
+        shape = config.shape() if callable(getattr(config, "shape", None)) else None
+        return None if shape is None or shape.attentions_per_layer > 1 else shape.kv_heads
+
     def synthetic_batch(self, batch_size: int, seq_len: int, *, generator: torch.Generator) -> Any:
         return self.module.synthetic_batch(batch_size, seq_len, generator=generator)
 
@@ -183,6 +197,10 @@ class HFLlamaAdapter(ModelAdapter):
     @property
     def num_heads(self) -> int:
         return int(self.module.config.num_attention_heads)
+
+    @property
+    def num_kv_heads(self) -> int | None:
+        return int(getattr(self.module.config, "num_key_value_heads", None) or self.num_heads)
 
     @property
     def max_sp_size(self) -> int | None:

@@ -96,10 +96,13 @@ def _worker(rank: int, world_size: int, model_name: str, overrides: dict, config
     compile_layers(model, config.runtime.compile)  # the table prices the layers the run executes
     registry = None
     if world_size > 1:
+        from dcp.profiler.adapters import get_adapter
         from dcp.profiler.search import sp_sizes_to_try
         from dcp.runtime.registry import SPGroupRegistry
 
-        sizes = sp_sizes_to_try(config.planning.sp_sizes, num_heads=model.config.num_heads, world_size=world_size)
+        adapter = get_adapter(model)
+        sizes = sp_sizes_to_try(config.planning.sp_sizes, num_heads=adapter.num_heads, world_size=world_size,
+                                num_kv_heads=adapter.num_kv_heads)
         registry = SPGroupRegistry.for_config(config, world_size, sizes)
     if grow_only:  # not the cached default search: profile without touching the cache
         table = profile_table(model, config, world_size=world_size, rank=rank, registry=registry,

@@ -36,7 +36,14 @@ from dcp.profiler.cache import CacheKey
 from dcp.profiler.clock import resolve_clock
 from dcp.profiler.measure import MeasureSettings, measure_candidate
 from dcp.profiler.memory import state_bytes
-from dcp.profiler.search import BatchSearch, assign_round_robin, pending_groups, row_fits, sp_sizes_to_try
+from dcp.profiler.search import (
+    BatchSearch,
+    assign_round_robin,
+    past_heads,
+    pending_groups,
+    row_fits,
+    sp_sizes_to_try,
+)
 from dcp.runtime.phases import PhaseBoard
 
 # fault(seq_group, micro_batch_size, sp_size) -> None; may raise an out-of-memory error (tests)
@@ -72,7 +79,8 @@ def cache_key_for(adapter: ModelAdapter | Any, config: DCPConfig, world_size: in
     adapter = get_adapter(adapter)
     device, dtype = _module_facts(adapter)
     sizes = sp_sizes_to_try(
-        config.planning.sp_sizes, num_heads=adapter.num_heads, world_size=world_size, max_sp_size=adapter.max_sp_size
+        config.planning.sp_sizes, num_heads=adapter.num_heads, world_size=world_size, max_sp_size=adapter.max_sp_size,
+        num_kv_heads=adapter.num_kv_heads,
     )
     return CacheKey(
         model=adapter.name,
@@ -201,7 +209,8 @@ def profile_table(
     precision = table_precision(adapter, config)
     prof = config.profiling
     sizes = sp_sizes_to_try(
-        config.planning.sp_sizes, num_heads=adapter.num_heads, world_size=world_size, max_sp_size=adapter.max_sp_size
+        config.planning.sp_sizes, num_heads=adapter.num_heads, world_size=world_size, max_sp_size=adapter.max_sp_size,
+        num_kv_heads=adapter.num_kv_heads,
     )
     if registry is None:
         from dcp.runtime.registry import SPGroupRegistry
@@ -247,7 +256,8 @@ def profile_table(
             amp.enter_context(board.heartbeat())
         for p in sizes:
             blocks = [first for first, q in registry.blocks if q == p]
-            pending = pending_groups(len(edges), rows, p, config.planning.mem_capacity_bytes, grow_only=grow_only)
+            pending = pending_groups(len(edges), rows, p, config.planning.mem_capacity_bytes,
+                                 grow_only=grow_only or past_heads(p, adapter.num_heads, adapter.num_kv_heads))
             share = assign_round_robin(pending, len(blocks)) if blocks else []
             mine: list[ProfileRow] = []
             for k, first in enumerate(blocks):

@@ -10,10 +10,15 @@ up to ``max_micro_batch_size`` and stops when
   such candidates are never run;
 - the time per token at r = L stopped improving (by more than ``improve_tol``) over the best so far.
 
-:func:`sp_sizes_to_try` lists the SP sizes a model can use (dividing its heads, at most the world size).
+:func:`sp_sizes_to_try` lists the SP sizes a model can use (at most the world size): those dividing its heads,
+and, for a model that states its K/V heads, multiples of them past the heads (a Ulysses x context layout,
+``dcp.planner.layout``).
 :func:`pending_groups` decides which seq_groups a phase at SP size p profiles: those that did not fit
 at b = 1 with every smaller p ("grow p when b = 1 no longer fits"), and, unless ``grow_only``, also the
-ones that did fit (a larger p frees memory that DCP-intra turns into less recompute). A seq_group
+ones that did fit (a larger p frees memory that DCP-intra turns into less recompute). A size past the heads
+profiles only the seq_groups no smaller size holds at b = 1: its context axis adds an exposed K/V all-gather
+per attention, so where a Ulysses size fits it can only lose (fewer recomputed layers do not pay for it at
+the lengths that fit), and the profile grows by those long seq_groups alone. A seq_group
 longer than one that does not fit at b = 1 with the same p cannot fit either (memory grows with
 length), so it is skipped without running.
 """
@@ -32,13 +37,16 @@ class SearchError(ValueError):
 
 
 def sp_sizes_to_try(
-    sp_sizes: Iterable[int], *, num_heads: int, world_size: int, max_sp_size: int | None = None
+    sp_sizes: Iterable[int], *, num_heads: int, world_size: int, max_sp_size: int | None = None,
+    num_kv_heads: int | None = None,
 ) -> list[int]:
-    """SP sizes (ascending) that divide the head count, fit in the world and the adapter's limit."""
+    """SP sizes (ascending) that have a layout for the heads (dividing ``num_heads``, or, given
+    ``num_kv_heads``, a multiple of it past the heads: ``past_heads``), fit in the world and the adapter's limit."""
     sizes = sorted(set(sp_sizes))
     ok = [
         p for p in sizes
-        if num_heads % p == 0 and p <= world_size and (max_sp_size is None or p <= max_sp_size)
+        if (num_heads % p == 0 or past_heads(p, num_heads, num_kv_heads)) and p <= world_size
+        and (max_sp_size is None or p <= max_sp_size)
     ]
     if not ok:
         raise SearchError(
@@ -46,6 +54,12 @@ def sp_sizes_to_try(
             f"({world_size}) and <= the adapter's limit ({max_sp_size}): include 1 in planning.sp_sizes"
         )
     return ok
+
+
+def past_heads(sp_size: int, num_heads: int, num_kv_heads: int | None) -> bool:
+    """``sp_size`` runs past the head count: all K/V heads on the Ulysses axis, the rest context parallel
+    (``dcp.planner.layout.sp_layout``). Only for a model that states its K/V heads (None: it cannot)."""
+    return bool(num_kv_heads) and sp_size > num_heads and sp_size % num_kv_heads == 0
 
 
 def row_fits(row: ProfileRow, capacity_bytes: float) -> bool:
@@ -114,7 +128,8 @@ class BatchSearch:
 def pending_groups(
     num_groups: int, rows: Sequence[ProfileRow], sp_size: int, capacity_bytes: float, *, grow_only: bool
 ) -> list[int]:
-    """seq_groups a phase at ``sp_size`` profiles, given the rows of the phases before it (smaller p)."""
+    """seq_groups a phase at ``sp_size`` profiles, given the rows of the phases before it (smaller p).
+    ``grow_only`` (also what a size past the heads gets: module docstring): only those no smaller p holds."""
     fits_smaller = {r.seq_group for r in rows if r.sp_size < sp_size and r.micro_batch_size == 1 and row_fits(r, capacity_bytes)}
     if grow_only:
         return [g for g in range(num_groups) if g not in fits_smaller]

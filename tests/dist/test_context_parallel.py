@@ -174,3 +174,29 @@ def test_the_profiler_measures_an_sp_size_in_its_context_layout(tmp_path):
     out = run_distributed(_profile_cp, 2, str(tmp_path), timeout_s=150.0)
     assert all(n > 0 for n, _ in out), out
     assert out[0][1] == out[1][1] and (2, 128) in out[0][1]
+
+
+def _profile_past_heads(rank: int, world_size: int, cache_dir: str) -> list:
+    from dcp.config import DCPConfig, PlanningConfig, ProfilingConfig
+    from dcp.models import build_model
+    from dcp.profiler import load_or_profile
+    from dcp.runtime.registry import SPGroupRegistry
+
+    model = build_model("t1d-tiny", num_heads=2)  # SP 4 is past its 2 heads: layout 2x2
+    config = DCPConfig(model=model.config.shape(),
+                       profiling=ProfilingConfig(seq_group_edges=(64, 512), max_micro_batch_size=2, warmup_iters=0,
+                                                 measure_iters=1, cache_dir=cache_dir),
+                       planning=PlanningConfig(sp_sizes=(1, 2, 4), ranks_per_node=4, mem_capacity_gib=0.0062))
+    registry = SPGroupRegistry.for_config(config, world_size, (1, 2, 4))
+    table, _ = load_or_profile(model, config, world_size, registry, progress=False)
+    return sorted((r.sp_size, r.seq_len, r.micro_batch_size) for r in table.rows if r.feasible)
+
+
+def test_the_profiler_measures_a_size_past_the_heads_only_for_what_no_smaller_size_holds(tmp_path):
+    """SP 4 on a 2-head model (2 x 2): the 512-token seq_group fits at b = 1 on no smaller size within the
+    capacity, so it is measured at SP 4; the 64-token one fits at SP 1 and is not profiled past the heads."""
+    out = run_distributed(_profile_past_heads, 4, str(tmp_path), timeout_s=240.0)
+    assert all(rows == out[0] for rows in out), out
+    past = [row for row in out[0] if row[0] == 4]
+    assert past and {seq_len for _, seq_len, _ in past} == {512}, out[0]
+    assert (2, 512, 1) not in out[0] and (1, 64, 1) in out[0], out[0]

@@ -35,6 +35,10 @@ def run(search: BatchSearch, make) -> list[int]:
 def test_sp_sizes_filtered_by_heads_world_and_adapter():
     assert sp_sizes_to_try([1, 2, 3, 4, 8], num_heads=8, world_size=4) == [1, 2, 4]
     assert sp_sizes_to_try([1, 2, 4], num_heads=8, world_size=4, max_sp_size=1) == [1]
+    # past the heads: multiples of the K/V heads, for a model that states them (a context axis)
+    assert sp_sizes_to_try([1, 2, 4, 6, 8, 16], num_heads=4, world_size=16, num_kv_heads=2) == [1, 2, 4, 6, 8, 16]
+    assert sp_sizes_to_try([1, 2, 4, 8], num_heads=4, world_size=16) == [1, 2, 4]
+    assert sp_sizes_to_try([1, 2, 4, 8], num_heads=4, world_size=4, num_kv_heads=4) == [1, 2, 4]
     with pytest.raises(SearchError, match="include 1 in planning.sp_sizes"):
         sp_sizes_to_try([3], num_heads=8, world_size=4)
 
