@@ -32,11 +32,14 @@ SDPA keeps them for the layer's backward.
 **Masks.** ``doc_lens`` (host ints, as for ``dcp.runtime.attention``) describe the full padded sequence;
 the mask (same document, causal by global position, no padding keys) is built from them on the host's
 ints with no device read. Padded queries get exact zeros and send zero gradients. K/V heads stay
-unexpanded: SDPA's ``enable_gqa`` maps each query head to its K/V head. The mask is dense, ``b x 2L x s``
-bools per call (keys past the back chunk's end are cut off, and with causal attention the front chunk
-runs as its own call over the keys before its end, which halves context rank 0's work): exact and simple for the CPU runs
-and tests; at 1M tokens it is too large, and a CUDA run would give SDPA's place to FlexAttention with a block
-mask (or flash-attn varlen per chunk), which this module does not yet do.
+unexpanded: SDPA's ``enable_gqa`` maps each query head to its K/V head. Causal rows of one document each
+(the long-context case: one long sample per row) need no mask: each chunk attends the keys before its end
+under SDPA's lower-right causal bias, so SDPA keeps its fused kernels and memory stays linear in the
+length. Packed documents (or non-causal attention) take a dense ``b x 2L x s`` bool mask per call (keys
+past the back chunk's end are cut off, and with causal attention the front chunk runs as its own call over
+the keys before its end, which halves context rank 0's work): exact, but at 1M tokens too large; packed
+documents at that length would need FlexAttention with a block mask (its backward does not run on CPU, so
+this module cannot test it here) or flash-attn varlen per chunk.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from dcp.runtime.attention import DocLens, check_doc_lens
 from dcp.runtime.context import balanced_chunks
@@ -163,9 +167,13 @@ def context_attention(
     docs = ((padded,),) * b if doc_lens is None else check_doc_lens(doc_lens, b, padded, "doc_lens (full sequence)")
     if context > 1:
         k, v = _gather_kv(k, v, group, context, padded)
+    gqa = hq != k.shape[2]
+    if causal and all(len(row) == 1 for row in docs):  # one document per row: no mask to build (below)
+        out = _one_document_causal(q, k, v, padded, context, context_rank, gqa)
+        real = _real_queries(docs, padded, context, context_rank).to(q.device, non_blocking=True)
+        return out * real[:, :, None, None].to(out.dtype)
     mask, real, keys = _mask(docs, padded, context, context_rank, causal)
     mask, real = mask.to(q.device, non_blocking=True), real.to(q.device, non_blocking=True)
-    gqa = hq != k.shape[2]
     if causal and context > 1:
         # Front and back chunk apart: the front chunk's queries read only keys before its end, so the dense
         # mask never makes SDPA compute the (c - i) L x L blocks no query of it can see (about half the work
@@ -177,6 +185,33 @@ def context_attention(
     else:
         out = _sdpa(q, k[:, :keys], v[:, :keys], mask, gqa)
     return out * real[:, :, None, None].to(out.dtype)
+
+
+def _one_document_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: int, context: int,
+                         context_rank: int, gqa: bool) -> torch.Tensor:
+    """Causal attention of rows that each hold one document (then padding): each of the rank's chunks
+    [a, e) attends keys [0, e) under SDPA's lower-right causal bias (query i reads keys <= a + i), with no
+    ``b x 2L x s`` mask: SDPA keeps its fused kernels (flash / memory-efficient on CUDA), so a 1M-token
+    sequence attends in memory linear in its length. Padding keys sit after every real query's position, so
+    causality alone keeps them out; padded queries are zeroed by the caller."""
+    chunks = balanced_chunks(padded, context, context_rank) if context > 1 else ((0, padded),)
+    parts, start = [], 0
+    for a, e in chunks:
+        qc = q[:, start:start + e - a].transpose(1, 2)
+        out = F.scaled_dot_product_attention(qc, k[:, :e].transpose(1, 2), v[:, :e].transpose(1, 2),
+                                             attn_mask=causal_lower_right(e - a, e), enable_gqa=gqa)
+        parts.append(out.transpose(1, 2))
+        start += e - a
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+@functools.lru_cache(maxsize=16)
+def _real_queries(docs: DocLens, padded: int, context: int, context_rank: int) -> torch.Tensor:
+    """[b, q] bool on the host: which of this context rank's query positions hold a token of the row's one
+    document (the rest is padding)."""
+    chunks = balanced_chunks(padded, context, context_rank) if context > 1 else ((0, padded),)
+    positions = torch.cat([torch.arange(a, e) for a, e in chunks])
+    return positions[None, :] < torch.tensor([row[0] for row in docs])[:, None]
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, gqa: bool) -> torch.Tensor:
