@@ -20,7 +20,7 @@ import time
 from itertools import groupby
 from typing import Any
 
-from dcp.experiments.results import RUNS_CSV, git_sha, is_results_folder, read_runs, session_stamp
+from dcp.experiments.results import RUNS_CSV, git_sha, is_results_folder, launch_stamp, read_runs
 from dcp.experiments.runner import GroupInfo, run_group
 from dcp.experiments.sweep import RunSpec, SweepSpec
 from dcp.files import claim_dir, read_marker, write_marker
@@ -44,26 +44,26 @@ def run_groups(spec: SweepSpec, runs: list[RunSpec] | None = None) -> list[list[
 
 def claim_output(spec: SweepSpec) -> dict[str, Any]:
     """Claim the sweep's results folder before any work (dcp.files.claim_dir: new, empty, dcp's, or a results
-    folder of an older dcp; writable); returns its marker (with the last session's state, if any)."""
+    folder of an older dcp; writable); returns its marker (with the last launch's state, if any)."""
     return claim_dir(spec.output_dir, flag="--out (sweep.out_dir)", command="dcp sweep", adopt=is_results_folder)
 
 
-def _session(spec: SweepSpec, marker: dict[str, Any], runs: list[RunSpec], quiet: bool) -> tuple[str, set[int]]:
-    """(run-id stamp, indices of finished runs): an unfinished earlier session of the same runs resumes after
-    its finished runs (their rows are in runs.csv); anything else starts a new session."""
+def _launch(spec: SweepSpec, marker: dict[str, Any], runs: list[RunSpec], quiet: bool) -> tuple[str, set[int]]:
+    """(run-id stamp, indices of finished runs): an unfinished earlier launch of the same runs resumes after
+    its finished runs (their rows are in runs.csv); anything else starts a new launch."""
     hashes = [r.config_hash() for r in runs]
-    last = marker.get("session") or {}
-    stamp, done = session_stamp(), set()
+    last = marker.get("launch") or marker.get("session") or {}  # "session": markers of older versions
+    stamp, done = launch_stamp(), set()
     if isinstance(last, dict) and last.get("complete") is False and last.get("hashes") == hashes:
         stamp = str(last.get("stamp"))
         if (spec.output_dir / RUNS_CSV).exists():
             ids = [r["run_id"] for r in read_runs(spec.output_dir)]
             done = {int(i.rpartition("-")[2]) for i in ids if i.startswith(stamp + "-")}
         if not quiet:
-            print(f"resuming the unfinished sweep session {stamp}: {len(done)} of {len(runs)} runs are already in "
+            print(f"resuming the unfinished sweep launch {stamp}: {len(done)} of {len(runs)} runs are already in "
                   f"{spec.output_dir} (pass a new --out to start over)", flush=True)
     elif (spec.output_dir / RUNS_CSV).exists():
-        # run ids are "<stamp>-<index>" and the results keep one row per id: a session started within the
+        # run ids are "<stamp>-<index>" and the results keep one row per id: a launch started within the
         # second of an earlier one takes a stamp of its own
         used = {str(r["run_id"]).rpartition("-")[0] for r in read_runs(spec.output_dir)}
         base, k = stamp, 1
@@ -71,10 +71,10 @@ def _session(spec: SweepSpec, marker: dict[str, Any], runs: list[RunSpec], quiet
             k += 1
             stamp = f"{base}.{k}"
         if not quiet:
-            print(f"{spec.output_dir / RUNS_CSV} holds {len(read_runs(spec.output_dir))} rows of earlier sessions: this one "
+            print(f"{spec.output_dir / RUNS_CSV} holds {len(read_runs(spec.output_dir))} rows of earlier launches: this one "
                   f"appends its {len(runs)} runs, and the table and plot show each run's newest row (pass a new --out "
                   "to keep them apart)", flush=True)
-    write_marker(spec.output_dir, {**marker, "session": {"stamp": stamp, "hashes": hashes, "complete": False}})
+    write_marker(spec.output_dir, {**marker, "launch": {"stamp": stamp, "hashes": hashes, "complete": False}})
     return stamp, done
 
 
@@ -87,7 +87,7 @@ def launch_local(spec: SweepSpec, *, timeout_s: float = 3600.0, quiet: bool = Fa
 
     runs = spec.expand()
     marker = claim_output(spec)
-    stamp, finished = _session(spec, marker, runs, quiet)
+    stamp, finished = _launch(spec, marker, runs, quiet)
     info_base = dict(git_sha=git_sha(), stamp=stamp, total=len(runs), out_dir=str(spec.output_dir))
     cores = os.cpu_count() or 1
     done = len(finished)
@@ -112,7 +112,7 @@ def launch_local(spec: SweepSpec, *, timeout_s: float = 3600.0, quiet: bool = Fa
         )
         all_outcomes.extend(results[0])  # rank 0 has written them, run by run
         done += len(group)
-    write_marker(spec.output_dir, {**read_marker(spec.output_dir), "session": {
+    write_marker(spec.output_dir, {**read_marker(spec.output_dir), "launch": {
         "stamp": stamp, "hashes": [r.config_hash() for r in runs], "complete": True}})
     if not quiet:
         print(f"{done} runs in {time.perf_counter() - t_start:.0f}s; results in {spec.output_dir}", flush=True)
@@ -143,7 +143,7 @@ def torchrun_worker(spec: SweepSpec) -> int:
     # run ids and the git sha matter on rank 0 only: it alone writes the result files, run by run
     if rank == 0:
         claim_output(spec)
-    info_base = dict(git_sha=git_sha() if rank == 0 else "", stamp=session_stamp(), total=len(mine),
+    info_base = dict(git_sha=git_sha() if rank == 0 else "", stamp=launch_stamp(), total=len(mine),
                      out_dir=str(spec.output_dir) if rank == 0 else "")
     done = 0
     for _, group in groupby(mine, key=lambda r: r.model):

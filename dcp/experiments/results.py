@@ -9,7 +9,7 @@ An output folder holds three files, written by ``write_results`` (appending when
 
 Each run id is written once: ``write_results`` holds an exclusive lock on the folder's RESULTS_LOCK file while
 it reads and rewrites the three files, and drops rows whose run id runs.csv already holds. Rank processes of a
-killed sweep that outlive their parent may finish a run that the re-run of the same session runs again: the
+killed sweep that outlive their parent may finish a run that the re-run of the same launch runs again: the
 second copy is dropped with a logged line, and no append is lost to a concurrent rewrite.
 
 The aggregation helpers are pure (no torch) so they are unit-tested directly.
@@ -201,7 +201,7 @@ def git_sha(cwd: str | Path | None = None) -> str:
     return (sha + ("+dirty" if dirty else "")) if sha else "unknown"
 
 
-def session_stamp() -> str:
+def launch_stamp() -> str:
     return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
@@ -246,7 +246,7 @@ def write_results(
         written = _run_ids(out / RUNS_CSV)
         repeated = sorted({str(r["run_id"]) for r in run_rows} & written)
         if repeated:
-            log.warning("%s already holds run(s) %s (finished by another process of the same sweep session, e.g. "
+            log.warning("%s already holds run(s) %s (finished by another process of the same sweep launch, e.g. "
                         "a rank left running by a killed sweep): their new rows are dropped, the first kept",
                         out / RUNS_CSV, ", ".join(repeated))
             run_rows = [r for r in run_rows if str(r["run_id"]) not in written]

@@ -33,7 +33,7 @@ class GroupInfo:
     git_sha: str
     """Commit of the code that ran."""
     stamp: str
-    """The sweep session's timestamp; run ids are <stamp>-<index>."""
+    """The sweep launch's timestamp; run ids are <stamp>-<index>."""
     first_index: int
     """Index (in the whole sweep) of this group's first run, for progress lines and run ids."""
     total: int

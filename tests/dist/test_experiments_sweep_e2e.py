@@ -121,6 +121,6 @@ def test_a_sweep_killed_in_its_second_run_keeps_the_first_and_a_rerun_resumes(tm
     assert [r["method"] for r in first] == ["bucket"]  # the finished first run was kept
     again = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=240)
     assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
-    assert "resuming the unfinished sweep session" in again.stdout and "1 of 2 runs are already in" in again.stdout
+    assert "resuming the unfinished sweep launch" in again.stdout and "1 of 2 runs are already in" in again.stdout
     rows = read_runs(tmp_path / "out")
     assert [r["method"] for r in rows] == ["bucket", "dcp-intra"] and rows[0]["run_id"] == first[0]["run_id"]

@@ -221,13 +221,13 @@ def test_a_sweep_killed_in_its_second_run_keeps_the_first_and_resumes_after_it(t
     assert [r["method"] for r in first] == ["bucket"] and log == [0]
     monkeypatch.setattr(launcher, "run_distributed", _fake_runner(log))
     launch_local(spec)
-    assert "resuming the unfinished sweep session" in capsys.readouterr().out
+    assert "resuming the unfinished sweep launch" in capsys.readouterr().out
     rows = read_runs(spec.output_dir)
     assert log == [0, 1, 2]  # run 0 was not run again
     assert [r["method"] for r in rows] == ["bucket", "dcp-inter", "dcp-intra"]
     assert rows[0]["run_id"] == first[0]["run_id"] and len({r["run_id"] for r in rows}) == 3
-    assert json.loads((spec.output_dir / files.MARKER).read_text())["session"]["complete"] is True
-    launch_local(spec, quiet=True)  # a finished sweep started again is a new sweep session: it appends 3 more runs
+    assert json.loads((spec.output_dir / files.MARKER).read_text())["launch"]["complete"] is True
+    launch_local(spec, quiet=True)  # a finished sweep started again is a new sweep launch: it appends 3 more runs
     assert log == [0, 1, 2, 0, 1, 2] and len(read_runs(spec.output_dir)) == 6
 
 
@@ -238,9 +238,9 @@ def test_a_finished_sweep_started_again_says_it_appends(tmp_path, monkeypatch, c
     spec = _spec(tmp_path)
     monkeypatch.setattr(launcher, "run_distributed", _fake_runner([]))
     launch_local(spec)
-    assert "earlier sessions" not in capsys.readouterr().out
+    assert "earlier launches" not in capsys.readouterr().out
     launch_local(spec)
-    assert (f"{spec.output_dir / 'runs.csv'} holds 3 rows of earlier sessions: this one appends its 3 runs, and the "
+    assert (f"{spec.output_dir / 'runs.csv'} holds 3 rows of earlier launches: this one appends its 3 runs, and the "
             "table and plot show each run's newest row") in capsys.readouterr().out
     assert len(read_runs(spec.output_dir)) == 6
 

@@ -7,7 +7,7 @@ import logging
 import multiprocessing as mp
 from pathlib import Path
 
-from dcp.experiments.launch import _session, claim_output
+from dcp.experiments.launch import _launch, claim_output
 from dcp.experiments.results import RUN_COLUMNS, STEP_COLUMNS, write_results
 from dcp.experiments.sweep import load_sweep
 
@@ -34,12 +34,12 @@ def test_orphan_appending_after_the_rerun_started_leaves_one_row_per_run(tmp_pat
     spec = load_sweep(REPO / "experiments" / "cpu_small.toml", overrides={"out_dir": str(tmp_path / "out")})
     runs = spec.expand()[:3]
     out = spec.output_dir
-    # the first session: run 0 finished, then the parent was killed while its ranks ran run 1
-    stamp, done = _session(spec, claim_output(spec), runs, quiet=True)
+    # the first launch: run 0 finished, then the parent was killed while its ranks ran run 1
+    stamp, done = _launch(spec, claim_output(spec), runs, quiet=True)
     assert done == set()
     _write(out, [_outcome(f"{stamp}-000", runs[0].method)])
-    # the re-run resumes the same session: run 0 is done, so it runs 1 and 2
-    again, done = _session(spec, claim_output(spec), runs, quiet=True)
+    # the re-run resumes the same launch: run 0 is done, so it runs 1 and 2
+    again, done = _launch(spec, claim_output(spec), runs, quiet=True)
     assert (again, done) == (stamp, {0})
     # the orphaned rank of the killed sweep finishes run 1 now, from another process
     orphan = mp.get_context("spawn").Process(target=_write, args=(out, [_outcome(f"{stamp}-001", runs[1].method)]))
