@@ -143,3 +143,12 @@ def test_load_checkpoint_refuses_a_folder_without_a_checkpoint(tmp_path):
 
     with pytest.raises(PositionError, match=r"checkpoint folder \(.*\) holds no dcp_state.pt and .metadata"):
         load_checkpoint(manager(), str(tmp_path))
+
+
+def test_checkpoint_folder_refused_for_the_deepspeed_engine(tmp_path):
+    from types import SimpleNamespace
+
+    mgr = SimpleNamespace(engine=SimpleNamespace(ds=object(), name="deepspeed"))
+    for call in (save_checkpoint, load_checkpoint):
+        with pytest.raises(PositionError, match=r"checkpoint folder .* deepspeed engine.*ds.save_checkpoint"):
+            call(mgr, str(tmp_path))
