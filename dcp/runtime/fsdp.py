@@ -89,6 +89,7 @@ class FSDP2Engine(Engine):
         super().__init__(module, optimizer, lr_scheduler, precision=precision)
         self.sync_divisor = dist.get_world_size()
         self.zero3 = reshard_after_forward
+        self.name = "fsdp2-zero3" if reshard_after_forward else "fsdp2"
         """ZeRO-3 mode: resharded after every forward and backward, gradients reduce-scattered per micro-batch slot."""
         self._idle_batch: Any = None
         self._own = 0  # backwards of this rank's own micro-batches in the open step (ZeRO-3's slot count)

@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hardware", default="h200", choices=("h100", "h200", "cpu"), help="simulated device")
     parser.add_argument("--config", metavar="TOML", help="a DCPConfig file: its model and planning sections replace "
                         "the paper model's (method and look-ahead still come from the flags)")
-    parser.add_argument("--engine", default=None, choices=("ddp", "deepspeed", "fsdp2"),
+    parser.add_argument("--engine", default=None, choices=("ddp", "deepspeed", "fsdp2", "fsdp2-zero3"),
                         help="engine whose state memory (parameters, gradients, optimizer) the rows count (default: "
                         "--config's runtime.engine, else deepspeed, the paper's ZeRO-1)")
     parser.add_argument("--loss-chunk-tokens", type=nonneg_int, default=0,

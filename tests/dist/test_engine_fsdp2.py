@@ -30,18 +30,14 @@ def full(p: torch.Tensor) -> torch.Tensor:
     return p.full_tensor() if hasattr(p, "full_tensor") else p
 
 
-def check_fsdp2(rank: int, world: int, kind: str, zero3: bool = False) -> dict:
-    from dcp.runtime.fsdp import FSDP2Engine
-
+def check_fsdp2(rank: int, world: int, kind: str, engine: str = "fsdp2") -> dict:
     model, data = build(kind)
     ref = copy.deepcopy(model)  # the one-process replay: plain SGD on the mean-loss gradient of each step
     plans = steps_w2(data)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    config = config_for(model, engine="fsdp2")  # before fully_shard renames the model's class
-    engine = FSDP2Engine(model, opt, sched, reshard_after_forward=True) if zero3 else None
-    mgr = set_manager(model, data, config, optimizer=opt, lr_scheduler=sched,
-                      plans=lambda e: [plans[e]], engine=engine)
+    mgr = set_manager(model, data, config_for(model, engine=engine), optimizer=opt, lr_scheduler=sched,
+                      plans=lambda e: [plans[e]])
     eng = mgr.engine
     micro = 0
     for epoch, plan in enumerate(plans):
@@ -56,7 +52,7 @@ def check_fsdp2(rank: int, world: int, kind: str, zero3: bool = False) -> dict:
         for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
             torch.testing.assert_close(full(p.detach()), q.detach(), rtol=1e-4, atol=1e-6, msg=name)
     sharded = sum(p.to_local().numel() for p in model.parameters())
-    return {"micro": micro, "opt_steps": eng.optimizer_steps, "sched": sched.last_epoch,
+    return {"engine": eng.name, "micro": micro, "opt_steps": eng.optimizer_steps, "sched": sched.last_epoch,
             "local_params": sharded, "params": sum(p.numel() for p in ref.parameters())}
 
 
@@ -76,7 +72,7 @@ def test_fsdp2_exact_parameters_unequal_micro_batches_idle_rank():
 
 
 def _run_zero3(rank: int, world: int) -> dict:
-    return {kind: check_fsdp2(rank, world, kind, zero3=True) for kind in ("t1d", "hf")}
+    return {kind: check_fsdp2(rank, world, kind, "fsdp2-zero3") for kind in ("t1d", "hf")}
 
 
 def test_fsdp2_zero3_mode_exact_parameters_with_unequal_micro_batch_counts():
@@ -87,6 +83,7 @@ def test_fsdp2_zero3_mode_exact_parameters_with_unequal_micro_batch_counts():
         out = [r[kind] for r in results]
         assert [o["micro"] for o in out] == [7, 3] and all(o["opt_steps"] == 3 for o in out)
         assert sum(o["local_params"] for o in out) == out[0]["params"]
+        assert all(o["engine"] == "fsdp2-zero3" for o in out)
 
 
 def test_fsdp2_needs_torch_distributed():
