@@ -114,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
             configs[m] = cfg.replace(planning=dataclasses.replace(
                 cfg.planning, method=m, lookahead_samples=args.lookahead_per_rank * args.gpus,
                 tokens_per_step=args.tokens_per_step or cfg.planning.tokens_per_step,
-                micro_batch_tokens=args.micro_batch_tokens))
+                micro_batch_tokens=args.micro_batch_tokens),
+                runtime=dataclasses.replace(cfg.runtime, engine=args.engine or cfg.runtime.engine))
         if args.print_config:
             print(configs[methods[0]].to_json())
             return 0
