@@ -6,7 +6,7 @@ its gradients in its backward; both are collectives over every data-parallel ran
 numbers of micro-batches in one step (their groups' ga_steps) and some run none. If parameters were resharded
 after every forward (ZeRO-3), a rank with 3 micro-batches would issue 3 rounds of all-gathers and a rank with 1
 would issue 1: the ranks wait in mismatched collectives and hang (measured: 2 gloo ranks, 3 vs 1 micro-batches).
-So this engine keeps every rank's collectives at exactly one round per step, whatever its ga_steps:
+So the default mode ("fsdp2") keeps every rank's collectives at exactly one round per step, whatever its ga_steps:
 
 - parameters are all-gathered once, at the rank's first forward of the step, and kept (unsharded) for the
   step's later micro-batches: ``reshard_after_forward=False`` and no resharding after a non-final backward
@@ -17,7 +17,7 @@ So this engine keeps every rank's collectives at exactly one round per step, wha
   shortest sample on its own (SP size 1) so it issues the same all-gathers and reduce-scatters; its gradient
   contribution is an exact zero.
 
-ZeRO-3 mode (``reshard_after_forward=True``): every parameter is resharded after its block's forward and after
+ZeRO-3 mode ("fsdp2-zero3", ``reshard_after_forward=True``): every parameter is resharded after its block's forward and after
 each backward, and gradients are reduce-scattered in every backward, so a rank holds only its shards plus the
 block in flight. That costs collectives per micro-batch (an all-gather in forward, one in backward and a
 reduce-scatter), so every rank runs the same number of micro-batch SLOTS in a step: the largest ga_steps of the
