@@ -1,6 +1,7 @@
 """fsdp2 sharded checkpoint (torch.distributed.checkpoint): a run saved mid-epoch at W=2 and resumed at W=2 has the
-uninterrupted run's losses and parameters; resumed at W=3 or W=1 it continues exactly like one process replaying
-the resumed run's steps from the saved state, and every sample of the epoch is trained once (gloo, AdamW)."""
+uninterrupted run's losses and parameters; resumed at W=3 (fsdp2-zero3) or W=1 (ddp) it continues exactly like one
+process replaying the resumed run's steps from the saved state, and every sample of the epoch is trained once (gloo,
+AdamW)."""
 
 from __future__ import annotations
 
@@ -69,8 +70,8 @@ def _save_and_same_world(rank: int, world: int, folder: str) -> dict:
             "bytes": os.path.getsize(os.path.join(folder, f"__{rank}_0.distcp"))}
 
 
-def _resume_elsewhere(rank: int, world: int, folder: str) -> dict:
-    return _run(world, seed=321, folder=folder)
+def _resume_elsewhere(rank: int, world: int, folder: str, engine: str) -> dict:
+    return _run(world, engine=engine, seed=321, folder=folder)
 
 
 def _merged(per_rank: list[dict]) -> dict[int, list[int]]:
@@ -125,8 +126,10 @@ def test_fsdp2_checkpoint_resumes_on_the_same_and_other_world_sizes(tmp_path):
 
     before = _merged([o["first"] for o in out])
     saved_ids = [i for s in range(1, SAVE_AT + 1) for i in before[s]]
-    for w in (3, 1):
-        after = run_distributed(_resume_elsewhere, w, folder, timeout_s=300, pg_timeout_s=120)
+    # another world size and another engine: the fsdp2 shards resharded over 3 ranks of the ZeRO-3 mode, and
+    # gathered into one rank's plain (ddp) tensors
+    for w, engine in ((3, "fsdp2-zero3"), (1, "ddp")):
+        after = run_distributed(_resume_elsewhere, w, folder, engine, timeout_s=300, pg_timeout_s=120)
         steps = _merged(after)
         assert min(steps) == SAVE_AT + 1 and all(a["epoch"] == 1 for a in after), w
         assert sorted(saved_ids + [i for ids in steps.values() for i in ids]) == list(range(len(PLANNER_LENGTHS)))
