@@ -140,7 +140,7 @@ def load_checkpoint(mgr: Any, folder: str | os.PathLike[str]) -> dict[str, Any]:
     if not os.path.isfile(path) or not os.path.isfile(os.path.join(folder, ".metadata")):
         fail("checkpoint folder", folder, f"holds no {STATE_FILE} and .metadata (not a save_checkpoint folder)",
              "pass a folder written by dcp.runtime.checkpoint.save_checkpoint", error=PositionError)
-    saved = torch.load(path, weights_only=False)
+    saved = torch.load(path, weights_only=True)  # plain data only: no code runs from a checkpoint file
     mgr.load_state_dict(saved["dcp"])  # first: a position this run cannot honour fails before any tensor moves
     # this run's own (possibly sharded) state is the template: the load fills each rank's shards from whichever
     # saved shards overlap them, so the saving world size does not matter
