@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dcp.memory import ENGINE_NAMES, state_bytes
+from dcp.memory import ENGINE_NAMES, shape_state_bytes
 
 # re-exported: the config's public error and readers
 from dcp.validate import (  # noqa: F401
@@ -128,7 +128,7 @@ class ModelShapeConfig:
 
     def constant_mem_bytes(self, engine: str, dp_size: int | None) -> int:
         """Per-rank state bytes of runtime.``engine`` over ``dp_size`` ranks: ``dcp.memory.state_bytes``."""
-        return state_bytes(self.num_params, self.param_bytes, self.optimizer_bytes_per_param, engine, dp_size)
+        return shape_state_bytes(self, engine, dp_size)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -305,8 +305,8 @@ class RuntimeConfig:
     """How the manager runs a plan."""
 
     engine: str = "ddp"
-    """Gradient-sync engine: ddp (one bucketed all-reduce per step, done by DCP), deepspeed (ZeRO-1) or fsdp2
-    (torch fully_shard; one parameter gather and one gradient reduce-scatter per step; docs/runtime.md)."""
+    """Gradient-sync engine: ddp (bucketed all-reduce per step), deepspeed (ZeRO-1), fsdp2 (torch fully_shard: one
+    gather and one reduce-scatter per step) or fsdp2-zero3 (both per micro-batch slot); docs/engines.md."""
     attention: str = "auto"
     """Attention kernel: auto (flash-attn on CUDA when installed, else SDPA), sdpa or flash."""
     precision: str = "auto"

@@ -7,14 +7,16 @@ cannot disagree about which engine shards what.
 
 from __future__ import annotations
 
+from typing import Any
+
 from dcp.validate import fail
 
-ENGINE_NAMES = ("ddp", "deepspeed", "fsdp2")
+ENGINE_NAMES = ("ddp", "deepspeed", "fsdp2", "fsdp2-zero3")
 """runtime.engine values (dcp.runtime.engines builds them)."""
 
 
 def state_bytes(num_params: int, param_bytes: int, optimizer_bytes_per_param: int, engine: str,
-                dp_size: int | None) -> int:
+                dp_size: int | None, gathered_params: int = 0) -> int:
     """Per-rank state of ``engine`` over ``dp_size`` data-parallel ranks (None: as many as wanted, the floor any
     world size reaches).
 
@@ -24,14 +26,42 @@ def state_bytes(num_params: int, param_bytes: int, optimizer_bytes_per_param: in
       and its gradients accumulated unsharded until the step's single reduce-scatter. Ranks run unequal
       micro-batch counts, so both stay full during the step (dcp.runtime.fsdp); only one micro-batch per step
       would let them be freed per layer.
+    - fsdp2-zero3: parameters, gradients and optimizer state / dp, plus ``gathered_params`` held unsharded at
+      the peak (the units gathered at once: the root's embedding and head, the layer computing and the one
+      prefetched) with their gradients before each backward's reduce-scatter.
     """
     n, pb = num_params, param_bytes
+    if engine == "fsdp2-zero3":
+        return 2 * gathered_params * pb + (0 if dp_size is None else n * (2 * pb + optimizer_bytes_per_param)
+                                           // max(1, dp_size))
     if engine == "ddp":
         return n * (2 * pb + optimizer_bytes_per_param)
     if engine not in ENGINE_NAMES:
         fail("runtime.engine", engine, f"is not one of {list(ENGINE_NAMES)}", "pick one of those")
     sharded = n * optimizer_bytes_per_param + (n * pb if engine == "fsdp2" else 0)
     return 2 * n * pb + (0 if dp_size is None else sharded // max(1, dp_size))
+
+
+def shape_state_bytes(shape: Any, engine: str, dp_size: int | None) -> int:
+    """``state_bytes`` of a ``ModelShapeConfig``; fsdp2-zero3's gathered units are its root (embedding and head:
+    fully_shard keeps the root gathered over a micro-batch) and two layers (the one computing, the prefetched)."""
+    n, layers, root = shape.num_params, shape.num_layers, 2 * shape.vocab_size * shape.hidden_size
+    layer = (n - root) // max(1, layers)
+    return state_bytes(n, shape.param_bytes, shape.optimizer_bytes_per_param, engine, dp_size,
+                       gathered_params=root + min(2, layers) * layer)
+
+
+def gather_rounds(engine: str, ga_slots: int) -> int:
+    """Rounds of parameter-sized collectives per step on each rank (an all-gather or a reduce-scatter of every
+    parameter; a ring round moves (W-1)/W of the parameter bytes in and out of each rank): ddp and deepspeed
+    (ZeRO-1) 1 (the all-reduce counts as the reduce-scatter and all-gather it is made of: 2); fsdp2 2 (one
+    all-gather, one reduce-scatter); fsdp2-zero3 3 per micro-batch slot, ``ga_slots`` being the step's largest
+    ga_steps (an all-gather in forward, one in backward, a reduce-scatter)."""
+    if engine not in ENGINE_NAMES:
+        fail("runtime.engine", engine, f"is not one of {list(ENGINE_NAMES)}", "pick one of those")
+    if ga_slots < 1:
+        fail("ga_slots", ga_slots, "must be >= 1", "pass the step's largest ga_steps")
+    return 3 * ga_slots if engine == "fsdp2-zero3" else 2
 
 
 LOSS_CHUNK_TOKENS = 1024

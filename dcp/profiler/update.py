@@ -69,6 +69,7 @@ def measure_step_update(
     """Time the step's gradient sync and optimizer update for ``module`` on ``world_size`` ranks."""
     if iters < 1:
         raise ValueError(f"iters ({iters}) must be >= 1: pass how many timed repetitions to take the median of")
+    engine = "fsdp2" if engine == "fsdp2-zero3" else engine  # the same sharded update
     if engine not in ("ddp", "deepspeed", "fsdp2"):
         raise ValueError(f"engine ({engine!r}) is not 'ddp', 'deepspeed' or 'fsdp2': pass the runtime's engine name")
     params = [p for p in module.parameters() if p.requires_grad]

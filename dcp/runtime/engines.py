@@ -43,7 +43,7 @@ from dcp.runtime.engine_base import Engine, EngineError
 if TYPE_CHECKING:
     pass
 
-ENGINES = ("ddp", "deepspeed", "fsdp2")
+ENGINES = ("ddp", "deepspeed", "fsdp2", "fsdp2-zero3")
 __all__ = ["ENGINES", "DDPEngine", "DeepSpeedEngine", "Engine", "EngineError", "all_reduce_grads_flat",
            "build_engine", "copy_flat_into_grads", "deepspeed_config"]
 
@@ -299,10 +299,11 @@ def check_accelerator(accelerator: str, device: torch.device) -> None:
 def build_engine(name: str, module: torch.nn.Module, optimizer: Any, lr_scheduler: Any, *, world_size: int,
                  deepspeed_config: dict[str, Any] | None = None, precision: str = "fp32") -> Engine:
     """An engine by name (runtime.engine): 'ddp', 'deepspeed' or 'fsdp2'; ``precision`` is runtime.precision."""
-    if name == "fsdp2":
+    if name in ("fsdp2", "fsdp2-zero3"):
         from dcp.runtime.fsdp import FSDP2Engine  # lazily: it needs torch.distributed.fsdp
 
-        return FSDP2Engine(module, optimizer, lr_scheduler, precision=precision)
+        return FSDP2Engine(module, optimizer, lr_scheduler, precision=precision,
+                           reshard_after_forward=name == "fsdp2-zero3")
     if name == "ddp":
         return DDPEngine(module, optimizer, lr_scheduler, precision=precision)
     if name == "deepspeed":

@@ -6,7 +6,7 @@ its gradients in its backward; both are collectives over every data-parallel ran
 numbers of micro-batches in one step (their groups' ga_steps) and some run none. If parameters were resharded
 after every forward (ZeRO-3), a rank with 3 micro-batches would issue 3 rounds of all-gathers and a rank with 1
 would issue 1: the ranks wait in mismatched collectives and hang (measured: 2 gloo ranks, 3 vs 1 micro-batches).
-So this engine keeps every rank's collectives at exactly one round per step, whatever its ga_steps:
+So the default mode ("fsdp2") keeps every rank's collectives at exactly one round per step, whatever its ga_steps:
 
 - parameters are all-gathered once, at the rank's first forward of the step, and kept (unsharded) for the
   step's later micro-batches: ``reshard_after_forward=False`` and no resharding after a non-final backward
@@ -17,8 +17,15 @@ So this engine keeps every rank's collectives at exactly one round per step, wha
   shortest sample on its own (SP size 1) so it issues the same all-gathers and reduce-scatters; its gradient
   contribution is an exact zero.
 
-A ZeRO-3 mode (reshard after every forward) cannot keep the per-layer gathers matched across ranks with unequal
-ga_steps without padding every rank to the longest count with dummy micro-batches, so it is refused.
+ZeRO-3 mode ("fsdp2-zero3", ``reshard_after_forward=True``): every parameter is resharded after its block's forward and after
+each backward, and gradients are reduce-scattered in every backward, so a rank holds only its shards plus the
+block in flight. That costs collectives per micro-batch (an all-gather in forward, one in backward and a
+reduce-scatter), so every rank runs the same number of micro-batch SLOTS in a step: the largest ga_steps of the
+step's groups (``StepPlan``). A rank with fewer micro-batches (or none) fills its remaining slots after its own with
+zero-weight forward/backward passes of the dataset's shortest sample at SP size 1, so each rank's FSDP collectives
+are the same sequence: per slot, one all-gather per unit in forward, one per unit in backward, one reduce-scatter
+per unit. Their gradient contribution is an exact zero; their cost is the padding compute plus (slots x 3) rounds
+of parameter-sized traffic per step instead of 2.
 ``fully_shard`` averages gradients over the ranks: ``sync_divisor`` is the world size (as for DeepSpeed).
 """
 
@@ -49,11 +56,6 @@ class FSDP2Engine(Engine):
 
     def __init__(self, module: torch.nn.Module, optimizer: Any, lr_scheduler: Any = None, *,
                  precision: str = "fp32", reshard_after_forward: bool = False) -> None:
-        if reshard_after_forward:
-            raise EngineError(
-                "reshard_after_forward (True) is not supported by the fsdp2 engine: ranks run unequal micro-batch "
-                "counts per step, so per-forward all-gathers would not match across ranks and hang; use False"
-            )
         if not (dist.is_available() and dist.is_initialized()):
             raise EngineError("runtime.engine ('fsdp2') needs torch.distributed initialised: launch with torchrun "
                               "(or dcp.distributed.launch) or use engine 'ddp' on one process")
@@ -77,8 +79,8 @@ class FSDP2Engine(Engine):
         policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
                   if precision == "bf16" else MixedPrecisionPolicy())
         for unit in shard_units(module):
-            fully_shard(unit, mesh=mesh, reshard_after_forward=False, mp_policy=policy)
-        fully_shard(module, mesh=mesh, reshard_after_forward=False, mp_policy=policy)
+            fully_shard(unit, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+        fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
         # fully_shard registers new (DTensor) parameters: point the caller's optimizer (and so its LR
         # scheduler, which holds the optimizer) at them, by name
         sharded = dict(module.named_parameters())
@@ -86,25 +88,36 @@ class FSDP2Engine(Engine):
             group["params"] = [sharded[names[id(p)]] for p in group["params"]]
         super().__init__(module, optimizer, lr_scheduler, precision=precision)
         self.sync_divisor = dist.get_world_size()
+        self.zero3 = reshard_after_forward
+        self.name = "fsdp2-zero3" if reshard_after_forward else "fsdp2"
+        """ZeRO-3 mode: resharded after every forward and backward, gradients reduce-scattered per micro-batch slot."""
         self._idle_batch: Any = None
+        self._own = 0  # backwards of this rank's own micro-batches in the open step (ZeRO-3's slot count)
 
     def _autocast(self, cache: bool = False) -> Any:
         # the MixedPrecisionPolicy computes in bf16 already; the models compute their losses in fp32 themselves
         return autocast("fp32", self.device)
 
     def _backward(self, loss: torch.Tensor) -> None:
-        self._set_last(self._manager().in_last_micro_batch())
+        self._own += 1
+        self._set_last(self.zero3 or self._manager().in_last_micro_batch())
         loss.backward()
 
     def _set_last(self, last: bool) -> None:
-        """Reduce-scatter and reshard only in the step's last backward of this rank (one round per step)."""
+        """Reduce-scatter and reshard in this backward: only the step's last one of this rank (ZeRO-2: one round
+        per step), or every one (ZeRO-3: every rank runs the same number of slots)."""
         self.module.set_requires_gradient_sync(last)
         self.module.set_reshard_after_backward(last)
         self.module.set_is_last_backward(last)
 
-    def idle_step(self) -> None:
-        # An idle rank still has to issue the step's all-gathers and reduce-scatters: one forward/backward of
-        # the dataset's shortest sample on its own (SP size 1, no collectives but FSDP's), weighted by 0.
+    def _slots(self) -> int:
+        """Micro-batch slots of the open step (ZeRO-3): the largest ga_steps among the plan's groups."""
+        plan = self._manager().plan
+        return max((len(g.micro_batches) for g in plan.groups), default=0) if plan is not None else 0
+
+    def _zero_slot(self) -> None:
+        # One forward/backward of the dataset's shortest sample on its own (SP size 1, no collectives but FSDP's),
+        # weighted by 0: it issues the same all-gathers and reduce-scatters as a real micro-batch.
         mgr = self._manager()
         if self._idle_batch is None:
             data = mgr.dataset
@@ -115,7 +128,23 @@ class FSDP2Engine(Engine):
         loss = out[0] if isinstance(out, tuple) else out
         self._set_last(True)
         (loss * 0.0).backward()
+
+    def step(self) -> bool:
+        if self.zero3 and self._manager().at_boundary():
+            for _ in range(self._slots() - self._own):  # the slots this rank has no micro-batch for
+                self._zero_slot()
+        return super().step()
+
+    def idle_step(self) -> None:
+        # An idle rank still has to issue the step's all-gathers and reduce-scatters (ZeRO-2: one round; ZeRO-3:
+        # one per slot of the step)
+        for _ in range(self._slots() if self.zero3 else 1):
+            self._zero_slot()
         super().idle_step()
+
+    def _sync_step(self) -> None:
+        self._own = 0
+        super()._sync_step()
 
     def _fill_missing_grads(self) -> None:
         pass  # every sharded parameter got its (reduce-scattered) gradient in the step's last backward

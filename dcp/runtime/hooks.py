@@ -25,6 +25,9 @@ class EngineHooks(Protocol):
     """``(model, batch, ctx) -> loss_sum`` or ``(loss_sum, count)``."""
     dataset: Any
     """The run's dataset (``collate``, ``lengths``): the fsdp2 engine's idle rank runs one of its samples."""
+    plan: Any
+    """The open step's ``StepPlan`` (None outside a step): the fsdp2 engine's ZeRO-3 mode reads its largest
+    ga_steps."""
 
     def before_forward(self, batch: Any) -> SPContext:
         """Set up ``batch`` (optimize_dynamics if the loop did not) and return its SP context."""

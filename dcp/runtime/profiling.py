@@ -64,7 +64,7 @@ class TableLoader:
         reason = "refresh requested" if refresh else ""
         target = adapter if adapter is not None else model
         args = (model, self.config, self.world_size, registry)
-        if self.config.runtime.engine == "fsdp2" and (refresh or self.need_profile(target)):
+        if self.config.runtime.engine.startswith("fsdp2") and (refresh or self.need_profile(target)):
             # the dual-layer profiler runs single layers of the model on their own, while fully_shard's layers
             # all-gather their parameters over every rank on each forward: it measures replicated modules only
             raise ManagerError(

@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hardware", default="h200", choices=("h100", "h200", "cpu"), help="simulated device")
     parser.add_argument("--config", metavar="TOML", help="a DCPConfig file: its model and planning sections replace "
                         "the paper model's (method and look-ahead still come from the flags)")
-    parser.add_argument("--engine", default=None, choices=("ddp", "deepspeed", "fsdp2"),
+    parser.add_argument("--engine", default=None, choices=("ddp", "deepspeed", "fsdp2", "fsdp2-zero3"),
                         help="engine whose state memory (parameters, gradients, optimizer) the rows count (default: "
                         "--config's runtime.engine, else deepspeed, the paper's ZeRO-1)")
     parser.add_argument("--loss-chunk-tokens", type=nonneg_int, default=0,
@@ -114,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
             configs[m] = cfg.replace(planning=dataclasses.replace(
                 cfg.planning, method=m, lookahead_samples=args.lookahead_per_rank * args.gpus,
                 tokens_per_step=args.tokens_per_step or cfg.planning.tokens_per_step,
-                micro_batch_tokens=args.micro_batch_tokens))
+                micro_batch_tokens=args.micro_batch_tokens),
+                runtime=dataclasses.replace(cfg.runtime, engine=args.engine or cfg.runtime.engine))
         if args.print_config:
             print(configs[methods[0]].to_json())
             return 0

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from dcp.config import PEER_METHODS, DCPConfig
+from dcp.memory import gather_rounds
 from dcp.planner.analytic import GRAD_BUCKET_MIB, HardwareSpec, grad_sync_time_s, optimizer_step_time_s
 from dcp.planner.assemble import plan_epoch
 from dcp.planner.cost import memory_row, micro_batch_mem_bytes, row_lookup
@@ -225,11 +226,17 @@ def exposed_sync_groups_s(sync_s: float, ends_s: np.ndarray, last_backward_s: np
 
 
 def step_cost(plan: StepPlan, times: TimeLookup | None, rows: dict, *, sync_s: float, optimizer_s: float,
-              edges: Sequence[int] = (), overlap_grad_bytes: float = 0.0, control_s: float = 0.0) -> StepResult:
+              edges: Sequence[int] = (), overlap_grad_bytes: float = 0.0, control_s: float = 0.0,
+              engine: str = "ddp") -> StepResult:
     """Cost of one StepPlan; ``times`` re-times micro-batches from a truth table (None: planner's times),
     each from its samples' real lengths (TimeLookup.lengths_time_s, as the planner prices them); ``rows``:
     :func:`row_lookup` of the table. ``overlap_grad_bytes`` > 0 (the ddp engine, that many gradient bytes) overlaps the sync with the
-    backwards of the groups' last micro-batches (:func:`exposed_sync_groups_s`); 0 leaves it all exposed."""
+    backwards of the groups' last micro-batches (:func:`exposed_sync_groups_s`); 0 leaves it all exposed.
+    ``engine`` "fsdp2-zero3": ``sync_s`` (an all-reduce: 2 rounds) scaled to its 3 rounds per micro-batch slot
+    (``dcp.memory.gather_rounds``), all exposed (no credit for FSDP's prefetch overlapping compute)."""
+    if engine == "fsdp2-zero3":
+        slots = max((len(g.micro_batches) for g in plan.groups), default=0)
+        sync_s *= gather_rounds(engine, max(1, slots)) / 2
     group_times: list[float] = []
     last_backward: list[float] = []
     peak = 0.0
@@ -332,7 +339,8 @@ def simulate(lengths: Sequence[int], table: ProfileTable, config: DCPConfig, wor
     # ZeRO-1 reduces after it
     overlap = model.num_params * model.param_bytes if config.runtime.engine == "ddp" and hardware else 0.0
     steps = merge_phases([step_cost(p, times, rows, sync_s=sync, optimizer_s=opt, edges=truth.seq_group_edges,
-                                    overlap_grad_bytes=overlap, control_s=control) for p in plans])
+                                    overlap_grad_bytes=overlap, control_s=control, engine=config.runtime.engine)
+                         for p in plans])
     seen = sum(s.samples for s in steps)
     if seen != len(lengths):
         raise SimulationError(

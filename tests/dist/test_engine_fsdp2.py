@@ -30,13 +30,13 @@ def full(p: torch.Tensor) -> torch.Tensor:
     return p.full_tensor() if hasattr(p, "full_tensor") else p
 
 
-def check_fsdp2(rank: int, world: int, kind: str) -> dict:
+def check_fsdp2(rank: int, world: int, kind: str, engine: str = "fsdp2") -> dict:
     model, data = build(kind)
     ref = copy.deepcopy(model)  # the one-process replay: plain SGD on the mean-loss gradient of each step
     plans = steps_w2(data)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    mgr = set_manager(model, data, config_for(model, engine="fsdp2"), optimizer=opt, lr_scheduler=sched,
+    mgr = set_manager(model, data, config_for(model, engine=engine), optimizer=opt, lr_scheduler=sched,
                       plans=lambda e: [plans[e]])
     eng = mgr.engine
     micro = 0
@@ -52,7 +52,7 @@ def check_fsdp2(rank: int, world: int, kind: str) -> dict:
         for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
             torch.testing.assert_close(full(p.detach()), q.detach(), rtol=1e-4, atol=1e-6, msg=name)
     sharded = sum(p.to_local().numel() for p in model.parameters())
-    return {"micro": micro, "opt_steps": eng.optimizer_steps, "sched": sched.last_epoch,
+    return {"engine": eng.name, "micro": micro, "opt_steps": eng.optimizer_steps, "sched": sched.last_epoch,
             "local_params": sharded, "params": sum(p.numel() for p in ref.parameters())}
 
 
@@ -71,20 +71,19 @@ def test_fsdp2_exact_parameters_unequal_micro_batches_idle_rank():
         assert max(o["local_params"] for o in out) < 0.6 * out[0]["params"]
 
 
-def _reshard_refused(rank: int, world: int) -> str:
-    from dcp.runtime.fsdp import FSDP2Engine
-
-    model, _ = build("t1d")
-    try:
-        FSDP2Engine(model, torch.optim.SGD(model.parameters(), lr=1.0), reshard_after_forward=True)
-    except EngineError as exc:
-        return str(exc)
-    return ""
+def _run_zero3(rank: int, world: int) -> dict:
+    return {kind: check_fsdp2(rank, world, kind, "fsdp2-zero3") for kind in ("t1d", "hf")}
 
 
-def test_fsdp2_zero3_mode_refused():
-    out = run_distributed(_reshard_refused, 1, timeout_s=60)
-    assert "reshard_after_forward (True)" in out[0] and "hang" in out[0]
+def test_fsdp2_zero3_mode_exact_parameters_with_unequal_micro_batch_counts():
+    """Per-layer gathers and reduce-scatters in every micro-batch: ranks with fewer micro-batches than the step's
+    largest ga_steps (3 vs 1, 2 vs 0: idle) fill the slots with zero-weight passes, so the gathers stay matched."""
+    results = run_distributed(_run_zero3, 2, timeout_s=240, pg_timeout_s=60)
+    for kind in ("t1d", "hf"):
+        out = [r[kind] for r in results]
+        assert [o["micro"] for o in out] == [7, 3] and all(o["opt_steps"] == 3 for o in out)
+        assert sum(o["local_params"] for o in out) == out[0]["params"]
+        assert all(o["engine"] == "fsdp2-zero3" for o in out)
 
 
 def test_fsdp2_needs_torch_distributed():

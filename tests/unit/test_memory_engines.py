@@ -89,3 +89,24 @@ def test_simulate_engine_flag_plans_8b_with_fsdp2_only(tmp_path, capsys):
     assert "dcp-intra" in capsys.readouterr().out
     assert main([*args, "ddp"]) == 2
     assert "has no setting that fits the memory capacity" in capsys.readouterr().err
+
+
+def test_zero3_shards_everything_but_the_gathered_units():
+    n, dp, h = SHAPE_8B.num_params, 64, SHAPE_8B.hidden_size
+    layer = 4 * h * h + 3 * h * SHAPE_8B.ffn_size + 2 * h
+    gathered = 2 * SHAPE_8B.vocab_size * h + 2 * layer  # embedding + head, the layer computing and the prefetched one
+    zero3 = SHAPE_8B.constant_mem_bytes("fsdp2-zero3", dp_size=dp)
+    assert zero3 == 2 * gathered * 2 + n * 16 // dp
+    assert zero3 < SHAPE_8B.constant_mem_bytes("fsdp2", dp_size=dp) / 3  # 9.6 vs 34.7 GiB
+    assert SHAPE_8B.constant_mem_bytes("fsdp2-zero3", dp_size=None) == 4 * gathered  # the config check's floor
+    config("fsdp2-zero3")  # accepted on 80 GB
+
+
+def test_gather_rounds_per_engine():
+    from dcp.memory import gather_rounds
+
+    assert [gather_rounds(e, 3) for e in ("ddp", "deepspeed", "fsdp2", "fsdp2-zero3")] == [2, 2, 2, 9]
+    with pytest.raises(ConfigError, match=r"runtime.engine \('zero3'\) is not one of"):
+        gather_rounds("zero3", 1)
+    with pytest.raises(ConfigError, match=r"ga_slots \(0\) must be >= 1"):
+        gather_rounds("fsdp2-zero3", 0)

@@ -89,6 +89,9 @@ def test_step_cost_by_hand():
     assert st.idle_ratio_batch == pytest.approx((0 + 2 / 3) / 2)
     assert st.tokens == 30 and st.samples == 3
     assert st.group_idle_s == ((0, 2, 0.0), (2, 1, 2.0), (3, 1, 3.0))
+    # fsdp2-zero3: 3 rounds per slot of the step's largest ga_steps (2) against the all-reduce's 2 rounds
+    zero3 = step_cost(plan, None, {}, sync_s=0.5, optimizer_s=0.25, engine="fsdp2-zero3")
+    assert zero3.sync_time_s == pytest.approx(0.5 * 6 / 2) and zero3.compute_time_s == 3.0
 
 
 def test_ideal_bound_of_uniform_lengths(t1d):
