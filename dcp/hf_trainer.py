@@ -20,22 +20,30 @@ from transformers import Trainer, TrainerState
 from transformers.trainer_callback import ExportableState
 
 from dcp.api import set_manager
-from dcp.config import ConfigError, DCPConfig, PlanningConfig, RuntimeConfig
+from dcp.config import ConfigError, DCPConfig, RuntimeConfig
 from dcp.integrations.hf_data import TokenDataset
+from dcp.runtime import checkpoint as ckpt
+from dcp.runtime.position import EpochPosition
 from dcp.validate import fail
 
-__all__ = ["DCPTrainer", "DCP_STATE_FILE", "tokens_per_step"]
+__all__ = ["DCPTrainer", "DCP_STATE_FILE", "steps_left"]
 
 DCP_STATE_FILE = "dcp_state.pt"
 """The manager's position in the data (``DCPManager.state_dict()``), saved beside Trainer's checkpoint files."""
 
 
-def tokens_per_step(samples_per_step: int, lengths: list[int]) -> int:
-    """Trainer's global batch in samples as DCP's global batch in tokens: ``samples_per_step`` x the data's
-    mean sample length. DCP's steps then hold about this many tokens each (the epoch's mean within 5% of it,
-    planning.tokens_per_step), so an epoch takes about len(lengths) / samples_per_step optimizer steps, as
-    Trainer's does, while each step's sample count follows its lengths."""
-    return max(1, round(samples_per_step * sum(lengths) / max(1, len(lengths))))
+def steps_left(mgr: Any) -> int:
+    """Optimizer steps ``mgr.get_data_iter()`` runs before its current epoch ends: the rest of a resumed epoch's
+    saved plan, or, when the checkpoint's plan inputs differ from this run's (world size, profile table, config),
+    its untrained samples planned again (dcp.runtime.checkpoint.resume decides which, on a copy of the position:
+    the run's own resume still logs it). Plans the epoch on every rank alike; no collective."""
+    if mgr.table is None:
+        mgr.init_profiler()  # collective, as get_data_iter's would be
+    state = mgr.state_dict()
+    position = EpochPosition.from_state(state["position"], len(mgr.lengths))
+    plans = ckpt.resume(position, state["data"], mgr.table, mgr.config, mgr.world_size,
+                        lambda ids: mgr.epoch_plans(mgr.epoch, ids))
+    return sum(1 for _ in plans)
 
 
 def _refuse(args: Any, model: Any) -> None:
@@ -81,7 +89,9 @@ class DCPTrainer(Trainer):
     also hold DCP's position in the data) and evaluation (``evaluate()``, untouched: plain batches).
 
     Trainer's global batch (``per_device_train_batch_size x gradient_accumulation_steps x world size`` samples)
-    becomes planning.tokens_per_step (:func:`tokens_per_step`) unless the DCP config sets it.
+    becomes planning.samples_per_step unless the DCP config sets samples_per_step or tokens_per_step: DCP's steps
+    then hold that many samples of the mean length in tokens, so an epoch takes about as many optimizer steps as
+    Trainer's, while each step's sample count follows its lengths.
     """
 
     def __init__(self, *args: Any, dcp_config: DCPConfig | None = None, **kwargs: Any) -> None:
@@ -99,14 +109,13 @@ class DCPTrainer(Trainer):
     def _world_size(self) -> int:
         return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
-    def _config_for(self, data: TokenDataset) -> DCPConfig:
-        """dcp_config with Trainer's global batch (as tokens) and logging interval where the config leaves
+    def _config_for(self) -> DCPConfig:
+        """dcp_config with Trainer's global batch (in samples) and logging interval where the config leaves
         them at DCP's defaults."""
         cfg = self.dcp_config
-        if cfg.planning.tokens_per_step == PlanningConfig().tokens_per_step:
+        if not (cfg.planning.tokens_per_step or cfg.planning.samples_per_step):
             samples = self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps * self._world_size()
-            planning = dataclasses.replace(cfg.planning, tokens_per_step=tokens_per_step(samples, data.lengths()))
-            cfg = dataclasses.replace(cfg, planning=planning)
+            cfg = dataclasses.replace(cfg, planning=dataclasses.replace(cfg.planning, samples_per_step=samples))
         if cfg.runtime.log_every == RuntimeConfig().log_every and self.args.logging_steps >= 1:
             # a StepStats (the loss over all ranks) every logged step: what self.log reports
             cfg = dataclasses.replace(cfg, runtime=dataclasses.replace(cfg.runtime,
@@ -122,14 +131,18 @@ class DCPTrainer(Trainer):
         args = self.args
         folder = self._checkpoint_folder(resume_from_checkpoint) if resume_from_checkpoint else None
         data = self.train_dataset if isinstance(self.train_dataset, TokenDataset) else TokenDataset(self.train_dataset)
-        config = self._config_for(data)
+        config = self._config_for()
         self.create_optimizer()  # Trainer's own (its weight decay groups, args.learning_rate, optim)
         mgr = set_manager(self.model, data, config, optimizer=self.optimizer)
         self.dcp_manager = mgr
-        # the scheduler's length: the steps DCP will take (an epoch's plans are the same on every rank)
-        per_epoch = sum(1 for _ in mgr.epoch_plans(0))
+        if folder is not None:  # DCP's position first: the steps left depend on it (and on this run's world size)
+            mgr.load_state_dict(torch.load(os.path.join(folder, DCP_STATE_FILE), weights_only=False))
+        # the scheduler's length: the steps DCP will take (plans are the same on every rank); after a resume on
+        # another world size (or table, or config) the epoch's untrained samples are planned again, in other steps
         epochs = math.ceil(args.num_train_epochs)
-        max_steps = args.max_steps if args.max_steps > 0 else per_epoch * epochs
+        per_epoch = [steps_left(mgr)] if mgr.epoch < epochs else []
+        per_epoch += [sum(1 for _ in mgr.epoch_plans(e)) for e in range(mgr.epoch + 1, epochs)]
+        max_steps = args.max_steps if args.max_steps > 0 else mgr.global_step + sum(per_epoch)
         self.create_scheduler(num_training_steps=max_steps, optimizer=self.optimizer)
         mgr.engine.lr_scheduler = self.lr_scheduler  # stepped by the engine after each optimizer update
         exportable = [cb for cb in self.callback_handler.callbacks + [self.control] if isinstance(cb, ExportableState)]
@@ -164,7 +177,7 @@ class DCPTrainer(Trainer):
         losses = [s.loss for s in mgr.step_stats if not math.isnan(s.loss)]
         from transformers.trainer_utils import TrainOutput
 
-        return TrainOutput(self.state.global_step, sum(losses) / max(1, len(losses)), {"dcp_steps": per_epoch})
+        return TrainOutput(self.state.global_step, sum(losses) / max(1, len(losses)), {"dcp_steps": sum(per_epoch)})
 
     def _steps_done(self, mgr: Any, logged: int) -> int:
         """Trainer's step callbacks for every optimizer step DCP finished since the last call (a rank idle in a
@@ -203,10 +216,8 @@ class DCPTrainer(Trainer):
         return folder
 
     def _resume(self, mgr: Any, folder: str) -> None:
-        """Model, optimizer and scheduler from Trainer's files; DCP's position from its own."""
-        position = os.path.join(folder, DCP_STATE_FILE)
+        """Model, optimizer and scheduler from Trainer's files (DCP's position is loaded already)."""
         self._load_from_checkpoint(folder)
         self._load_optimizer_and_scheduler(folder)
-        mgr.load_state_dict(torch.load(position, weights_only=False))
         saved = TrainerState.load_from_json(os.path.join(folder, "trainer_state.json"))
         self.state.global_step, self.state.log_history = mgr.global_step, saved.log_history
