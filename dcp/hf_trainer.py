@@ -4,6 +4,11 @@ A Trainer script becomes a DCP one by its class name and one argument::
 
     trainer = DCPTrainer(model=model, args=args, train_dataset=ds, data_collator=pad, dcp_config=dcp.DCPConfig())
 
+A subclass of Trainer (TRL's ``SFTTrainer``) gets the same loop from ``DCPTrainerMixin``::
+
+    class DCPSFTTrainer(DCPTrainerMixin, SFTTrainer):
+        pass
+
 It sits above ``dcp.api`` in the package order (docs/architecture.md): it builds its manager with ``set_manager``.
 """
 
@@ -26,7 +31,7 @@ from dcp.runtime import checkpoint as ckpt
 from dcp.runtime.position import EpochPosition
 from dcp.validate import fail
 
-__all__ = ["DCPTrainer", "DCP_STATE_FILE", "steps_left"]
+__all__ = ["DCPTrainer", "DCPTrainerMixin", "DCP_STATE_FILE", "steps_left"]
 
 DCP_STATE_FILE = "dcp_state.pt"
 """The manager's position in the data (``DCPManager.state_dict()``), saved beside Trainer's checkpoint files."""
@@ -70,11 +75,24 @@ def _refuse(args: Any, model: Any) -> None:
     if args.deepspeed:
         fail("TrainingArguments.deepspeed", args.deepspeed, "is not supported by DCPTrainer (DCP runs the engine)",
              'drop it and set DCPConfig(runtime=RuntimeConfig(engine="deepspeed")) for ZeRO-1')
+    if args.fp16:
+        fail("TrainingArguments.fp16", True, "is not supported by DCPTrainer (DCP computes in bf16 or fp32)",
+             "set fp16=False, and bf16=True for bf16 (or DCPConfig(runtime=RuntimeConfig(precision=...)))")
+    # TRL's SFTConfig (getattr: a TrainingArguments has none of these)
+    if getattr(args, "packing", False):
+        fail("SFTConfig.packing", True, "conflicts with DCP, which packs each micro-batch's samples itself (as "
+             "documents: attention stays inside each, and a sample is never cut)", "set packing=False")
+    if getattr(args, "loss_type", "nll") != "nll":
+        fail("SFTConfig.loss_type", args.loss_type, "is not supported by DCPTrainer (DCP's loss is the token-"
+             "weighted negative log-likelihood)", 'set loss_type="nll"')
+    if getattr(args, "activation_offloading", False):
+        fail("SFTConfig.activation_offloading", True, "conflicts with DCP, which chooses the recomputed layers per "
+             "micro-batch to fit the memory", "set activation_offloading=False")
 
 
-class DCPTrainer(Trainer):
-    """``transformers.Trainer`` with DCP's training loop: each step's lengths choose its SP sizes, micro-batches,
-    gradient-accumulation steps and recompute.
+class DCPTrainerMixin:
+    """DCP's training loop for ``transformers.Trainer`` or a subclass of it (listed before it in the bases): each
+    step's lengths choose its SP sizes, micro-batches, gradient-accumulation steps and recompute.
 
     Why a subclass that replaces ``train()``'s loop rather than a callback or a ``training_step`` override:
     Trainer's inner loop fixes what DCP must decide per step. Its dataloader yields ``per_device_train_batch_size``
@@ -91,15 +109,24 @@ class DCPTrainer(Trainer):
     Trainer's global batch (``per_device_train_batch_size x gradient_accumulation_steps x world size`` samples)
     becomes planning.samples_per_step unless the DCP config sets samples_per_step or tokens_per_step: DCP's steps
     then hold that many samples of the mean length in tokens, so an epoch takes about as many optimizer steps as
-    Trainer's, while each step's sample count follows its lengths.
+    Trainer's, while each step's sample count follows its lengths. Trainer's ``bf16`` sets runtime.precision
+    ("bf16", else "fp32") unless the DCP config sets it.
+
+    A subclass's own data preparation runs as before (TRL's ``SFTTrainer`` builds ``labels`` from its completion
+    or assistant masks and truncates to ``max_length``); DCP then trains the prepared ``train_dataset``'s
+    ``input_ids`` with its ``labels`` (-100 is not trained). Its ``compute_loss`` and ``training_step`` are not
+    called: DCP's forward computes the loss.
     """
 
     def __init__(self, *args: Any, dcp_config: DCPConfig | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
         if dcp_config is not None and not isinstance(dcp_config, DCPConfig):
             fail("dcp_config", type(dcp_config).__name__, "must be a dcp.DCPConfig",
                  "pass dcp.DCPConfig(...) or dcp.load_config(path)", error=TypeError)
-        _refuse(self.args, self.model)
+        given = kwargs.get("args", args[1] if len(args) > 1 else None)
+        if given is not None:  # before the parent's own set-up (SFTTrainer's data preparation, its offloading)
+            _refuse(given, kwargs.get("model", args[0] if args else None))
+        super().__init__(*args, **kwargs)
+        _refuse(self.args, self.model)  # the arguments the parent settled (SFTConfig's defaults)
         self.dcp_config = dcp_config or DCPConfig()
         self.dcp_manager: Any = None
         """The DCPManager of the last ``train()`` (None before)."""
@@ -116,6 +143,9 @@ class DCPTrainer(Trainer):
         if not (cfg.planning.tokens_per_step or cfg.planning.samples_per_step):
             samples = self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps * self._world_size()
             cfg = dataclasses.replace(cfg, planning=dataclasses.replace(cfg.planning, samples_per_step=samples))
+        if cfg.runtime.precision == RuntimeConfig().precision:
+            precision = "bf16" if self.args.bf16 else "fp32"  # as Trainer would compute
+            cfg = dataclasses.replace(cfg, runtime=dataclasses.replace(cfg.runtime, precision=precision))
         if cfg.runtime.log_every == RuntimeConfig().log_every and self.args.logging_steps >= 1:
             # a StepStats (the loss over all ranks) every logged step: what self.log reports
             cfg = dataclasses.replace(cfg, runtime=dataclasses.replace(cfg.runtime,
@@ -221,3 +251,7 @@ class DCPTrainer(Trainer):
         self._load_optimizer_and_scheduler(folder)
         saved = TrainerState.load_from_json(os.path.join(folder, "trainer_state.json"))
         self.state.global_step, self.state.log_history = mgr.global_step, saved.log_history
+
+
+class DCPTrainer(DCPTrainerMixin, Trainer):
+    """``transformers.Trainer`` with DCP's training loop (``DCPTrainerMixin``)."""
