@@ -93,7 +93,9 @@ def main() -> None:
               f"DCP loop {r['loop_s']:.2f} s / {r['loop_steps']} steps")
     trainer = statistics.median(r["trainer_s"] / r["trainer_steps"] for r in result["rows"])
     loop = statistics.median(r["loop_s"] / r["loop_steps"] for r in result["rows"])
-    print(f"plans: {result['summary']} (the last step)")
+    pairs = statistics.median((r["trainer_s"] / r["trainer_steps"]) / (r["loop_s"] / r["loop_steps"])
+                              for r in result["rows"])
+    print(f"plans: {result['summary']} (the last step); median of the pairs' ratios {pairs:.3f}")
     print(f"median step time: DCPTrainer {trainer * 1e3:.0f} ms, DCP loop {loop * 1e3:.0f} ms, "
           f"ratio {trainer / loop:.3f} (W = {args.world_size}, {args.reps} interleaved pairs)")
 
