@@ -4,6 +4,11 @@ A Trainer script becomes a DCP one by its class name and one argument::
 
     trainer = DCPTrainer(model=model, args=args, train_dataset=ds, data_collator=pad, dcp_config=dcp.DCPConfig())
 
+A subclass of Trainer (TRL's ``SFTTrainer``) gets the same loop from ``DCPTrainerMixin``::
+
+    class DCPSFTTrainer(DCPTrainerMixin, SFTTrainer):
+        pass
+
 It sits above ``dcp.api`` in the package order (docs/architecture.md): it builds its manager with ``set_manager``.
 """
 
@@ -20,22 +25,30 @@ from transformers import Trainer, TrainerState
 from transformers.trainer_callback import ExportableState
 
 from dcp.api import set_manager
-from dcp.config import ConfigError, DCPConfig, PlanningConfig, RuntimeConfig
+from dcp.config import ConfigError, DCPConfig, RuntimeConfig
 from dcp.integrations.hf_data import TokenDataset
+from dcp.runtime import checkpoint as ckpt
+from dcp.runtime.position import EpochPosition
 from dcp.validate import fail
 
-__all__ = ["DCPTrainer", "DCP_STATE_FILE", "tokens_per_step"]
+__all__ = ["DCPTrainer", "DCPTrainerMixin", "DCP_STATE_FILE", "steps_left"]
 
 DCP_STATE_FILE = "dcp_state.pt"
 """The manager's position in the data (``DCPManager.state_dict()``), saved beside Trainer's checkpoint files."""
 
 
-def tokens_per_step(samples_per_step: int, lengths: list[int]) -> int:
-    """Trainer's global batch in samples as DCP's global batch in tokens: ``samples_per_step`` x the data's
-    mean sample length. DCP's steps then hold about this many tokens each (the epoch's mean within 5% of it,
-    planning.tokens_per_step), so an epoch takes about len(lengths) / samples_per_step optimizer steps, as
-    Trainer's does, while each step's sample count follows its lengths."""
-    return max(1, round(samples_per_step * sum(lengths) / max(1, len(lengths))))
+def steps_left(mgr: Any) -> int:
+    """Optimizer steps ``mgr.get_data_iter()`` runs before its current epoch ends: the rest of a resumed epoch's
+    saved plan, or, when the checkpoint's plan inputs differ from this run's (world size, profile table, config),
+    its untrained samples planned again (dcp.runtime.checkpoint.resume decides which, on a copy of the position:
+    the run's own resume still logs it). Plans the epoch on every rank alike; no collective."""
+    if mgr.table is None:
+        mgr.init_profiler()  # collective, as get_data_iter's would be
+    state = mgr.state_dict()
+    position = EpochPosition.from_state(state["position"], len(mgr.lengths))
+    plans = ckpt.resume(position, state["data"], mgr.table, mgr.config, mgr.world_size,
+                        lambda ids: mgr.epoch_plans(mgr.epoch, ids))
+    return sum(1 for _ in plans)
 
 
 def _refuse(args: Any, model: Any) -> None:
@@ -62,11 +75,24 @@ def _refuse(args: Any, model: Any) -> None:
     if args.deepspeed:
         fail("TrainingArguments.deepspeed", args.deepspeed, "is not supported by DCPTrainer (DCP runs the engine)",
              'drop it and set DCPConfig(runtime=RuntimeConfig(engine="deepspeed")) for ZeRO-1')
+    if args.fp16:
+        fail("TrainingArguments.fp16", True, "is not supported by DCPTrainer (DCP computes in bf16 or fp32)",
+             "set fp16=False, and bf16=True for bf16 (or DCPConfig(runtime=RuntimeConfig(precision=...)))")
+    # TRL's SFTConfig (getattr: a TrainingArguments has none of these)
+    if getattr(args, "packing", False):
+        fail("SFTConfig.packing", True, "conflicts with DCP, which packs each micro-batch's samples itself (as "
+             "documents: attention stays inside each, and a sample is never cut)", "set packing=False")
+    if getattr(args, "loss_type", "nll") != "nll":
+        fail("SFTConfig.loss_type", args.loss_type, "is not supported by DCPTrainer (DCP's loss is the token-"
+             "weighted negative log-likelihood)", 'set loss_type="nll"')
+    if getattr(args, "activation_offloading", False):
+        fail("SFTConfig.activation_offloading", True, "conflicts with DCP, which chooses the recomputed layers per "
+             "micro-batch to fit the memory", "set activation_offloading=False")
 
 
-class DCPTrainer(Trainer):
-    """``transformers.Trainer`` with DCP's training loop: each step's lengths choose its SP sizes, micro-batches,
-    gradient-accumulation steps and recompute.
+class DCPTrainerMixin:
+    """DCP's training loop for ``transformers.Trainer`` or a subclass of it (listed before it in the bases): each
+    step's lengths choose its SP sizes, micro-batches, gradient-accumulation steps and recompute.
 
     Why a subclass that replaces ``train()``'s loop rather than a callback or a ``training_step`` override:
     Trainer's inner loop fixes what DCP must decide per step. Its dataloader yields ``per_device_train_batch_size``
@@ -81,15 +107,26 @@ class DCPTrainer(Trainer):
     also hold DCP's position in the data) and evaluation (``evaluate()``, untouched: plain batches).
 
     Trainer's global batch (``per_device_train_batch_size x gradient_accumulation_steps x world size`` samples)
-    becomes planning.tokens_per_step (:func:`tokens_per_step`) unless the DCP config sets it.
+    becomes planning.samples_per_step unless the DCP config sets samples_per_step or tokens_per_step: DCP's steps
+    then hold that many samples of the mean length in tokens, so an epoch takes about as many optimizer steps as
+    Trainer's, while each step's sample count follows its lengths. Trainer's ``bf16`` sets runtime.precision
+    ("bf16", else "fp32") unless the DCP config sets it.
+
+    A subclass's own data preparation runs as before (TRL's ``SFTTrainer`` builds ``labels`` from its completion
+    or assistant masks and truncates to ``max_length``); DCP then trains the prepared ``train_dataset``'s
+    ``input_ids`` with its ``labels`` (-100 is not trained). Its ``compute_loss`` and ``training_step`` are not
+    called: DCP's forward computes the loss.
     """
 
     def __init__(self, *args: Any, dcp_config: DCPConfig | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
         if dcp_config is not None and not isinstance(dcp_config, DCPConfig):
             fail("dcp_config", type(dcp_config).__name__, "must be a dcp.DCPConfig",
                  "pass dcp.DCPConfig(...) or dcp.load_config(path)", error=TypeError)
-        _refuse(self.args, self.model)
+        given = kwargs.get("args", args[1] if len(args) > 1 else None)
+        if given is not None:  # before the parent's own set-up (SFTTrainer's data preparation, its offloading)
+            _refuse(given, kwargs.get("model", args[0] if args else None))
+        super().__init__(*args, **kwargs)
+        _refuse(self.args, self.model)  # the arguments the parent settled (SFTConfig's defaults)
         self.dcp_config = dcp_config or DCPConfig()
         self.dcp_manager: Any = None
         """The DCPManager of the last ``train()`` (None before)."""
@@ -99,14 +136,16 @@ class DCPTrainer(Trainer):
     def _world_size(self) -> int:
         return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
-    def _config_for(self, data: TokenDataset) -> DCPConfig:
-        """dcp_config with Trainer's global batch (as tokens) and logging interval where the config leaves
+    def _config_for(self) -> DCPConfig:
+        """dcp_config with Trainer's global batch (in samples) and logging interval where the config leaves
         them at DCP's defaults."""
         cfg = self.dcp_config
-        if cfg.planning.tokens_per_step == PlanningConfig().tokens_per_step:
+        if not (cfg.planning.tokens_per_step or cfg.planning.samples_per_step):
             samples = self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps * self._world_size()
-            planning = dataclasses.replace(cfg.planning, tokens_per_step=tokens_per_step(samples, data.lengths()))
-            cfg = dataclasses.replace(cfg, planning=planning)
+            cfg = dataclasses.replace(cfg, planning=dataclasses.replace(cfg.planning, samples_per_step=samples))
+        if cfg.runtime.precision == RuntimeConfig().precision:
+            precision = "bf16" if self.args.bf16 else "fp32"  # as Trainer would compute
+            cfg = dataclasses.replace(cfg, runtime=dataclasses.replace(cfg.runtime, precision=precision))
         if cfg.runtime.log_every == RuntimeConfig().log_every and self.args.logging_steps >= 1:
             # a StepStats (the loss over all ranks) every logged step: what self.log reports
             cfg = dataclasses.replace(cfg, runtime=dataclasses.replace(cfg.runtime,
@@ -122,14 +161,18 @@ class DCPTrainer(Trainer):
         args = self.args
         folder = self._checkpoint_folder(resume_from_checkpoint) if resume_from_checkpoint else None
         data = self.train_dataset if isinstance(self.train_dataset, TokenDataset) else TokenDataset(self.train_dataset)
-        config = self._config_for(data)
+        config = self._config_for()
         self.create_optimizer()  # Trainer's own (its weight decay groups, args.learning_rate, optim)
         mgr = set_manager(self.model, data, config, optimizer=self.optimizer)
         self.dcp_manager = mgr
-        # the scheduler's length: the steps DCP will take (an epoch's plans are the same on every rank)
-        per_epoch = sum(1 for _ in mgr.epoch_plans(0))
+        if folder is not None:  # DCP's position first: the steps left depend on it (and on this run's world size)
+            mgr.load_state_dict(torch.load(os.path.join(folder, DCP_STATE_FILE), weights_only=False))
+        # the scheduler's length: the steps DCP will take (plans are the same on every rank); after a resume on
+        # another world size (or table, or config) the epoch's untrained samples are planned again, in other steps
         epochs = math.ceil(args.num_train_epochs)
-        max_steps = args.max_steps if args.max_steps > 0 else per_epoch * epochs
+        per_epoch = [steps_left(mgr)] if mgr.epoch < epochs else []
+        per_epoch += [sum(1 for _ in mgr.epoch_plans(e)) for e in range(mgr.epoch + 1, epochs)]
+        max_steps = args.max_steps if args.max_steps > 0 else mgr.global_step + sum(per_epoch)
         self.create_scheduler(num_training_steps=max_steps, optimizer=self.optimizer)
         mgr.engine.lr_scheduler = self.lr_scheduler  # stepped by the engine after each optimizer update
         exportable = [cb for cb in self.callback_handler.callbacks + [self.control] if isinstance(cb, ExportableState)]
@@ -164,7 +207,7 @@ class DCPTrainer(Trainer):
         losses = [s.loss for s in mgr.step_stats if not math.isnan(s.loss)]
         from transformers.trainer_utils import TrainOutput
 
-        return TrainOutput(self.state.global_step, sum(losses) / max(1, len(losses)), {"dcp_steps": per_epoch})
+        return TrainOutput(self.state.global_step, sum(losses) / max(1, len(losses)), {"dcp_steps": sum(per_epoch)})
 
     def _steps_done(self, mgr: Any, logged: int) -> int:
         """Trainer's step callbacks for every optimizer step DCP finished since the last call (a rank idle in a
@@ -203,10 +246,12 @@ class DCPTrainer(Trainer):
         return folder
 
     def _resume(self, mgr: Any, folder: str) -> None:
-        """Model, optimizer and scheduler from Trainer's files; DCP's position from its own."""
-        position = os.path.join(folder, DCP_STATE_FILE)
+        """Model, optimizer and scheduler from Trainer's files (DCP's position is loaded already)."""
         self._load_from_checkpoint(folder)
         self._load_optimizer_and_scheduler(folder)
-        mgr.load_state_dict(torch.load(position, weights_only=False))
         saved = TrainerState.load_from_json(os.path.join(folder, "trainer_state.json"))
         self.state.global_step, self.state.log_history = mgr.global_step, saved.log_history
+
+
+class DCPTrainer(DCPTrainerMixin, Trainer):
+    """``transformers.Trainer`` with DCP's training loop (``DCPTrainerMixin``)."""

@@ -1,6 +1,7 @@
 """DCPTrainer on 2 gloo processes: the example's DCP twin trains a tiny Llama with SP 2 forced by the emulated
 memory, its losses logged through Trainer, in the plain Trainer's optimizer steps (within the rule of
-tests/unit/test_hf_trainer.py)."""
+tests/unit/test_hf_trainer.py); a checkpoint saved at W = 2 resumes at W = 1 with every sample of the epoch
+trained exactly once."""
 
 from __future__ import annotations
 
@@ -42,3 +43,51 @@ def test_the_dcp_twin_trains_on_two_ranks_with_sp2_in_the_plain_trainers_steps(t
     assert dcp_losses and all(math.isfinite(x) for x in dcp_losses)
     assert any("sp=[2]" in h["dcp_groups"] for h in dcp_history if "dcp_groups" in h)  # one group over both ranks
     assert abs(len(dcp_losses) - len(plain_losses)) <= 1 + 0.1 * len(plain_losses)
+
+
+def _trainer_run(rank: int, world: int, out: str, max_steps: int, resume: bool) -> dict:
+    """One DCPTrainer run over 12 samples (global batch 1 x 1 x W); returns the sample ids this rank collated,
+    the optimizer steps and the scheduler's length."""
+    sys.path.insert(0, str(EXAMPLES))
+    import hf_trainer
+    from transformers import TrainingArguments
+
+    import dcp
+    from dcp.config import PlanningConfig, ProfilingConfig
+    from dcp.hf_trainer import DCPTrainer
+    from dcp.integrations.hf import TokenDataset
+    from dcp.integrations.hf_zoo import tiny_causal_lm
+
+    class Recorded(TokenDataset):
+        """The dataset, recording the ids of every micro-batch it collates on this rank."""
+
+        def collate(self, samples):
+            batch = super().collate(samples)
+            self.seen.extend(int(i) for i in batch.sample_ids)
+            return batch
+
+    config = dcp.DCPConfig(profiling=ProfilingConfig(seq_group_edges=(128, 256), max_micro_batch_size=2),
+                           planning=PlanningConfig(sp_sizes=(1, 2)))
+    args = TrainingArguments(output_dir=out, per_device_train_batch_size=1, gradient_accumulation_steps=1,
+                             learning_rate=1e-3, num_train_epochs=1, max_steps=max_steps, logging_steps=1,
+                             save_strategy="steps", save_steps=2, report_to=[], use_cpu=True, disable_tqdm=True)
+    data = Recorded(hf_trainer.byte_dataset(12, 256))
+    data.seen = []
+    trainer = DCPTrainer(model=tiny_causal_lm("llama"), args=args, train_dataset=data,
+                         data_collator=hf_trainer.pad, dcp_config=config)
+    trainer.train(resume_from_checkpoint=resume or None)
+    return {"seen": sorted(set(data.seen)), "steps": trainer.state.global_step, "max_steps": trainer.state.max_steps,
+            "epoch": trainer.dcp_manager.epoch, "lr": trainer.lr_scheduler.get_last_lr()[0]}
+
+
+def test_a_checkpoint_saved_on_two_ranks_resumes_on_one_with_every_sample_once(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the profile tables (one per world size) are cached in ./.dcp_cache
+    out = str(tmp_path / "run")
+    first = run_distributed(_trainer_run, 2, out, 2, False, timeout_s=300)
+    assert (tmp_path / "run" / "checkpoint-2" / "dcp_state.pt").is_file()
+    rest = run_distributed(_trainer_run, 1, out, -1, True, timeout_s=300)[0]
+    trained = sorted({i for r in first for i in r["seen"]})
+    assert 0 < len(trained) < 12 and not set(trained) & set(rest["seen"])
+    assert sorted(trained + rest["seen"]) == list(range(12))  # each sample exactly once over the two runs
+    # the W = 1 run re-planned the epoch's rest and ran all of it: the scheduler's length is its last step
+    assert rest["epoch"] == 1 and rest["steps"] == rest["max_steps"] > 2 and rest["lr"] == 0.0

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 import hf_trainer  # noqa: E402
 import hf_trainer_plain  # noqa: E402
 
-from dcp.hf_trainer import DCP_STATE_FILE, DCPTrainer, tokens_per_step  # noqa: E402
+from dcp.hf_trainer import DCP_STATE_FILE, DCPTrainer  # noqa: E402
 
 SAMPLES, MAX_LEN = 16, 256
 CONFIG = dcp.DCPConfig(profiling=ProfilingConfig(seq_group_edges=(128, 256), max_micro_batch_size=4),
@@ -53,9 +53,20 @@ def test_the_dcp_twin_trains_and_takes_the_plain_trainers_steps(cache_dir, monke
     assert dcp_history[0]["learning_rate"] == pytest.approx(1e-3) and dcp_history[-1]["learning_rate"] > 0
 
 
-def test_tokens_per_step_is_the_global_batch_at_the_mean_length():
-    assert tokens_per_step(8, [100, 300]) == 1600
-    assert tokens_per_step(1, [1]) == 1
+def test_trainers_global_batch_becomes_samples_per_step_unless_the_config_states_a_batch(tmp_path):
+    from transformers import TrainingArguments
+
+    from dcp.integrations.hf_zoo import tiny_causal_lm
+
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=3, gradient_accumulation_steps=2,
+                             report_to=[], use_cpu=True)
+    model = tiny_causal_lm("llama", layers=1)
+    assert DCPTrainer(model=model, args=args, dcp_config=CONFIG)._config_for().planning.samples_per_step == 6
+    for stated in (dict(samples_per_step=5), dict(tokens_per_step=900)):
+        config = CONFIG.replace(planning=PlanningConfig(sp_sizes=(1, 2), **stated))
+        planning = DCPTrainer(model=model, args=args, dcp_config=config)._config_for().planning
+        assert (planning.samples_per_step, planning.tokens_per_step) == (stated.get("samples_per_step", 0),
+                                                                          stated.get("tokens_per_step", 0))
 
 
 def test_a_checkpoint_holds_the_position_and_the_resumed_run_trains_every_token_once(cache_dir, monkeypatch):
