@@ -34,10 +34,6 @@ LR_SCALING = ("none", "linear", "sqrt")
 COMPILE_MODES = ("off", "default", "max-autotune-no-cudagraphs")
 """runtime.compile values: off (eager), or the torch.compile mode applied to each repeated block."""
 """runtime.lr_scaling choices (the rules of dcp.loaders.lr_scaling)."""
-PLAN_AHEAD = ("auto", "thread", "process")
-"""Where plans are computed ahead (planning.plan_ahead)."""
-PROCESS_PLAN_MIN_RANKS = 512
-"""planning.plan_ahead = "auto" plans in a child process from this world size on (a thread below it)."""
 MICRO_BATCH_TOKENS = ("off", "auto")
 """How DCP micro-batches are sized (planning.micro_batch_tokens): by samples only, or by tokens where cheaper."""
 CLOCKS = ("auto", "wall", "cpu", "pipelined")
@@ -222,11 +218,6 @@ class PlanningConfig:
     group; methods then train different batches)."""
     step_tokens_bounds: tuple[float, float] = (0.9, 1.1)
     """[lowest, highest] tokens of one step as fractions of the global batch."""
-    plan_ahead: str = "auto"
-    """Where the next steps' plans are computed while a step runs: "thread" (a background thread, sharing the GIL
-    with training), "process" (a child process per rank, ``dcp.planner.serve``, ~0.4 s to start per epoch) or
-    "auto" (a process from PROCESS_PLAN_MIN_RANKS = 512 ranks on, where planning takes ~10-250 ms of CPU per step
-    and the training thread's host time per step fell ~35% (``dcp bench scale --plan-ahead``); else a thread)."""
     micro_batch_tokens: str = "off"
     """DCP methods, 1D data: "auto" lets each seq_group whose documents sit well below its bound form its
     micro-batches by a token budget (b x bound of the profiled row with the best predicted time per token at
@@ -285,19 +276,10 @@ class PlanningConfig:
             fail("planning.step_tokens_bounds", list(b), "must be [low, high] with 0 < low <= 1 <= high and low < high "
                  "(whole samples cannot sum to exactly the global batch)",
                  "e.g. [0.9, 1.1] (a step holds 0.9x to 1.1x of the global batch)")
-        if self.plan_ahead not in PLAN_AHEAD:
-            fail("planning.plan_ahead", self.plan_ahead, f"is not one of {list(PLAN_AHEAD)}",
-                 'write plan_ahead = "auto" (or "thread" / "process" to choose)')
 
     @property
     def mem_capacity_bytes(self) -> int:
         return int(self.mem_capacity_gib * GIB)
-
-    def plan_ahead_at(self, world_size: int) -> str:
-        """Where plans are computed ahead at ``world_size`` ranks: "thread" or "process" ("auto" resolved)."""
-        if self.plan_ahead != "auto":
-            return self.plan_ahead
-        return "process" if world_size >= PROCESS_PLAN_MIN_RANKS else "thread"
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

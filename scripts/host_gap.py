@@ -3,7 +3,6 @@ the tiny model) with only ``time.thread_time_ns`` brackets, host time accounted 
 CPU minus the forward, backward and engine.step, plus the manager's step_done), per micro-batch and per step.
 
     PYTHONPATH=$PWD python scripts/host_gap.py --world-size 4096 --rank 2048 --steps 10 [--mb-ms 0]
-        [--plan-ahead process]
 
 Prints the median step's host ms (compare ``host_ms_raw_per_step``), the distribution of the per-micro-batch
 host time (median, mean, p90, p99), the share of the total in the steps' first micro-batches and in
@@ -40,7 +39,6 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--mb-ms", type=float, default=0.0, help="sleep per micro-batch at the forward's end")
-    parser.add_argument("--plan-ahead", choices=("thread", "process"), default="thread")
     parser.add_argument("--calls", action="store_true", help="time each runtime call on the micro-batch path")
     parser.add_argument("--store", choices=("hash", "fake"), default="hash", help="as dcp bench scale --store")
     args = parser.parse_args()
@@ -61,8 +59,7 @@ def main() -> None:
     dist.init_process_group("fake", store=store, rank=args.rank, world_size=args.world_size)
     sc = scenario("t1d-5b", "h200")
     config, table = paper_config(sc, "dcp-intra"), paper_table(sc, args.world_size)
-    config = config.replace(runtime=dataclasses.replace(config.runtime, prefetch="on"),
-                            planning=dataclasses.replace(config.planning, plan_ahead=args.plan_ahead))
+    config = config.replace(runtime=dataclasses.replace(config.runtime, prefetch="on"))
     lengths = load_lengths("t1d-balanced", scale="paper", num_samples=40 * args.world_size * (args.steps + 2))
     data, model, tt, acc = _TokenDataset(lengths.tokens), _tiny_model(), time.thread_time_ns, {"fwd": 0, "sd": 0}
 

@@ -6,9 +6,7 @@ every ``next()`` of the EpochPlanner (the per-epoch preparation, done once, is r
 setup_ms). Each planned step is priced by the simulator (``dcp.sim.cluster.step_cost`` on the same table and
 hardware, with the gradient sync, optimizer update and control plane ``dcp simulate`` adds): step_time_s is
 the timed steps' median, planning_share = cpu_median_ms / step_time_s, the share of a step's time the
-planner's CPU takes. The timed loop does between plans what the planning process of the default runtime at
-W >= 512 does (``planning.plan_ahead = "auto"``, ``dcp.planner.serve``): it pickles the plan (send_cpu_ms, that
-process's extra CPU per plan) and drops it. The steps are priced afterwards, from the same plans planned again:
+planner's CPU takes. The steps are priced afterwards, from the same plans planned again:
 pricing between the timed calls (Python, ~3x a plan's CPU) left each next() ~9 ms (~30%) slower at 4096
 ranks, a cost of the bench that no run pays. Then the same steps again through ``PlanAhead`` (``dcp.planner.ahead``) with a consumer
 that spends each step's simulated time (capped at ``--pace-cap-ms``; or a fixed ``--step-ms``) sleeping, as
@@ -18,8 +16,7 @@ the exposed cost it measures is an upper bound of the real one. Beside them the 
 idle (idle_median), what the planning time buys. With ``--busy`` the consumer computes in Python instead of
 sleeping: a host-bound loop holds the GIL the planning thread needs, so the plan may not be ready in time
 (the exposed cost then grows), and the loop's own work slows by about the planner's CPU time
-(cpu_median_ms). ``--ahead process`` plans in a child process instead (``planning.plan_ahead``). One row per
-W; with --json a last line {"rows": [...]}.
+(cpu_median_ms). One row per W; with --json a last line {"rows": [...]}.
 """
 
 from __future__ import annotations
@@ -27,14 +24,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import pickle
 import time
 from collections.abc import Callable
 
 import numpy as np
 
 from dcp.argtypes import MAX_WORLD_SIZE
-from dcp.config import METHODS, PLAN_AHEAD, DCPConfig, PlanningConfig
+from dcp.config import METHODS, DCPConfig, PlanningConfig
 
 DEFAULT_MODEL = "t1d-tiny"
 """The default model shape (ModelShapeConfig), planned on the ``cpu-small`` table unless --hardware says."""
@@ -67,8 +63,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--busy", action="store_true",
                         help="the consumer computes in Python (holding the GIL) instead of sleeping, as "
                              "a host-bound training loop does: the planning thread then gets the GIL in turns")
-    parser.add_argument("--ahead", choices=PLAN_AHEAD, default="thread",
-                        help="where the plans are computed ahead (planning.plan_ahead)")
     parser.add_argument("--json", action="store_true", help='print a last line {"rows": [...]}')
 
 
@@ -154,7 +148,7 @@ def _median(values, scale: float = 1.0, digits: int = 3) -> float:
 
 
 def bench_world_size(world_size: int, steps: int, method: str = "dcp-intra", step_ms: float | None = None,
-                     busy: bool = False, ahead: str = "thread", *, model: str = DEFAULT_MODEL,
+                     busy: bool = False, *, model: str = DEFAULT_MODEL,
                      hardware: str = "cpu", pace_cap_ms: float = PACE_CAP_MS, dataset: str = "synthetic",
                      samples_per_rank: int = 0) -> dict:
     from dcp.planner.assemble import EpochPlanner
@@ -174,7 +168,7 @@ def bench_world_size(world_size: int, steps: int, method: str = "dcp-intra", ste
     t0 = time.perf_counter()
     first = next(planner)
     setup += time.perf_counter() - t0
-    samples, send = first.samples, []
+    samples = first.samples
     while len(times) < steps:
         t0, c0 = time.perf_counter(), time.process_time()
         try:
@@ -186,9 +180,6 @@ def bench_world_size(world_size: int, steps: int, method: str = "dcp-intra", ste
         mbs.append(int(plan.ga_steps.sum()))
         idle.append(plan.idle_ratio_gpu)
         samples += plan.samples
-        c0 = time.process_time()  # what the planning process does between plans (serve.main): pickle it
-        pickle.dumps(("plan", plan), protocol=pickle.HIGHEST_PROTOCOL)
-        send.append(time.process_time() - c0)
     # Priced apart, from the same plans planned again: pricing in the timed loop (~3x a plan's CPU, on this
     # thread) left next() ~9 ms slower at 4096 ranks, a cost no training run pays.
     first_s, *step_s = (price(p).step_time_s for p in itertools.islice(
@@ -196,7 +187,7 @@ def bench_world_size(world_size: int, steps: int, method: str = "dcp-intra", ste
     # Planned ahead: what a rank still waits for next() when each step computes for its pace.
     paces = [step_ms] * (len(times) + 1) if step_ms is not None else [
         min(pace_cap_ms, 1e3 * s) for s in (first_s, *step_s)]
-    ex = _exposed(dict(lengths=lengths, table=table, config=config, world_size=world_size, shapes=shapes), ahead,
+    ex = _exposed(dict(lengths=lengths, table=table, config=config, world_size=world_size, shapes=shapes),
                   _python_work() if busy else _sleep, paces) * 1e3
     arr = np.asarray(times) * 1e3
     cpu_ms = _median(cpu, 1e3)
@@ -214,8 +205,6 @@ def bench_world_size(world_size: int, steps: int, method: str = "dcp-intra", ste
         "p99_ms": round(float(np.percentile(arr, 99)), 3) if len(arr) else float("nan"),
         # Process CPU time: robust when other jobs share the cores (wall time then includes waiting).
         "cpu_median_ms": cpu_ms,
-        # the CPU a planning process (plan_ahead "process") adds per plan to send it: the pickling
-        "send_cpu_ms": _median(send, 1e3),
         "exposed_median_ms": _median(ex),
         "exposed_p99_ms": round(float(np.percentile(ex, 99)), 3) if len(ex) else float("nan"),
         "plan_exposed_ms": _median(ex),
@@ -228,16 +217,15 @@ def bench_world_size(world_size: int, steps: int, method: str = "dcp-intra", ste
         # what the time buys: the planned steps' predicted GPU-weighted idle
         "idle_median": round(float(np.median(idle)), 4) if idle else float("nan"),
         "consumer": "busy" if busy else "sleep",
-        "ahead": ahead,
     }
 
 
-def _exposed(planner_kwargs: dict, ahead: str, work: Callable[[float], None], paces: list[float]) -> np.ndarray:
+def _exposed(planner_kwargs: dict, work: Callable[[float], None], paces: list[float]) -> np.ndarray:
     """Seconds each ``next()`` of the plans made ahead blocks a consumer that spends ``paces[i]`` ms on step i."""
     from dcp.planner.ahead import planned_ahead
 
     exposed = []
-    with planned_ahead(planner_kwargs, ahead) as plans:
+    with planned_ahead(planner_kwargs) as plans:
         next(plans)  # the epoch's first plan (preparation included) is computed before training starts
         work(paces[0])
         for i, pace in enumerate(paces[1:], 2):
@@ -304,7 +292,7 @@ def run(args: argparse.Namespace) -> int:
 
     for w in (bar := tqdm(sizes, desc="bench planner", unit="W", dynamic_ncols=True)):
         bar.set_postfix_str(f"W={w}")
-        r = bench_world_size(w, args.steps, args.method, args.step_ms, args.busy, args.ahead, model=args.model,
+        r = bench_world_size(w, args.steps, args.method, args.step_ms, args.busy, model=args.model,
                              hardware=args.hardware, pace_cap_ms=args.pace_cap_ms, dataset=args.dataset,
                              samples_per_rank=args.samples_per_rank)
         rows.append(r)

@@ -105,10 +105,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefetch", choices=("on", "off", "auto"), default="on",
                         help="runtime.prefetch of the run: on (default) collates the next micro-batch on a background "
                              "thread, as a GPU job does (auto is on only on CUDA)")
-    parser.add_argument("--plan-ahead", choices=("auto", "thread", "process"), default="auto",
-                        help="planning.plan_ahead of the run: auto (the config's default: a child process from 512 "
-                             "ranks on, a thread below), thread or process; with a process its CPU is not in "
-                             "plan_cpu_ms_per_step, which then counts the thread that receives the plans")
     parser.add_argument("--store", choices=("hash", "fake"), default="hash",
                         help="the fake world's store: hash (default; takes the runtime's phase writes, as the job's "
                              "TCPStore does) or fake (torch's FakeStore: every write raises; the figures before this "
@@ -163,8 +159,7 @@ def run(args: argparse.Namespace) -> int:
     for w, r in jobs:
         spec = {"world_size": w, "rank": r, "steps": args.steps, "mb_ms": args.mb_ms, "dataset": args.dataset,
                 "samples_per_rank": args.samples_per_rank, "log_every": args.log_every,
-                "prefetch": args.prefetch, "device_standin": args.device_standin, "plan_ahead": args.plan_ahead,
-                "store": args.store}
+                "prefetch": args.prefetch, "device_standin": args.device_standin, "store": args.store}
         rows.append(run_worker(spec))
         print(_line(rows[-1]), flush=True) if len(rows) == 1 else print(_line(rows[-1], header=False), flush=True)
     for row in rows:
@@ -287,7 +282,6 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("log_every"):
         config = config.replace(runtime=dataclasses.replace(config.runtime, log_every=spec["log_every"]))
     config = config.replace(runtime=dataclasses.replace(config.runtime, prefetch=spec.get("prefetch", "on")))
-    config = config.replace(planning=dataclasses.replace(config.planning, plan_ahead=spec.get("plan_ahead", "auto")))
     lengths = load_lengths(spec["dataset"], scale="paper", num_samples=spec["samples_per_rank"] * w * (steps + 2))
     data, model, probe = _TokenDataset(lengths.tokens), _tiny_model(), _Probe()
     data.clock = probe.tick
@@ -351,14 +345,12 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         harness = _harness_cost(mgr, census)  # after the loop: nothing else of the run is timed now
     logged = {s.global_step for s in mgr.step_stats}
     return _row(spec, census, probe, data, end, logged, manager_s=manager_s, groups_s=groups_s,
-                first_s=first_s, before0=before0, config_log_every=config.runtime.log_every, harness=harness,
-                config_plan_ahead=config.planning.plan_ahead_at(w))
+                first_s=first_s, before0=before0, config_log_every=config.runtime.log_every, harness=harness)
 
 
 def _row(spec: dict[str, Any], census: Any, probe: _Probe, data: _TokenDataset, end: tuple, logged: set[int], *,
          manager_s: float, groups_s: float, first_s: float | None, before0: int | None,
-         config_log_every: int, harness: tuple[float, float] = (0.0, 0.0),
-         config_plan_ahead: str = "thread") -> dict[str, Any]:
+         config_log_every: int, harness: tuple[float, float] = (0.0, 0.0)) -> dict[str, Any]:
     w = spec["world_size"]
     marks = sorted(probe.step_start)
     ticks = [t for t in marks if t >= 1 and t + 1 in probe.step_start] or [t for t in marks if t >= 0]
@@ -426,7 +418,7 @@ def _row(spec: dict[str, Any], census: Any, probe: _Probe, data: _TokenDataset, 
         "collectives": collectives,
         "samples": spec["samples_per_rank"] * w * (spec["steps"] + 2), "mb_ms": spec["mb_ms"],
         "device_standin": spec.get("device_standin", "sleep"),
-        "log_every": config_log_every, "prefetch": spec.get("prefetch", "on"), "plan_ahead": config_plan_ahead,
+        "log_every": config_log_every, "prefetch": spec.get("prefetch", "on"),
         "store": spec.get("store", "hash"),
     }
 

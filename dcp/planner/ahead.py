@@ -7,28 +7,26 @@ per-epoch plan digest check is unchanged); only *when* they are computed moves. 
 step s (GPU kernels, collectives: the GIL is released), the thread plans steps s + 1 .. s + depth, so a
 planner costing tens of milliseconds per step at thousands of ranks never delays a step whose compute takes
 longer than that. The thread still shares the GIL with the training loop: its CPU time is taken in
-switch-interval slices from the loop's own Python (kernel launches), which a planner process would avoid.
+switch-interval slices from the loop's own Python (kernel launches). A planner child process per rank, which
+held its own GIL, was measured against this thread (``dcp bench scale``, W 64 and 512, interleaved): the training
+thread's host CPU per step within noise (0.58 vs 0.63 ms at 512), its wall time and the first batch's wait
+(+1.0-1.3 s per epoch, the child's start) worse; it was removed.
 
 An exception raised by the planner is re-raised by the ``next()`` that would have returned that plan. Used
 plans are freed on the planning thread while it runs, each once the plan after the next one is taken (a loop
 may still hold the one before the last it took); those left when it has ended, on whichever thread drops the
 PlanAhead.
-``close()`` (also on garbage collection, or ``with PlanAhead(...)``) stops the thread; it never blocks for
-longer than one plan's computation.
+``close()`` (also on garbage collection, or ``with PlanAhead(...)``) stops the thread and joins it; it never blocks
+for longer than one plan's computation.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
-
-from dcp.planner.serve import receive, send
-from dcp.planner.stream import PlanningError
 
 DEFAULT_DEPTH = 2
 """Plans computed ahead of the one in use."""
@@ -113,7 +111,6 @@ class PlanAhead:
         if depth < 1:
             raise ValueError(f"depth ({depth}) must be >= 1: the number of plans computed ahead, e.g. 2")
         self._buffer = _Buffer(depth)
-        self._source = plans
         self._current: Any = None
         self._previous: Any = None
         self._stop = threading.Event()
@@ -149,17 +146,14 @@ class PlanAhead:
         return item
 
     def close(self) -> None:
-        """Stop the planning thread (idempotent); plans not yet taken are dropped. A ``RemotePlans`` source
-        is terminated too (its process; a generator is left alone: it may be running on the thread)."""
+        """Stop the planning thread (idempotent); plans not yet taken are dropped."""
         self._done = True
         self._stop.set()
         self._buffer.wake.set()
-        _terminate(self._source)
         # while the interpreter finalizes, a daemon thread is frozen where it stood: joining it never returns
         if self._thread.is_alive() and threading.current_thread() is not self._thread and not sys.is_finalizing():
             self._thread.join()
-        # the plans in hand (_current, _previous) and those retired go with this object: a PlanFeed drops it on a
-        # helper thread (dcp.runtime.stepview), so the training thread frees no plan here (the producer, which
+        # the plans in hand (_current, _previous) and those retired go with this object (the producer, which
         # would have freed the retired ones, has ended)
 
     @property
@@ -178,129 +172,15 @@ class PlanAhead:
         if stop is not None:
             stop.set()
             self._buffer.wake.set()
-            _terminate(getattr(self, "_source", None))
 
 
-def _terminate(source: Any) -> None:
-    terminate = getattr(source, "terminate", None)
-    if terminate is not None:
-        terminate()
-
-
-_CHILD = "import sys; sys.path.insert(0, sys.argv[1]); from dcp.planner.serve import main; sys.exit(main(int(sys.argv[2])))"
-"""The child's command: the parent's own ``dcp`` first on its path (with ``-P``: not the working directory)."""
-
-
-class RemotePlans:
-    """The StepPlans of ``EpochPlanner(**planner_kwargs)``, computed by a child process
-    (``dcp.planner.serve``) that holds its own GIL; wrap it in ``PlanAhead`` (whose thread only reads and
-    unpickles: ~1-30 ms per plan at 4096 ranks, ~1-10 MB of arrays each). The same plans in the same order as
-    the EpochPlanner in this process (tested). ``prepare`` (picklable; e.g. the runtime's
-    ``dcp.runtime.stepview.StepViews``) is sent to the child and applied there to each plan, in order: what
-    ``next()`` returns is its result, and an exception it raises is re-raised by the ``next()`` that would
-    have returned that plan, as on PlanAhead's thread. The child imports this process's ``dcp`` and writes its
-    messages to a pipe of their own (never stdout, where a stray print would corrupt them). A planner error is
-    re-raised here; ``terminate()`` (also on garbage collection, and by ``PlanAhead.close()``) ends the child.
-    """
-
-    def __init__(self, planner_kwargs: dict[str, Any], prepare: Callable[[Any], Any] | None = None) -> None:
-        import dcp
-
-        root = os.path.dirname(os.path.dirname(os.path.abspath(dcp.__file__)))
-        read_fd, write_fd = os.pipe()
-        _widen(read_fd)
-        try:
-            self._proc = subprocess.Popen([sys.executable, "-P", "-c", _CHILD, root, str(write_fd)],
-                                          stdin=subprocess.PIPE, pass_fds=(write_fd,))
-        except BaseException:
-            os.close(read_fd)
-            raise
-        finally:
-            os.close(write_fd)  # the child holds it now: reading ends when the child does
-        self._messages = os.fdopen(read_fd, "rb")
-        self._kwargs: tuple[dict[str, Any], Callable[[Any], Any] | None] | None = (planner_kwargs, prepare)
-        self._closed = self._ended = False
-
-    def __iter__(self) -> RemotePlans:
-        return self
-
-    def __next__(self) -> Any:
-        if self._ended or self._closed:
-            raise StopIteration
-        proc = self._proc
-        if self._kwargs is not None:  # on the reading thread: the constructor never waits for the child
-            kwargs, self._kwargs = self._kwargs, None
-            try:
-                send(proc.stdin, kwargs)
-                proc.stdin.close()
-            except (BrokenPipeError, ValueError):
-                pass  # the child is gone (or terminated): reading says why
-        try:
-            kind, value = receive(self._messages)
-        except (EOFError, ValueError, OSError):
-            self._ended = True
-            if self._closed:
-                raise StopIteration from None
-            code = proc.wait()
-            raise PlanningError(
-                f"the planner process (dcp.planner.serve) ended without a plan (exit code {code}; a negative "
-                "code is the signal that ended it, else its error is on stderr): planning.plan_ahead = "
-                '"thread" plans in this process'
-            ) from None
-        if kind == "plan":
-            return value
-        self._ended = True
-        proc.wait()
-        if kind == "end":
-            raise StopIteration
-        raise value
-
-    def terminate(self) -> None:
-        """End the child process (idempotent, any thread)."""
-        self._closed = True
-        proc = getattr(self, "_proc", None)
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for stream in (proc.stdin, getattr(self, "_messages", None)):
-            if stream is not None and not stream.closed:
-                try:
-                    stream.close()
-                except OSError:
-                    pass
-
-    def __del__(self) -> None:
-        self.terminate()
-
-
-PIPE_BYTES = 1 << 20
-"""The plans' pipe capacity asked of Linux (its default is 64 KiB, and /proc/sys/fs/pipe-max-size, 1 MiB by
-default, caps it): a plan of 4096 ranks is 1-10 MB, and each 64 KiB the child writes wakes the reading thread,
-which takes this process's GIL for each read."""
-
-
-def _widen(fd: int) -> None:
-    try:
-        import fcntl
-
-        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
-    except (ImportError, AttributeError, OSError):
-        pass  # not Linux, or a lower pipe-max-size: the default capacity only costs more wake-ups
-
-
-def planned_ahead(planner_kwargs: dict[str, Any], where: str = "thread", depth: int = DEFAULT_DEPTH,
+def planned_ahead(planner_kwargs: dict[str, Any], depth: int = DEFAULT_DEPTH,
                   prepare: Callable[[Any], Any] | None = None) -> PlanAhead:
-    """The plans of ``EpochPlanner(**planner_kwargs)``, computed ``depth`` steps ahead on a background thread
-    (``where = "thread"``) or in a child process that the thread reads (``"process"``, ``RemotePlans``):
-    ``planning.plan_ahead``. The same plans either way; ``prepare`` (see PlanAhead) runs on the thread, or in
-    the child process (it must pickle then): the training process only reads its results."""
-    if where == "process":
-        return PlanAhead(RemotePlans(planner_kwargs, prepare), depth)
+    """The plans of ``EpochPlanner(**planner_kwargs)``, computed ``depth`` steps ahead on a background thread;
+    ``prepare`` (see PlanAhead) runs on that thread too."""
     from dcp.planner.assemble import EpochPlanner
 
     return PlanAhead(EpochPlanner(**planner_kwargs), depth, prepare)
 
 
-__all__ = ["DEFAULT_DEPTH", "PlanAhead", "RemotePlans", "planned_ahead"]
+__all__ = ["DEFAULT_DEPTH", "PlanAhead", "planned_ahead"]

@@ -163,7 +163,6 @@ class StepLoop:
             self.prefetched += fetch.prefetched
             fetch.close()
         self.begin_step(None)  # flush the last step's stats; all ranks must end the epoch together
-        self.position.wait()  # its marking helper's error, if any, is raised here, not lost with it
         self.position = EpochPosition.start(epoch + 1, self.position.num_samples)
 
     def begin_step(self, view: RankStep | None, *, pause_step: int | None = None,

@@ -63,7 +63,7 @@ from dcp.runtime.profiling import Measurements, MicroBatchTimer, ProfileSource, 
 from dcp.runtime.recompute import run_layer, wrap_layers
 from dcp.runtime.registry import SPGroupRegistry
 from dcp.runtime.step import ManagerError, OpenStep, StepTally
-from dcp.runtime.stepview import PlanFeed, StepViews
+from dcp.runtime.stepview import StepViews
 from dcp.runtime.weighting import micro_batch_weight
 
 PlanSource = Callable[[int], Any]  # epoch -> iterable of StepPlans
@@ -236,7 +236,7 @@ class DCPManager:
         """The StepPlans of ``epoch`` over sample ids ``ids`` (None: all; deterministic: the same on every rank
         and on every replay); a custom plan source takes no ids (it cannot re-plan a resumed epoch's rest).
         ``per_rank``: each as this rank's ``RankStep`` (dcp.runtime.stepview: its group, digest, N_step, samples),
-        prepared as it is made (on the plan-ahead thread, or in the planner's child process), so that the training
+        prepared as it is made (on the plan-ahead thread), so that the training
         thread does no O(world size) work per step (what get_data_iter runs; a custom source's plans are prepared
         by the step loop)."""
         if self._plans is not None:
@@ -245,17 +245,16 @@ class DCPManager:
             self.init_profiler()
         from dcp.planner.ahead import planned_ahead
 
-        # planned a few steps ahead on a background thread, or in a child process that the thread reads
-        # (same plans, same order: dcp.planner.ahead); a resumed epoch's rest is planned as a smaller dataset
+        # planned a few steps ahead on a background thread (same plans, same order: dcp.planner.ahead); a resumed
+        # epoch's rest is planned as a smaller dataset
         ids = np.arange(len(self.lengths)) if ids is None else np.asarray(ids, dtype=np.int64)
         kwargs = dict(lengths=[self.lengths[i] for i in ids], table=self.table, config=self.config, epoch=epoch,
                       world_size=self.world_size, shapes=[self.shapes[i] for i in ids] if self.shapes else None)
         if not per_rank:
-            return remapped(planned_ahead(kwargs, self.config.planning.plan_ahead_at(self.world_size)), ids)
+            return remapped(planned_ahead(kwargs), ids)
         views = StepViews(rank=self.rank, world_size=self.world_size, target_counts=self._target_counts_np,
                           loss_weighting=self.config.runtime.loss_weighting, ids=ids)
-        where = self.config.planning.plan_ahead_at(self.world_size)
-        return PlanFeed(planned_ahead(kwargs, where, prepare=views))  # freed off-thread
+        return planned_ahead(kwargs, prepare=views)
 
     def get_data_iter(self, max_steps: int | None = None) -> Iterator[Any]:
         """This rank's micro-batches (Batch objects) of the current epoch's untrained samples (see state_dict).

@@ -24,9 +24,6 @@ the manager calls it, every rank computes the same.
 from __future__ import annotations
 
 import hashlib
-import os
-import sys
-import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,46 +65,6 @@ def segment_key(data_digest: str, base: np.ndarray, inputs: Iterable[str]) -> st
     return h.hexdigest()[:24]
 
 
-SETTLE_IDS = 1 << 20
-"""``record_checked`` keeps up to this many sample ids (8 MiB) of finished steps before marking them in the bitmap."""
-
-
-class _Marking:
-    """``done[ids] = True`` for each id array of a batch, on a helper thread; ``wait()`` joins it and re-raises
-    what it raised."""
-
-    def __init__(self, done: np.ndarray, batch: list[np.ndarray]) -> None:
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._mark, args=(done, batch), name="dcp-position-mark", daemon=True)
-        self._thread.start()
-
-    def _mark(self, done: np.ndarray, batch: list[np.ndarray]) -> None:
-        lower_priority()
-        try:
-            for ids in batch:
-                done[ids] = True
-        except BaseException as exc:  # re-raised by wait(), on the thread that reads the position
-            self._error = exc
-
-    def wait(self) -> None:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-
-
-def lower_priority() -> None:
-    """Give the calling thread the lowest CPU priority (Linux: a thread's own nice value, 19; elsewhere nothing).
-    The marking helper runs beside the training thread: at nice 0 on a 2-core host it raised the training thread's
-    involuntary context switches per step 10 -> 16-17.5 (10 and 8 pairs of ``dcp bench scale`` at W 4096); at nice
-    19, 12-12.5 (8 pairs each against the helper at nice 0 and against no helper)."""
-    if sys.platform != "linux":
-        return
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread only (a Linux thread id)
-    except (AttributeError, OSError):
-        pass
-
-
 def mark_new(mask: np.ndarray, ids: np.ndarray) -> list[int] | str | None:
     """Set ``mask[ids]`` when every id is new (not set yet, and once in ``ids``) and return None; otherwise leave
     ``mask`` as it was and return what repeats: up to 8 of the ids already set, ascending, or 'a sample twice in
@@ -127,9 +84,8 @@ class EpochPosition:
     """The data position of one epoch (see the module docstring); mutated as steps finish."""
 
     epoch: int
-    _done: np.ndarray
-    """Samples the epoch's finished steps trained (bool per sample): read it as ``done``, which first marks the
-    steps ``record_checked`` keeps."""
+    done: np.ndarray
+    """Samples the epoch's finished steps trained (bool per sample)."""
     base: np.ndarray
     """Samples done when the current segment's plan was made (a subset of ``done``)."""
     key: str = ""
@@ -141,37 +97,6 @@ class EpochPosition:
     plan): ``done`` is learnt from the skipped steps instead of checked against them."""
     skipped: list[int] = field(default_factory=list)
     """Samples of steps the non-finite guard skipped this epoch (runtime.nonfinite = 'skip'): done, never applied."""
-    _kept: list[np.ndarray] = field(default_factory=list, repr=False, compare=False)
-    """Sample ids of finished steps not yet marked in ``_done`` (``record_checked``)."""
-    _marking: _Marking | None = field(default=None, repr=False, compare=False)
-    """The helper thread marking a batch of kept ids in ``_done`` (``record_checked``), or None."""
-
-    @property
-    def done(self) -> np.ndarray:
-        """Samples the epoch's finished steps trained (bool per sample)."""
-        self._settle()
-        return self._done
-
-    @done.setter
-    def done(self, value: np.ndarray) -> None:
-        self.wait()
-        self._kept.clear()
-        self._done = value
-
-    def _settle(self) -> None:
-        """Every finished step's ids marked in ``_done`` (waits for the helper thread's batch first)."""
-        self.wait()
-        for ids in self._kept:
-            self._done[ids] = True
-        self._kept.clear()
-
-    def wait(self) -> None:
-        """Wait for the helper thread marking a batch (``record_checked``) and raise what it raised: what the step
-        loop calls before it drops the position at the end of an epoch, so no error is lost with it (a checkpoint
-        loaded over a position discards its bitmap, and with it anything its helper did)."""
-        marking, self._marking = self._marking, None
-        if marking is not None:
-            marking.wait()
 
     @classmethod
     def start(cls, epoch: int, num_samples: int) -> EpochPosition:
@@ -179,7 +104,7 @@ class EpochPosition:
 
     @property
     def num_samples(self) -> int:
-        return len(self._done)
+        return len(self.done)
 
     def remaining(self) -> np.ndarray:
         """Sample ids the current segment plans (those not in ``base``), ascending."""
@@ -196,17 +121,10 @@ class EpochPosition:
                             "this is a bug in the plan source; report it with the plan")
 
     def record_checked(self, sample_ids: np.ndarray) -> None:
-        """A step of the current segment finished, having trained ``sample_ids`` (ascending), which were checked to be
-        new in the epoch when its plan was prepared (``dcp.runtime.stepview.StepViews``). They are kept, and once
-        SETTLE_IDS of them are, marked in the bitmap by a helper thread (numpy releases the GIL while it marks), which
-        ``done`` waits for (a checkpoint, a resume). A step at 4096 ranks holds 130,000-690,000 samples: marking them
-        took the training thread ~0.2-1.5 ms every step, and then 3.6 ms every ~6 steps in batches of SETTLE_IDS."""
-        self._kept.append(sample_ids)
+        """A step of the current segment finished, having trained ``sample_ids``, which were checked to be new in
+        the epoch when its plan was prepared (``dcp.runtime.stepview.StepViews``): only marked here."""
+        self.done[sample_ids] = True
         self.steps += 1
-        if sum(len(k) for k in self._kept) >= SETTLE_IDS:  # a few arrays: a batch is ~2-8 steps at 4096 ranks
-            self.wait()  # the batch before (SETTLE_IDS ids ago): long done
-            batch, self._kept = self._kept, []
-            self._marking = _Marking(self._done, batch)
 
     def to_state(self) -> dict[str, Any]:
         return {"format": FORMAT, "epoch": self.epoch, "num_samples": self.num_samples, "done": _bits(self.done),
@@ -255,10 +173,6 @@ class EpochPosition:
         self.base, self.steps = self.done.copy(), 0
         self.key = key_of(self.base)
         return self._plans(plans), 0, True
-
-    def segment_plans(self, plans: Callable[[np.ndarray], Iterator[Any]]) -> Iterator[Any]:
-        """Every plan of the current segment, its finished steps included (what the ranks' plan check digests)."""
-        return self._plans(plans)
 
     def _plans(self, plans: Callable[[np.ndarray], Iterator[Any]]) -> Iterator[Any]:
         ids = self.remaining()

@@ -6,10 +6,8 @@ running digest), N_step (the loss weights' denominator), its own SP group, the s
 (``runtime.lr_scaling``) and, once the step is done, the samples it trained (the epoch's position) and, on a
 logged step, the predicted idle and the plan's summary; a resumed epoch's plan also has its sample ids mapped
 back to the dataset's. Each of those reads the whole global plan: O(W) work per step. ``StepViews`` computes them for one
-rank as each plan is made, on the plan-ahead thread (``dcp.planner.ahead.PlanAhead(prepare=...)``) or, with
-``planning.plan_ahead = "process"``, in the planner's child process (a ``StepViews`` pickles; at 4096 ranks its
-5-40 ms a step would otherwise hold the training process's GIL), so the training thread does O(its own
-micro-batches) per step. ``RankStep`` is the result: a value the step loop (``dcp.runtime.loop``) reads.
+rank as each plan is made, on the plan-ahead thread (``dcp.planner.ahead.PlanAhead(prepare=...)``), so the training
+thread does O(its own micro-batches) per step. ``RankStep`` is the result: a value the step loop (``dcp.runtime.loop``) reads.
 
 ``StepViews`` also checks, plan by plan, that no sample is planned twice in the epoch's plan segment (the
 samples of earlier steps, and those the segment started with, are not planned again): the check that
@@ -20,8 +18,6 @@ step's samples (``EpochPosition.record_checked``). A plan that fails it raises `
 
 from __future__ import annotations
 
-import sys
-import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -132,55 +128,6 @@ def _identity(ids: np.ndarray, n: int) -> bool:
     return len(ids) == n and bool((ids == np.arange(n)).all())
 
 
-class PlanFeed:
-    """The prepared plans of one epoch segment (a ``PlanAhead``), whose ``close()`` stops them at once and
-    frees them on a helper thread instead of the training thread.
-
-    When ``get_data_iter`` ends (the epoch's end, ``max_steps``, a break) the plan source still holds plans:
-    those computed ahead and not run, the last ones taken. At 4096 ranks a plan holds ~20,000 micro-batches
-    and freeing the few held took ~100 ms of the training thread's CPU (``dcp bench scale``'s ``host_ms_max``).
-    ``close`` itself stops the source (``PlanAhead.close``: the planning thread joined, bounded by one plan's
-    computation, and a planner child process ended), so nothing plans on after the loop; only the freeing
-    runs on the helper thread."""
-
-    __slots__ = ("_plans",)
-
-    def __init__(self, plans: Iterator[Any]) -> None:
-        self._plans: Iterator[Any] | None = plans
-
-    def __iter__(self) -> PlanFeed:
-        return self
-
-    def __next__(self) -> Any:
-        if self._plans is None:
-            raise StopIteration
-        return next(self._plans)
-
-    def close(self) -> None:
-        """Stop the plan source now, then drop it on a helper thread (idempotent)."""
-        if self._plans is None:
-            return
-        # stopped here: when get_data_iter returns, no planning thread runs on and a planner child process
-        # has exited (only the freeing of the plans it held is left to the helper)
-        close = getattr(self._plans, "close", None)
-        if close is not None:
-            close()
-        del close  # a bound method: a reference to the plans this thread must not keep
-        # handed over in a box that the helper empties, so that this thread keeps no reference that could
-        # be the last one dropped (the helper may finish before this call returns)
-        box, self._plans = [self._plans], None
-        if sys.is_finalizing():
-            # a new thread never starts while the interpreter finalizes (start() would wait for it for ever)
-            _drop(box)
-            return
-        threading.Thread(target=_drop, args=(box,), name="dcp-plan-free", daemon=True).start()
-
-
-def _drop(box: list[Any]) -> None:
-    plans = box.pop()
-    del plans  # the last reference: the plans are freed here, on this thread
-
-
 def rank_steps(plans: Iterable[Any], views: StepViews) -> Iterator[RankStep]:
     """``views`` applied to ``plans`` on the calling thread (a ``RankStep`` passes unchanged): for a plan source
     that is not prepared on the plan-ahead thread (a custom ``plans=`` source)."""
@@ -194,4 +141,4 @@ def rank_steps(plans: Iterable[Any], views: StepViews) -> Iterator[RankStep]:
             close()
 
 
-__all__ = ["PlanFeed", "RankStep", "StepViews", "rank_steps"]
+__all__ = ["RankStep", "StepViews", "rank_steps"]

@@ -60,40 +60,6 @@ def test_plan_mismatch_fails_fast_on_every_rank():
     assert results[0]["count"][0] == results[1]["count"][0]
 
 
-def _process_planning(rank: int, world: int) -> dict:
-    import dataclasses
-
-    from dcp.planner import plan_epoch
-
-    out = {}
-    # both ranks plan in child processes (planning.plan_ahead = "process"): the loop runs their plans
-    model, data, config, table = planner_setup(world)
-    config = config.replace(planning=dataclasses.replace(config.planning, plan_ahead="process"))
-    mgr = set_manager(model, data, config, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), table=table)
-    ran = []
-    for batch in mgr.get_data_iter():
-        if not ran or mgr.plan is not ran[-1]:
-            ran.append(mgr.plan)
-        mgr.train_micro_batch(batch)
-    out["same_as_local"] = [p.digest() for p in ran if p is not None] == [
-        p.digest() for p in plan_epoch(data.lengths(), table, config, world)
-        if p.group_of(rank).micro_batches]
-    # rank 1 with another seed, still in a child process: caught before any step, as with the thread
-    model, data, config, table = planner_setup(world, seed=rank)
-    config = config.replace(planning=dataclasses.replace(config.planning, plan_ahead="process"))
-    mgr = set_manager(model, data, config, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), table=table)
-    out["seed"] = _expect_mismatch(mgr)
-    return out
-
-
-def test_plans_made_in_child_processes_run_and_are_checked():
-    results = run_distributed(_process_planning, 2, timeout_s=180)
-    for res in results:
-        assert res["same_as_local"]
-        msg, seconds = res["seed"]
-        assert "epoch 0 (its step plans)" in msg and "ranks [1]" in msg and seconds < 60.0
-
-
 def _diverge_on_an_unlogged_step(rank: int, world: int) -> dict:
     from dcp.runtime import exchange
 

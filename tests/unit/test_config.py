@@ -43,7 +43,6 @@ def test_defaults_are_valid_and_frozen():
         (PlanningConfig, {"lookahead_samples": -1}, "planning.lookahead_samples (-1) must be >= 0"),
         (PlanningConfig, {"packed_token_budget": -1}, "planning.packed_token_budget (-1) must be >= 0"),
         (PlanningConfig, {"bucket_sp_size": -2}, "planning.bucket_sp_size (-2) must be >= 0"),
-        (PlanningConfig, {"plan_ahead": "fork"}, "planning.plan_ahead ('fork') is not one of ['auto', 'thread', 'process']"),
         (PlanningConfig, {"tokens_per_step": -1}, "planning.tokens_per_step (-1) must be >= 0"),
         (PlanningConfig, {"step_tokens_bounds": (1.5, 2.0)}, "planning.step_tokens_bounds ([1.5, 2.0]) must be [low, high]"),
         (PlanningConfig, {"step_tokens_bounds": (1, 1)}, "planning.step_tokens_bounds ([1.0, 1.0]) must be [low, high] with 0 < low <= 1 <= high and low < high"),

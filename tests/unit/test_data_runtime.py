@@ -24,7 +24,6 @@ from dcp.runtime.data import (
 from dcp.runtime.engines import EngineError, build_engine, deepspeed_config
 from dcp.runtime.log import StepStats
 from dcp.runtime.manager import ManagerError
-from dcp.runtime.stepview import StepViews
 from dcp.runtime.weighting import WeightingError, check_step_count, micro_batch_weight, step_normaliser
 
 
@@ -215,54 +214,6 @@ def test_single_process_manager_runs_the_paper_loop(caplog):
     stats = mgr.step_stats[0]
     assert stats.count == 22 and math.isfinite(stats.loss) and stats.busy_s[0] > 0
     assert len(mgr.measurements) == 4
-
-
-def test_manager_plans_in_a_child_process_when_asked(monkeypatch):
-    """planning.plan_ahead = "process": the epoch's plans come from a ``dcp.planner.serve`` child and equal
-    the ones planned in this process; the loop runs them."""
-    from dcp.config import DCPConfig, PlanningConfig, ProfilingConfig
-    from dcp.planner import CPU_SMALL, ahead, analytic_table, plan_epoch
-
-    children, prepared = [], []
-
-    class Spy(ahead.RemotePlans):
-        def __init__(self, kwargs, prepare=None):
-            super().__init__(kwargs, prepare)
-            children.append(self._proc)
-            prepared.append(prepare)
-
-    monkeypatch.setattr(ahead, "RemotePlans", Spy)
-
-    model = Transformer1D(T1DConfig.tiny())
-    data = SyntheticTokenDataset([6, 9, 4, 7, 12, 3, 8, 5], vocab_size=model.config.vocab_size)
-    edges = (8, 16)
-    planning = PlanningConfig(sp_sizes=(1,), ranks_per_node=1, mem_capacity_gib=1.0, plan_ahead="process")
-    cfg = DCPConfig(model=model.config.shape(), profiling=ProfilingConfig(seq_group_edges=edges), planning=planning)
-    table = analytic_table(cfg.model, edges, sp_sizes=(1,), max_micro_batch_size=8, world_size=1,
-                           hardware=CPU_SMALL, mem_capacity_bytes=planning.mem_capacity_bytes)
-    mgr = set_manager(model, data, cfg, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), table=table)
-    ran = []
-    for batch in mgr.get_data_iter():
-        if not ran or mgr.plan is not ran[-1]:
-            ran.append(mgr.plan)
-        mgr.optimize_dynamics(batch, mgr.engine)
-        with mgr.profile(batch, mgr.engine, mgr.gas):
-            loss = mgr.engine(batch)
-            mgr.engine.backward(loss)
-            mgr.engine.step()
-    assert children and all(c.poll() == 0 for c in children)  # planned in child processes, which ended
-    assert prepared and all(isinstance(p, StepViews) for p in prepared)  # the per-rank views made there too
-    assert ran and ran == plan_epoch(data.lengths(), table, cfg, 1)
-    assert sorted(i for p in ran for i in p.sample_ids) == list(range(8))
-    # an epoch left early (max_steps) ends its planner process too
-    n = len(children)
-    for batch in mgr.get_data_iter(max_steps=1):
-        mgr.optimize_dynamics(batch, mgr.engine)
-        with mgr.profile(batch, mgr.engine, mgr.gas):
-            loss = mgr.engine(batch)
-            mgr.engine.backward(loss)
-            mgr.engine.step()
-    assert len(children) > n and all(c.poll() is not None for c in children)
 
 
 def test_forgetting_engine_step_is_an_error():

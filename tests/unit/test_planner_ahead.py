@@ -297,88 +297,6 @@ def test_large_world_head_never_displaces_the_longest(gmax):
 
 
 # ----- planning in a child process -------------------------------------------------------------------
-def test_remote_plans_equal_the_local_ones_and_end_their_process():
-    from dcp.planner.ahead import RemotePlans
-
-    cfg, table = make(8)
-    lengths = lengths_for(600)
-    local = list(EpochPlanner(lengths, table, cfg, 8, epoch=1))
-    remote = RemotePlans(dict(lengths=lengths, table=table, config=cfg, world_size=8, epoch=1))
-    with PlanAhead(remote) as ahead:
-        got = list(ahead)
-    assert got == local and [p.digest() for p in got] == [p.digest() for p in local]
-    assert remote._proc.poll() == 0  # the child ended after the last plan
-
-
-def test_remote_plans_pipe_is_widened_where_linux_allows():
-    """A 4096-rank plan is 1-10 MB: the pipe holds up to PIPE_BYTES (capped by /proc/sys/fs/pipe-max-size), not
-    Linux's 64 KiB, so the reading thread is woken (and takes the GIL) ~16x less often per plan."""
-    fcntl = pytest.importorskip("fcntl")
-    if not hasattr(fcntl, "F_GETPIPE_SZ"):
-        pytest.skip("no F_GETPIPE_SZ: not Linux")
-    from dcp.planner.ahead import PIPE_BYTES, RemotePlans
-
-    with open("/proc/sys/fs/pipe-max-size") as f:
-        cap = int(f.read())
-    if cap <= 65536:
-        pytest.skip(f"/proc/sys/fs/pipe-max-size is {cap}: no wider pipe to ask for")
-    cfg, table = make(8)
-    remote = RemotePlans(dict(lengths=lengths_for(100), table=table, config=cfg, world_size=8))
-    try:
-        got = fcntl.fcntl(remote._messages.fileno(), fcntl.F_GETPIPE_SZ)
-        assert got >= min(PIPE_BYTES, cap)
-    finally:
-        remote.terminate()
-
-
-def test_remote_planner_error_is_raised_where_its_plan_would_be_and_close_kills_the_child():
-    from dcp.planner.ahead import RemotePlans
-
-    cfg, table = make(8)
-    bad = RemotePlans(dict(lengths=[10, 5000], table=table, config=cfg, world_size=8))
-    with PlanAhead(bad) as ahead, pytest.raises(PlanningError, match="sample 1 has 5000 tokens"):
-        next(ahead)
-    # closed before its epoch ends: the child is killed, not left blocked on a full pipe
-    remote = RemotePlans(dict(lengths=lengths_for(600), table=table, config=cfg, world_size=8))
-    ahead = PlanAhead(remote, depth=1)
-    next(ahead)
-    ahead.close()
-    assert remote._proc.poll() is not None
-
-
-def test_remote_planner_ignores_stray_output_and_the_working_directory(tmp_path, monkeypatch):
-    """The child imports this process's dcp (not a dcp/ folder in the working directory) and its messages
-    have a pipe of their own: a sitecustomize that prints at interpreter start corrupts nothing."""
-    from dcp.planner.ahead import RemotePlans
-
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text("print('noise on stdout ' * 100)\n")
-    work = tmp_path / "work"
-    (work / "dcp").mkdir(parents=True)
-    (work / "dcp" / "__init__.py").write_text("raise ImportError('the wrong dcp')\n")
-    monkeypatch.setenv("PYTHONPATH", str(site))
-    monkeypatch.chdir(work)
-    cfg, table = make(8)
-    lengths = lengths_for(300)
-    with PlanAhead(RemotePlans(dict(lengths=lengths, table=table, config=cfg, world_size=8))) as ahead:
-        got = list(ahead)
-    assert got == plan_epoch(lengths, table, cfg, 8)
-
-
-def test_remote_planner_is_terminated_when_dropped_unclosed():
-    import gc
-
-    from dcp.planner.ahead import RemotePlans
-
-    cfg, table = make(8)
-    remote = RemotePlans(dict(lengths=lengths_for(20000), table=table, config=cfg, world_size=8))
-    proc = remote._proc
-    ahead = PlanAhead(remote, depth=1)
-    next(ahead)  # a long epoch: the child is blocked on a full pipe when the loop walks away
-    del ahead, remote
-    gc.collect()
-    assert proc.wait(timeout=60) is not None  # terminated, not left running (60 s: a loaded host is slow)
 
 
 def test_close_leaves_a_running_generator_to_its_thread():
@@ -393,17 +311,6 @@ def test_close_leaves_a_running_generator_to_its_thread():
     next(ahead)
     ahead.close()  # the thread may be inside the generator: close must neither raise nor touch it
     assert not ahead.alive
-
-
-def test_remote_planner_that_dies_is_named():
-    from dcp.planner.ahead import RemotePlans
-
-    cfg, table = make(8)
-    remote = RemotePlans(dict(lengths=lengths_for(100), table=table, config=cfg, world_size=8))
-    remote._proc.kill()  # dies before it planned anything
-    remote._proc.wait()
-    with pytest.raises(PlanningError, match=r"the planner process .* ended without a plan \(exit code -9; a negative"):
-        next(remote)
 
 
 def test_fillers_never_lengthen_the_step():

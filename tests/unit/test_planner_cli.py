@@ -119,7 +119,6 @@ def test_bench_rows_and_json(capsys):
         # planning_share is rounded to 7 decimals: at ~5e-5 that alone is a 1e-3 relative difference
         assert r["planning_share"] == pytest.approx(r["cpu_median_ms"] / (1e3 * r["step_time_s"]), rel=1e-3, abs=5e-8)
         assert r["model"] == "t1d-tiny" and r["hardware"] == "cpu-small"
-        assert r["send_cpu_ms"] >= 0  # the pickling a planning process adds per plan
     assert len(out) == 4  # header, two rows, json
     assert "step_time_s" in out[0] and "planning_share" in out[0] and "plan_exposed_ms" in out[0]
 

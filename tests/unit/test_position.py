@@ -131,66 +131,10 @@ def test_plans_of_the_samples_left_are_mapped_back_to_dataset_ids():
     assert a != b and a == plan_inputs(table, config, 2, "1") and a != plan_inputs(None, config, 2, "1")
 
 
-def test_checked_steps_are_kept_and_marked_when_the_position_is_read(monkeypatch):
-    import dcp.runtime.position as position
-
+def test_checked_steps_are_marked_and_saved():
     pos = EpochPosition.start(0, 10)
     pos.record_checked(np.array([1, 4]))
     pos.record_checked(np.array([0, 7]))
-    assert pos.steps == 2 and not pos._done.any()  # kept, not yet marked
-    assert np.flatnonzero(pos.done).tolist() == [0, 1, 4, 7]  # reading the position marks them
-    pos.record_checked(np.array([2]))
+    assert pos.steps == 2 and np.flatnonzero(pos.done).tolist() == [0, 1, 4, 7]
     state = pos.to_state()  # a checkpoint holds every finished step
-    assert np.flatnonzero(EpochPosition.from_state(state, 10).done).tolist() == [0, 1, 2, 4, 7]
-    monkeypatch.setattr(position, "SETTLE_IDS", 3)  # more kept ids than the bound: marked at once, on a helper thread
-    pos.record_checked(np.array([3, 5]))
-    pos.record_checked(np.array([6]))
-    assert not pos._kept and pos._marking is not None
-    first = pos._marking
-    first._thread.join()
-    assert np.flatnonzero(pos._done).tolist() == [0, 1, 2, 3, 4, 5, 6, 7]
-    pos.record_checked(np.array([8, 9]))
-    assert pos._marking is first and pos._kept  # under the bound: kept (the helper is waited for lazily)
-    pos.done = np.zeros(10, dtype=bool)  # a position replaced (a legacy resume) drops what was kept
-    assert not pos.done.any() and pos.num_samples == 10
-    pos.record_checked(np.array([0, 1, 2]))  # a batch in flight when the position is replaced: waited for first
-    pos.done = np.zeros(10, dtype=bool)
-    assert not pos.done.any() and pos._marking is None and not pos._kept
-
-
-def test_a_batch_is_marked_on_a_helper_thread_and_its_error_is_raised_where_the_position_is_read(monkeypatch):
-    import threading
-
-    import dcp.runtime.position as position
-
-    monkeypatch.setattr(position, "SETTLE_IDS", 2)
-    pos = EpochPosition.start(0, 4)
-    pos.record_checked(np.array([1, 7]))  # out of range: only a broken plan check would let one through
-    assert pos._marking._thread.name == "dcp-position-mark" and pos._marking._thread is not threading.current_thread()
-    with pytest.raises(IndexError, match="7"):
-        pos.done  # noqa: B018 - reading it waits for the helper thread and re-raises its error here
-    pos = EpochPosition.start(0, 4)
-    pos.record_checked(np.array([2, 9]))
-    with pytest.raises(IndexError, match="9"):
-        pos.wait()  # what the step loop calls before it drops an epoch's position
-    pos.wait()  # raised once; nothing in flight now
-
-
-@pytest.mark.skipif(__import__("sys").platform != "linux", reason="a thread's own nice value is Linux's")
-def test_the_marking_helper_lowers_only_its_own_threads_priority():
-    import os
-    import threading
-
-    from dcp.runtime.position import lower_priority
-
-    before = os.getpriority(os.PRIO_PROCESS, 0)
-    seen: list[int] = []
-
-    def helper() -> None:
-        lower_priority()
-        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
-
-    thread = threading.Thread(target=helper)
-    thread.start()
-    thread.join()
-    assert seen == [19] and os.getpriority(os.PRIO_PROCESS, 0) == before  # the process (this thread) unchanged
+    assert np.flatnonzero(EpochPosition.from_state(state, 10).done).tolist() == [0, 1, 4, 7]

@@ -22,20 +22,19 @@ def other_table(table):
     return table.with_rows(rows)
 
 
-def setup(plan_ahead: str = "auto"):
+def setup():
     """planner_setup's model and data on one rank, with the memory for its longest samples at SP = 1."""
     from dcp.planner import CPU_SMALL, analytic_table
 
     model, dataset, config, _ = planner_setup(1)
-    config = config.replace(planning=dataclasses.replace(config.planning, mem_capacity_gib=0.05, gmax=2,
-                                                         plan_ahead=plan_ahead))
+    config = config.replace(planning=dataclasses.replace(config.planning, mem_capacity_gib=0.05, gmax=2))
     table = analytic_table(config.model, config.profiling.seq_group_edges, sp_sizes=(1,), max_micro_batch_size=4,
                            world_size=1, hardware=CPU_SMALL, mem_capacity_bytes=config.planning.mem_capacity_bytes)
     return model, dataset, config, table
 
 
-def manager(table_fn=lambda t: t, forward_fn=None, data=None, plan_ahead="auto"):
-    model, dataset, config, table = setup(plan_ahead)
+def manager(table_fn=lambda t: t, forward_fn=None, data=None):
+    model, dataset, config, table = setup()
     mgr = set_manager(model, data or dataset, config, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                       table=table_fn(table), forward_fn=forward_fn)
     return mgr
@@ -55,14 +54,12 @@ def logged(caplog, capfd) -> str:
     return caplog.text + capfd.readouterr().err
 
 
-# "process": the plans and their per-rank views (the exactly-once check included) are made in a planner child
-@pytest.mark.parametrize("plan_ahead", ["auto", "process"])
-def test_a_resume_with_another_table_replans_the_rest_and_trains_each_sample_once(caplog, capfd, plan_ahead):
-    first = manager(plan_ahead=plan_ahead)
+def test_a_resume_with_another_table_replans_the_rest_and_trains_each_sample_once(caplog, capfd):
+    first = manager()
     before = train(first, max_steps=2)
     state = first.state_dict()
     assert state["samples_done"] == sum(len(s) for s in before) and state["epoch"] == 0
-    resumed = manager(other_table, plan_ahead=plan_ahead)
+    resumed = manager(other_table)
     resumed.load_state_dict(state)
     caplog.set_level("INFO", logger="dcp")
     capfd.readouterr()
@@ -78,12 +75,11 @@ def test_a_resume_with_another_table_replans_the_rest_and_trains_each_sample_onc
     assert before + after != uninterrupted
 
 
-@pytest.mark.parametrize("plan_ahead", ["auto", "process"])
-def test_a_resume_with_nothing_changed_continues_the_same_plan(caplog, capfd, plan_ahead):
+def test_a_resume_with_nothing_changed_continues_the_same_plan(caplog, capfd):
     full = train(manager())
-    first = manager(plan_ahead=plan_ahead)
+    first = manager()
     before = train(first, max_steps=2)
-    resumed = manager(plan_ahead=plan_ahead)
+    resumed = manager()
     resumed.load_state_dict(first.state_dict())
     caplog.set_level("INFO", logger="dcp")
     capfd.readouterr()

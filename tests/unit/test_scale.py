@@ -65,7 +65,7 @@ def test_registry_creates_every_block_where_groups_split_from_the_world():
 
 def _args(**kw) -> argparse.Namespace:
     base = dict(world_sizes="16", ranks="0,15", steps=3, mb_ms=0.0, dataset="t1d-balanced", samples_per_rank=40,
-                log_every=0, prefetch="on", json=True, device_standin="sleep", plan_ahead="auto", store="hash")
+                log_every=0, prefetch="on", json=True, device_standin="sleep", store="hash")
     base.update(kw)
     return argparse.Namespace(**base)
 
@@ -111,24 +111,6 @@ def test_bench_scale_runs_on_torchs_fake_store_too(capsys):
     assert scale.run(_args(ranks="15", steps=2, store="fake")) == 0
     rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"]
     assert [r["store"] for r in rows] == ["fake"] and rows[0]["host_ms_per_step"] > 0
-
-
-def test_plan_ahead_auto_is_a_process_from_512_ranks_on():
-    from dcp.config import PROCESS_PLAN_MIN_RANKS, PlanningConfig
-
-    auto = PlanningConfig()
-    assert auto.plan_ahead == "auto" and PROCESS_PLAN_MIN_RANKS == 512
-    assert [auto.plan_ahead_at(w) for w in (1, 16, 511, 512, 4096)] == ["thread"] * 3 + ["process"] * 2
-    assert PlanningConfig(plan_ahead="thread").plan_ahead_at(4096) == "thread"
-    assert PlanningConfig(plan_ahead="process").plan_ahead_at(2) == "process"
-
-
-def test_bench_scale_runs_with_the_planner_in_a_child_process(capsys):
-    # --plan-ahead process: the row says so, and the plans reached the loop (steps timed) from the child
-    assert scale.run(_args(ranks="15", steps=3, plan_ahead="process")) == 0
-    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"]
-    assert [r["plan_ahead"] for r in rows] == ["process"] and rows[0]["steps_timed"] >= 1
-    assert rows[0]["host_ms_per_step"] > 0
 
 
 @pytest.mark.parametrize(("kw", "match"), [

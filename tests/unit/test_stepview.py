@@ -148,40 +148,6 @@ def test_plan_ahead_prepares_each_plan_on_its_thread_and_raises_its_errors_in_or
     assert set(threads) == {"dcp-plan-ahead"}
 
 
-def test_views_made_in_a_planner_process_equal_the_threads_and_its_errors_come_in_order():
-    """planning.plan_ahead = "process": the StepViews are pickled to the planner child and applied there (the
-    training process only reads RankSteps); the same RankSteps as on the thread, and a refused plan raises
-    from the next() that would return it."""
-    from dcp.planner.ahead import RemotePlans
-
-    cfg, table = make(W, rpn=4)
-    lengths = lengths_for(300, seed=4)
-    counts = np.asarray(lengths, dtype=np.int64) - 1
-    ids = np.flatnonzero(np.arange(len(lengths)) % 4 != 1)  # a resumed epoch's rest: remapped in the child too
-    sub = [int(lengths[i]) for i in ids]
-    kwargs = dict(lengths=sub, table=table, config=cfg, world_size=W, epoch=0)
-    with PlanAhead(EpochPlanner(**kwargs), prepare=_views(5, counts, "tokens", ids=ids)) as ahead:
-        local = list(ahead)
-    remote = RemotePlans(kwargs, _views(5, counts, "tokens", ids=ids))
-    with PlanAhead(remote) as ahead:
-        got = list(ahead)
-    assert len(got) == len(local) > 1 and all(isinstance(v, RankStep) for v in got)
-    for a, b in zip(got, local, strict=True):
-        assert (a.plan, a.group, a.digest, a.n_step, a.tokens) == (b.plan, b.group, b.digest, b.n_step, b.tokens)
-        assert np.array_equal(a.trained, b.trained)
-    # a dataset too short for the plans' ids: refused in the child, raised here in order
-    plans = plan_epoch(list(lengths), table, cfg, W)
-    short = int(plans[0].sample_id_array.max()) + 1
-    assert int(plans[1].sample_id_array.max()) >= short
-    remote = RemotePlans(dict(lengths=list(lengths), table=table, config=cfg, world_size=W, epoch=0),
-                         _views(0, counts[:short], "tokens"))
-    with PlanAhead(remote) as ahead:
-        assert next(ahead).plan == plans[0]
-        with pytest.raises(PositionError, match=f"step 1 plans sample ids outside \\[0, {short}\\)"):
-            next(ahead)
-    assert remote._proc.wait(timeout=30) == 1  # the child reported the error and ended
-
-
 def test_the_manager_prepares_get_data_iters_plans_per_rank():
     from tests.unit.test_resume_exactly_once import manager, train
 
@@ -218,40 +184,3 @@ def test_a_custom_plan_source_that_repeats_a_sample_is_refused_before_the_step_t
             trained.append(batch.sample_ids)
             mgr.train_micro_batch(batch)
     assert trained == [(0,), (1,), (2,)] and mgr.global_step == 2  # step 2 never ran
-
-
-def test_plan_feed_closes_and_frees_its_plans_off_the_calling_thread():
-    """PlanFeed.close() stops the source on the calling thread (nothing plans on after the loop; a planner
-    child has exited when get_data_iter returns) and drops it on a helper thread: the plans it still holds
-    (computed ahead, ~100 ms to free at 4096 ranks) are not freed on the training thread; next() then ends
-    the feed."""
-    import threading
-
-    from dcp.runtime.stepview import PlanFeed
-
-    where: dict[str, str] = {}
-    done = threading.Event()
-
-    class Held:
-        def __del__(self) -> None:
-            where["freed"] = threading.current_thread().name
-            done.set()
-
-    class Source:
-        def __init__(self) -> None:
-            self.items, self.held = iter([1, 2, 3]), Held()
-
-        def __next__(self) -> int:
-            return next(self.items)
-
-        def close(self) -> None:
-            where["closed"] = threading.current_thread().name
-
-    feed = PlanFeed(Source())
-    assert next(feed) == 1 and iter(feed) is feed
-    feed.close()
-    feed.close()  # idempotent
-    assert done.wait(10)
-    assert where == {"closed": threading.current_thread().name, "freed": "dcp-plan-free"}
-    with pytest.raises(StopIteration):
-        next(feed)
