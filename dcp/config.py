@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dcp.config_advanced import CLOCKS, PLAN_AHEAD, PROCESS_PLAN_MIN_RANKS, AdvancedConfig  # noqa: F401
 from dcp.memory import ENGINE_NAMES, state_bytes
 
 # re-exported: the config's public error and readers
@@ -31,17 +32,11 @@ METHODS = ("bucket", "packed", "dcp-inter", "dcp-intra", "bucket-search")
 PEER_METHODS = ("megatron-dyncp", "flexsp")
 """Other schedulers re-implemented as baselines (``dcp.planner.peers``): planned and simulated, not run."""
 LR_SCALING = ("none", "linear", "sqrt")
+"""runtime.lr_scaling choices (the rules of dcp.loaders.lr_scaling)."""
 COMPILE_MODES = ("off", "default", "max-autotune-no-cudagraphs")
 """runtime.compile values: off (eager), or the torch.compile mode applied to each repeated block."""
-"""runtime.lr_scaling choices (the rules of dcp.loaders.lr_scaling)."""
-PLAN_AHEAD = ("auto", "thread", "process")
-"""Where plans are computed ahead (planning.plan_ahead)."""
-PROCESS_PLAN_MIN_RANKS = 512
-"""planning.plan_ahead = "auto" plans in a child process from this world size on (a thread below it)."""
 MICRO_BATCH_TOKENS = ("off", "auto")
 """How DCP micro-batches are sized (planning.micro_batch_tokens): by samples only, or by tokens where cheaper."""
-CLOCKS = ("auto", "wall", "cpu", "pipelined")
-"""profiling.clock choices (dcp.profiler.clock)."""
 GIB = 1024**3
 MAX_GA = 2**16
 MAX_MEM_GIB = 2**20  # largest planning.mem_capacity_gib (1 PiB per rank): its bytes stay an exact int64
@@ -140,16 +135,6 @@ class ProfilingConfig:
     group whose bound is >= s, and each group is profiled at its bound (conservative for memory)."""
     max_micro_batch_size: int = 8
     """Largest micro-batch size b the profiler tries (it stops earlier when memory or time says so)."""
-    warmup_iters: int = 1
-    """Untimed repetitions before the measured one."""
-    measure_iters: int = 3
-    """Timed repetitions; the median is recorded."""
-    clock: str = "auto"
-    """How a layer's time is read (dcp.profiler.clock): 'auto' (= wall; measured against whole-model steps
-    on an H200 it predicted better than pipelined), 'wall' (elapsed time between two syncs), 'pipelined' (CUDA: max of the host's enqueue time and the GPU's time
-    with its queue pre-filled, as inside a whole model) or 'cpu' (the profiling process's CPU time: stable on
-    a shared, oversubscribed CPU machine, where elapsed time also counts the slices other processes take,
-    but blind to time spent waiting for communication)."""
     cache_dir: str = ".dcp_cache"
     """Folder of cached profile tables (one file per model/world/hardware/dtype/version key)."""
     strict_cache: bool = False
@@ -171,12 +156,6 @@ class ProfilingConfig:
             )
         if self.max_micro_batch_size < 1:
             fail("profiling.max_micro_batch_size", self.max_micro_batch_size, "must be >= 1", "set it to 1 or more")
-        if self.warmup_iters < 0:
-            fail("profiling.warmup_iters", self.warmup_iters, "must be >= 0", "set it to 0 or more")
-        if self.measure_iters < 1:
-            fail("profiling.measure_iters", self.measure_iters, "must be >= 1", "set it to 1 or more")
-        if self.clock not in CLOCKS:
-            fail("profiling.clock", self.clock, f"is not one of {list(CLOCKS)}", "write clock = \"auto\"")
         _check_folder_name("profiling.cache_dir", self.cache_dir, '".dcp_cache"')
         if not isinstance(self.strict_cache, bool):
             fail("profiling.strict_cache", self.strict_cache, "must be true or false", "write strict_cache = false")
@@ -199,15 +178,9 @@ class PlanningConfig:
     """Ranks that share a fast interconnect; an SP group stays inside one node unless sp_size exceeds it."""
     sp_sizes: tuple[int, ...] = (1, 2, 4, 8)
     """SP sizes the planner may choose; each divides model.num_heads, or (1D models) is a multiple of its K/V heads."""
-    lookahead_samples: int = 0
-    """Samples the step assembler may read ahead of the stream to fill ranks. 0 sizes the window from the
-    profile table: twice the samples whose GPU-time fills one longest micro-batch on every rank (at least 32
-    per rank); see dcp.planner.assemble.default_lookahead."""
     seed: int = 0
     """Seed of the per-epoch shuffle (numpy Generator seeded by (seed, epoch)). Per-sample randomness
     (noise, masks) comes from the dataset's own seed via dcp.runtime.data.sample_generator(seed, epoch, id)."""
-    packed_token_budget: int = 0
-    """Packed parallel only: tokens per micro-batch; 0 derives it from the table and the memory capacity."""
     bucket_sp_size: int = 0
     """Bucket/packed only: fixed SP size; 0 picks the smallest that fits the longest seq_group."""
     tokens_per_step: int = 0
@@ -222,23 +195,11 @@ class PlanningConfig:
     group; methods then train different batches)."""
     step_tokens_bounds: tuple[float, float] = (0.9, 1.1)
     """[lowest, highest] tokens of one step as fractions of the global batch."""
-    plan_ahead: str = "auto"
-    """Where the next steps' plans are computed while a step runs: "thread" (a background thread, sharing the GIL
-    with training), "process" (a child process per rank, ``dcp.planner.serve``, ~0.4 s to start per epoch) or
-    "auto" (a process from PROCESS_PLAN_MIN_RANKS = 512 ranks on, where planning takes ~10-250 ms of CPU per step
-    and the training thread's host time per step fell ~35% (``dcp bench scale --plan-ahead``); else a thread)."""
     micro_batch_tokens: str = "off"
     """DCP methods, 1D data: "auto" lets each seq_group whose documents sit well below its bound form its
     micro-batches by a token budget (b x bound of the profiled row with the best predicted time per token at
     its (p, r) within memory), run as one row of documents, where that is predicted cheaper per token than
     b-sample micro-batches (dcp.planner.tokens); "off" keeps b samples per micro-batch everywhere."""
-    grad_sync_s: float = 0.0
-    """DCP methods with the ddp engine: seconds of the step's gradient all-reduce (measured on the cluster, or priced
-    for the hardware: ``dcp.planner.analytic.grad_sync_time_s``). The planner then ends each SP group on a last
-    micro-batch whose backward hides it where that ends the step earlier (dcp.planner.syncend). 0: the figure the
-    profiler measured on the job's own ranks (the table's ``grad_sync_s``, when profiled at this world size with
-    the ddp engine); a table without one (analytic, one rank) plans as without it."""
-
     def __post_init__(self) -> None:
         check_fields(self, "planning", int_max={"seed": 2**63 - 1, "gmin": MAX_GA, "gmax": MAX_GA})
         sizes = self.sp_sizes
@@ -260,16 +221,9 @@ class PlanningConfig:
             fail("planning.ranks_per_node", self.ranks_per_node, "must be >= 1", "set the GPUs per node, e.g. 8")
         if not sizes or any(p < 1 for p in sizes) or len(set(sizes)) != len(sizes):
             fail("planning.sp_sizes", list(sizes), "must be distinct positive integers", "e.g. [1, 2, 4, 8]")
-        if self.lookahead_samples < 0:
-            fail("planning.lookahead_samples", self.lookahead_samples, "must be >= 0", "use 0 for the default")
-        if self.packed_token_budget < 0:
-            fail("planning.packed_token_budget", self.packed_token_budget, "must be >= 0", "use 0 to derive it")
         if self.micro_batch_tokens not in MICRO_BATCH_TOKENS:
             fail("planning.micro_batch_tokens", self.micro_batch_tokens, f"is not one of {list(MICRO_BATCH_TOKENS)}",
                  'write micro_batch_tokens = "auto" (token-packed short documents) or "off"')
-        if self.grad_sync_s < 0:
-            fail("planning.grad_sync_s", self.grad_sync_s, "must be >= 0",
-                 "give the step's gradient all-reduce in seconds, or 0 when unknown")
         if self.bucket_sp_size < 0:
             fail("planning.bucket_sp_size", self.bucket_sp_size, "must be >= 0", "use 0 to derive it")
         for name in ("tokens_per_step", "samples_per_step"):
@@ -285,20 +239,9 @@ class PlanningConfig:
             fail("planning.step_tokens_bounds", list(b), "must be [low, high] with 0 < low <= 1 <= high and low < high "
                  "(whole samples cannot sum to exactly the global batch)",
                  "e.g. [0.9, 1.1] (a step holds 0.9x to 1.1x of the global batch)")
-        if self.plan_ahead not in PLAN_AHEAD:
-            fail("planning.plan_ahead", self.plan_ahead, f"is not one of {list(PLAN_AHEAD)}",
-                 'write plan_ahead = "auto" (or "thread" / "process" to choose)')
-
     @property
     def mem_capacity_bytes(self) -> int:
         return int(self.mem_capacity_gib * GIB)
-
-    def plan_ahead_at(self, world_size: int) -> str:
-        """Where plans are computed ahead at ``world_size`` ranks: "thread" or "process" ("auto" resolved)."""
-        if self.plan_ahead != "auto":
-            return self.plan_ahead
-        return "process" if world_size >= PROCESS_PLAN_MIN_RANKS else "thread"
-
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class RuntimeConfig:
@@ -315,14 +258,6 @@ class RuntimeConfig:
     are measured, and cached, per precision."""
     loss_weighting: str = "tokens"
     """Loss normalisation over the whole step: tokens or samples (all-reduced counts, never 1/ga_steps)."""
-    check_plan_hash: bool = True
-    """Check that all ranks run the same step plans and data: every step's plan digest is folded into a
-    running digest, compared at the first step of each get_data_iter() call (with the data's digest, before
-    any other collective), at every logged step and at the end of the epoch (or a pause); a mismatch names
-    the first step that differs. No extra planning pass and no collective on unlogged steps."""
-    plan_check_timeout_s: float = 60.0
-    """Timeout of the agreement exchange's own process group (the plan / data / position checks and the
-    logged steps' stats), so a divergent rank fails instead of hanging."""
     collective_timeout_s: float = 300.0
     """Timeout of every other collective dcp creates or uses (the SP groups, the world group's gradient sync):
     a rank that stalls or dies makes the others fail after this long, naming it and the phase it was in
@@ -333,17 +268,6 @@ class RuntimeConfig:
     count, per-rank busy time and the plans' running digest (one small collective on the default backend,
     and a synchronisation point, per logged step; unlogged steps run none). 1 checks every step (a
     divergent rank is then named at the next step instead of the next logged one)."""
-    prefetch: str = "auto"
-    """Collate (and pin) the next micro-batch on a background thread while the current one trains (the same
-    batches in the same order): on, off, or auto = on when the run's device is CUDA (the host idles while
-    the GPU computes), off on CPU, where the collating thread competes with the compute for the same cores
-    (dcp bench runtime: batch_wait_ms)."""
-
-    cache_weight_casts: bool = False
-    """ddp with bf16 autocast: cast the weights at a step's first micro-batch and reuse the copies in its later
-    ones (exact when each weight is used once per forward; skipped where layers are recomputed). Off by default:
-    a model that checkpoints its own layers would keep copies its profiled rows do not count (docs/runtime.md)."""
-
     compile: str = "off"
     """torch.compile each repeated block (dcp.runtime.compiled), attention left eager: off, default or
     max-autotune-no-cudagraphs (not reduce-overhead: one CUDA graph per block call overwrites the previous
@@ -366,10 +290,6 @@ class RuntimeConfig:
     8-byte all-reduce and one host read per step): stop = raise NonFiniteError on every rank naming the step,
     the ranks and the sample ids, nothing applied; skip = the step is not applied (weights, optimizer state and
     LR schedule untouched), its samples are recorded as skipped in the checkpoint position and logged."""
-    stats_every: int = 0
-    """Also gather those step statistics (StepStats: loss, count, per-rank busy time) every this many steps
-    without logging them, e.g. 1 for experiment runs that record every step; 0: only on logged steps."""
-
     def __post_init__(self) -> None:
         check_fields(self, "runtime")
         for key, options, fix in (
@@ -377,16 +297,14 @@ class RuntimeConfig:
                 ("attention", ("auto", "sdpa", "flash"), "pick one of those"),
                 ("precision", ("auto", "bf16", "fp32"), "pick one of those (auto: bf16 on CUDA, fp32 on CPU)"),
                 ("loss_weighting", ("tokens", "samples"), "pick one"),
-                ("prefetch", ("auto", "on", "off"), "pick one of those (auto: on with CUDA, off on CPU)"),
                 ("compile", COMPILE_MODES, 'write compile = "off" (eager) or "default"'),
                 ("lr_scaling", LR_SCALING, 'write lr_scaling = "none" (or "linear" / "sqrt" with planning.tokens_per_step)'),
                 ("nonfinite", ("stop", "skip"),
                  'write nonfinite = "stop" (raise, nothing applied) or "skip" (drop the step, record its samples)')):
             if getattr(self, key) not in options:
                 fail(f"runtime.{key}", getattr(self, key), f"is not one of {list(options)}", fix)
-        for key, low, example in (("plan_check_timeout_s", 0, "60"), ("collective_timeout_s", 0, "300")):
-            if not getattr(self, key) > low:
-                fail(f"runtime.{key}", getattr(self, key), f"must be > {low}", f"e.g. {example}")
+        if not self.collective_timeout_s > 0:
+            fail("runtime.collective_timeout_s", self.collective_timeout_s, "must be > 0", "e.g. 300")
         if self.log_every < 1:
             fail("runtime.log_every", self.log_every, "must be >= 1", "set it to 1 or more")
         if not (self.peer_timeout_s == 0 or 5 <= self.peer_timeout_s < float("inf")):
@@ -395,13 +313,10 @@ class RuntimeConfig:
         if self.nonfinite == "skip" and self.engine == "deepspeed":
             fail("runtime.nonfinite", self.nonfinite, "needs the ddp engine (DeepSpeed reduces and applies the "
                  "gradients in one call, so a step cannot be dropped between them)", 'write nonfinite = "stop", or engine = "ddp"')
-        if self.stats_every < 0:
-            fail("runtime.stats_every", self.stats_every, "must be >= 0", "use 0 for logged steps only, 1 for every step")
-
-
 @dataclass(kw_only=True, slots=True, frozen=True)
 class DCPConfig:
-    """The whole run: model shape, profiling, planning, runtime. Relations between sections are checked."""
+    """The whole run: model shape, profiling, planning, runtime (and the advanced knobs). Relations between
+    sections are checked."""
 
     model: ModelShapeConfig = field(default_factory=ModelShapeConfig)
     """Shape of the trained model."""
@@ -411,6 +326,8 @@ class DCPConfig:
     """Planner settings."""
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     """Manager settings."""
+    advanced: AdvancedConfig = field(default_factory=AdvancedConfig)
+    """Tuning and diagnostic settings of the profiler, planner and runtime (dcp.config_advanced)."""
 
     def __post_init__(self) -> None:
         for name, cls in _SECTIONS.items():
@@ -456,7 +373,7 @@ class DCPConfig:
 
 
 _SECTIONS: dict[str, type] = {"model": ModelShapeConfig, "profiling": ProfilingConfig, "planning": PlanningConfig,
-                              "runtime": RuntimeConfig}
+                              "runtime": RuntimeConfig, "advanced": AdvancedConfig}
 
 
 def _build_section(name: str, cls: type, raw: Any) -> Any:

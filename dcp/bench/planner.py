@@ -7,7 +7,7 @@ setup_ms). Each planned step is priced by the simulator (``dcp.sim.cluster.step_
 hardware, with the gradient sync, optimizer update and control plane ``dcp simulate`` adds): step_time_s is
 the timed steps' median, planning_share = cpu_median_ms / step_time_s, the share of a step's time the
 planner's CPU takes. The timed loop does between plans what the planning process of the default runtime at
-W >= 512 does (``planning.plan_ahead = "auto"``, ``dcp.planner.serve``): it pickles the plan (send_cpu_ms, that
+W >= 512 does (``advanced.plan_ahead = "auto"``, ``dcp.planner.serve``): it pickles the plan (send_cpu_ms, that
 process's extra CPU per plan) and drops it. The steps are priced afterwards, from the same plans planned again:
 pricing between the timed calls (Python, ~3x a plan's CPU) left each next() ~9 ms (~30%) slower at 4096
 ranks, a cost of the bench that no run pays. Then the same steps again through ``PlanAhead`` (``dcp.planner.ahead``) with a consumer
@@ -18,7 +18,7 @@ the exposed cost it measures is an upper bound of the real one. Beside them the 
 idle (idle_median), what the planning time buys. With ``--busy`` the consumer computes in Python instead of
 sleeping: a host-bound loop holds the GIL the planning thread needs, so the plan may not be ready in time
 (the exposed cost then grows), and the loop's own work slows by about the planner's CPU time
-(cpu_median_ms). ``--ahead process`` plans in a child process instead (``planning.plan_ahead``). One row per
+(cpu_median_ms). ``--ahead process`` plans in a child process instead (``advanced.plan_ahead``). One row per
 W; with --json a last line {"rows": [...]}.
 """
 
@@ -34,7 +34,7 @@ from collections.abc import Callable
 import numpy as np
 
 from dcp.argtypes import MAX_WORLD_SIZE
-from dcp.config import METHODS, PLAN_AHEAD, DCPConfig, PlanningConfig
+from dcp.config import METHODS, PLAN_AHEAD, AdvancedConfig, DCPConfig, PlanningConfig
 
 DEFAULT_MODEL = "t1d-tiny"
 """The default model shape (ModelShapeConfig), planned on the ``cpu-small`` table unless --hardware says."""
@@ -68,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the consumer computes in Python (holding the GIL) instead of sleeping, as "
                              "a host-bound training loop does: the planning thread then gets the GIL in turns")
     parser.add_argument("--ahead", choices=PLAN_AHEAD, default="thread",
-                        help="where the plans are computed ahead (planning.plan_ahead)")
+                        help="where the plans are computed ahead (advanced.plan_ahead)")
     parser.add_argument("--json", action="store_true", help='print a last line {"rows": [...]}')
 
 
@@ -108,8 +108,8 @@ def _setup(world_size: int, method: str, model: str, hardware: str):
         hw = HARDWARE[hardware]
         # told the gradient sync step_pricer charges, as paper_config does (dcp.planner.syncend)
         model = DCPConfig().model
-        config = DCPConfig(planning=PlanningConfig(
-            method=method, grad_sync_s=told_grad_sync_s(method, model, hw, world_size)))
+        config = DCPConfig(planning=PlanningConfig(method=method),
+                           advanced=AdvancedConfig(grad_sync_s=told_grad_sync_s(method, model, hw, world_size)))
         table = analytic_table_for(config, world_size, hardware=hw, mem_capacity_bytes=hw.mem_capacity_bytes)
         return table, config, hw
     from dcp.sim.scenario import paper_config, paper_table, scenario
@@ -129,7 +129,8 @@ def step_pricer(table, config: DCPConfig, hardware, world_size: int) -> Callable
     model, rt = config.model, config.runtime
     sync = grad_sync_time_s(model, hardware, world_size)
     opt = optimizer_step_time_s(model, hardware, world_size) + hardware.step_overhead_s
-    control = (control_plane_s(world_size, hardware, log_every=rt.log_every, stats_every=rt.stats_every)
+    control = (control_plane_s(world_size, hardware, log_every=rt.log_every,
+                                 stats_every=config.advanced.stats_every)
                if hardware.step_overhead_s == 0 else 0.0)
     overlap = model.num_params * model.param_bytes if rt.engine == "ddp" else 0.0
     rows = row_lookup(table)

@@ -21,7 +21,7 @@ training thread) and its exposed part (time the training thread waited for a pla
 before step 0 ran. Steps 1.. are used (step 0 starts inside start-up); a step ends where the manager's step loop
 counts it done (``StepLoop.step_done``, also for a step in which the rank is idle), and the loop's exit after the
 last step (the epoch's last agreement check, stopping the prefetch and plan threads) is ``teardown_ms``. The run prefetches
-(``runtime.prefetch = "on"``, ``--prefetch``): the next micro-batch is collated on a background thread while
+(``advanced.prefetch = "on"``, ``--prefetch``): the next micro-batch is collated on a background thread while
 the current one trains, as on a GPU job (where ``auto`` turns it on); its collation CPU is reported apart
 (``collate_offthread_ms_per_step``, median; ``collate_offthread_ms_total`` over the timed steps), neither host
 nor planning time. ``--json``: the last line is
@@ -103,10 +103,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-every", type=int, default=0,
                         help="runtime.log_every of the run (0: the config's default)")
     parser.add_argument("--prefetch", choices=("on", "off", "auto"), default="on",
-                        help="runtime.prefetch of the run: on (default) collates the next micro-batch on a background "
+                        help="advanced.prefetch of the run: on (default) collates the next micro-batch on a background "
                              "thread, as a GPU job does (auto is on only on CUDA)")
     parser.add_argument("--plan-ahead", choices=("auto", "thread", "process"), default="auto",
-                        help="planning.plan_ahead of the run: auto (the config's default: a child process from 512 "
+                        help="advanced.plan_ahead of the run: auto (the config's default: a child process from 512 "
                              "ranks on, a thread below), thread or process; with a process its CPU is not in "
                              "plan_cpu_ms_per_step, which then counts the thread that receives the plans")
     parser.add_argument("--store", choices=("hash", "fake"), default="hash",
@@ -153,8 +153,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ValueError(f"--dataset: {exc}") from None
     jobs = [(w, r) for w in sizes for r in _ranks(args.ranks, w)]
-    print(f"# runtime.prefetch = {args.prefetch}" + (": the next micro-batch is collated on a background thread, as "
-          "on a GPU job (runtime.prefetch auto), so collation is off the training thread (collate_ms: its time)"
+    print(f"# advanced.prefetch = {args.prefetch}" + (": the next micro-batch is collated on a background thread, as "
+          "on a GPU job (advanced.prefetch auto), so collation is off the training thread (collate_ms: its time)"
           if args.prefetch == "on" else ": collation runs on the training thread unless prefetching is on"),
           flush=True)
     if args.mb_ms:
@@ -286,8 +286,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     config, table = paper_config(sc, "dcp-intra"), paper_table(sc, w)
     if spec.get("log_every"):
         config = config.replace(runtime=dataclasses.replace(config.runtime, log_every=spec["log_every"]))
-    config = config.replace(runtime=dataclasses.replace(config.runtime, prefetch=spec.get("prefetch", "on")))
-    config = config.replace(planning=dataclasses.replace(config.planning, plan_ahead=spec.get("plan_ahead", "auto")))
+    config = config.replace(advanced=dataclasses.replace(config.advanced, prefetch=spec.get("prefetch", "on"),
+                                                         plan_ahead=spec.get("plan_ahead", "auto")))
     lengths = load_lengths(spec["dataset"], scale="paper", num_samples=spec["samples_per_rank"] * w * (steps + 2))
     data, model, probe = _TokenDataset(lengths.tokens), _tiny_model(), _Probe()
     data.clock = probe.tick
@@ -352,7 +352,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     logged = {s.global_step for s in mgr.step_stats}
     return _row(spec, census, probe, data, end, logged, manager_s=manager_s, groups_s=groups_s,
                 first_s=first_s, before0=before0, config_log_every=config.runtime.log_every, harness=harness,
-                config_plan_ahead=config.planning.plan_ahead_at(w))
+                config_plan_ahead=config.advanced.plan_ahead_at(w))
 
 
 def _row(spec: dict[str, Any], census: Any, probe: _Probe, data: _TokenDataset, end: tuple, logged: set[int], *,

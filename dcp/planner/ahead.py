@@ -244,7 +244,7 @@ class RemotePlans:
             code = proc.wait()
             raise PlanningError(
                 f"the planner process (dcp.planner.serve) ended without a plan (exit code {code}; a negative "
-                "code is the signal that ended it, else its error is on stderr): planning.plan_ahead = "
+                "code is the signal that ended it, else its error is on stderr): advanced.plan_ahead = "
                 '"thread" plans in this process'
             ) from None
         if kind == "plan":
@@ -294,7 +294,7 @@ def planned_ahead(planner_kwargs: dict[str, Any], where: str = "thread", depth: 
                   prepare: Callable[[Any], Any] | None = None) -> PlanAhead:
     """The plans of ``EpochPlanner(**planner_kwargs)``, computed ``depth`` steps ahead on a background thread
     (``where = "thread"``) or in a child process that the thread reads (``"process"``, ``RemotePlans``):
-    ``planning.plan_ahead``. The same plans either way; ``prepare`` (see PlanAhead) runs on the thread, or in
+    ``advanced.plan_ahead``. The same plans either way; ``prepare`` (see PlanAhead) runs on the thread, or in
     the child process (it must pickle then): the training process only reads its results."""
     if where == "process":
         return PlanAhead(RemotePlans(planner_kwargs, prepare), depth)

@@ -11,7 +11,7 @@ and after either it resumes with colder caches. The default chunk (``PREFETCH_DE
 wakes the worker ~3 times in a 35-micro-batch step (rank 2048 of 4096 in ``dcp bench scale``), where chunks
 of 4 woke it ~9 times. The training thread never collates while a request is in
 flight, so the dataset is never read by two threads at once. The batches and their order are exactly those
-of the loop without prefetching (runtime.prefetch).
+of the loop without prefetching (advanced.prefetch).
 """
 
 from __future__ import annotations

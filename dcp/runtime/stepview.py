@@ -7,7 +7,7 @@ running digest), N_step (the loss weights' denominator), its own SP group, the s
 logged step, the predicted idle and the plan's summary; a resumed epoch's plan also has its sample ids mapped
 back to the dataset's. Each of those reads the whole global plan: O(W) work per step. ``StepViews`` computes them for one
 rank as each plan is made, on the plan-ahead thread (``dcp.planner.ahead.PlanAhead(prepare=...)``) or, with
-``planning.plan_ahead = "process"``, in the planner's child process (a ``StepViews`` pickles; at 4096 ranks its
+``advanced.plan_ahead = "process"``, in the planner's child process (a ``StepViews`` pickles; at 4096 ranks its
 5-40 ms a step would otherwise hold the training process's GIL), so the training thread does O(its own
 micro-batches) per step. ``RankStep`` is the result: a value the step loop (``dcp.runtime.loop``) reads.
 

@@ -66,9 +66,9 @@ def _process_planning(rank: int, world: int) -> dict:
     from dcp.planner import plan_epoch
 
     out = {}
-    # both ranks plan in child processes (planning.plan_ahead = "process"): the loop runs their plans
+    # both ranks plan in child processes (advanced.plan_ahead = "process"): the loop runs their plans
     model, data, config, table = planner_setup(world)
-    config = config.replace(planning=dataclasses.replace(config.planning, plan_ahead="process"))
+    config = config.replace(advanced=dataclasses.replace(config.advanced, plan_ahead="process"))
     mgr = set_manager(model, data, config, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), table=table)
     ran = []
     for batch in mgr.get_data_iter():
@@ -80,7 +80,7 @@ def _process_planning(rank: int, world: int) -> dict:
         if p.group_of(rank).micro_batches]
     # rank 1 with another seed, still in a child process: caught before any step, as with the thread
     model, data, config, table = planner_setup(world, seed=rank)
-    config = config.replace(planning=dataclasses.replace(config.planning, plan_ahead="process"))
+    config = config.replace(advanced=dataclasses.replace(config.advanced, plan_ahead="process"))
     mgr = set_manager(model, data, config, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), table=table)
     out["seed"] = _expect_mismatch(mgr)
     return out
@@ -144,7 +144,8 @@ def _refused_next_plan(rank: int, world: int, prefetch: str) -> str:
              step(0, 2, group(data, 0, 1, 0, [2], [3]), group(data, 1, 1, 0), number=1),
              step(0, 2, group(data, 0, 1, 0, [3]), group(data, 1, 1, 0, [4]), number=2)]
     cfg = config_for(model)
-    cfg = cfg.replace(runtime=dataclasses.replace(cfg.runtime, prefetch=prefetch, collective_timeout_s=30.0))
+    cfg = cfg.replace(runtime=dataclasses.replace(cfg.runtime, collective_timeout_s=30.0),
+                      advanced=dataclasses.replace(cfg.advanced, prefetch=prefetch))
     mgr = set_manager(model, data, cfg, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), plans=lambda e: plans)
     try:
         for batch in mgr.get_data_iter():

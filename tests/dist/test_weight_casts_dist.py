@@ -1,4 +1,4 @@
-"""runtime.cache_weight_casts on 2 gloo ranks (bf16 autocast on CPU, the ddp engine): an SP-2 group of three
+"""advanced.cache_weight_casts on 2 gloo ranks (bf16 autocast on CPU, the ddp engine): an SP-2 group of three
 micro-batches, then two SP-1 groups with unequal ga_steps, and a group with a recomputed layer, update the
 weights bit for bit as without it, on every rank (the copies are held per rank, on its training thread)."""
 

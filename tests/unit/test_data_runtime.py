@@ -218,9 +218,9 @@ def test_single_process_manager_runs_the_paper_loop(caplog):
 
 
 def test_manager_plans_in_a_child_process_when_asked(monkeypatch):
-    """planning.plan_ahead = "process": the epoch's plans come from a ``dcp.planner.serve`` child and equal
+    """advanced.plan_ahead = "process": the epoch's plans come from a ``dcp.planner.serve`` child and equal
     the ones planned in this process; the loop runs them."""
-    from dcp.config import DCPConfig, PlanningConfig, ProfilingConfig
+    from dcp.config import AdvancedConfig, DCPConfig, PlanningConfig, ProfilingConfig
     from dcp.planner import CPU_SMALL, ahead, analytic_table, plan_epoch
 
     children, prepared = [], []
@@ -236,8 +236,9 @@ def test_manager_plans_in_a_child_process_when_asked(monkeypatch):
     model = Transformer1D(T1DConfig.tiny())
     data = SyntheticTokenDataset([6, 9, 4, 7, 12, 3, 8, 5], vocab_size=model.config.vocab_size)
     edges = (8, 16)
-    planning = PlanningConfig(sp_sizes=(1,), ranks_per_node=1, mem_capacity_gib=1.0, plan_ahead="process")
-    cfg = DCPConfig(model=model.config.shape(), profiling=ProfilingConfig(seq_group_edges=edges), planning=planning)
+    planning = PlanningConfig(sp_sizes=(1,), ranks_per_node=1, mem_capacity_gib=1.0)
+    cfg = DCPConfig(model=model.config.shape(), profiling=ProfilingConfig(seq_group_edges=edges), planning=planning,
+                    advanced=AdvancedConfig(plan_ahead="process"))
     table = analytic_table(cfg.model, edges, sp_sizes=(1,), max_micro_batch_size=8, world_size=1,
                            hardware=CPU_SMALL, mem_capacity_bytes=planning.mem_capacity_bytes)
     mgr = set_manager(model, data, cfg, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), table=table)

@@ -27,8 +27,8 @@ def setup(plan_ahead: str = "auto"):
     from dcp.planner import CPU_SMALL, analytic_table
 
     model, dataset, config, _ = planner_setup(1)
-    config = config.replace(planning=dataclasses.replace(config.planning, mem_capacity_gib=0.05, gmax=2,
-                                                         plan_ahead=plan_ahead))
+    config = config.replace(planning=dataclasses.replace(config.planning, mem_capacity_gib=0.05, gmax=2),
+                            advanced=dataclasses.replace(config.advanced, plan_ahead=plan_ahead))
     table = analytic_table(config.model, config.profiling.seq_group_edges, sp_sizes=(1,), max_micro_batch_size=4,
                            world_size=1, hardware=CPU_SMALL, mem_capacity_bytes=config.planning.mem_capacity_bytes)
     return model, dataset, config, table
@@ -183,7 +183,7 @@ def test_a_new_loop_closes_an_earlier_one_still_referenced_before_it_reads_the_d
                     Counting.busy -= 1
 
     data = Counting(dataset.lengths(), vocab_size=model.config.vocab_size)
-    config = config.replace(runtime=dataclasses.replace(config.runtime, prefetch="on"))
+    config = config.replace(advanced=dataclasses.replace(config.advanced, prefetch="on"))
     mgr = set_manager(model, data, config, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), table=table)
     before = set(threading.enumerate())
     old = mgr.get_data_iter()

@@ -74,7 +74,7 @@ def test_bench_scale_rows_at_16_ranks(capsys):
     assert scale.run(_args(steps=4, log_every=2)) == 0
     out = capsys.readouterr().out
     rows = json.loads(out.strip().splitlines()[-1])["rows"]
-    assert out.startswith("# runtime.prefetch = on: the next micro-batch is collated on a background thread")
+    assert out.startswith("# advanced.prefetch = on: the next micro-batch is collated on a background thread")
     assert [(r["world_size"], r["rank"]) for r in rows] == [(16, 0), (16, 15)]
     for r in rows:
         assert list(r)[: len(scale.ROW_KEYS)] == list(scale.ROW_KEYS)
@@ -114,13 +114,13 @@ def test_bench_scale_runs_on_torchs_fake_store_too(capsys):
 
 
 def test_plan_ahead_auto_is_a_process_from_512_ranks_on():
-    from dcp.config import PROCESS_PLAN_MIN_RANKS, PlanningConfig
+    from dcp.config import PROCESS_PLAN_MIN_RANKS, AdvancedConfig
 
-    auto = PlanningConfig()
+    auto = AdvancedConfig()
     assert auto.plan_ahead == "auto" and PROCESS_PLAN_MIN_RANKS == 512
     assert [auto.plan_ahead_at(w) for w in (1, 16, 511, 512, 4096)] == ["thread"] * 3 + ["process"] * 2
-    assert PlanningConfig(plan_ahead="thread").plan_ahead_at(4096) == "thread"
-    assert PlanningConfig(plan_ahead="process").plan_ahead_at(2) == "process"
+    assert AdvancedConfig(plan_ahead="thread").plan_ahead_at(4096) == "thread"
+    assert AdvancedConfig(plan_ahead="process").plan_ahead_at(2) == "process"
 
 
 def test_bench_scale_runs_with_the_planner_in_a_child_process(capsys):
