@@ -121,6 +121,18 @@ class ModelShapeConfig:
         per_layer = self.attentions_per_layer * 4 * h * h + 3 * h * f + 2 * h
         return self.num_layers * per_layer + 2 * self.vocab_size * h
 
+    def check_against(self, derived: ModelShapeConfig, source: str) -> None:
+        """A written [model] section against the shape derived from the model itself (``source`` says from
+        where): the first structural field that differs fails, naming both values (name, param_bytes and
+        optimizer_bytes_per_param are the user's to state)."""
+        for prop, key in (("num_layers", "num_layers"), ("hidden_size", "hidden_size"), ("num_heads", "num_heads"),
+                          ("kv_heads", "num_kv_heads"), ("ffn_size", "ffn_hidden_size"),
+                          ("attentions_per_layer", "attentions_per_layer"), ("vocab_size", "vocab_size")):
+            mine, theirs = getattr(self, prop), getattr(derived, prop)
+            if mine != theirs:
+                fail(f"model.{key}", mine, f"differs from the model's ({theirs}, from {source})",
+                     f"leave [model] out (it is derived from the model) or set {key} = {theirs}")
+
     def constant_mem_bytes(self, engine: str, dp_size: int | None) -> int:
         """Per-rank state bytes of runtime.``engine`` over ``dp_size`` ranks: ``dcp.memory.state_bytes``."""
         return state_bytes(self.num_params, self.param_bytes, self.optimizer_bytes_per_param, engine, dp_size)
