@@ -185,7 +185,11 @@ class PlanningConfig:
     gmin: int = 1
     """Gmin: when every group's ga_steps is below it, all are scaled by ceil(gmin / max ga_steps)."""
     gmax: int = 4
-    """Gmax: a step may last at most gmax times its longest single micro-batch."""
+    """Gmax, DCP methods: without a global batch (default_batch = "method" and neither tokens_per_step nor
+    samples_per_step set) a step lasts at most gmax times its longest micro-batch. With a global batch (stated,
+    or the default one), a step is sized by its tokens instead and Gmax bounds only the planner's look-ahead
+    (default_lookahead) and a step whose groups were dropped for want of aligned ranks; steps may then outlast
+    gmax x their longest micro-batch."""
     ranks_per_node: int = 8
     """Ranks that share a fast interconnect; an SP group stays inside one node unless sp_size exceeds it."""
     sp_sizes: tuple[int, ...] = (1, 2, 4, 8)
@@ -200,7 +204,8 @@ class PlanningConfig:
     and the epoch's mean on it. 0 with samples_per_step 0: one default for every method (default_batch)."""
     samples_per_step: int = 0
     """The global batch in samples, as Megatron counts it (micro-batch x ga x data-parallel ranks): held as a
-    target of samples_per_step x the epoch's mean length in tokens (batch_tokens). At most one of the two is set."""
+    target of samples_per_step x the epoch's mean length in tokens (batch_tokens). At most one of the two is set;
+    0: not stated in samples."""
     default_batch: str = "data"
     """With neither set: "data" (4 x W samples of the mean length, at least the longest; step_tokens.batch_tokens)
     or "method" (each method's own steps: DCP's by Gmax x its longest micro-batch, bucket's one micro-batch per SP

@@ -50,8 +50,8 @@ class AdvancedConfig:
     """Planner, packed method only: tokens per micro-batch; 0 derives it from the table and the memory capacity."""
     plan_ahead: str = "auto"
     """Where the next steps' plans are computed while a step runs: "thread" (a background thread, sharing the GIL
-    with training), "process" (a child process per rank, ``dcp.planner.serve``, started once per epoch: about
-    0.4 s of start-up, before the epoch's first plan) or "auto" (a process from PROCESS_PLAN_MIN_RANKS = 512 ranks
+    with training), "process" (a child process per rank, ``dcp.planner.serve``, started once per epoch; its start-up
+    delays the epoch's first plan: docs/planner.md, "Plan ahead") or "auto" (a process from PROCESS_PLAN_MIN_RANKS = 512 ranks
     on, where planning takes ~10-250 ms of CPU per step and the training thread's host time per step fell ~35%
     (``dcp bench scale --plan-ahead``); else a thread)."""
     grad_sync_s: float = 0.0
