@@ -217,6 +217,7 @@ class PlanningConfig:
     micro-batches by a token budget (b x bound of the profiled row with the best predicted time per token at
     its (p, r) within memory), run as one row of documents, where that is predicted cheaper per token than
     b-sample micro-batches (dcp.planner.tokens); "off" keeps b samples per micro-batch everywhere."""
+
     def __post_init__(self) -> None:
         check_fields(self, "planning", int_max={"seed": 2**63 - 1, "gmin": MAX_GA, "gmax": MAX_GA})
         sizes = self.sp_sizes
@@ -276,9 +277,9 @@ class RuntimeConfig:
     loss_weighting: str = "tokens"
     """Loss normalisation over the whole step: tokens or samples (all-reduced counts, never 1/ga_steps)."""
     collective_timeout_s: float = 300.0
-    """Timeout of every other collective dcp creates or uses (the SP groups, the world group's gradient sync):
-    a rank that stalls or dies makes the others fail after this long, naming it and the phase it was in
-    (see dcp.runtime.phases), instead of torch's default of 30 minutes. Raise it when one micro-batch or a
+    """Timeout of every collective dcp creates or uses but the agreement exchange's (advanced.plan_check_timeout_s):
+    the SP groups, the world group's gradient sync. A rank that stalls or dies makes the others fail after this
+    long, naming it and the phase it was in (see dcp.runtime.phases), instead of torch's default of 30 minutes. Raise it when one micro-batch or a
     checkpoint save between steps can take longer."""
     log_every: int = 10
     """Rank 0 logs one line every this many steps; each logged step all-gathers the step's loss, token
@@ -307,6 +308,7 @@ class RuntimeConfig:
     8-byte all-reduce and one host read per step): stop = raise NonFiniteError on every rank naming the step,
     the ranks and the sample ids, nothing applied; skip = the step is not applied (weights, optimizer state and
     LR schedule untouched), its samples are recorded as skipped in the checkpoint position and logged."""
+
     def __post_init__(self) -> None:
         check_fields(self, "runtime")
         for key, options, fix in (
