@@ -73,3 +73,13 @@ def test_an_hf_model_is_checked_against_its_config():
                                           r"Face config\): leave \[model\] out .* or set num_layers = 2$"):
         _set(model, DCPConfig(model=wrong))
     assert ModelShapeConfig().num_layers != 2  # the default [model] is not the model's: it is replaced, not checked
+
+
+def test_a_model_without_a_shape_is_still_checked_by_its_head_count():
+    import types
+
+    model = torch.nn.Linear(2, 2)
+    model.config = types.SimpleNamespace(num_heads=4)  # a model of the user's own: heads known, no shape()
+    with pytest.raises(ConfigError, match=r"^model\.num_heads \(8\) differs from the model's head count \(4\): "):
+        _resolve_config(model, DCPConfig(), None)
+    assert _resolve_config(model, DCPConfig(model=ModelShapeConfig(num_heads=4)), None).model.num_heads == 4
