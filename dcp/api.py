@@ -52,11 +52,14 @@ def _check_arguments(model: Any, config: Any, table: Any) -> None:
 
 def _resolve_config(model: torch.nn.Module, config: DCPConfig | None, integration: Any) -> DCPConfig:
     """The run's config: ``config`` with its ``model`` section derived from the model when left at the
-    default (or a whole default config when None); refuses a head count that is not the model's."""
-    derived = integration.shape() if integration is not None else None
+    default (or a whole default config when None); a written one that disagrees with the model's shape, or
+    a head count that is not the model's, is refused."""
+    derived, source = (integration.shape(), "its Hugging Face config") if integration is not None else (None, "")
+    if derived is None and hf.is_hf_model(model):
+        derived, source = hf.model_shape(model), "its Hugging Face config"
     if derived is None:
         shape = getattr(getattr(model, "config", None), "shape", None)
-        derived = shape() if callable(shape) else None
+        derived, source = (shape(), "model.config.shape()") if callable(shape) else (None, "")
     if config is None:
         if derived is None:
             raise ConfigError(
@@ -68,6 +71,8 @@ def _resolve_config(model: torch.nn.Module, config: DCPConfig | None, integratio
         config = DCPConfig(model=derived, planning=PlanningConfig(sp_sizes=sizes))
     elif derived is not None and config.model == ModelShapeConfig():
         config = dataclasses.replace(config, model=derived)  # [model] left at its default: the model's own
+    elif derived is not None:  # a written [model]: the planner would price another model than the one trained
+        config.model.check_against(derived, source)
     model_config = getattr(model, "config", None)
     heads = getattr(model_config, "num_heads", None) or getattr(model_config, "num_attention_heads", None)
     if isinstance(heads, int) and heads != config.model.num_heads:

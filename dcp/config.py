@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dcp.config_advanced import CLOCKS, AdvancedConfig  # noqa: F401
 from dcp.memory import ENGINE_NAMES, shape_state_bytes
 
 # re-exported: the config's public error and readers
@@ -31,13 +32,11 @@ METHODS = ("bucket", "packed", "dcp-inter", "dcp-intra", "bucket-search")
 PEER_METHODS = ("megatron-dyncp", "flexsp")
 """Other schedulers re-implemented as baselines (``dcp.planner.peers``): planned and simulated, not run."""
 LR_SCALING = ("none", "linear", "sqrt")
+"""runtime.lr_scaling choices (the rules of dcp.loaders.lr_scaling)."""
 COMPILE_MODES = ("off", "default", "max-autotune-no-cudagraphs")
 """runtime.compile values: off (eager), or the torch.compile mode applied to each repeated block."""
-"""runtime.lr_scaling choices (the rules of dcp.loaders.lr_scaling)."""
 MICRO_BATCH_TOKENS = ("off", "auto")
 """How DCP micro-batches are sized (planning.micro_batch_tokens): by samples only, or by tokens where cheaper."""
-CLOCKS = ("auto", "wall", "cpu", "pipelined")
-"""profiling.clock choices (dcp.profiler.clock)."""
 GIB = 1024**3
 MAX_GA = 2**16
 MAX_MEM_GIB = 2**20  # largest planning.mem_capacity_gib (1 PiB per rank): its bytes stay an exact int64
@@ -122,6 +121,18 @@ class ModelShapeConfig:
         per_layer = self.attentions_per_layer * 4 * h * h + 3 * h * f + 2 * h
         return self.num_layers * per_layer + 2 * self.vocab_size * h
 
+    def check_against(self, derived: ModelShapeConfig, source: str) -> None:
+        """A written [model] section against the shape derived from the model itself (``source`` says from
+        where): the first structural field that differs fails, naming both values (name, param_bytes and
+        optimizer_bytes_per_param are the user's to state)."""
+        for prop, key in (("num_layers", "num_layers"), ("hidden_size", "hidden_size"), ("num_heads", "num_heads"),
+                          ("kv_heads", "num_kv_heads"), ("ffn_size", "ffn_hidden_size"),
+                          ("attentions_per_layer", "attentions_per_layer"), ("vocab_size", "vocab_size")):
+            mine, theirs = getattr(self, prop), getattr(derived, prop)
+            if mine != theirs:
+                fail(f"model.{key}", mine, f"differs from the model's ({theirs}, from {source})",
+                     f"leave [model] out (it is derived from the model) or set {key} = {theirs}")
+
     def constant_mem_bytes(self, engine: str, dp_size: int | None) -> int:
         """Per-rank state bytes of runtime.``engine`` over ``dp_size`` ranks: ``dcp.memory.state_bytes``."""
         return shape_state_bytes(self, engine, dp_size)
@@ -136,16 +147,6 @@ class ProfilingConfig:
     group whose bound is >= s, and each group is profiled at its bound (conservative for memory)."""
     max_micro_batch_size: int = 8
     """Largest micro-batch size b the profiler tries (it stops earlier when memory or time says so)."""
-    warmup_iters: int = 1
-    """Untimed repetitions before the measured one."""
-    measure_iters: int = 3
-    """Timed repetitions; the median is recorded."""
-    clock: str = "auto"
-    """How a layer's time is read (dcp.profiler.clock): 'auto' (= wall; measured against whole-model steps
-    on an H200 it predicted better than pipelined), 'wall' (elapsed time between two syncs), 'pipelined' (CUDA: max of the host's enqueue time and the GPU's time
-    with its queue pre-filled, as inside a whole model) or 'cpu' (the profiling process's CPU time: stable on
-    a shared, oversubscribed CPU machine, where elapsed time also counts the slices other processes take,
-    but blind to time spent waiting for communication)."""
     cache_dir: str = ".dcp_cache"
     """Folder of cached profile tables (one file per model/world/hardware/dtype/version key)."""
     strict_cache: bool = False
@@ -167,12 +168,6 @@ class ProfilingConfig:
             )
         if self.max_micro_batch_size < 1:
             fail("profiling.max_micro_batch_size", self.max_micro_batch_size, "must be >= 1", "set it to 1 or more")
-        if self.warmup_iters < 0:
-            fail("profiling.warmup_iters", self.warmup_iters, "must be >= 0", "set it to 0 or more")
-        if self.measure_iters < 1:
-            fail("profiling.measure_iters", self.measure_iters, "must be >= 1", "set it to 1 or more")
-        if self.clock not in CLOCKS:
-            fail("profiling.clock", self.clock, f"is not one of {list(CLOCKS)}", "write clock = \"auto\"")
         _check_folder_name("profiling.cache_dir", self.cache_dir, '".dcp_cache"')
         if not isinstance(self.strict_cache, bool):
             fail("profiling.strict_cache", self.strict_cache, "must be true or false", "write strict_cache = false")
@@ -190,20 +185,18 @@ class PlanningConfig:
     gmin: int = 1
     """Gmin: when every group's ga_steps is below it, all are scaled by ceil(gmin / max ga_steps)."""
     gmax: int = 4
-    """Gmax: a step may last at most gmax times its longest single micro-batch."""
+    """Gmax, DCP methods: without a global batch (default_batch = "method" and neither tokens_per_step nor
+    samples_per_step set) a step lasts at most gmax times its longest micro-batch. With a global batch (stated,
+    or the default one), a step is sized by its tokens instead and Gmax bounds only the planner's look-ahead
+    (default_lookahead) and a step whose groups were dropped for want of aligned ranks; steps may then outlast
+    gmax x their longest micro-batch."""
     ranks_per_node: int = 8
     """Ranks that share a fast interconnect; an SP group stays inside one node unless sp_size exceeds it."""
     sp_sizes: tuple[int, ...] = (1, 2, 4, 8)
     """SP sizes the planner may choose; each divides model.num_heads, or (1D models) is a multiple of its K/V heads."""
-    lookahead_samples: int = 0
-    """Samples the step assembler may read ahead of the stream to fill ranks. 0 sizes the window from the
-    profile table: twice the samples whose GPU-time fills one longest micro-batch on every rank (at least 32
-    per rank); see dcp.planner.assemble.default_lookahead."""
     seed: int = 0
     """Seed of the per-epoch shuffle (numpy Generator seeded by (seed, epoch)). Per-sample randomness
     (noise, masks) comes from the dataset's own seed via dcp.runtime.data.sample_generator(seed, epoch, id)."""
-    packed_token_budget: int = 0
-    """Packed parallel only: tokens per micro-batch; 0 derives it from the table and the memory capacity."""
     bucket_sp_size: int = 0
     """Bucket/packed only: fixed SP size; 0 picks the smallest that fits the longest seq_group."""
     tokens_per_step: int = 0
@@ -211,7 +204,8 @@ class PlanningConfig:
     and the epoch's mean on it. 0 with samples_per_step 0: one default for every method (default_batch)."""
     samples_per_step: int = 0
     """The global batch in samples, as Megatron counts it (micro-batch x ga x data-parallel ranks): held as a
-    target of samples_per_step x the epoch's mean length in tokens (batch_tokens). At most one of the two is set."""
+    target of samples_per_step x the epoch's mean length in tokens (batch_tokens). At most one of the two is set;
+    0: not stated in samples."""
     default_batch: str = "data"
     """With neither set: "data" (4 x W samples of the mean length, at least the longest; step_tokens.batch_tokens)
     or "method" (each method's own steps: DCP's by Gmax x its longest micro-batch, bucket's one micro-batch per SP
@@ -223,12 +217,6 @@ class PlanningConfig:
     micro-batches by a token budget (b x bound of the profiled row with the best predicted time per token at
     its (p, r) within memory), run as one row of documents, where that is predicted cheaper per token than
     b-sample micro-batches (dcp.planner.tokens); "off" keeps b samples per micro-batch everywhere."""
-    grad_sync_s: float = 0.0
-    """DCP methods with the ddp engine: seconds of the step's gradient all-reduce (measured on the cluster, or priced
-    for the hardware: ``dcp.planner.analytic.grad_sync_time_s``). The planner then ends each SP group on a last
-    micro-batch whose backward hides it where that ends the step earlier (dcp.planner.syncend). 0: the figure the
-    profiler measured on the job's own ranks (the table's ``grad_sync_s``, when profiled at this world size with
-    the ddp engine); a table without one (analytic, one rank) plans as without it."""
 
     def __post_init__(self) -> None:
         check_fields(self, "planning", int_max={"seed": 2**63 - 1, "gmin": MAX_GA, "gmax": MAX_GA})
@@ -251,16 +239,9 @@ class PlanningConfig:
             fail("planning.ranks_per_node", self.ranks_per_node, "must be >= 1", "set the GPUs per node, e.g. 8")
         if not sizes or any(p < 1 for p in sizes) or len(set(sizes)) != len(sizes):
             fail("planning.sp_sizes", list(sizes), "must be distinct positive integers", "e.g. [1, 2, 4, 8]")
-        if self.lookahead_samples < 0:
-            fail("planning.lookahead_samples", self.lookahead_samples, "must be >= 0", "use 0 for the default")
-        if self.packed_token_budget < 0:
-            fail("planning.packed_token_budget", self.packed_token_budget, "must be >= 0", "use 0 to derive it")
         if self.micro_batch_tokens not in MICRO_BATCH_TOKENS:
             fail("planning.micro_batch_tokens", self.micro_batch_tokens, f"is not one of {list(MICRO_BATCH_TOKENS)}",
                  'write micro_batch_tokens = "auto" (token-packed short documents) or "off"')
-        if self.grad_sync_s < 0:
-            fail("planning.grad_sync_s", self.grad_sync_s, "must be >= 0",
-                 "give the step's gradient all-reduce in seconds, or 0 when unknown")
         if self.bucket_sp_size < 0:
             fail("planning.bucket_sp_size", self.bucket_sp_size, "must be >= 0", "use 0 to derive it")
         for name in ("tokens_per_step", "samples_per_step"):
@@ -297,35 +278,16 @@ class RuntimeConfig:
     are measured, and cached, per precision."""
     loss_weighting: str = "tokens"
     """Loss normalisation over the whole step: tokens or samples (all-reduced counts, never 1/ga_steps)."""
-    check_plan_hash: bool = True
-    """Check that all ranks run the same step plans and data: every step's plan digest is folded into a
-    running digest, compared at the first step of each get_data_iter() call (with the data's digest, before
-    any other collective), at every logged step and at the end of the epoch (or a pause); a mismatch names
-    the first step that differs. No extra planning pass and no collective on unlogged steps."""
-    plan_check_timeout_s: float = 60.0
-    """Timeout of the agreement exchange's own process group (the plan / data / position checks and the
-    logged steps' stats), so a divergent rank fails instead of hanging."""
     collective_timeout_s: float = 300.0
-    """Timeout of every other collective dcp creates or uses (the SP groups, the world group's gradient sync):
-    a rank that stalls or dies makes the others fail after this long, naming it and the phase it was in
-    (see dcp.runtime.phases), instead of torch's default of 30 minutes. Raise it when one micro-batch or a
+    """Timeout of every collective dcp creates or uses but the agreement exchange's (advanced.plan_check_timeout_s):
+    the SP groups, the world group's gradient sync. A rank that stalls or dies makes the others fail after this
+    long, naming it and the phase it was in (see dcp.runtime.phases), instead of torch's default of 30 minutes. Raise it when one micro-batch or a
     checkpoint save between steps can take longer."""
     log_every: int = 10
     """Rank 0 logs one line every this many steps; each logged step all-gathers the step's loss, token
     count, per-rank busy time and the plans' running digest (one small collective on the default backend,
     and a synchronisation point, per logged step; unlogged steps run none). 1 checks every step (a
     divergent rank is then named at the next step instead of the next logged one)."""
-    prefetch: str = "auto"
-    """Collate (and pin) the next micro-batch on a background thread while the current one trains (the same
-    batches in the same order): on, off, or auto = on when the run's device is CUDA (the host idles while
-    the GPU computes), off on CPU, where the collating thread competes with the compute for the same cores
-    (dcp bench runtime: batch_wait_ms)."""
-
-    cache_weight_casts: bool = False
-    """ddp with bf16 autocast: cast the weights at a step's first micro-batch and reuse the copies in its later
-    ones (exact when each weight is used once per forward; skipped where layers are recomputed). Off by default:
-    a model that checkpoints its own layers would keep copies its profiled rows do not count (docs/runtime.md)."""
-
     compile: str = "off"
     """torch.compile each repeated block (dcp.runtime.compiled), attention left eager: off, default or
     max-autotune-no-cudagraphs (not reduce-overhead: one CUDA graph per block call overwrites the previous
@@ -348,9 +310,6 @@ class RuntimeConfig:
     8-byte all-reduce and one host read per step): stop = raise NonFiniteError on every rank naming the step,
     the ranks and the sample ids, nothing applied; skip = the step is not applied (weights, optimizer state and
     LR schedule untouched), its samples are recorded as skipped in the checkpoint position and logged."""
-    stats_every: int = 0
-    """Also gather those step statistics (StepStats: loss, count, per-rank busy time) every this many steps
-    without logging them, e.g. 1 for experiment runs that record every step; 0: only on logged steps."""
 
     def __post_init__(self) -> None:
         check_fields(self, "runtime")
@@ -359,16 +318,14 @@ class RuntimeConfig:
                 ("attention", ("auto", "sdpa", "flash"), "pick one of those"),
                 ("precision", ("auto", "bf16", "fp32"), "pick one of those (auto: bf16 on CUDA, fp32 on CPU)"),
                 ("loss_weighting", ("tokens", "samples"), "pick one"),
-                ("prefetch", ("auto", "on", "off"), "pick one of those (auto: on with CUDA, off on CPU)"),
                 ("compile", COMPILE_MODES, 'write compile = "off" (eager) or "default"'),
                 ("lr_scaling", LR_SCALING, 'write lr_scaling = "none" (or "linear" / "sqrt" with planning.tokens_per_step)'),
                 ("nonfinite", ("stop", "skip"),
                  'write nonfinite = "stop" (raise, nothing applied) or "skip" (drop the step, record its samples)')):
             if getattr(self, key) not in options:
                 fail(f"runtime.{key}", getattr(self, key), f"is not one of {list(options)}", fix)
-        for key, low, example in (("plan_check_timeout_s", 0, "60"), ("collective_timeout_s", 0, "300")):
-            if not getattr(self, key) > low:
-                fail(f"runtime.{key}", getattr(self, key), f"must be > {low}", f"e.g. {example}")
+        if not self.collective_timeout_s > 0:
+            fail("runtime.collective_timeout_s", self.collective_timeout_s, "must be > 0", "e.g. 300")
         if self.log_every < 1:
             fail("runtime.log_every", self.log_every, "must be >= 1", "set it to 1 or more")
         if not (self.peer_timeout_s == 0 or 5 <= self.peer_timeout_s < float("inf")):
@@ -377,13 +334,10 @@ class RuntimeConfig:
         if self.nonfinite == "skip" and self.engine == "deepspeed":
             fail("runtime.nonfinite", self.nonfinite, "needs the ddp engine (DeepSpeed reduces and applies the "
                  "gradients in one call, so a step cannot be dropped between them)", 'write nonfinite = "stop", or engine = "ddp"')
-        if self.stats_every < 0:
-            fail("runtime.stats_every", self.stats_every, "must be >= 0", "use 0 for logged steps only, 1 for every step")
-
-
 @dataclass(kw_only=True, slots=True, frozen=True)
 class DCPConfig:
-    """The whole run: model shape, profiling, planning, runtime. Relations between sections are checked."""
+    """The whole run: model shape, profiling, planning, runtime (and the advanced knobs). Relations between
+    sections are checked."""
 
     model: ModelShapeConfig = field(default_factory=ModelShapeConfig)
     """Shape of the trained model."""
@@ -393,6 +347,8 @@ class DCPConfig:
     """Planner settings."""
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     """Manager settings."""
+    advanced: AdvancedConfig = field(default_factory=AdvancedConfig)
+    """Tuning and diagnostic settings of the profiler, planner and runtime (dcp.config_advanced)."""
 
     def __post_init__(self) -> None:
         for name, cls in _SECTIONS.items():
@@ -438,7 +394,7 @@ class DCPConfig:
 
 
 _SECTIONS: dict[str, type] = {"model": ModelShapeConfig, "profiling": ProfilingConfig, "planning": PlanningConfig,
-                              "runtime": RuntimeConfig}
+                              "runtime": RuntimeConfig, "advanced": AdvancedConfig}
 
 
 def _build_section(name: str, cls: type, raw: Any) -> Any:

@@ -21,7 +21,7 @@ machine:
 
 The profile table is measured first by the dual-layer profiler and cached in OUT/cache (the demo's own
 cache: it never touches the ``.dcp_cache`` that ``dcp profile`` uses). The profile times the process's CPU
-time (``profiling.clock = "cpu"``), not elapsed time: on a 2-core machine shared with other jobs, elapsed
+time (``advanced.clock = "cpu"``), not elapsed time: on a 2-core machine shared with other jobs, elapsed
 time of a millisecond-scale candidate doubles whenever another process takes half of its core, so a
 wall-clock profile moved single rows by 2-5x from one run to the next and with them the plans of every
 method (bucket's micro-batch sizes too). Every method plans from the same table; the epochs are timed
@@ -85,15 +85,15 @@ DEMO_SETTINGS: dict[str, Any] = {
     "seed": 0,
     "config": {
         # CPU-time profile: stable under other jobs' load (see the module docstring); all methods share it
-        "profiling": {"seq_group_edges": [128, 256, 512, 1024, 2048], "max_micro_batch_size": 8,
-                      "warmup_iters": 1, "measure_iters": 3, "clock": "cpu"},
+        "profiling": {"seq_group_edges": [128, 256, 512, 1024, 2048], "max_micro_batch_size": 8},
         # emulated per-rank memory: the last seq_group (1025-2048 tokens) needs SP = 2 even with full recompute,
         # while samples up to 512 tokens run on one rank without recompute
         # planning.tokens_per_step is set from batch_tokens (below): the same for every method; the committed
         # figures were measured at step_tokens_bounds [0.5, 2.0] (the default is now +-10%)
         "planning": {"mem_capacity_gib": 0.018, "gmin": 1, "gmax": 4, "ranks_per_node": 8, "sp_sizes": [1, 2, 4],
                      "step_tokens_bounds": [0.5, 2.0]},
-        "runtime": {"engine": "ddp", "attention": "sdpa", "log_every": 1_000_000, "stats_every": 1},
+        "runtime": {"engine": "ddp", "attention": "sdpa", "log_every": 1_000_000},
+        "advanced": {"warmup_iters": 1, "measure_iters": 3, "clock": "cpu", "stats_every": 1},
     },
 }
 
@@ -431,7 +431,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for name in (REPS_CSV, STEPS_CSV, SUMMARY_CSV, CONFIG_JSON, PLOT_PNG):  # a demo folder holds one demo
         (out / name).unlink(missing_ok=True)
-    # the demo's own cache (never .dcp_cache/); the cache key names profiling.clock, so a wall-clock table
+    # the demo's own cache (never .dcp_cache/); the cache key names advanced.clock, so a wall-clock table
     # of another run is never taken for the demo's CPU-clock one
     cache_dir = str(out / "cache")
     w = settings["world_size"]

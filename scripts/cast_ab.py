@@ -1,4 +1,4 @@
-"""CPU A/B of runtime.cache_weight_casts: the manager at W = 1 (no process group), bf16 autocast on CPU, a
+"""CPU A/B of advanced.cache_weight_casts: the manager at W = 1 (no process group), bf16 autocast on CPU, a
 Transformer-1D of hidden ``--hidden`` and ``--layers`` layers, micro-batches of one ``--tokens``-token sample,
 8 per step; the two settings in interleaved rounds (one 4-step epoch each: dcp.bench.gpu_knobs.paired_rounds),
 medians.
@@ -17,7 +17,7 @@ import torch
 from dcp.api import set_manager
 from dcp.bench.gpu_knobs import paired_rounds
 from dcp.bench.runtime import fixed_step_plan
-from dcp.config import DCPConfig, RuntimeConfig
+from dcp.config import AdvancedConfig, DCPConfig, RuntimeConfig
 from dcp.models import T1DConfig, Transformer1D
 from dcp.runtime.data import SyntheticTokenDataset
 
@@ -42,7 +42,7 @@ def main() -> None:
 
     opt = torch.optim.SGD(model.parameters(), lr=1e-6)
     managers = {mode: set_manager(model, data, DCPConfig(model=model.config.shape(), runtime=RuntimeConfig(
-        precision="bf16", cache_weight_casts=keep, log_every=STEPS)), optimizer=opt, plans=plans)
+        precision="bf16", log_every=STEPS), advanced=AdvancedConfig(cache_weight_casts=keep)), optimizer=opt, plans=plans)
         for mode, keep in (("on", True), ("off", False))}
 
     times = paired_rounds(managers, args.rounds, STEPS)

@@ -59,7 +59,7 @@ def main() -> None:
     dist.init_process_group("fake", store=store, rank=args.rank, world_size=args.world_size)
     sc = scenario("t1d-5b", "h200")
     config, table = paper_config(sc, "dcp-intra"), paper_table(sc, args.world_size)
-    config = config.replace(runtime=dataclasses.replace(config.runtime, prefetch="on"))
+    config = config.replace(advanced=dataclasses.replace(config.advanced, prefetch="on"))
     lengths = load_lengths("t1d-balanced", scale="paper", num_samples=40 * args.world_size * (args.steps + 2))
     data, model, tt, acc = _TokenDataset(lengths.tokens), _tiny_model(), time.thread_time_ns, {"fwd": 0, "sd": 0}
 

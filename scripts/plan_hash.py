@@ -72,7 +72,7 @@ def hash_all(setups=tuple(SETUPS), world_sizes=WORLD_SIZES, methods=None, progre
             table = paper_table(sc, w, shapes=data.shapes)
             for m in methods or METHODS:
                 cfg = paper_config(sc, m, gmin=gmin, gmax=gmax, seed=SEED)
-                cfg = cfg.replace(planning=dataclasses.replace(cfg.planning, lookahead_samples=per_rank * w))
+                cfg = cfg.replace(advanced=dataclasses.replace(cfg.advanced, lookahead_samples=per_rank * w))
                 t0 = time.perf_counter()
                 h, steps, error = hashlib.sha256(), 0, None
                 try:

@@ -73,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="all: the checks above; short: busy share and tokens/s of 1k-8k-token micro-batches, "
                              "eager vs compiled blocks (dcp.bench.gpu_short); clock: the profiling clocks' "
                              "predictions against measured steps on shapes the calibration file does not hold; "
-                             "knobs: step time with runtime.prefetch and runtime.cache_weight_casts each on and off, "
+                             "knobs: step time with advanced.prefetch and advanced.cache_weight_casts each on and off, "
                              "through the manager at W = 1 (dcp.bench.gpu_knobs)")
     parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"), help=argparse.SUPPRESS)
     parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
@@ -246,7 +246,8 @@ def manager_sweep(engine: str, device: str, out_dir: str, *, models: tuple[str, 
                   "num_samples": 192, "scale": "cpu", "device": device, "backend": "nccl" if cuda else "gloo",
                   "executor": "manager", "out_dir": out_dir, "refresh_profile": True},
         "config": {"profiling": {"seq_group_edges": [64, 128, 256, 512, 1024, 2048], "max_micro_batch_size": 4,
-                                 "warmup_iters": 1, "measure_iters": 1, "cache_dir": str(Path(out_dir) / "cache")},
+                                 "cache_dir": str(Path(out_dir) / "cache")},
+                   "advanced": {"warmup_iters": 1, "measure_iters": 1},
                    "planning": {"sp_sizes": [1], "mem_capacity_gib": 4.0 if cuda else 0.5, "ranks_per_node": 1},
                    "runtime": {"engine": engine, "log_every": 1000, "compile": compile_mode}},
     }

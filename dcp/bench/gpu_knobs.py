@@ -3,9 +3,9 @@
 The manager at W = 1 (NCCL on CUDA; gloo on the hidden CPU path) runs the same hand-made steps with a setting
 on and off, in alternating order, round after round:
 
-- ``runtime.prefetch``: "on" collates (and on CUDA pins) the next micro-batches on the prefetch thread; "off"
+- ``advanced.prefetch``: "on" collates (and on CUDA pins) the next micro-batches on the prefetch thread; "off"
   does both on the training thread, between two micro-batches;
-- ``runtime.cache_weight_casts``: on, autocast's bf16 weight copies are made at a step's first micro-batch and
+- ``advanced.cache_weight_casts``: on, autocast's bf16 weight copies are made at a step's first micro-batch and
   reused by its later ones; off, every micro-batch casts every weight (bf16 only: without autocast it changes
   nothing).
 
@@ -97,14 +97,13 @@ def _collate_ms(data: Any, b: int, cuda: bool) -> float:
 def _worker(rank: int, world: int, spec: dict[str, Any]) -> list[dict[str, Any]]:
     """The W = 1 job: for each case and setting, two managers on one model (the setting on and off), warmed up,
     then ``rounds`` paired rounds."""
-    import dataclasses
     import gc
     import logging
 
     import torch
 
     from dcp.api import set_manager
-    from dcp.config import DCPConfig, RuntimeConfig
+    from dcp.config import AdvancedConfig, DCPConfig, RuntimeConfig
     from dcp.models import build_model
 
     logging.getLogger("dcp").setLevel(logging.WARNING)  # no per-round log lines
@@ -131,7 +130,7 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> list[dict[str, Any]]
         for knob, values in KNOBS.items():
             managers = {}
             for mode, value in zip(("on", "off"), values, strict=True):
-                config = DCPConfig(model=model.config.shape(), runtime=dataclasses.replace(base, **{knob: value}))
+                config = DCPConfig(model=model.config.shape(), runtime=base, advanced=AdvancedConfig(**{knob: value}))
                 managers[mode] = set_manager(model, data, config, optimizer=opt, plans=plans)
             times = paired_rounds(managers, rounds, steps, sync)
             saving = [off - on for on, off in zip(times["on"], times["off"], strict=True)]

@@ -81,7 +81,7 @@ def dataset_setup(ds: str, gpus: int, seed: int, *, num_samples: int = 30000, ha
 
 def method_config(sc, method: str, seed: int, tokens_per_step: float, gpus: int = 0):
     """The DCPConfig of ``method`` at the bench's global batch; ``gpus`` > 0 tells DCP the gradient sync the
-    simulator prices on that many GPUs (planning.grad_sync_s, ``paper_config``)."""
+    simulator prices on that many GPUs (advanced.grad_sync_s, ``paper_config``)."""
     from dcp.sim.scenario import DCP_METHODS, paper_config
 
     cfg = paper_config(sc, method, seed=seed, world_size=gpus)

@@ -30,7 +30,7 @@ from collections.abc import Callable
 import numpy as np
 
 from dcp.argtypes import MAX_WORLD_SIZE
-from dcp.config import METHODS, DCPConfig, PlanningConfig
+from dcp.config import METHODS, AdvancedConfig, DCPConfig, PlanningConfig
 
 DEFAULT_MODEL = "t1d-tiny"
 """The default model shape (ModelShapeConfig), planned on the ``cpu-small`` table unless --hardware says."""
@@ -102,8 +102,8 @@ def _setup(world_size: int, method: str, model: str, hardware: str):
         hw = HARDWARE[hardware]
         # told the gradient sync step_pricer charges, as paper_config does (dcp.planner.syncend)
         model = DCPConfig().model
-        config = DCPConfig(planning=PlanningConfig(
-            method=method, grad_sync_s=told_grad_sync_s(method, model, hw, world_size)))
+        config = DCPConfig(planning=PlanningConfig(method=method),
+                           advanced=AdvancedConfig(grad_sync_s=told_grad_sync_s(method, model, hw, world_size)))
         table = analytic_table_for(config, world_size, hardware=hw, mem_capacity_bytes=hw.mem_capacity_bytes)
         return table, config, hw
     from dcp.sim.scenario import paper_config, paper_table, scenario
@@ -123,7 +123,8 @@ def step_pricer(table, config: DCPConfig, hardware, world_size: int) -> Callable
     model, rt = config.model, config.runtime
     sync = grad_sync_time_s(model, hardware, world_size)
     opt = optimizer_step_time_s(model, hardware, world_size) + hardware.step_overhead_s
-    control = (control_plane_s(world_size, hardware, log_every=rt.log_every, stats_every=rt.stats_every)
+    control = (control_plane_s(world_size, hardware, log_every=rt.log_every,
+                                 stats_every=config.advanced.stats_every)
                if hardware.step_overhead_s == 0 else 0.0)
     overlap = model.num_params * model.param_bytes if rt.engine == "ddp" else 0.0
     rows = row_lookup(table)

@@ -6,7 +6,7 @@ On 2 gloo processes with the tiny Transformer-1D:
   (iterator, plan-hash check, weights, engine), alternating rounds; overhead_pct compares wall-time medians (overhead_cpu_pct: CPU time).
 - SP switch: steps that alternate between one SP-2 group and two SP-1 groups vs steps that stay on one
   size; the switch cost is the alternating run's time minus the mean of the two fixed runs, per switch.
-- prefetch: the manager at sp=2 with ``runtime.prefetch`` off (collation of every micro-batch on the
+- prefetch: the manager at sp=2 with ``advanced.prefetch`` off (collation of every micro-batch on the
   training thread) in the same rotation; prefetch_saving_ms is the median over rounds of (off - on) per step.
 """
 
@@ -56,7 +56,7 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     import torch.distributed as dist
 
     from dcp.api import set_manager
-    from dcp.config import DCPConfig, RuntimeConfig
+    from dcp.config import AdvancedConfig, DCPConfig, RuntimeConfig
     from dcp.models import T1DConfig, Transformer1D
     from dcp.runtime.data import SyntheticTokenDataset
     from dcp.runtime.engines import all_reduce_grads_flat, copy_flat_into_grads
@@ -70,13 +70,14 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     b = spec["mb_size"]
     fixed = fixed_step_plan(0, 0, (2,), ga, seq_len, world, b)
     # default config except one log line per round (a per-step line to a pipe costs ~0.5 ms on this host)
-    config = DCPConfig(model=model.config.shape(), runtime=RuntimeConfig(log_every=steps, prefetch="on"))
+    config = DCPConfig(model=model.config.shape(), runtime=RuntimeConfig(log_every=steps),
+                       advanced=AdvancedConfig(prefetch="on"))
     def plans(e: int) -> list[Any]:
         return [fixed_step_plan(e, s, spec["pattern"](s), ga, seq_len, world, b) for s in range(steps)]
 
     mgr = set_manager(model, data, config, optimizer=opt, plans=plans)
-    # the same manager with collation on the training thread (runtime.prefetch = false), same optimizer
-    off = config.replace(runtime=dataclasses.replace(config.runtime, prefetch="off"))
+    # the same manager with collation on the training thread (advanced.prefetch = false), same optimizer
+    off = config.replace(advanced=dataclasses.replace(config.advanced, prefetch="off"))
     mgr_off = set_manager(model, data, off, optimizer=opt, plans=plans)
     pattern = {"sp2": lambda s: (2,), "sp1": lambda s: (1, 1), "switch": lambda s: (2,) if s % 2 else (1, 1),
                "nopf": lambda s: (2,)}
@@ -187,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
     for name, label in (("plain", "plain loop, sp=2"), ("sp2", "manager, sp=2"), ("sp1", "manager, sp=[1,1]"),
                         ("switch", "manager, alternating sp=2 / sp=[1,1]"),
-                        ("nopf", "manager, sp=2, runtime.prefetch = false")):
+                        ("nopf", "manager, sp=2, advanced.prefetch = false")):
         spread = f"median {1e3 * med[name]:.2f} max {1e3 * max(per_step[name]):.2f}"
         print(f"step_ms {name:7s} {1e3 * best[name]:8.2f}  ({spread})  {label}")
     for name in ("plain", "sp2"):

@@ -21,7 +21,7 @@ training thread) and its exposed part (time the training thread waited for a pla
 before step 0 ran. Steps 1.. are used (step 0 starts inside start-up); a step ends where the manager's step loop
 counts it done (``StepLoop.step_done``, also for a step in which the rank is idle), and the loop's exit after the
 last step (the epoch's last agreement check, stopping the prefetch and plan threads) is ``teardown_ms``. The run prefetches
-(``runtime.prefetch = "on"``, ``--prefetch``): the next micro-batch is collated on a background thread while
+(``advanced.prefetch = "on"``, ``--prefetch``): the next micro-batch is collated on a background thread while
 the current one trains, as on a GPU job (where ``auto`` turns it on); its collation CPU is reported apart
 (``collate_offthread_ms_per_step``, median; ``collate_offthread_ms_total`` over the timed steps), neither host
 nor planning time. ``--json``: the last line is
@@ -103,7 +103,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-every", type=int, default=0,
                         help="runtime.log_every of the run (0: the config's default)")
     parser.add_argument("--prefetch", choices=("on", "off", "auto"), default="on",
-                        help="runtime.prefetch of the run: on (default) collates the next micro-batch on a background "
+                        help="advanced.prefetch of the run: on (default) collates the next micro-batch on a background "
                              "thread, as a GPU job does (auto is on only on CUDA)")
     parser.add_argument("--store", choices=("hash", "fake"), default="hash",
                         help="the fake world's store: hash (default; takes the runtime's phase writes, as the job's "
@@ -149,8 +149,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ValueError(f"--dataset: {exc}") from None
     jobs = [(w, r) for w in sizes for r in _ranks(args.ranks, w)]
-    print(f"# runtime.prefetch = {args.prefetch}" + (": the next micro-batch is collated on a background thread, as "
-          "on a GPU job (runtime.prefetch auto), so collation is off the training thread (collate_ms: its time)"
+    print(f"# advanced.prefetch = {args.prefetch}" + (": the next micro-batch is collated on a background thread, as "
+          "on a GPU job (advanced.prefetch auto), so collation is off the training thread (collate_ms: its time)"
           if args.prefetch == "on" else ": collation runs on the training thread unless prefetching is on"),
           flush=True)
     if args.mb_ms:
@@ -281,7 +281,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     config, table = paper_config(sc, "dcp-intra"), paper_table(sc, w)
     if spec.get("log_every"):
         config = config.replace(runtime=dataclasses.replace(config.runtime, log_every=spec["log_every"]))
-    config = config.replace(runtime=dataclasses.replace(config.runtime, prefetch=spec.get("prefetch", "on")))
+    config = config.replace(advanced=dataclasses.replace(config.advanced, prefetch=spec.get("prefetch", "on")))
     lengths = load_lengths(spec["dataset"], scale="paper", num_samples=spec["samples_per_rank"] * w * (steps + 2))
     data, model, probe = _TokenDataset(lengths.tokens), _tiny_model(), _Probe()
     data.clock = probe.tick

@@ -45,7 +45,7 @@ def autocast(precision: str, device: torch.device | str, *, cache: bool = False)
     for a checkpointed layer, which would otherwise keep only its input: on an H100, 8 recomputed layers of
     Transformer-1D 5B held 1.3-1.5 GiB more than Eq. 6 predicted. Without it, a layer's bf16 weight copies
     live exactly as long as the layer keeps them for backward, which the profiler counts in its m_act.
-    (``runtime.cache_weight_casts`` turns it on for micro-batches without recomputed layers, whose copies the
+    (``advanced.cache_weight_casts`` turns it on for micro-batches without recomputed layers, whose copies the
     ddp engine then keeps for the step's later micro-batches: dcp.runtime.weight_casts.)"""
     if compute_dtype(precision) == torch.float32:
         return contextlib.nullcontext()

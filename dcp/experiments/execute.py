@@ -259,7 +259,7 @@ def execute_manager(run: RunSpec, rank: int, world_size: int, device: Any, regis
     sweep, cfg = run.sweep, run.config
     # Every step's StepStats (all ranks' busy times) are needed for the measured idle ratio, whatever the
     # log interval: gather them each step.
-    cfg = cfg.replace(runtime=dataclasses.replace(cfg.runtime, stats_every=1))
+    cfg = cfg.replace(advanced=dataclasses.replace(cfg.advanced, stats_every=1))
     dataset = build_dataset(run)
     total = sweep.warmup_steps + sweep.steps
     plans = first_plans(dataset, table, cfg, world_size, total)

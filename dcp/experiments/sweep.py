@@ -150,8 +150,8 @@ class SweepSpec:
                   "remove it for GPU runs (bind GPU jobs with your launcher)")
         if self.backend == "nccl" and self.device != "cuda":
             _fail("sweep.backend", self.backend, "needs sweep.device = 'cuda'", "use gloo on CPU or set device")
-        if self.config.profiling.clock == "pipelined" and self.device != "cuda":
-            _fail("profiling.clock", "pipelined", "needs sweep.device = 'cuda'",
+        if self.config.advanced.clock == "pipelined" and self.device != "cuda":
+            _fail("advanced.clock", "pipelined", "needs sweep.device = 'cuda'",
                   "use clock = \"auto\" (wall time off CUDA) or \"wall\"")
         out = self.output_dir
         if out.exists() and not out.is_dir():

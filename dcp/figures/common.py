@@ -92,8 +92,8 @@ def simulate_runs(lengths: Sequence[int], model_name: str, hardware_name: str, w
     # "bucket" is the stronger (higher tokens/s) of Open-Sora's rule and its searched variant (bucket-search)
     for m in (*methods, "bucket-search") if "bucket" in methods else methods:
         cfg = paper_config(sc, m, gmin=gmin, gmax=gmax, world_size=world_size)
-        cfg = cfg.replace(planning=dataclasses.replace(cfg.planning, tokens_per_step=tokens_per_step,
-                                                       lookahead_samples=lookahead_per_rank * world_size))
+        cfg = cfg.replace(planning=dataclasses.replace(cfg.planning, tokens_per_step=tokens_per_step),
+                          advanced=dataclasses.replace(cfg.advanced, lookahead_samples=lookahead_per_rank * world_size))
         result, steps = simulate(lengths, table, cfg, world_size, hardware=sc.hardware, shapes=shapes,
                                  return_steps=True)
         out[m] = MethodRun(result=result, step_tokens=tuple(s.tokens for s in steps),

@@ -81,7 +81,7 @@ def train_one(rank: int, world_size: int, method: str, seed: int, opts: dict[str
     import torch
 
     import dcp
-    from dcp.config import PlanningConfig, ProfilingConfig, RuntimeConfig
+    from dcp.config import AdvancedConfig, PlanningConfig, ProfilingConfig, RuntimeConfig
     from dcp.integrations import hf
     from dcp.integrations.corpus import ByteCorpus
     from dcp.runtime.context import SPContext
@@ -94,7 +94,7 @@ def train_one(rank: int, world_size: int, method: str, seed: int, opts: dict[str
         profiling=ProfilingConfig(seq_group_edges=(128, 256, 512), max_micro_batch_size=4, cache_dir=opts["cache_dir"]),
         planning=PlanningConfig(method=method, sp_sizes=(1, 2), mem_capacity_gib=opts["mem_capacity_gib"], seed=seed,
                                 gmax=opts["gmax"]),
-        runtime=RuntimeConfig(log_every=10**9, stats_every=1),
+        runtime=RuntimeConfig(log_every=10**9), advanced=AdvancedConfig(stats_every=1),
     )
     mgr = dcp.set_manager(model, train, config, optimizer=optimizer)
     engine = mgr.engine

@@ -13,7 +13,7 @@ group on every aligned block of p ranks (``placement.aligned_slots``); ranks no 
   throughput of the epoch (tokens / sum of step times, each step the longest of its micro-batches): the
   strongest bucket baseline this rule family allows. Gradient sync is not in the prediction.
 - Packed parallel: samples in stream order are packed greedily into micro-batches of at most
-  ``planning.packed_token_budget`` tokens (0: the largest b * seq_len that fits memory at p, r = L).
+  ``advanced.packed_token_budget`` tokens (0: the largest b * seq_len that fits memory at p, r = L).
   A pack's predicted time is the sum of its samples' b = 1 times with the constant part T_C counted once.
 """
 
@@ -130,7 +130,7 @@ def bucket_batch_sizes(
 
 
 def packed_token_budget(table: ProfileTable, sp_size: int, mem_capacity_bytes: float, configured: int) -> int:
-    """planning.packed_token_budget, or the largest b * seq_len that fits memory at sp_size, r = L."""
+    """advanced.packed_token_budget, or the largest b * seq_len that fits memory at sp_size, r = L."""
     if configured:
         return configured
     fits = [
@@ -139,7 +139,7 @@ def packed_token_budget(table: ProfileTable, sp_size: int, mem_capacity_bytes: f
     if not fits:
         raise PlanningError(
             f"no profile row at sp_size {sp_size} fits {gib(mem_capacity_bytes)} with full recompute, "
-            "so no packing token budget can be derived: set planning.packed_token_budget or raise mem_capacity_gib"
+            "so no packing token budget can be derived: set advanced.packed_token_budget or raise mem_capacity_gib"
         )
     return max(fits)
 
@@ -177,7 +177,7 @@ def baseline_plan(pl: EpochInput) -> BaselinePlan:
     if pl.method == "bucket-search":
         b_of = searched_batch_sizes(pl, p, slots, present, cap)
         return BaselinePlan(_bucket(pl, p, slots, b_of), p, b_of)
-    budget = packed_token_budget(pl.table, p, cap, cfg.packed_token_budget)
+    budget = packed_token_budget(pl.table, p, cap, pl.config.advanced.packed_token_budget)
     return BaselinePlan(_packed(pl, p, slots, budget), p, {})
 
 
@@ -268,7 +268,7 @@ def _packed(pl: EpochInput, p: int, slots: list[int], budget: int) -> Iterator[S
     if too_long.size:
         i = int(too_long[0])
         raise PlanningError(
-            f"sample {i} has {int(pl.lengths[i])} tokens, more than planning.packed_token_budget ({budget}): "
+            f"sample {i} has {int(pl.lengths[i])} tokens, more than advanced.packed_token_budget ({budget}): "
             f"raise the budget to >= {int(pl.lengths.max())} (and the memory capacity if needed) or drop the sample"
         )
     # each sample's b = 1 time at its own length (interpolated between seq_group bounds, as micro-batches are)

@@ -26,11 +26,11 @@ from dcp.planner.tuning import DEFAULT_LOOKAHEAD_PER_RANK, LOOKAHEAD_WORK_FACTOR
 def lookahead_samples(config: DCPConfig, world_size: int) -> int:
     """The configured look-ahead, or its lower bound 32 per rank when it is 0 (EpochPlanner.lookahead_samples
     holds the value in use, which for 0 is also large enough to hold the work of a balanced step)."""
-    return config.planning.lookahead_samples or DEFAULT_LOOKAHEAD_PER_RANK * world_size
+    return config.advanced.lookahead_samples or DEFAULT_LOOKAHEAD_PER_RANK * world_size
 
 
 def default_lookahead(world_size: int, longest_s: float, gpu_s_per_sample: float, n: int) -> int:
-    """Hard window bound for planning.lookahead_samples = 0: ``LOOKAHEAD_WORK_FACTOR * W * longest_s / g``
+    """Hard window bound for advanced.lookahead_samples = 0: ``LOOKAHEAD_WORK_FACTOR * W * longest_s / g``
     samples, with longest_s the longest step Gmax allows (Gmax x the longest primary micro-batch time) and g
     the epoch's mean GPU-seconds per sample; at least 32 per rank, at most the epoch. The work-sized window
     (``dcp.planner.window.scan``) normally stops well inside it."""
@@ -210,11 +210,11 @@ def _flat_samples(mbq: MicroBatchQueues, n_groups: int, grp: np.ndarray) -> tupl
 
 def _lookahead(inp: EpochInput, settings: dict[int, Setting], unit_time: dict, n_groups: int,
                mbq: MicroBatchQueues) -> int:
-    """planning.lookahead_samples, or for 0 the work-sized ``default_lookahead`` (a token-packed group's
+    """advanced.lookahead_samples, or for 0 the work-sized ``default_lookahead`` (a token-packed group's
     samples per micro-batch: its mean, not b)."""
     cfg = inp.config.planning
-    if cfg.lookahead_samples:
-        return cfg.lookahead_samples
+    if inp.config.advanced.lookahead_samples:
+        return inp.config.advanced.lookahead_samples
     unit_primary = [0.0] * n_groups
     for g, s in settings.items():
         unit_primary[g] = unit_time[(g, s.sp_size)]

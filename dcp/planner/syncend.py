@@ -28,7 +28,7 @@ bounds its memory by that row), priced from its real lengths at that r and row
 time. A move is made only when the larger of the two groups' new f is below the bottleneck's f by
 ``GAIN_EPS_S``; at most ``MAX_MOVES_PER_GROUP`` per busy group.
 
-Active only where the sync is known (``planning.grad_sync_s > 0``, else the figure the profiler measured on the
+Active only where the sync is known (``advanced.grad_sync_s > 0``, else the figure the profiler measured on the
 job's ranks: :func:`measured_sync_s`), with the ddp engine, on 1D data and below
 ``BULK_MIN_RANKS`` ranks (the numpy packer's scale, where planning cost counts); otherwise the plans are
 exactly those without it.
@@ -90,7 +90,7 @@ class SyncEnd:
     """What the rewrite needs of the epoch: the sync, the memory limit and the cost source."""
 
     sync_s: float
-    """The step's gradient all-reduce (planning.grad_sync_s)."""
+    """The step's gradient all-reduce (advanced.grad_sync_s)."""
     buckets: int
     """The ddp engine's gradient buckets: the model's gradient bytes over GRAD_BUCKET_MIB."""
     mem_capacity_bytes: float
@@ -108,7 +108,7 @@ class SyncEnd:
     def of(cls, inp: EpochInput, times: TimeLookup) -> SyncEnd | None:
         """The rewrite of this epoch, or None where it does not apply (module docstring)."""
         cfg = inp.config
-        sync_s = cfg.planning.grad_sync_s or measured_sync_s(inp.table, inp.world_size)
+        sync_s = cfg.advanced.grad_sync_s or measured_sync_s(inp.table, inp.world_size)
         if (sync_s <= 0 or cfg.runtime.engine != "ddp" or inp.shapes is not None
                 or inp.world_size < 2 or inp.world_size >= BULK_MIN_RANKS):
             return None

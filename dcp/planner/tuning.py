@@ -13,7 +13,7 @@ from __future__ import annotations
 
 # ----- the window (dcp.planner.window) -------------------------------------------------------------------
 DEFAULT_LOOKAHEAD_PER_RANK = 32
-"""Minimum look-ahead samples per rank when planning.lookahead_samples is 0 (4 * world_size * 8).
+"""Minimum look-ahead samples per rank when advanced.lookahead_samples is 0 (4 * world_size * 8).
 Trades: a floor on the window for light-tailed data, where the work-sized bound would be tiny."""
 
 LOOKAHEAD_WORK_FACTOR = 4.0

@@ -100,7 +100,7 @@ class CacheKey:
     mem_capacity_gib: float
     """planning.mem_capacity_gib: the search skipped what did not fit it."""
     clock: str
-    """profiling.clock the rows were timed with, resolved on the device ('wall', 'cpu' or 'pipelined')."""
+    """advanced.clock the rows were timed with, resolved on the device ('wall', 'cpu' or 'pipelined')."""
     compile: str = "off"
     """runtime.compile of the profiled layers (dcp.runtime.compiled). Left out of the stored key (and of its
     digest) when "off", so tables profiled before the field existed, all eager, are still found."""

@@ -78,10 +78,10 @@ def resolve(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
             except ValueError:
                 raise ProfileCLIError(f"--edges ({edges!r}) must be integers separated by commas: e.g. 256,512") from None
         profiling = dataclasses.replace(profiling, seq_group_edges=tuple(edges))
-    config = DCPConfig(model=model_cfg.shape(), profiling=profiling, planning=planning, runtime=config.runtime)
+    config = config.replace(model=model_cfg.shape(), profiling=profiling, planning=planning)
     from dcp.profiler.clock import resolve_clock
 
-    resolve_clock(config.profiling.clock, "cpu")  # dcp profile runs CPU processes: fail here, not in each rank
+    resolve_clock(config.advanced.clock, "cpu")  # dcp profile runs CPU processes: fail here, not in each rank
     return config, overrides
 
 

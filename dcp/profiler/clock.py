@@ -11,7 +11,7 @@
   to enqueue the region, CUDA events around the region then give its GPU time without the launch
   latency, and the host's own enqueue time is taken too. The region costs ``max(host, GPU)``: the rate at
   which a chain of such regions runs, GPU-bound or host-bound.
-- ``auto``: ``wall`` (what ``profiling.clock`` defaults to). On an H200 (2026-11-26, Transformer-1D 5B and
+- ``auto``: ``wall`` (what ``advanced.clock`` defaults to). On an H200 (2026-11-26, Transformer-1D 5B and
   Transformer-2D 1.2B shapes at 8 layers, bf16) the wall clock's rows predicted measured whole-model steps at
   (3072 x 3), 12288 and 49152 tokens within 0.83 % (median of 6), the pipelined clock's under-predicted them
   by 6.8 %: the whole model does not hide as much of a layer's launch latency as ``max(host, GPU)`` assumes
@@ -57,12 +57,12 @@ def resolve_clock(name: str, device: torch.device | str) -> str:
     """``name`` with 'auto' resolved on ``device``; ValueError for an unknown name or 'pipelined' off CUDA."""
     device = torch.device(device)
     if name not in CLOCKS:
-        raise ValueError(f"profiling.clock ({name!r}) is not one of {list(CLOCKS)}: write clock = \"auto\"")
+        raise ValueError(f"advanced.clock ({name!r}) is not one of {list(CLOCKS)}: write clock = \"auto\"")
     if name == "auto":
         return "wall"
     if name == "pipelined" and device.type != "cuda":
         raise ValueError(
-            f"profiling.clock ('pipelined') needs a CUDA device, the model is on {device}: "
+            f"advanced.clock ('pipelined') needs a CUDA device, the model is on {device}: "
             "use clock = \"auto\" (wall time off CUDA) or \"wall\""
         )
     return name
@@ -96,8 +96,8 @@ class CudaQueue:
             rate = cycles / max(self.elapsed_s(start, end), 1e-9)
         if not SLEEP_RATES_HZ[0] <= rate <= SLEEP_RATES_HZ[1]:
             raise RuntimeError(
-                f"profiling.clock ('pipelined'): the GPU sleep kernel on {self.device} ran at {rate:.3g} cycles/s, "
-                f"outside {SLEEP_RATES_HZ}: its hold cannot be trusted; use profiling.clock = \"wall\""
+                f"advanced.clock ('pipelined'): the GPU sleep kernel on {self.device} ran at {rate:.3g} cycles/s, "
+                f"outside {SLEEP_RATES_HZ}: its hold cannot be trusted; use advanced.clock = \"wall\""
             )
         return rate
 

@@ -94,7 +94,7 @@ def cache_key_for(adapter: ModelAdapter | Any, config: DCPConfig, world_size: in
         sp_sizes=tuple(sizes),
         max_micro_batch_size=config.profiling.max_micro_batch_size,
         mem_capacity_gib=float(config.planning.mem_capacity_gib),
-        clock=resolve_clock(config.profiling.clock, device),
+        clock=resolve_clock(config.advanced.clock, device),
         compile=config.runtime.compile,
     )
 
@@ -218,13 +218,13 @@ def profile_table(
         registry = SPGroupRegistry.for_config(config, world_size, sizes)
     state = state_bytes(adapter.module, optimizer, optimizer_bytes_per_param=config.model.optimizer_bytes_per_param)
     settings = MeasureSettings(
-        warmup_iters=prof.warmup_iters,
-        measure_iters=prof.measure_iters,
+        warmup_iters=config.advanced.warmup_iters,
+        measure_iters=config.advanced.measure_iters,
         meter="allocator" if device.type == "cuda" else "saved",
         capacity_bytes=config.planning.mem_capacity_bytes,
         state_bytes=float(state.total_bytes),
         seed=config.planning.seed,
-        clock=resolve_clock(prof.clock, device),
+        clock=resolve_clock(config.advanced.clock, device),
     )
     from dcp.planner.plan import GroupPlan
 
@@ -284,7 +284,7 @@ def profile_table(
 
     with _phase(board, "profiling the step update (gradient all-reduce, optimizer)"):
         update = measure_step_update(adapter.module, world_size=world_size, optimizer=optimizer,
-                                     engine=config.runtime.engine, iters=max(3, prof.measure_iters))
+                                     engine=config.runtime.engine, iters=max(3, config.advanced.measure_iters))
     wall_s = time.perf_counter() - t0
     # The host's 1-minute load average at the end of profiling: on a shared CPU host the rows scale with
     # it, so a table taken under other load than the runs it prices mispredicts them (docs/simulator.md).

@@ -41,7 +41,7 @@ class Engine:
         self._casts: bool | None = None
         """Whether the forward runs under an autocast context (``_autocast()`` is not a no-op); None: not known yet."""
         self.keep_weight_casts = False
-        """runtime.cache_weight_casts (set by the manager): autocast's bf16 weight copies are made at a step's
+        """advanced.cache_weight_casts (set by the manager): autocast's bf16 weight copies are made at a step's
         first micro-batch and reused by its later ones (dcp.runtime.weight_casts)."""
         self._hold = CastHold()
         self.optimizer_steps = 0
@@ -73,7 +73,7 @@ class Engine:
         if self._casts is None:  # once: an fp32 forward needs no context at all (it runs per micro-batch)
             self._casts = self.uses_autocast()
         if self._casts:
-            # runtime.cache_weight_casts: not for recomputed layers (a checkpointed layer keeps only its input, so
+            # advanced.cache_weight_casts: not for recomputed layers (a checkpointed layer keeps only its input, so
             # held copies of its weights would be memory the profiled rows do not have; a layer that is not
             # recomputed saves its bf16 weights for backward anyway) nor for a no-grad forward
             keep = self.keep_weight_casts and ctx.recompute_layers == 0 and torch.is_grad_enabled()
@@ -93,7 +93,7 @@ class Engine:
         return autocast(self.precision, self.device, cache=cache)
 
     def uses_autocast(self) -> bool:
-        """Whether the forward runs under autocast (bf16 on the ddp engine): where runtime.cache_weight_casts acts."""
+        """Whether the forward runs under autocast (bf16 on the ddp engine): where advanced.cache_weight_casts acts."""
         return not isinstance(self._autocast(), contextlib.nullcontext)
 
     def release_casts(self) -> None:

@@ -10,7 +10,7 @@ Unlogged steps run no collective here: the plan digests are folded in as the ste
 plan is computed twice and nothing beyond the first step's plan before it runs.
 
 The rows travel on the exchange's own process group of the DEFAULT backend (NCCL on GPUs, gloo on CPU),
-with its own timeout (``runtime.plan_check_timeout_s``): never matched against a gradient collective of a
+with its own timeout (``advanced.plan_check_timeout_s``): never matched against a gradient collective of a
 rank that is elsewhere in the loop, and without a gloo ring over the whole world.
 
 Row layout (14 int64 words):
@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dcp.config import RuntimeConfig
+from dcp.config import AdvancedConfig, RuntimeConfig
 from dcp.distributed.comm import backend_device
 from dcp.runtime.log import StepStats
 from dcp.runtime.phases import PhaseBoard
@@ -145,16 +145,16 @@ class AgreementExchange:
     """Folds the plans in as they run, runs the all-gather of agreement rows, turns a logged step's table
     into its ``StepStats``."""
 
-    def __init__(self, runtime: RuntimeConfig, *, rank: int, world_size: int, data_words: torch.Tensor,
-                 board: PhaseBoard | None, log: logging.Logger) -> None:
-        self.runtime, self.rank, self.world_size = runtime, rank, world_size
+    def __init__(self, runtime: RuntimeConfig, advanced: AdvancedConfig, *, rank: int, world_size: int,
+                 data_words: torch.Tensor, board: PhaseBoard | None, log: logging.Logger) -> None:
+        self.runtime, self.advanced, self.rank, self.world_size = runtime, advanced, rank, world_size
         self.data_words, self.board, self.log = data_words, board, log
         self.group: Any = None
         self.device = torch.device("cpu")
         if dist.is_available() and dist.is_initialized() and world_size > 1:
             # The default backend (NCCL on GPUs), in a group of its own: its timeout is the plan check's, and a
             # rank that is elsewhere in the loop never has its gradient sync matched against these rows.
-            self.group = dist.new_group(timeout=timedelta(seconds=runtime.plan_check_timeout_s))
+            self.group = dist.new_group(timeout=timedelta(seconds=advanced.plan_check_timeout_s))
             self.device = backend_device(self.group)
         self.exchanges = 0
         """Exchanges run so far (a collective each when world_size > 1)."""
@@ -165,7 +165,8 @@ class AgreementExchange:
     def wants_stats(self, global_step: int) -> bool:
         """Whether the step numbered ``global_step`` is exchanged (the same answer on every rank)."""
         rt = self.runtime
-        return global_step % rt.log_every == 0 or bool(rt.stats_every and global_step % rt.stats_every == 0)
+        every = self.advanced.stats_every
+        return global_step % rt.log_every == 0 or bool(every and global_step % every == 0)
 
     def note_plan(self, epoch: int, step: int, digest: str) -> None:
         """Fold the plan of the step about to run (its ``plan.digest()``, computed where the plan was prepared:
@@ -194,7 +195,7 @@ class AgreementExchange:
         # one flat output (gloo takes no 2-D one): a list of W row tensors, stacked afterwards, cost the training
         # thread ~4 ms per exchange at 4096 ranks (dcp bench scale --log-every 1)
         out = torch.empty(self.world_size * row.numel(), dtype=row.dtype, device=row.device)
-        ctx = (self.board.collective(phase, timeout_s=self.runtime.plan_check_timeout_s)
+        ctx = (self.board.collective(phase, timeout_s=self.advanced.plan_check_timeout_s)
                if self.board is not None else nullcontext())
         with ctx:
             gather_into(out, row, group=self.group)

@@ -107,7 +107,7 @@ class StepLoop:
 
     def _run(self, todo: Iterator[RankStep], engine: Any, max_steps: int | None) -> Iterator[Any]:
         epoch, done = self.epoch, 0
-        mode = self.config.runtime.prefetch
+        mode = self.config.advanced.prefetch
         fetch = BatchPrefetcher(self.dataset, self.device,
                                 enabled=mode == "on" or (mode == "auto" and self.device.type == "cuda"))
         try:
@@ -180,7 +180,7 @@ class StepLoop:
             self.exchange.note_plan(view.epoch, view.step, view.digest)
         # a logged step's stats are exchanged, and the last step's at the end of the epoch or a pause
         logged = done is not None and (view is None or self.exchange.wants_stats(done.global_step))
-        if logged or (self.config.runtime.check_plan_hash and (first or view is None)):
+        if logged or (self.config.advanced.check_plan_hash and (first or view is None)):
             # position in the loop: 0 the first step, 1 a step, 2 the end of the epoch, 3 a pause
             kind = (0 if first else 1) if view is not None else (3 if pause_step is not None else 2)
             step = view.step if view is not None else (pause_step if pause_step is not None else -1)

@@ -139,7 +139,7 @@ class DCPManager:
         )
         self._data = ckpt.data_digest(dataset, self.lengths, self.target_counts, self.shapes)  # ranks and resumes check it
         data_words = digest_words(self._data)
-        self._exchange = AgreementExchange(config.runtime, rank=self.rank, world_size=self.world_size,
+        self._exchange = AgreementExchange(config.runtime, config.advanced, rank=self.rank, world_size=self.world_size,
                                            data_words=data_words, board=self._board, log=self.log)
         self._tables = TableLoader(profiler, config, self.world_size, self.rank, self.log)
         self._watch = Stopwatch(self.device)
@@ -148,7 +148,7 @@ class DCPManager:
                               device=self.device, target_counts=self._target_counts_np, exchange=self._exchange,
                               board=self._board, timings=self._timings)
         engine.attach(self)
-        engine.keep_weight_casts = weight_casts.wanted(config.runtime, engine, self.log)
+        engine.keep_weight_casts = weight_casts.wanted(config.runtime, config.advanced, engine, self.log)
         self._lr = self._loop.lr = step_lr(with_batch(config, self.lengths, self.world_size), engine)
         """runtime.lr_scaling (dcp.runtime.lr): applied as a step opens, restored by the engine after its update."""
         self._ctx = SPContext.single(attention=config.runtime.attention)
@@ -437,7 +437,7 @@ def _batches(mgr: DCPManager, max_steps: int | None) -> Iterator[Any]:
             at = f"epoch {epoch} step {step.view.step}" if step is not None else f"epoch {epoch}"
             mgr._board.note = f"after leaving get_data_iter() early at {at}"
             mgr._board.enter("outside get_data_iter()")
-        mgr.engine.release_casts()  # weight copies held across a step's micro-batches (runtime.cache_weight_casts)
+        mgr.engine.release_casts()  # weight copies held across a step's micro-batches (advanced.cache_weight_casts)
 
 
 def _open_step(mgr: DCPManager, step: OpenStep) -> None:

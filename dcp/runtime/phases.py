@@ -237,7 +237,7 @@ class PhaseBoard:
         return (head + f": {'; '.join(lines)}: rank{'s' if len(culprits) > 1 else ''} "
                 f"{', '.join(map(str, culprits))} stalled or died there (check its log; a rank that exited also "
                 "shows here), or left the loop early; if that phase legitimately takes longer, raise "
-                "runtime.collective_timeout_s (runtime.plan_check_timeout_s for the plan check)")
+                "runtime.collective_timeout_s (advanced.plan_check_timeout_s for the plan check)")
 
     @contextmanager
     def collective(self, phase: str, *, timeout_s: float | None = None, comm_only: bool = False) -> Iterator[None]:

@@ -219,12 +219,15 @@ class EpochPosition:
 def plan_inputs(table: Any, config: Any, world_size: int, version: str) -> list[str]:
     """What an epoch's plan depends on besides the data, as text for :func:`segment_key`: the table's rows
     (another table, e.g. re-profiled on new nodes, plans differently), the planning, model and profiling
-    sections of the config, the world size and the dcp version (the planner's). ``table`` None: a custom
-    plan source (only the world size and the version count)."""
+    sections of the config (with the advanced fields that change plans), the world size and the dcp version
+    (the planner's). ``table`` None: a custom plan source (only the world size and the version count)."""
     import dataclasses
     import json
 
+    from dcp.config_advanced import PLANNING_FIELDS
+
     sections = {name: dataclasses.asdict(getattr(config, name)) for name in ("planning", "model", "profiling")}
+    sections["planning"].update({k: getattr(config.advanced, k) for k in PLANNING_FIELDS})
     rows = repr(table.rows) if table is not None else "custom plan source"
     return [rows, json.dumps(sections, sort_keys=True, default=str), f"w{world_size}", f"dcp {version}"]
 

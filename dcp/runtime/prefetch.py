@@ -7,7 +7,7 @@ next (``want``: the rest of the step, then the next step's) on one daemon thread
 once per chunk of ``depth - refill_at`` requests rather than per micro-batch (each wake-up preempts the
 training thread or delays its GIL). The training thread never collates while a request is in flight, so the
 dataset is never read by two threads at once; the batches and their order are those of the loop without
-prefetching (runtime.prefetch). ``dcp bench scale`` (W 512): the training thread's host CPU per step 0.78 ms
+prefetching (advanced.prefetch). ``dcp bench scale`` (W 512): the training thread's host CPU per step 0.78 ms
 with it, 3.66 ms without.
 """
 

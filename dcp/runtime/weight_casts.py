@@ -1,4 +1,4 @@
-"""runtime.cache_weight_casts: autocast's bf16 weight copies kept for a step's later micro-batches.
+"""advanced.cache_weight_casts: autocast's bf16 weight copies kept for a step's later micro-batches.
 
 Autocast casts a weight in each forward that uses it, and clears its cast cache when the outermost autocast
 context exits, so a step of n micro-batches casts every weight n times. ``CastHold`` holds one level of the
@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from dcp.config import ConfigError, RuntimeConfig
+from dcp.config import AdvancedConfig, ConfigError, RuntimeConfig
 
 
 class CastHold:
@@ -64,23 +64,23 @@ def cache_keeps_autograd(device_type: str) -> bool:
         torch.clear_autocast_cache()
 
 
-def wanted(runtime: RuntimeConfig, engine: Any, log: Any) -> bool:
-    """Whether the engine holds the casts: runtime.cache_weight_casts, where it acts (a forward under autocast,
+def wanted(runtime: RuntimeConfig, advanced: AdvancedConfig, engine: Any, log: Any) -> bool:
+    """Whether the engine holds the casts: advanced.cache_weight_casts, where it acts (a forward under autocast,
     eager blocks: a compiled block does not read autocast's cache, and its guard on the cache flag would compile
     each block twice), and refused on a torch whose cache drops the casts' autograd history."""
-    if not runtime.cache_weight_casts:
+    if not advanced.cache_weight_casts:
         return False
     if not engine.uses_autocast():
-        log.info("runtime.cache_weight_casts does nothing here: the forward runs without autocast "
+        log.info("advanced.cache_weight_casts does nothing here: the forward runs without autocast "
                  f"(engine {engine.name}, precision {engine.precision})")
         return False
     if runtime.compile != "off":
-        log.info(f"runtime.cache_weight_casts is off with runtime.compile = {runtime.compile!r}: compiled blocks "
+        log.info(f"advanced.cache_weight_casts is off with runtime.compile = {runtime.compile!r}: compiled blocks "
                  "do not read autocast's cast cache")
         return False
     if not cache_keeps_autograd(engine.device.type):
         raise ConfigError(
-            f"runtime.cache_weight_casts (true) needs autocast's cache to keep a cast's autograd history, which "
+            f"advanced.cache_weight_casts (true) needs autocast's cache to keep a cast's autograd history, which "
             f"torch {torch.__version__} does not (pytorch/pytorch#165068): weights cast under no_grad would get "
-            "no gradient; set runtime.cache_weight_casts = false, or use a torch with that fix")
+            "no gradient; set advanced.cache_weight_casts = false, or use a torch with that fix")
     return True

@@ -112,10 +112,10 @@ def run(args: argparse.Namespace) -> int:
         for m in methods:
             cfg = custom or paper_config(sc, m, gmin=args.gmin, gmax=args.gmax, seed=args.seed, world_size=args.gpus)
             configs[m] = cfg.replace(planning=dataclasses.replace(
-                cfg.planning, method=m, lookahead_samples=args.lookahead_per_rank * args.gpus,
-                tokens_per_step=args.tokens_per_step or cfg.planning.tokens_per_step,
+                cfg.planning, method=m, tokens_per_step=args.tokens_per_step or cfg.planning.tokens_per_step,
                 micro_batch_tokens=args.micro_batch_tokens),
-                runtime=dataclasses.replace(cfg.runtime, engine=args.engine or cfg.runtime.engine))
+                runtime=dataclasses.replace(cfg.runtime, engine=args.engine or cfg.runtime.engine),
+                advanced=dataclasses.replace(cfg.advanced, lookahead_samples=args.lookahead_per_rank * args.gpus))
         if args.print_config:
             print(configs[methods[0]].to_json())
             return 0

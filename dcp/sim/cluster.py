@@ -332,7 +332,8 @@ def simulate(lengths: Sequence[int], table: ProfileTable, config: DCPConfig, wor
         from dcp.sim.control import control_plane_s
 
         rt = config.runtime
-        control = control_plane_s(world_size, hardware, log_every=rt.log_every, stats_every=rt.stats_every)
+        control = control_plane_s(world_size, hardware, log_every=rt.log_every,
+                                  stats_every=config.advanced.stats_every)
     times = TimeLookup(truth) if truth_table is not None else None
     rows = row_lookup(truth)
     # the ddp engine overlaps the gradient all-reduce with the last backward (dcp.runtime.engines); deepspeed's

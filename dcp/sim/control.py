@@ -5,7 +5,7 @@ and the gradient sync (``grad_sync_time_s``), from ``dcp bench scale`` (one rank
 fake process group, ``docs/scale.md``):
 
 - collectives (the bench's census): on a logged step (every ``runtime.log_every`` steps, or
-  ``runtime.stats_every``) each rank all-gathers one agreement row of 14 int64 words (112 bytes) over all W
+  ``advanced.stats_every``) each rank all-gathers one agreement row of 14 int64 words (112 bytes) over all W
   ranks on the exchange's group of the default backend (NCCL on GPUs); on other steps none. Priced as a
   ring (NCCL's all-gather algorithm): W - 1 hops, each one hop latency of the transport
   (``HOP_LATENCY_S``) plus its bytes at the inter-node bandwidth; ``algorithm = "tree"`` prices
@@ -114,7 +114,7 @@ def logged_fraction(log_every: int, stats_every: int = 0) -> float:
     """Share of steps that gather statistics: multiples of log_every or of stats_every (inclusion-exclusion)."""
     if log_every < 1 or stats_every < 0:
         raise ValueError(f"log_every ({log_every}) must be >= 1 and stats_every ({stats_every}) >= 0: "
-                         "pass runtime.log_every and runtime.stats_every")
+                         "pass runtime.log_every and advanced.stats_every")
     if not stats_every:
         return 1.0 / log_every
     both = log_every * stats_every // math.gcd(log_every, stats_every)

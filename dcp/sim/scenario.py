@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dcp.config import DCPConfig, ModelShapeConfig, PlanningConfig, ProfilingConfig
+from dcp.config import AdvancedConfig, DCPConfig, ModelShapeConfig, PlanningConfig, ProfilingConfig
 from dcp.named_models import MODELS, PAPER_MODELS
 from dcp.planner.analytic import HardwareSpec, analytic_table, grad_sync_time_s
 from dcp.planner.table import ProfileTable
@@ -23,7 +23,7 @@ BF16_BYTES = 2
 
 
 DCP_METHODS = ("dcp-inter", "dcp-intra")
-"""The methods whose planner uses ``planning.grad_sync_s``."""
+"""The methods whose planner uses ``advanced.grad_sync_s``."""
 
 
 class ScenarioError(ValueError):
@@ -103,7 +103,7 @@ def paper_table(sc: Scenario, world_size: int, *, shapes: Sequence[tuple[int, in
 
 
 def told_grad_sync_s(method: str, model: ModelShapeConfig, hardware: HardwareSpec, world_size: int) -> float:
-    """``planning.grad_sync_s`` of a simulated run: the gradient sync the simulator will price on ``world_size``
+    """``advanced.grad_sync_s`` of a simulated run: the gradient sync the simulator will price on ``world_size``
     GPUs for the DCP methods (dcp.planner.syncend), 0 for the others or without a world size."""
     return grad_sync_time_s(model, hardware, world_size) if world_size > 0 and method in DCP_METHODS else 0.0
 
@@ -111,7 +111,7 @@ def told_grad_sync_s(method: str, model: ModelShapeConfig, hardware: HardwareSpe
 def paper_config(sc: Scenario, method: str, *, gmin: int = 1, gmax: int = 4, seed: int = 0,
                  world_size: int = 0) -> DCPConfig:
     """DCPConfig of the scenario: 80 GB per GPU, 8 GPUs per node, the scenario's SP sizes. ``world_size`` > 0:
-    the DCP methods are told the gradient sync the simulator prices on that many GPUs (``planning.grad_sync_s``,
+    the DCP methods are told the gradient sync the simulator prices on that many GPUs (``advanced.grad_sync_s``,
     dcp.planner.syncend), as a real run is told its measured one; 0 leaves it unknown."""
     sync = told_grad_sync_s(method, sc.model, sc.hardware, world_size)
     return DCPConfig(
@@ -119,5 +119,6 @@ def paper_config(sc: Scenario, method: str, *, gmin: int = 1, gmax: int = 4, see
         profiling=ProfilingConfig(seq_group_edges=sc.seq_group_edges, max_micro_batch_size=MAX_MICRO_BATCH_SIZE),
         planning=PlanningConfig(method=method, mem_capacity_gib=sc.hardware.mem_capacity_bytes / 1024**3,
                                 gmin=gmin, gmax=gmax, ranks_per_node=sc.hardware.ranks_per_node,
-                                sp_sizes=sc.sp_sizes, seed=seed, grad_sync_s=sync),
+                                sp_sizes=sc.sp_sizes, seed=seed),
+        advanced=AdvancedConfig(grad_sync_s=sync),
     )

@@ -22,7 +22,7 @@ def train(mode: str, prefetch: str) -> None:
         torch.distributed.init_process_group("gloo")
     model, data, config, _ = planner_setup(world)
     # memory for every sample at SP 1 too (W = 1), still several steps of several micro-batches
-    config = config.replace(runtime=dataclasses.replace(config.runtime, prefetch=prefetch),
+    config = config.replace(advanced=dataclasses.replace(config.advanced, prefetch=prefetch),
                            planning=dataclasses.replace(config.planning, mem_capacity_gib=0.05))
     table = analytic_table(config.model, config.profiling.seq_group_edges, sp_sizes=(1, 2), max_micro_batch_size=4,
                            world_size=world, hardware=CPU_SMALL, mem_capacity_bytes=config.planning.mem_capacity_bytes)

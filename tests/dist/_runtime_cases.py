@@ -6,7 +6,7 @@ import copy
 
 import torch
 
-from dcp.config import DCPConfig, PlanningConfig, RuntimeConfig
+from dcp.config import AdvancedConfig, DCPConfig, PlanningConfig, RuntimeConfig
 from dcp.models import T1DConfig, T2DConfig, Transformer1D, Transformer2D
 from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
 from dcp.runtime.context import SPContext
@@ -67,7 +67,8 @@ def config_for(model, *, engine: str = "ddp", weighting: str = "tokens", **plann
     return DCPConfig(
         model=shape,
         planning=PlanningConfig(sp_sizes=(1, 2, 4), ranks_per_node=8, **planning),
-        runtime=RuntimeConfig(engine=engine, loss_weighting=weighting, plan_check_timeout_s=120.0),
+        runtime=RuntimeConfig(engine=engine, loss_weighting=weighting),
+        advanced=AdvancedConfig(plan_check_timeout_s=120.0),
     )
 
 
@@ -136,7 +137,7 @@ def planner_setup(world: int, seed: int = 0):
         model=model.config.shape(),
         profiling=ProfilingConfig(seq_group_edges=(64, 128, 256, 512), max_micro_batch_size=4),
         planning=PlanningConfig(sp_sizes=(1, 2), mem_capacity_gib=0.007, gmax=4, ranks_per_node=8, seed=seed),
-        runtime=RuntimeConfig(plan_check_timeout_s=120.0),
+        advanced=AdvancedConfig(plan_check_timeout_s=120.0),
     )
     table = analytic_table(config.model, config.profiling.seq_group_edges, sp_sizes=(1, 2), max_micro_batch_size=4,
                            world_size=world, hardware=CPU_SMALL, mem_capacity_bytes=config.planning.mem_capacity_bytes)

@@ -26,8 +26,8 @@ def stall_job(rank: int, world: int, mode: str) -> None:
     model, data = build("t1d")
     config = config_for(model)
     # the plan check at the epoch's start waits for ranks that a loaded host started late: a generous timeout
-    config = config.replace(runtime=dataclasses.replace(config.runtime, collective_timeout_s=TIMEOUT_S,
-                                                        plan_check_timeout_s=120.0))
+    config = config.replace(runtime=dataclasses.replace(config.runtime, collective_timeout_s=TIMEOUT_S),
+                            advanced=dataclasses.replace(config.advanced, plan_check_timeout_s=120.0))
     plans = [step(0, 2, group(data, 0, 1, 0, [2 * k]), group(data, 1, 1, 0, [2 * k + 1]), number=k) for k in range(2)]
 
     def forward(m, batch, ctx):

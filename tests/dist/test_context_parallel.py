@@ -145,7 +145,7 @@ def test_context_parallel_2x2_and_1x4():
 
 def _profile_cp(rank: int, world_size: int, cache_dir: str) -> tuple[int, list]:
     import dcp.runtime.ulysses as uly
-    from dcp.config import DCPConfig, PlanningConfig, ProfilingConfig
+    from dcp.config import AdvancedConfig, DCPConfig, PlanningConfig, ProfilingConfig
     from dcp.models import build_model
     from dcp.profiler import load_or_profile
     from dcp.runtime.registry import SPGroupRegistry
@@ -160,8 +160,8 @@ def _profile_cp(rank: int, world_size: int, cache_dir: str) -> tuple[int, list]:
     uly.context_attention = counting
     model = build_model("t1d-tiny")
     config = DCPConfig(model=model.config.shape(),
-                       profiling=ProfilingConfig(seq_group_edges=(64, 128), max_micro_batch_size=2, warmup_iters=0,
-                                                 measure_iters=1, cache_dir=cache_dir),
+                       profiling=ProfilingConfig(seq_group_edges=(64, 128), max_micro_batch_size=2, cache_dir=cache_dir),
+                       advanced=AdvancedConfig(warmup_iters=0, measure_iters=1),
                        planning=PlanningConfig(sp_sizes=(1, 2), ranks_per_node=2))
     registry = SPGroupRegistry(world_size, 2, (1, 2), context_sizes={2: 2})  # SP 2 as 1 x 2
     table, _ = load_or_profile(model, config, world_size, registry, progress=False)

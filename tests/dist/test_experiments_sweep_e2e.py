@@ -21,8 +21,9 @@ def _spec(tmp_path, executor: str):
                   "pin_cpus": executor == "manager"},
         "config": {
             # a quick profile: few candidates, one measurement each
-            "profiling": {"seq_group_edges": [256, 1024, 2048], "max_micro_batch_size": 2, "warmup_iters": 0,
-                          "measure_iters": 1, "cache_dir": str(tmp_path / "cache")},
+            "profiling": {"seq_group_edges": [256, 1024, 2048], "max_micro_batch_size": 2,
+                          "cache_dir": str(tmp_path / "cache")},
+            "advanced": {"warmup_iters": 0, "measure_iters": 1},
             "planning": {"mem_capacity_gib": 0.016, "sp_sizes": [1, 2], "ranks_per_node": 2},
             "runtime": {"attention": "sdpa", "log_every": 1000},
         },
@@ -99,8 +100,8 @@ def test_a_sweep_killed_in_its_second_run_keeps_the_first_and_a_rerun_resumes(tm
         '[sweep]\nname = "killed"\nworld_sizes = [2]\nmodels = ["t1d-tiny"]\ndatasets = ["balanced"]\n'
         'methods = ["bucket", "dcp-intra"]\nsteps = 1\nwarmup_steps = 0\nnum_samples = 32\nscale = "cpu"\n'
         f'out_dir = "{tmp_path / "out"}"\n'
-        f'[config.profiling]\nseq_group_edges = [256, 1024, 2048]\nmax_micro_batch_size = 1\nwarmup_iters = 0\n'
-        f'measure_iters = 1\ncache_dir = "{tmp_path / "cache"}"\n'
+        f'[config.profiling]\nseq_group_edges = [256, 1024, 2048]\nmax_micro_batch_size = 1\n'
+        f'cache_dir = "{tmp_path / "cache"}"\n[config.advanced]\nwarmup_iters = 0\nmeasure_iters = 1\n'
         '[config.planning]\nmem_capacity_gib = 0.016\nsp_sizes = [1, 2]\nranks_per_node = 2\n'
         '[config.runtime]\nattention = "sdpa"\nlog_every = 1000\n')
     root = Path(__file__).resolve().parents[2]

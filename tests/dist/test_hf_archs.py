@@ -39,9 +39,10 @@ def dcp_config(cache_dir: str, mem_gib: float = 80.0):
 
     # only the cache folder, the emulated memory, a short profile and per-step loss records are set: the model
     # shape, edges, micro-batch cap and SP sizes are those DCP derives from the HF model and fits to the data
-    return dcp.DCPConfig(profiling=dcp.config.ProfilingConfig(cache_dir=cache_dir, warmup_iters=0, measure_iters=1),
+    return dcp.DCPConfig(profiling=dcp.config.ProfilingConfig(cache_dir=cache_dir),
                          planning=dcp.config.PlanningConfig(mem_capacity_gib=mem_gib),
-                         runtime=dcp.config.RuntimeConfig(stats_every=1))  # a loss record every step
+                         advanced=dcp.config.AdvancedConfig(warmup_iters=0, measure_iters=1,
+                                                            stats_every=1))  # a loss record every step
 
 
 def forcing_sp2_gib(table) -> float:

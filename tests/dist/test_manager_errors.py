@@ -110,7 +110,8 @@ def _refused_next_plan(rank: int, world: int, prefetch: str) -> str:
              step(0, 2, group(data, 0, 1, 0, [2], [3]), group(data, 1, 1, 0), number=1),
              step(0, 2, group(data, 0, 1, 0, [3]), group(data, 1, 1, 0, [4]), number=2)]
     cfg = config_for(model)
-    cfg = cfg.replace(runtime=dataclasses.replace(cfg.runtime, prefetch=prefetch, collective_timeout_s=30.0))
+    cfg = cfg.replace(runtime=dataclasses.replace(cfg.runtime, collective_timeout_s=30.0),
+                      advanced=dataclasses.replace(cfg.advanced, prefetch=prefetch))
     mgr = set_manager(model, data, cfg, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), plans=lambda e: plans)
     try:
         for batch in mgr.get_data_iter():

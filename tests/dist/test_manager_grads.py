@@ -72,7 +72,7 @@ def check_against_bucket(rank: int, world: int, n_steps: int) -> dict:
     summaries = {}
     for method in ("dcp", "bucket"):
         model, data, config, table = planner_setup(world)
-        config = config.replace(runtime=dataclasses.replace(config.runtime, stats_every=1))  # a record per step
+        config = config.replace(advanced=dataclasses.replace(config.advanced, stats_every=1))  # a record per step
         opt = torch.optim.SGD(model.parameters(), lr=0.5)
         dcp_plans = None
         if method == "bucket":

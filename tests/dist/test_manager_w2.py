@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from dcp.config import DCPConfig, PlanningConfig, ProfilingConfig, RuntimeConfig
+from dcp.config import AdvancedConfig, DCPConfig, PlanningConfig, ProfilingConfig, RuntimeConfig
 from dcp.distributed.launch import run_distributed
 from tests.dist._runtime_cases import build, config_for, group, reference_grads, step
 
@@ -83,10 +83,9 @@ def _w2(rank: int, world: int, cache_dir: str) -> dict:
     model, data = build("t1d")
     cfg = DCPConfig(
         model=model.config.shape(),
-        profiling=ProfilingConfig(seq_group_edges=(8, 16, 32), max_micro_batch_size=2, cache_dir=cache_dir,
-                                  warmup_iters=0, measure_iters=1),
+        profiling=ProfilingConfig(seq_group_edges=(8, 16, 32), max_micro_batch_size=2, cache_dir=cache_dir),
         planning=PlanningConfig(sp_sizes=(1, 2), ranks_per_node=8, mem_capacity_gib=1.0, gmax=2),
-        runtime=RuntimeConfig(plan_check_timeout_s=120.0),
+        advanced=AdvancedConfig(warmup_iters=0, measure_iters=1, plan_check_timeout_s=120.0),
     )
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     mgr = set_manager(model, data, cfg, optimizer=opt)

@@ -16,13 +16,13 @@ EDGES = (128, 256, 512)
 
 
 def _config(cache_dir: str):
-    from dcp.config import DCPConfig, PlanningConfig, ProfilingConfig
+    from dcp.config import AdvancedConfig, DCPConfig, PlanningConfig, ProfilingConfig
     from dcp.models import build_config
 
     return DCPConfig(
         model=build_config("t1d-tiny").shape(),
-        profiling=ProfilingConfig(seq_group_edges=EDGES, max_micro_batch_size=4, warmup_iters=0, measure_iters=1,
-                                  cache_dir=cache_dir),
+        profiling=ProfilingConfig(seq_group_edges=EDGES, max_micro_batch_size=4, cache_dir=cache_dir),
+        advanced=AdvancedConfig(warmup_iters=0, measure_iters=1),
         # ~7.5 MiB per rank: 512 tokens do not fit on one rank (state alone is ~4.5 MiB), they do on two
         planning=PlanningConfig(mem_capacity_gib=0.007, sp_sizes=(1, 2), ranks_per_node=2),
     )

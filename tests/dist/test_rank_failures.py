@@ -110,8 +110,8 @@ def _leave_early(rank: int, world: int) -> str:
     # default cadence rank 0 would be in step 1's collectives, and the timeout would name rank 1 instead)
     # Both ranks meet at an exchange and find the mismatch there, so no timeout is part of the expected path:
     # a long one keeps a loaded machine (a rank starting seconds after its peer) from failing it differently.
-    config = config.replace(runtime=dataclasses.replace(config.runtime, plan_check_timeout_s=60.0,
-                                                        collective_timeout_s=60.0, log_every=1))
+    config = config.replace(runtime=dataclasses.replace(config.runtime, collective_timeout_s=60.0, log_every=1),
+                            advanced=dataclasses.replace(config.advanced, plan_check_timeout_s=60.0))
     mgr = set_manager(model, data, config, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), table=table)
     try:
         for _ in range(2):

@@ -1,4 +1,4 @@
-"""runtime.cache_weight_casts on 2 gloo ranks (bf16 autocast on CPU, the ddp engine): an SP-2 group of three
+"""advanced.cache_weight_casts on 2 gloo ranks (bf16 autocast on CPU, the ddp engine): an SP-2 group of three
 micro-batches, then two SP-1 groups with unequal ga_steps, and a group with a recomputed layer, update the
 weights bit for bit as without it, on every rank (the copies are held per rank, on its training thread)."""
 
@@ -22,7 +22,8 @@ def _train(kind: str, keep: bool) -> list[torch.Tensor]:
              step(1, 2, group(data, 0, 1, 0, [3], [4]), group(data, 1, 1, 0, [5])),
              step(2, 2, group(data, 0, 2, 1, [6], [7]))]
     base = config_for(model)
-    cfg = base.replace(runtime=dataclasses.replace(base.runtime, precision="bf16", cache_weight_casts=keep))
+    cfg = base.replace(runtime=dataclasses.replace(base.runtime, precision="bf16"),
+                       advanced=dataclasses.replace(base.advanced, cache_weight_casts=keep))
     mgr = set_manager(model, data, cfg, optimizer=torch.optim.SGD(model.parameters(), lr=1.0),
                       plans=lambda e: [plans[e]])
     for epoch in range(len(plans)):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dcp.config import DCPConfig, PlanningConfig, ProfilingConfig
+from dcp.config import AdvancedConfig, DCPConfig, PlanningConfig, ProfilingConfig
 from dcp.models import build_model
 from dcp.planner import plan_epoch
 from dcp.profiler import profile_table
@@ -21,8 +21,8 @@ pytestmark = [
 def _config(model, **planning) -> DCPConfig:
     return DCPConfig(
         model=model.config.shape(),
-        profiling=ProfilingConfig(seq_group_edges=(256, 1024, 4096), max_micro_batch_size=4, warmup_iters=1,
-                                  measure_iters=3),
+        profiling=ProfilingConfig(seq_group_edges=(256, 1024, 4096), max_micro_batch_size=4),
+        advanced=AdvancedConfig(warmup_iters=1, measure_iters=3),
         planning=PlanningConfig(**{"mem_capacity_gib": 8.0, "sp_sizes": (1,), **planning}),
     )
 

@@ -17,6 +17,7 @@ DCP = Path(__file__).resolve().parents[2] / "dcp"
 ORDER = (
     "validate",  # the config checks' message shape, strict file/TOML reading, field type checks (stdlib only)
     "memory",  # the one memory model of an engine's state (parameters, gradients, optimizer)
+    "config_advanced",  # the [advanced] section (tuning and diagnostic knobs), a section of DCPConfig
     "config",
     "files",  # atomic writes and output folders (stdlib only): the planner's tables, results, the cache use it
     "dcp",  # the root package: its eager imports are config only; its lazy facade (set_manager) is resolved below

@@ -41,7 +41,7 @@ def files(tmp_path):
         "bom.toml": (UTF8_BOM + "[planning]\ngmax = 3\n").encode(),
         "inf_mem.toml": b"[planning]\nmem_capacity_gib = inf\n",
         "nan_mem.toml": b"[planning]\nmem_capacity_gib = nan\n",
-        "inf_timeout.toml": b"[runtime]\nplan_check_timeout_s = inf\n",
+        "inf_timeout.toml": b"[advanced]\nplan_check_timeout_s = inf\n",
         "zero_collective.toml": b"[runtime]\ncollective_timeout_s = 0\n",
         "huge_gmax.toml": b"[planning]\ngmax = 4611686018427387904\n",
         "huge_edge.toml": b"[profiling]\nseq_group_edges = [512, 9223372036854775807]\n",
@@ -79,7 +79,7 @@ def test_profile_flag_errors_are_one_line(capsys, argv, needles):
     ("non_utf8.toml", ["non_utf8.toml", "line 3", "not UTF-8"]),
     ("inf_mem.toml", ["planning.mem_capacity_gib", "inf", "finite"]),
     ("nan_mem.toml", ["planning.mem_capacity_gib", "nan", "finite"]),
-    ("inf_timeout.toml", ["runtime.plan_check_timeout_s", "finite"]),
+    ("inf_timeout.toml", ["advanced.plan_check_timeout_s", "finite"]),
     ("zero_collective.toml", ["runtime.collective_timeout_s", "> 0"]),
     ("huge_gmax.toml", ["planning.gmax", "beyond 65536"]),
     ("huge_edge.toml", ["profiling.seq_group_edges", "beyond"]),
@@ -95,10 +95,10 @@ def test_config_file_errors_name_the_file_or_field(capsys, files, name, needles)
 def test_a_pipelined_clock_is_refused_before_any_process_starts(capsys, tmp_path):
     # dcp profile runs CPU processes: the CUDA-only clock fails in the parent, one line, for any --nproc
     path = tmp_path / "run.toml"
-    path.write_text('[profiling]\nclock = "pipelined"\n')
+    path.write_text('[advanced]\nclock = "pipelined"\n')
     for nproc in ("1", "2"):
         code, _, err = cli(capsys, "profile", "--config", str(path), "--nproc", nproc, "--print-config")
-        assert_clear(code, err, "profiling.clock ('pipelined') needs a CUDA device", 'clock = "auto"')
+        assert_clear(code, err, "advanced.clock ('pipelined') needs a CUDA device", 'clock = "auto"')
 
 
 def test_a_config_with_a_bom_is_read(capsys, files):
@@ -193,9 +193,9 @@ def test_sweep_without_a_name_is_a_clear_error(capsys, tmp_path):
 
 def test_sweep_on_cpu_refuses_the_pipelined_clock(capsys, tmp_path):
     path = tmp_path / "s.toml"
-    path.write_text(SWEEP + '[config.profiling]\nclock = "pipelined"\n')
+    path.write_text(SWEEP + '[config.advanced]\nclock = "pipelined"\n')
     code, out, err = cli(capsys, "sweep", str(path), "--dry-run")
-    assert code == 2 and "profiling.clock ('pipelined') needs sweep.device = 'cuda'" in out + err
+    assert code == 2 and "advanced.clock ('pipelined') needs sweep.device = 'cuda'" in out + err
     assert "Traceback" not in out + err
 
 
@@ -251,9 +251,9 @@ def test_planning_config_values(kwargs, needle):
 
 
 @pytest.mark.parametrize("cls, kwargs, needle", [
-    ("RuntimeConfig", {"plan_check_timeout_s": math.inf}, "runtime.plan_check_timeout_s (inf) must be a finite"),
+    ("AdvancedConfig", {"plan_check_timeout_s": math.inf}, "advanced.plan_check_timeout_s (inf) must be a finite"),
     ("RuntimeConfig", {"collective_timeout_s": -1.0}, "runtime.collective_timeout_s (-1.0) must be > 0"),
-    ("RuntimeConfig", {"check_plan_hash": 1}, "runtime.check_plan_hash (1) must be true or false"),
+    ("AdvancedConfig", {"check_plan_hash": 1}, "advanced.check_plan_hash (1) must be true or false"),
     ("ProfilingConfig", {"seq_group_edges": (512, 10**20)}, "profiling.seq_group_edges ([512, "),
     ("ProfilingConfig", {"seq_group_edges": (512.0,)}, "must be a list of integers"),
     ("ModelShapeConfig", {"num_layers": True}, "model.num_layers (True) must be an integer"),
@@ -373,8 +373,8 @@ def test_profile_with_an_unwritable_cache_folder_keeps_the_table(capsys, tmp_pat
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("x")  # cache_dir below a file: no folder can be made there, even as root
     toml = tmp_path / "run.toml"
-    toml.write_text(f'[profiling]\ncache_dir = "{blocker / "cache"}"\nwarmup_iters = 0\nmeasure_iters = 1\n'
-                    "max_micro_batch_size = 1\n")
+    toml.write_text(f'[profiling]\ncache_dir = "{blocker / "cache"}"\n'
+                    "max_micro_batch_size = 1\n[advanced]\nwarmup_iters = 0\nmeasure_iters = 1\n")
     monkeypatch.setattr(cache.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
     out = tmp_path / "table.csv"
     with pytest.warns(cache.CacheWriteWarning, match="is not writable"):

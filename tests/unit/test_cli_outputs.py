@@ -139,7 +139,7 @@ def test_env_prints_no_third_party_warning(capsys):
 def test_profile_prints_where_the_table_went(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # the default cache_dir (.dcp_cache) is relative to the working folder
     (tmp_path / "quick.toml").write_text(
-        "[profiling]\nseq_group_edges = [32]\nmax_micro_batch_size = 1\nwarmup_iters = 0\nmeasure_iters = 1\n")
+        "[profiling]\nseq_group_edges = [32]\nmax_micro_batch_size = 1\n[advanced]\nwarmup_iters = 0\nmeasure_iters = 1\n")
     assert main(["profile", "--model", "t1d-tiny", "--config", "quick.toml", "--quiet"]) == 0
     lines = capsys.readouterr().out.splitlines()
     path = [line.split("table: ", 1)[1] for line in lines if line.startswith("table: ")]
@@ -187,7 +187,7 @@ def test_profile_compiles_the_layers_when_the_config_says_so(tmp_path, monkeypat
     monkeypatch.setattr(compiled, "compile_layers", aot_eager)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "quick.toml").write_text(
-        "[profiling]\nseq_group_edges = [32]\nmax_micro_batch_size = 1\nwarmup_iters = 0\nmeasure_iters = 1\n"
+        "[profiling]\nseq_group_edges = [32]\nmax_micro_batch_size = 1\n[advanced]\nwarmup_iters = 0\nmeasure_iters = 1\n"
         '[runtime]\ncompile = "default"\n')
     assert main(["profile", "--model", "t1d-tiny", "--config", "quick.toml", "--quiet"]) == 0
     assert seen == ["default"]

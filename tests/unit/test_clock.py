@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dcp.config import ProfilingConfig
+from dcp.config import AdvancedConfig
 from dcp.profiler.clock import (
     FIRST_LEAD_S,
     HOLD_FACTOR,
@@ -243,9 +243,9 @@ def test_resolve_clock():
     assert resolve_clock("auto", torch.device("cuda", 0)) == "wall"
     assert resolve_clock("cpu", "cpu") == "cpu"
     assert resolve_clock("pipelined", "cuda") == "pipelined"
-    with pytest.raises(ValueError, match=r"profiling.clock \('pipelined'\) needs a CUDA device.*clock = \"auto\""):
+    with pytest.raises(ValueError, match=r"advanced.clock \('pipelined'\) needs a CUDA device.*clock = \"auto\""):
         resolve_clock("pipelined", "cpu")
-    with pytest.raises(ValueError, match=r"profiling.clock \('tsc'\) is not one of"):
+    with pytest.raises(ValueError, match=r"advanced.clock \('tsc'\) is not one of"):
         resolve_clock("tsc", "cpu")
 
 
@@ -254,7 +254,7 @@ def test_profiling_clock_defaults_to_auto_and_a_cpu_table_keeps_the_wall_key():
     from dcp.models import build_model
     from dcp.profiler.dual_layer import cache_key_for
 
-    assert ProfilingConfig().clock == "auto"
+    assert AdvancedConfig().clock == "auto"
     key = cache_key_for(build_model("t1d-tiny"), DCPConfig(), 1)
     assert key.clock == "wall"  # resolved: tables cached before 'auto' existed still match on CPU
 

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from dcp.config import (
+    AdvancedConfig,
     ConfigError,
     DCPConfig,
     ModelShapeConfig,
@@ -40,8 +41,8 @@ def test_defaults_are_valid_and_frozen():
         (PlanningConfig, {"ranks_per_node": 0}, "planning.ranks_per_node (0) must be >= 1"),
         (PlanningConfig, {"sp_sizes": (1, 1)}, "planning.sp_sizes ([1, 1]) must be distinct positive"),
         (PlanningConfig, {"sp_sizes": ()}, "planning.sp_sizes ([]) must be distinct positive"),
-        (PlanningConfig, {"lookahead_samples": -1}, "planning.lookahead_samples (-1) must be >= 0"),
-        (PlanningConfig, {"packed_token_budget": -1}, "planning.packed_token_budget (-1) must be >= 0"),
+        (AdvancedConfig, {"lookahead_samples": -1}, "advanced.lookahead_samples (-1) must be >= 0"),
+        (AdvancedConfig, {"packed_token_budget": -1}, "advanced.packed_token_budget (-1) must be >= 0"),
         (PlanningConfig, {"bucket_sp_size": -2}, "planning.bucket_sp_size (-2) must be >= 0"),
         (PlanningConfig, {"tokens_per_step": -1}, "planning.tokens_per_step (-1) must be >= 0"),
         (PlanningConfig, {"step_tokens_bounds": (1.5, 2.0)}, "planning.step_tokens_bounds ([1.5, 2.0]) must be [low, high]"),
@@ -53,16 +54,16 @@ def test_defaults_are_valid_and_frozen():
         (ProfilingConfig, {"seq_group_edges": (64, 32)}, "profiling.seq_group_edges ([64, 32]) must be positive"),
         (ProfilingConfig, {"seq_group_edges": (0, 32)}, "must be positive and strictly increasing"),
         (ProfilingConfig, {"max_micro_batch_size": 0}, "profiling.max_micro_batch_size (0) must be >= 1"),
-        (ProfilingConfig, {"warmup_iters": -1}, "profiling.warmup_iters (-1) must be >= 0"),
-        (ProfilingConfig, {"measure_iters": 0}, "profiling.measure_iters (0) must be >= 1"),
-        (ProfilingConfig, {"clock": "tsc"}, "profiling.clock ('tsc') is not one of ['auto', 'wall', 'cpu', 'pipelined']"),
+        (AdvancedConfig, {"warmup_iters": -1}, "advanced.warmup_iters (-1) must be >= 0"),
+        (AdvancedConfig, {"measure_iters": 0}, "advanced.measure_iters (0) must be >= 1"),
+        (AdvancedConfig, {"clock": "tsc"}, "advanced.clock ('tsc') is not one of ['auto', 'wall', 'cpu', 'pipelined']"),
         (RuntimeConfig, {"engine": "fsdp"}, "runtime.engine ('fsdp') is not one of"),
         (RuntimeConfig, {"attention": "xformers"}, "runtime.attention ('xformers') is not one of"),
         (RuntimeConfig, {"loss_weighting": "mean"}, "runtime.loss_weighting ('mean') is not one of"),
-        (RuntimeConfig, {"plan_check_timeout_s": 0}, "runtime.plan_check_timeout_s (0) must be > 0"),
+        (AdvancedConfig, {"plan_check_timeout_s": 0}, "advanced.plan_check_timeout_s (0) must be > 0"),
         (RuntimeConfig, {"log_every": 0}, "runtime.log_every (0) must be >= 1"),
-        (RuntimeConfig, {"prefetch": "yes"}, "runtime.prefetch ('yes') is not one of ['auto', 'on', 'off']"),
-        (RuntimeConfig, {"stats_every": -1}, "runtime.stats_every (-1) must be >= 0"),
+        (AdvancedConfig, {"prefetch": "yes"}, "advanced.prefetch ('yes') is not one of ['auto', 'on', 'off']"),
+        (AdvancedConfig, {"stats_every": -1}, "advanced.stats_every (-1) must be >= 0"),
         (ModelShapeConfig, {"num_layers": 0}, "model.num_layers (0) must be >= 1"),
         (ModelShapeConfig, {"hidden_size": 60, "num_heads": 8}, "model.hidden_size (60) is not divisible"),
         (ModelShapeConfig, {"ffn_hidden_size": -1}, "model.ffn_hidden_size (-1) must be >= 0"),
@@ -154,7 +155,7 @@ def test_load_config_strict(tmp_path):
 
     for section, key, text in (("planning", "mem_capacity_gib", "512MiB"), ("planning", "mem_capacity_gib", "1e3"),
                                ("planning", "mem_capacity_gib", "1,000"), ("planning", "gmin", "1.5"),
-                               ("runtime", "check_plan_hash", "1")):
+                               ("advanced", "check_plan_hash", "1")):
         wrong = tmp_path / "wrong.toml"
         wrong.write_text(f'[{section}]\n{key} = "{text}"\n')
         with pytest.raises(ConfigError, match=r"must be of type \w+: write an? \w+ value$"):  # no number to suggest
@@ -197,11 +198,14 @@ def test_float_field_accepts_int():
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
-        ({"planning": {"clock": "cpu"}}, r"planning\.clock \('cpu'\) is not a known key: .*; clock is a key of \[profiling\]: move it there$"),
+        ({"planning": {"seq_group_edges": [64]}}, r"planning\.seq_group_edges \(\[64\]\) is not a known key: .*; seq_group_edges is a key of \[profiling\]: move it there$"),
+        ({"profiling": {"clock": "cpu"}}, r"profiling\.clock \('cpu'\) is not a known key: .*; clock is a key of \[advanced\]: move it there$"),
+        ({"runtime": {"stats_every": 1}}, r"runtime\.stats_every \(1\) is not a known key: .*; stats_every is a key of \[advanced\]: move it there$"),
+        ({"planning": {"lookahead_samples": 8}}, r"planning\.lookahead_samples \(8\) is not a known key: .*; lookahead_samples is a key of \[advanced\]: move it there$"),
         ({"planning": {"zzz": 1}}, r"planning\.zzz \(1\) is not a known key: valid keys of \[planning\] are \[[^]]*\]$"),
         ({"method": "dcp-intra"}, r"^method \('dcp-intra'\) stands outside any section: put it under \[planning\]$"),
         ({"method": "{x}"}, r"^method \('\{x\}'\) stands outside any section: put it under \[planning\]$"),
-        ({"foo": 3}, r"^foo \(3\) is not a known key: keys go under a section header, one of \['model', "),
+        ({"foo": 3}, r"^foo \(3\) is not a known key: keys go under a section header, one of \['advanced', 'model', "),
     ],
 )
 def test_misplaced_or_misspelt_keys_say_where_they_belong(raw, message):

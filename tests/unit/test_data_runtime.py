@@ -269,7 +269,7 @@ def test_config_errors_heads_and_missing_config():
     model = Transformer1D(T1DConfig.tiny())
     data = SyntheticTokenDataset([4, 5], vocab_size=model.config.vocab_size)
     wrong = DCPConfig(model=ModelShapeConfig(num_heads=4, hidden_size=64), planning=PlanningConfig(sp_sizes=(1, 2)))
-    with pytest.raises(ConfigError, match="head count"):
+    with pytest.raises(ConfigError, match=r"model\.num_heads \(4\) differs from the model.s \(8, "):
         set_manager(model, data, wrong, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
     with pytest.raises(ConfigError, match="cannot be derived"):
         set_manager(torch.nn.Linear(2, 2), data, optimizer=None)

@@ -134,7 +134,7 @@ def test_workload_has_a_long_tail_that_needs_sp2():
 
 
 def test_demo_profile_times_cpu_time_and_the_profiler_uses_that_clock(monkeypatch, tmp_path):
-    # the demo's profile must not move with other jobs' load: profiling.clock = "cpu" reaches every timed pass
+    # the demo's profile must not move with other jobs' load: advanced.clock = "cpu" reaches every timed pass
     import copy
 
     import torch
@@ -144,8 +144,9 @@ def test_demo_profile_times_cpu_time_and_the_profiler_uses_that_clock(monkeypatc
     from dcp.profiler.dual_layer import profile_table
 
     settings = copy.deepcopy(demo.DEMO_SETTINGS)
-    assert demo._config(settings, str(tmp_path)).profiling.clock == "cpu"
-    settings["config"]["profiling"].update(seq_group_edges=[64], max_micro_batch_size=1, measure_iters=1)
+    assert demo._config(settings, str(tmp_path)).advanced.clock == "cpu"
+    settings["config"]["profiling"].update(seq_group_edges=[64], max_micro_batch_size=1)
+    settings["config"]["advanced"].update(measure_iters=1)
     settings["config"]["planning"].update(mem_capacity_gib=1.0, sp_sizes=[1])
     seen: list[str] = []
     real = measure._region_clock

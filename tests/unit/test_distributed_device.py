@@ -263,13 +263,13 @@ def test_engines_still_export_the_flat_helpers():
 
 
 def test_profile_table_records_its_precision(tmp_path):
-    from dcp.config import PlanningConfig, ProfilingConfig
+    from dcp.config import AdvancedConfig, PlanningConfig, ProfilingConfig
     from dcp.profiler.dual_layer import profile_table
 
     model = Transformer1D(T1DConfig.tiny())
     cfg = DCPConfig(model=model.config.shape(), runtime=RuntimeConfig(precision="bf16"),
-                    profiling=ProfilingConfig(seq_group_edges=(32,), max_micro_batch_size=1, measure_iters=1,
-                                              warmup_iters=0, cache_dir=str(tmp_path)),
+                    profiling=ProfilingConfig(seq_group_edges=(32,), max_micro_batch_size=1, cache_dir=str(tmp_path)),
+                    advanced=AdvancedConfig(measure_iters=1, warmup_iters=0),
                     planning=PlanningConfig(sp_sizes=(1,), mem_capacity_gib=1.0))
     table = profile_table(model, cfg, progress=False)
     # the metadata's dtype is the parameters' (as in the cache key); the compute precision is its own field
@@ -281,13 +281,13 @@ def test_profile_table_records_its_precision(tmp_path):
 def test_a_bf16_table_is_cached_under_its_key_and_hit_again(tmp_path):
     """bf16 over fp32 parameters (ddp's autocast): the profiled table is cached and found again. On an H100 the
     cache refused it (metadata dtype 'bfloat16' vs the key's 'float32'), so every CUDA run stopped."""
-    from dcp.config import PlanningConfig, ProfilingConfig
+    from dcp.config import AdvancedConfig, PlanningConfig, ProfilingConfig
     from dcp.profiler.dual_layer import load_or_profile
 
     model = Transformer1D(T1DConfig.tiny())
     cfg = DCPConfig(model=model.config.shape(), runtime=RuntimeConfig(precision="bf16"),
-                    profiling=ProfilingConfig(seq_group_edges=(32,), max_micro_batch_size=1, measure_iters=1,
-                                              warmup_iters=0, cache_dir=str(tmp_path)),
+                    profiling=ProfilingConfig(seq_group_edges=(32,), max_micro_batch_size=1, cache_dir=str(tmp_path)),
+                    advanced=AdvancedConfig(measure_iters=1, warmup_iters=0),
                     planning=PlanningConfig(sp_sizes=(1,), mem_capacity_gib=1.0))
     first, status = load_or_profile(model, cfg, progress=False)
     assert status == "profiled" and first.meta.extra["precision"] == "bf16"

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import dcp
-from dcp.config import DCPConfig, PlanningConfig, ProfilingConfig
+from dcp.config import AdvancedConfig, DCPConfig, PlanningConfig, ProfilingConfig
 from dcp.integrations import hf
 from dcp.integrations.hf_data import HFDataError, count_tokens
 from dcp.integrations.hf_defaults import edges_for, fit_config, micro_batch_cap, sp_sizes_for
@@ -148,8 +148,8 @@ def test_set_manager_fits_the_defaults_and_a_forward_fn_without_adapter_profiles
     assert mgr.config.model.name.startswith("gpt_neox-hf")
     phi = tiny_causal_lm("phi", layers=2)
     integration = hf.prepare(tiny_causal_lm("phi", layers=2))  # a forward of the user's own (here: the same one)
-    config = DCPConfig(profiling=ProfilingConfig(cache_dir=str(tmp_path), warmup_iters=0, measure_iters=1,
-                                                 max_micro_batch_size=1))
+    config = DCPConfig(profiling=ProfilingConfig(cache_dir=str(tmp_path), max_micro_batch_size=1),
+                       advanced=AdvancedConfig(warmup_iters=0, measure_iters=1))
     mgr = dcp.set_manager(phi, data, config, forward_fn=lambda m, b, c: integration.forward(integration.model, b, c))
     assert isinstance(mgr.adapter, hf.HFCausalLMAdapter) and mgr.adapter.max_sp_size == 1
     assert phi.config._attn_implementation != hf.ATTENTION_NAME  # the user's forward runs the model as it is

@@ -10,7 +10,14 @@ import torch
 
 import dcp
 from dcp.api import set_manager
-from dcp.config import ConfigError, DCPConfig, PlanningConfig, ProfilingConfig, config_from_dict
+from dcp.config import (
+    AdvancedConfig,
+    ConfigError,
+    DCPConfig,
+    PlanningConfig,
+    ProfilingConfig,
+    config_from_dict,
+)
 from dcp.integrations import hf
 from dcp.integrations.corpus import ByteCorpus, CorpusError
 from dcp.profiler import cache
@@ -48,8 +55,9 @@ def mistral():
 
 def small_config(cache_dir, **profiling) -> DCPConfig:
     return DCPConfig(
-        profiling=ProfilingConfig(**{"seq_group_edges": (16, 32), "max_micro_batch_size": 2, "warmup_iters": 0,
-                                     "measure_iters": 1, "cache_dir": str(cache_dir), **profiling}),
+        profiling=ProfilingConfig(**{"seq_group_edges": (16, 32), "max_micro_batch_size": 2,
+                                     "cache_dir": str(cache_dir), **profiling}),
+        advanced=AdvancedConfig(warmup_iters=0, measure_iters=1),
         planning=PlanningConfig(sp_sizes=(1, 2), mem_capacity_gib=1.0),
     )
 

@@ -115,8 +115,8 @@ def test_profile_is_cached_before_out_and_a_failing_out_names_where_it_is(capsys
     from dcp.planner.table import ProfileTable
 
     toml = tmp_path / "run.toml"
-    toml.write_text(f'[profiling]\ncache_dir = "{tmp_path / "cache"}"\nwarmup_iters = 0\nmeasure_iters = 1\n'
-                    "max_micro_batch_size = 1\n")
+    toml.write_text(f'[profiling]\ncache_dir = "{tmp_path / "cache"}"\n'
+                    "max_micro_batch_size = 1\n[advanced]\nwarmup_iters = 0\nmeasure_iters = 1\n")
 
     def full_disk(self, path):
         raise OSError(28, "No space left on device")

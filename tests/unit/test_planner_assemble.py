@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dcp.config import DCPConfig, ModelShapeConfig, PlanningConfig, ProfilingConfig
+from dcp.config import AdvancedConfig, DCPConfig, ModelShapeConfig, PlanningConfig, ProfilingConfig
 from dcp.planner import CPU_SMALL, EpochPlanner, PlanningError, analytic_table, plan_epoch
 from dcp.planner.placement import aligned_slots, node_bounds, place_largest_first
 from dcp.planner.stream import shuffled_order
@@ -44,9 +44,9 @@ def make(
             mem_capacity_gib=cap_mib / 1024,
             gmin=gmin,
             gmax=gmax,
-            lookahead_samples=lookahead,
             seed=seed,
         ),
+        advanced=AdvancedConfig(lookahead_samples=lookahead),
     )
     table = analytic_table(
         MODEL,
@@ -228,8 +228,8 @@ def test_gmin_scales_ga():
 
     def first_step(gmin: int, gmax: int):
         cfg = DCPConfig(model=MODEL, profiling=ProfilingConfig(seq_group_edges=(100, 200)),
-                        planning=PlanningConfig(ranks_per_node=2, sp_sizes=(1,), gmin=gmin, gmax=gmax, default_batch="method",
-                                                             lookahead_samples=400))
+                        planning=PlanningConfig(ranks_per_node=2, sp_sizes=(1,), gmin=gmin, gmax=gmax, default_batch="method"),
+                        advanced=AdvancedConfig(lookahead_samples=400))
         plans = plan_epoch(lengths, table, cfg, 2)
         check_plans(plans, lengths, cfg, 2)
         return plans[0]

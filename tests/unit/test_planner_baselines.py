@@ -12,8 +12,10 @@ from dcp.planner import EpochPlanner, PlanningError, micro_batch_time_s, plan_ep
 from dcp.planner.baselines import bucket_batch_sizes, fixed_sp_size, packed_token_budget
 
 
-def _with(cfg, **kw):
-    return dataclasses.replace(cfg, planning=dataclasses.replace(cfg.planning, **kw))
+def _with(cfg, packed_token_budget=None, **kw):
+    advanced = cfg.advanced if packed_token_budget is None else \
+        dataclasses.replace(cfg.advanced, packed_token_budget=packed_token_budget)
+    return dataclasses.replace(cfg, planning=dataclasses.replace(cfg.planning, **kw), advanced=advanced)
 
 
 @pytest.mark.parametrize(("world", "rpn"), [(8, 8), (12, 8), (6, 4), (5, 2)])
@@ -135,7 +137,7 @@ def test_packed_time_is_one_row_of_documents_in_1d_and_per_sample_in_2d():
 def test_packed_errors():
     cfg, table = make(4, method="packed")
     with pytest.raises(
-        PlanningError, match=r"sample 1 has 3000 tokens, more than planning.packed_token_budget \(1000\)"
+        PlanningError, match=r"sample 1 has 3000 tokens, more than advanced.packed_token_budget \(1000\)"
     ):
         plan_epoch([10, 3000], table, _with(cfg, packed_token_budget=1000), 4)
     with pytest.raises(PlanningError, match="no packing token budget"):

@@ -27,7 +27,7 @@ def test_gmin_repack_keeps_the_head(model, dataset, monkeypatch):
     data = load_lengths(dataset, num_samples=3000, seed=0)
     table = paper_table(sc, W, shapes=data.shapes)
     cfg = paper_config(sc, "dcp-intra", gmin=2, gmax=2, seed=0)
-    cfg = cfg.replace(planning=dataclasses.replace(cfg.planning, lookahead_samples=24 * W))
+    cfg = cfg.replace(advanced=dataclasses.replace(cfg.advanced, lookahead_samples=24 * W))
     head_first: list[bool] = []
     real_pack = step_mod.pack
 

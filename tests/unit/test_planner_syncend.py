@@ -1,4 +1,4 @@
-"""Sync-aware group ends (dcp.planner.syncend, planning.grad_sync_s): the planner's sync rule is the simulator's,
+"""Sync-aware group ends (dcp.planner.syncend, advanced.grad_sync_s): the planner's sync rule is the simulator's,
 the rewrite is off without a known sync (and with deepspeed, 2D data or from 512 ranks), and where on it keeps
 every step's samples and memory and never ends a step later under the simulator's pricing."""
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dcp.config import ConfigError, ModelShapeConfig, PlanningConfig
+from dcp.config import AdvancedConfig, ConfigError, ModelShapeConfig
 from dcp.planner import plan_epoch
 from dcp.planner.analytic import grad_sync_time_s
 from dcp.planner.source import epoch_input
@@ -48,9 +48,9 @@ def test_the_planners_sync_end_is_the_simulators(groups, sync, buckets):
 
 
 def test_grad_sync_s_must_be_non_negative():
-    assert PlanningConfig().grad_sync_s == 0.0
-    with pytest.raises(ConfigError, match=r"planning\.grad_sync_s.*-0\.5.*>= 0"):
-        PlanningConfig(grad_sync_s=-0.5)
+    assert AdvancedConfig().grad_sync_s == 0.0
+    with pytest.raises(ConfigError, match=r"advanced\.grad_sync_s.*-0\.5.*>= 0"):
+        AdvancedConfig(grad_sync_s=-0.5)
 
 
 def test_off_without_a_sync_with_deepspeed_on_2d_data_and_from_512_ranks():
@@ -67,7 +67,7 @@ def test_off_without_a_sync_with_deepspeed_on_2d_data_and_from_512_ranks():
     assert tiny.model.num_params * tiny.model.param_bytes < DDP_BUCKET_BYTES
     assert SyncEnd.of(epoch_input(lengths, table, tiny, W), TimeLookup(table)) is None
     # off: exactly the plans of a config without the field
-    base = off.replace(planning=dataclasses.replace(off.planning, grad_sync_s=0.0))
+    base = off.replace(advanced=dataclasses.replace(off.advanced, grad_sync_s=0.0))
     assert [p.digest() for p in plan_epoch(lengths, table, base, W)] == \
         [p.digest() for p in plan_epoch(lengths, table, off, W)]
 
@@ -87,14 +87,14 @@ def test_a_profile_measured_at_this_world_size_gives_the_sync_when_the_config_do
 
     measured = _with_meta(table, world_size=W, extra={**table.meta.extra, "grad_sync_s": 0.25, "update_engine": "ddp"})
     assert measured_sync_s(measured, W) == 0.25 and sync_of(measured) == 0.25
-    assert sync_of(measured, on) == pytest.approx(on.planning.grad_sync_s)  # the config's figure first
+    assert sync_of(measured, on) == pytest.approx(on.advanced.grad_sync_s)  # the config's figure first
     assert measured_sync_s(measured, 2 * W) == 0.0
     assert sync_of(_with_meta(measured, world_size=2 * W)) is None  # profiled for another job
     assert sync_of(_with_meta(measured, extra={**measured.meta.extra, "update_engine": "deepspeed"})) is None
     assert sync_of(_with_meta(measured, extra={**measured.meta.extra, "grad_sync_s": 0.0})) is None  # one rank's
     assert sync_of(_with_meta(measured, extra={})) is None  # analytic tables hold none
     # planning with the measured figure is planning with the same figure in the config
-    told = off.replace(planning=dataclasses.replace(off.planning, grad_sync_s=0.25))
+    told = off.replace(advanced=dataclasses.replace(off.advanced, grad_sync_s=0.25))
     assert [p.digest() for p in plan_epoch(lengths, measured, off, W)] == \
         [p.digest() for p in plan_epoch(lengths, measured, told, W)]
 
@@ -111,7 +111,7 @@ def _costs(plans, sc, table, cfg):
 def test_each_step_keeps_its_samples_and_memory_and_ends_no_later(ds, method):
     """(t1d-long, dcp-inter: samples moved to a group of another p, the donor's rest priced at its own p.)"""
     lengths, sc, table, off, on = _text(ds, method)
-    assert on.planning.grad_sync_s == pytest.approx(grad_sync_time_s(sc.model, sc.hardware, W))
+    assert on.advanced.grad_sync_s == pytest.approx(grad_sync_time_s(sc.model, sc.hardware, W))
     before, after = plan_epoch(lengths, table, off, W), plan_epoch(lengths, table, on, W)
     assert len(before) == len(after)
     changed = 0

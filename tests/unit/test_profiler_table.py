@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from dcp.config import DCPConfig, PlanningConfig, ProfilingConfig
+from dcp.config import AdvancedConfig, DCPConfig, PlanningConfig, ProfilingConfig
 from dcp.models import build_model
 from dcp.planner import ProfileTable, micro_batch_mem_bytes, plan_epoch
 from dcp.profiler import cli, load_or_profile, need_profile, profile_table
@@ -22,8 +22,8 @@ def config_for(model, *, capacity_gib: float = 1.0, edges=(64, 128), max_b: int 
                sp_sizes=(1, 2)) -> DCPConfig:
     return DCPConfig(
         model=model.config.shape(),
-        profiling=ProfilingConfig(seq_group_edges=edges, max_micro_batch_size=max_b, warmup_iters=0,
-                                  measure_iters=1, cache_dir=cache_dir),
+        profiling=ProfilingConfig(seq_group_edges=edges, max_micro_batch_size=max_b, cache_dir=cache_dir),
+        advanced=AdvancedConfig(warmup_iters=0, measure_iters=1),
         planning=PlanningConfig(mem_capacity_gib=capacity_gib, sp_sizes=sp_sizes),
     )
 
@@ -205,7 +205,8 @@ def test_hf_llama_adapter_matches_the_model_and_profiles():
     ref = model(input_ids=batch.inputs, labels=batch.inputs).loss  # HF shifts labels itself
     torch.testing.assert_close(loss_sum / count, ref, rtol=1e-5, atol=1e-5)
     config = DCPConfig(
-        profiling=ProfilingConfig(seq_group_edges=(32,), max_micro_batch_size=1, warmup_iters=0, measure_iters=1),
+        profiling=ProfilingConfig(seq_group_edges=(32,), max_micro_batch_size=1),
+        advanced=AdvancedConfig(warmup_iters=0, measure_iters=1),
         planning=PlanningConfig(mem_capacity_gib=1.0, sp_sizes=(1, 2)),
     )
     table = profile_table(model, config, progress=False)
@@ -217,8 +218,8 @@ def test_cli_profiles_in_process_and_prints_a_summary(tmp_path, capsys):
     cli.add_arguments(parser)
     out = tmp_path / "table.csv"
     toml = tmp_path / "run.toml"
-    toml.write_text(f'[profiling]\ncache_dir = "{tmp_path / "cache"}"\nwarmup_iters = 0\nmeasure_iters = 1\n'
-                    "max_micro_batch_size = 2\n")
+    toml.write_text(f'[profiling]\ncache_dir = "{tmp_path / "cache"}"\n'
+                    "max_micro_batch_size = 2\n[advanced]\nwarmup_iters = 0\nmeasure_iters = 1\n")
     args = parser.parse_args(["--model", "t1d-tiny", "--config", str(toml), "--edges", "32,64",
                               "--mem-capacity-gib", "1", "--out", str(out), "--quiet"])
     assert cli.run(args) == 0

@@ -179,7 +179,7 @@ def test_a_new_loop_closes_an_earlier_one_still_referenced_before_it_reads_the_d
                     Counting.busy -= 1
 
     data = Counting(dataset.lengths(), vocab_size=model.config.vocab_size)
-    config = config.replace(runtime=dataclasses.replace(config.runtime, prefetch="on"))
+    config = config.replace(advanced=dataclasses.replace(config.advanced, prefetch="on"))
     mgr = set_manager(model, data, config, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), table=table)
     before = set(threading.enumerate())
     old = mgr.get_data_iter()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dcp.api import set_manager
-from dcp.config import DCPConfig, RuntimeConfig
+from dcp.config import AdvancedConfig, DCPConfig, RuntimeConfig
 from dcp.models import T1DConfig, Transformer1D
 from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
 from dcp.runtime.data import SyntheticTokenDataset
@@ -31,7 +31,8 @@ def _manager(plans_of_epoch, *, prefetch: bool = True, log_every: int = 10):
     prefetch = "on" if prefetch else "off"
     model = Transformer1D(T1DConfig.tiny())
     data = SyntheticTokenDataset(LENGTHS, vocab_size=model.config.vocab_size)
-    config = DCPConfig(model=model.config.shape(), runtime=RuntimeConfig(prefetch=prefetch, log_every=log_every))
+    config = DCPConfig(model=model.config.shape(), runtime=RuntimeConfig(log_every=log_every),
+                       advanced=AdvancedConfig(prefetch=prefetch))
     mgr = set_manager(model, data, config, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                       plans=plans_of_epoch)
     return mgr, model

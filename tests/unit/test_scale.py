@@ -74,7 +74,7 @@ def test_bench_scale_rows_at_16_ranks(capsys):
     assert scale.run(_args(steps=4, log_every=2)) == 0
     out = capsys.readouterr().out
     rows = json.loads(out.strip().splitlines()[-1])["rows"]
-    assert out.startswith("# runtime.prefetch = on: the next micro-batch is collated on a background thread")
+    assert out.startswith("# advanced.prefetch = on: the next micro-batch is collated on a background thread")
     assert [(r["world_size"], r["rank"]) for r in rows] == [(16, 0), (16, 15)]
     for r in rows:
         assert list(r)[: len(scale.ROW_KEYS)] == list(scale.ROW_KEYS)

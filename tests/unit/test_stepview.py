@@ -173,7 +173,7 @@ def test_a_custom_plan_source_that_repeats_a_sample_is_refused_before_the_step_t
     from tests.unit.test_resume_exactly_once import setup
 
     model, dataset, config, _ = setup()
-    config = config.replace(runtime=dataclasses.replace(config.runtime, prefetch=prefetch))
+    config = config.replace(advanced=dataclasses.replace(config.advanced, prefetch=prefetch))
     n = dataset.lengths()  # a plan source plans with the data's lengths (the loop checks each collated batch)
     plans = [_step(0, 0, 1, lengths=n), _step(1, 2, lengths=n), _step(2, 1, 3, lengths=n)]
     mgr = set_manager(model, dataset, config, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),

@@ -1,4 +1,4 @@
-"""runtime.cache_weight_casts: under autocast the ddp engine casts the weights to bf16 at a step's first
+"""advanced.cache_weight_casts: under autocast the ddp engine casts the weights to bf16 at a step's first
 micro-batch and reuses the copies in its later ones; the same updates, bit for bit, and the copies are dropped
 before each update and when the loop is left. Runs bf16 autocast on CPU, one process."""
 
@@ -9,7 +9,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dcp.api import set_manager
-from dcp.config import ConfigError, DCPConfig, RuntimeConfig
+from dcp.config import AdvancedConfig, ConfigError, DCPConfig, RuntimeConfig
 from dcp.models import T1DConfig, Transformer1D
 from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
 from dcp.runtime.data import SyntheticTokenDataset
@@ -52,7 +52,8 @@ def _manager(keep: bool, recompute: int = 0, mb_recompute: tuple[int, ...] = (-1
                             for i, r in zip(range(MB_PER_STEP * s, MB_PER_STEP * (s + 1)), mb_recompute,
                                             strict=True))),)) for s in range(2)]
     config = DCPConfig(model=model.config.shape(),
-                       runtime=RuntimeConfig(precision=precision, cache_weight_casts=keep, log_every=1))
+                       runtime=RuntimeConfig(precision=precision, log_every=1),
+                       advanced=AdvancedConfig(cache_weight_casts=keep))
     mgr = set_manager(model, data, config, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                       plans=lambda e: plans)
     return mgr, model
@@ -147,7 +148,7 @@ def test_it_is_refused_where_the_cache_drops_a_casts_autograd_history(monkeypatc
 
     assert weight_casts.cache_keeps_autograd("cpu")  # this torch keeps it (pytorch/pytorch#165068)
     monkeypatch.setattr(weight_casts, "cache_keeps_autograd", lambda device_type: False)
-    with pytest.raises(ConfigError, match=r"runtime.cache_weight_casts \(true\) needs autocast's cache to keep"):
+    with pytest.raises(ConfigError, match=r"advanced.cache_weight_casts \(true\) needs autocast's cache to keep"):
         _manager(True)
 
 
@@ -155,12 +156,12 @@ def test_without_autocast_it_does_nothing_and_says_so(caplog):
     with caplog.at_level("INFO", logger="dcp"):
         mgr, _ = _manager(True, precision="fp32")
     assert not mgr.engine.keep_weight_casts
-    assert "runtime.cache_weight_casts does nothing here" in caplog.text
+    assert "advanced.cache_weight_casts does nothing here" in caplog.text
 
 
 def test_the_flag_must_be_a_bool():
-    with pytest.raises(ConfigError, match="runtime.cache_weight_casts"):
-        RuntimeConfig(cache_weight_casts="yes")
+    with pytest.raises(ConfigError, match="advanced.cache_weight_casts"):
+        AdvancedConfig(cache_weight_casts="yes")
 
 
 def test_the_cpu_ab_script_runs_both_settings_and_prints_its_line():
