@@ -180,7 +180,7 @@ class HFCausalLMAdapter(ModelAdapter):
 
     @property
     def num_kv_heads(self) -> int | None:
-        return self.shape.kv_heads
+        return self.shape.num_kv_heads
 
     @property
     def max_sp_size(self) -> int | None:
