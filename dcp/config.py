@@ -227,11 +227,11 @@ class PlanningConfig:
     with training), "process" (a child process per rank, ``dcp.planner.serve``, ~0.4 s to start per epoch) or
     "auto" (a process from PROCESS_PLAN_MIN_RANKS = 512 ranks on, where planning takes ~10-250 ms of CPU per step
     and the training thread's host time per step fell ~35% (``dcp bench scale --plan-ahead``); else a thread)."""
-    micro_batch_tokens: str = "off"
+    micro_batch_tokens: str = "auto"
     """DCP methods, 1D data: "auto" lets each seq_group whose documents sit well below its bound form its
     micro-batches by a token budget (b x bound of the profiled row with the best predicted time per token at
     its (p, r) within memory), run as one row of documents, where that is predicted cheaper per token than
-    b-sample micro-batches (dcp.planner.tokens); "off" keeps b samples per micro-batch everywhere."""
+    b-sample micro-batches (dcp.planner.tokens; none for 2D data or baselines; ``dcp plan`` says which); "off"."""
     grad_sync_s: float = 0.0
     """DCP methods with the ddp engine: seconds of the step's gradient all-reduce (measured on the cluster, or priced
     for the hardware: ``dcp.planner.analytic.grad_sync_time_s``). The planner then ends each SP group on a last
