@@ -105,18 +105,16 @@ def step_budget(step: int, done: float, total: float, tokens_per_step: int,
     this one the epoch's mean (on schedule, the running total on step x total / N: a step behind or ahead of it
     asks for the difference now, within the bounds). Fewest: the lower bound, raised to what leaves the steps
     after this one at most the mean and TAKE_MORE of its way to the upper bound each (a short rest is taken now,
-    spread over the steps before the last, not left as a tiny step). Most: the upper bound, lowered to what
-    leaves them at least the mean less TAKE_MORE of its way to the lower bound each (steps ahead of the schedule
-    left a last step of 0.78 x). The last step takes all that is left."""
+    spread over the steps before the last, not left as a tiny step). Most: the upper bound (the room a step ahead
+    of the schedule may take is ``step_room``'s); the last step takes all that is left."""
     low, high = bounds[0] * tokens_per_step, bounds[1] * tokens_per_step
     left, n = total - done, epoch_steps(total, tokens_per_step)
     k = _steps_left(left, n - step, low, high)
     if k == 1:
         return left, left, max(high, left)
     mean = total / n
-    most = max(low, min(high, left - (k - 1) * (mean - TAKE_MORE * max(0.0, mean - low))))
-    fewest = min(most, max(low, left - (k - 1) * (mean + TAKE_MORE * max(0.0, high - mean))))
-    return min(max(left - (k - 1) * mean, fewest), most), fewest, most
+    fewest = min(high, max(low, left - (k - 1) * (mean + TAKE_MORE * max(0.0, high - mean))))
+    return min(max(left - (k - 1) * mean, fewest), high), fewest, high
 
 
 def _steps_left(left: float, planned: int, low: float, high: float) -> int:
