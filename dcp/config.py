@@ -212,11 +212,11 @@ class PlanningConfig:
     group; methods then train different batches)."""
     step_tokens_bounds: tuple[float, float] = (0.9, 1.1)
     """[lowest, highest] tokens of one step as fractions of the global batch."""
-    micro_batch_tokens: str = "off"
+    micro_batch_tokens: str = "auto"
     """DCP methods, 1D data: "auto" lets each seq_group whose documents sit well below its bound form its
     micro-batches by a token budget (b x bound of the profiled row with the best predicted time per token at
     its (p, r) within memory), run as one row of documents, where that is predicted cheaper per token than
-    b-sample micro-batches (dcp.planner.tokens); "off" keeps b samples per micro-batch everywhere."""
+    b-sample micro-batches (dcp.planner.tokens; none for 2D data or baselines; ``dcp plan`` says which); "off"."""
 
     def __post_init__(self) -> None:
         check_fields(self, "planning", int_max={"seed": 2**63 - 1, "gmin": MAX_GA, "gmax": MAX_GA})

@@ -7,7 +7,8 @@ It is examples/hf_train_plain.py (a plain DDP loop over a ``datasets.Dataset``) 
 ``# DCP``: `diff examples/hf_train_plain.py examples/hf_train.py` shows them all (10, dataset included).
 ``config`` (a ``dcp.DCPConfig``) overrides the defaults DCP fits to the data and the model (profiled
 lengths, SP sizes, micro-batch cap); on CPU, ``planning.mem_capacity_gib`` emulates a GPU's memory. Without
-one the example logs every step (``runtime.log_every = 1``; the library logs, and records a StepStats, every
+one the example trains the plain loop's global batch (``planning.samples_per_step`` = its ``batch_size`` 4 x
+the ranks: the same optimizer steps) and logs every step (``runtime.log_every = 1``; the library logs, and records a StepStats, every
 10th step by default) so that ``mgr.step_stats`` holds one loss per step, like the plain loop's list.
 """
 
@@ -43,7 +44,7 @@ def train(rank: int, world_size: int, arch: str = "llama", epochs: int = 1, samp
     ds = byte_dataset(samples, max_len)
     model = tiny_causal_lm(arch)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    config = config or dcp.DCPConfig(runtime=dcp.config.RuntimeConfig(log_every=1))  # DCP: log every step
+    config = config or dcp.DCPConfig(planning=dcp.config.PlanningConfig(samples_per_step=4 * world_size), runtime=dcp.config.RuntimeConfig(log_every=1))  # DCP: the plain loop's batch, every step logged
     mgr = dcp.set_manager(model, dcp.integrations.hf.TokenDataset(ds), config, optimizer=optimizer)  # DCP
     for epoch in range(epochs):
         for batch in mgr.get_data_iter():  # DCP: profiles the model on first use (cached), then plans

@@ -2,6 +2,7 @@
 
     dcp bench peers                      # 6 paper datasets + text, 32 simulated H200, 30k samples, seed 0
     dcp bench peers --datasets text --methods dcp-intra,megatron-dyncp --num-samples 5000 --json
+    dcp bench peers --seeds 0,1,2,3 --json   # every dataset seed (the data and the planner's shuffle)
 
 Every cell plans one epoch with the real planner (the peers: ``dcp.planner.peers``) and simulates it on the
 analytic table of the dataset's paper model (t1d-5b for t1d-* and text, t2d-1.2b for t2d-*). Every method
@@ -9,9 +10,10 @@ trains the same global batch (``planning.tokens_per_step``): ``--tokens-per-step
 plans at (``dcp.planner.step_tokens.batch_tokens``: 4 x W samples of the mean length; the target column); DCP methods with
 ``planning.micro_batch_tokens = "auto"``. Columns: tokens/s, fraction of the ideal bound (one bound per dataset:
 every sample at its best per-GPU efficiency, token packs included), GPU-weighted idle, optimizer steps, tokens per step
-(min / median / max) and the target. With --json the last line is ``{"rows": [{"dataset", "method",
-"tokens_per_s", "ideal_fraction", "idle_ratio", "steps", "tokens_per_step_min", "tokens_per_step_median",
-"tokens_per_step_max", "target_tokens_per_step"}]}``.
+(min / median / max), the smallest and largest step as a share of the target, and the target; one row per
+(dataset, seed, method). With --json the last line is ``{"rows": [{"dataset", "seed", "method", "tokens_per_s",
+"ideal_fraction", "idle_ratio", "steps", "tokens_per_step_min", "tokens_per_step_median", "tokens_per_step_max",
+"step_tokens_min_frac", "step_tokens_max_frac", "target_tokens_per_step"}]}``.
 """
 
 from __future__ import annotations
@@ -49,10 +51,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-samples", type=positive_int, default=30000, help="samples per dataset")
     parser.add_argument("--gpus", type=positive_int, default=32, help="simulated GPUs")
     parser.add_argument("--hardware", default="h200", choices=("h100", "h200"), help="simulated GPU")
-    parser.add_argument("--seed", type=nonneg_int, default=0, help="dataset seed and the planner's shuffle seed")
+    parser.add_argument("--seeds", "--seed", type=_seeds, default=(0,), dest="seeds",
+                        help="comma-separated dataset seeds (each also the planner's shuffle seed), e.g. 0,1,2,3")
     parser.add_argument("--tokens-per-step", type=nonneg_int, default=0,
                         help="the global batch in tokens (0: the default, 4 x W samples of each dataset's mean length)")
     parser.add_argument("--json", action="store_true", help="print a JSON object as the last line")
+
+
+def _seeds(text: str) -> tuple[int, ...]:
+    parts = text.split(",")
+    try:
+        return tuple(nonneg_int(p.strip()) for p in parts)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"--seeds ({text!r}) must be integers >= 0 separated by commas: "
+                                         "e.g. 0,1,2,3") from None
 
 
 def _dataset_names() -> tuple[str, ...]:
@@ -116,32 +128,39 @@ def run(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     rows = []
-    cells = [(d, m) for d in args.datasets for m in args.methods]
-    with tqdm(total=len(cells), desc="bench peers", unit="cell", file=sys.stderr, dynamic_ncols=True) as bar:
+    cells = len(args.datasets) * len(args.seeds) * len(args.methods)
+    with tqdm(total=cells, desc="bench peers", unit="cell", file=sys.stderr, dynamic_ncols=True) as bar:
         for ds in args.datasets:
-            lengths, sc, table, target = dataset_setup(ds, args.gpus, args.seed, num_samples=args.num_samples,
-                                                       hardware=args.hardware, tokens_per_step=args.tokens_per_step)
-            for m in args.methods:
-                bar.set_postfix_str(f"{ds} {m}")
-                row = {"dataset": ds, **cell(lengths, table, sc, m, args.gpus, args.seed, target),
-                       "target_tokens_per_step": target}
-                rows.append(row)
-                bar.update(1)
-    print(f"# {args.num_samples} samples per dataset, {args.gpus} x {args.hardware.upper()} (simulated), seed "
-          f"{args.seed}; every method at the target tokens per step (the default batch unless --tokens-per-step)")
-    print(f"{'dataset':<13} {'method':<15} {'tokens/s':>10} {'ideal':>6} {'idle':>6} {'steps':>6} "
-          f"{'tok/step min':>12} {'median':>10} {'max':>10} {'target':>10}")
+            for seed in args.seeds:
+                lengths, sc, table, target = dataset_setup(ds, args.gpus, seed, num_samples=args.num_samples,
+                                                           hardware=args.hardware,
+                                                           tokens_per_step=args.tokens_per_step)
+                for m in args.methods:
+                    bar.set_postfix_str(f"{ds} seed {seed} {m}")
+                    row = {"dataset": ds, "seed": seed, **cell(lengths, table, sc, m, args.gpus, seed, target),
+                           "target_tokens_per_step": target}
+                    row["step_tokens_min_frac"] = row["tokens_per_step_min"] / target
+                    row["step_tokens_max_frac"] = row["tokens_per_step_max"] / target
+                    rows.append(row)
+                    bar.update(1)
+    print(f"# {args.num_samples} samples per dataset, {args.gpus} x {args.hardware.upper()} (simulated), seeds "
+          f"{','.join(map(str, args.seeds))}; every method at the target tokens per step (the default batch unless "
+          "--tokens-per-step); min/max x: the smallest and largest step over the target")
+    print(f"{'dataset':<13} {'seed':>4} {'method':<15} {'tokens/s':>10} {'ideal':>6} {'idle':>6} {'steps':>6} "
+          f"{'tok/step min':>12} {'median':>10} {'max':>10} {'target':>10} {'min x':>6} {'max x':>6}")
     for r in rows:
-        print(f"{r['dataset']:<13} {r['method']:<15} {r['tokens_per_s']:>10.0f} {r['ideal_fraction']:>6.3f} "
-              f"{r['idle_ratio']:>6.3f} {r['steps']:>6} {r['tokens_per_step_min']:>12,} "
+        print(f"{r['dataset']:<13} {r['seed']:>4} {r['method']:<15} {r['tokens_per_s']:>10.0f} "
+              f"{r['ideal_fraction']:>6.3f} {r['idle_ratio']:>6.3f} {r['steps']:>6} {r['tokens_per_step_min']:>12,} "
               f"{r['tokens_per_step_median']:>10,.0f} {r['tokens_per_step_max']:>10,} "
-              f"{r['target_tokens_per_step']:>10,.0f}")
+              f"{r['target_tokens_per_step']:>10,.0f} {r['step_tokens_min_frac']:>6.3f} "
+              f"{r['step_tokens_max_frac']:>6.3f}")
     bad = [r for r in rows if r["mem_violations"]]
     for r in bad:
         print(f"# warning: {r['dataset']} {r['method']}: {r['mem_violations']} steps exceed the memory capacity")
     if args.json:
-        keys = ("dataset", "method", "tokens_per_s", "ideal_fraction", "idle_ratio", "steps", "tokens_per_step_min",
-                "tokens_per_step_median", "tokens_per_step_max", "target_tokens_per_step")
+        keys = ("dataset", "seed", "method", "tokens_per_s", "ideal_fraction", "idle_ratio", "steps",
+                "tokens_per_step_min", "tokens_per_step_median", "tokens_per_step_max", "step_tokens_min_frac",
+                "step_tokens_max_frac", "target_tokens_per_step")
         print(json.dumps({"rows": [{k: r[k] for k in keys} for r in rows]}))
     return 0
 

@@ -31,11 +31,11 @@ from dcp.planner.intra import Setting
 from dcp.planner.plan import StepPlan
 from dcp.planner.source import epoch_input
 from dcp.planner.step import plan_step
-from dcp.planner.step_tokens import desired_tokens, micro_batch_tokens
+from dcp.planner.step_tokens import micro_batch_tokens, step_budget
 from dcp.planner.stream import PlanningError
 from dcp.planner.syncend import SyncEnd
 from dcp.planner.table import ProfileTable
-from dcp.planner.tail import is_penultimate, plan_tail
+from dcp.planner.tail import is_penultimate, plan_budgeted, plan_tail
 from dcp.planner.tuning import BULK_MIN_RANKS
 
 BASELINES = ("bucket", "packed", "bucket-search")
@@ -97,8 +97,8 @@ class EpochPlanner:
 def _dcp_steps(ep: EpochArrays, tokens_per_step: int = 0, bounds: tuple[float, float] = (0.5, 2.0),
                sync_end: SyncEnd | None = None) -> Iterator[StepPlan]:
     """DCP's steps: each starts at the first micro-batch no earlier step consumed, until none is left. With
-    ``tokens_per_step`` (planning.tokens_per_step), each step is sized to hold the tokens that keep the epoch's
-    running total on step x target, within the bounds (``dcp.planner.step_tokens``). ``sync_end``: each plan's
+    ``tokens_per_step`` (planning.tokens_per_step), the epoch takes about total / target steps, each sized by
+    ``step_tokens.step_budget`` (an equal share of what is left, within the bounds). ``sync_end``: each plan's
     groups end on a last micro-batch that hides the gradient sync where that ends the step earlier."""
     n = ep.num_micro_batches
     prog = EpochProgress(n)
@@ -112,9 +112,9 @@ def _dcp_steps(ep: EpochArrays, tokens_per_step: int = 0, bounds: tuple[float, f
             return
         budget = None
         if mb_tok is not None:
-            budget = (desired_tokens(step, done, tokens_per_step, bounds), bounds[1] * tokens_per_step, mb_tok,
-                      bounds[0] * tokens_per_step, tokens_per_step)
-            if ep.world_size < BULK_MIN_RANKS and is_penultimate(step, done, tokens_per_step, bounds, total - done):
+            want, fewest, most = step_budget(step, done, total, tokens_per_step, bounds)
+            budget = (want, most, mb_tok, fewest, tokens_per_step)
+            if ep.world_size < BULK_MIN_RANKS and is_penultimate(step, done, total, tokens_per_step, bounds):
                 # the last two steps planned together (``dcp.planner.tail``; from 512 ranks each try would be
                 # two full numpy packings: t1d-long at 4096 ranks, 400k samples, 3.7 -> 7.8 s per epoch)
                 for plan in plan_tail(ep, prog, step, done, tokens_per_step, bounds, mb_tok):
@@ -122,7 +122,10 @@ def _dcp_steps(ep: EpochArrays, tokens_per_step: int = 0, bounds: tuple[float, f
                     step += 1
                     yield sync_end(plan) if sync_end is not None else plan
                 continue
-        plan = plan_step(ep, prog, step, head, budget)
+        if budget is None:
+            plan = plan_step(ep, prog, step, head)
+        else:
+            plan = plan_budgeted(ep, prog, step, head, budget, bounds[0] * tokens_per_step)
         if mb_tok is not None:  # (a sum over the step's samples: only a global batch needs it)
             done += plan.tokens
         yield sync_end(plan) if sync_end is not None else plan

@@ -1,6 +1,6 @@
 """Batch settings against the data they will plan, checked once before any work (the manager, ``dcp plan``).
 
-``check_batch_settings(lengths, config, two_d=...)`` raises ConfigError (one line: field, value, rule, fix) for
+``check_batch_settings(lengths, config)`` raises ConfigError (one line: field, value, rule, fix) for
 a setting the data cannot hold, and returns one warning line per setting that has no effect or that the
 planner will meet otherwise than written (the line says what happens instead):
 
@@ -13,7 +13,8 @@ planner will meet otherwise than written (the line says what happens instead):
 - warned: a target above the epoch's tokens (the epoch is one step); an upper bound below a long-tail sample
   (each such sample takes a step alone, above the bound); bounds narrower than the longest sample (where one
   whole sample jumps over the window, a step falls outside the bounds); bounds set without a target (no
-  effect under ``default_batch = "method"``); token packs (``micro_batch_tokens = "auto"``) for 2D data or a baseline method (no effect).
+  effect under ``default_batch = "method"``). Token packs (``micro_batch_tokens``, "auto" by default) are used where
+  they can win and nowhere else (2D data, baselines): ``dcp plan`` says which (``dcp.planner.tokens.token_pack_line``).
 
 Whether each setting's rule holds depends on the lengths, so these checks live here rather than in
 ``PlanningConfig.__post_init__`` (which refuses what the config alone gets wrong, e.g. equal bounds). Pure:
@@ -30,14 +31,12 @@ from dcp.config import DCPConfig, PlanningConfig
 from dcp.planner.step_tokens import lr_factor
 from dcp.validate import fail
 
-TOKEN_PACK_METHODS = ("dcp-inter", "dcp-intra")
-"""Methods whose micro-batches can be token packs (``dcp.planner.tokens``; the baselines keep b samples)."""
 DEFAULT_BOUNDS = PlanningConfig.__dataclass_fields__["step_tokens_bounds"].default
 
 
-def check_batch_settings(lengths: Sequence[int], config: DCPConfig, *, two_d: bool = False) -> list[str]:
+def check_batch_settings(lengths: Sequence[int], config: DCPConfig) -> list[str]:
     """Raise ConfigError for batch settings ``lengths`` cannot hold; return a warning line per setting without
-    effect or met otherwise (module docstring). ``two_d``: the data has (T, S) shapes."""
+    effect or met otherwise (module docstring)."""
     cfg = config.planning
     low, high = cfg.step_tokens_bounds
     ordered = sorted(int(n) for n in lengths)
@@ -51,12 +50,6 @@ def check_batch_settings(lengths: Sequence[int], config: DCPConfig, *, two_d: bo
             f"planning.step_tokens_bounds ({[low, high]}) has no effect with planning.default_batch \"method\" and "
             "no global batch: steps keep each method's own sizes; set samples_per_step or tokens_per_step, or drop "
             "the bounds")
-    if cfg.micro_batch_tokens != "off" and (two_d or cfg.method not in TOKEN_PACK_METHODS):
-        why = ("2D data (its micro-batches pad frames and spatial tokens separately)" if two_d
-               else f"planning.method {cfg.method!r} (token packs are a DCP method's)")
-        warnings.append(
-            f"planning.micro_batch_tokens ({cfg.micro_batch_tokens!r}) has no effect for {why}: every micro-batch "
-            'holds b samples; set micro_batch_tokens = "off"')
     return warnings
 
 

@@ -113,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
     from dcp.planner.lengths import synthetic_lengths
     from dcp.planner.step_tokens import batch_tokens
     from dcp.planner.table import ProfileTable, check_table_for_model
+    from dcp.planner.tokens import token_pack_line
 
     try:
         config = load_config(args.config) if args.config else DCPConfig()
@@ -140,8 +141,10 @@ def run(args: argparse.Namespace) -> int:
     shown = plans if args.steps < 0 else plans[: args.steps]
     rows = [step_row(p, config.model) for p in shown]
     summary = summarize(plans, world)
+    budgets = planner.arrays.mbq.token_budget if planner.arrays is not None else {}
     summary.update(method=config.planning.method, world_size=world,
-                   tokens_per_step_target=planner.input.config.planning.tokens_per_step)
+                   tokens_per_step_target=planner.input.config.planning.tokens_per_step,
+                   token_pack_seq_groups=sorted(budgets))
     if rows:
         cols = list(rows[0])
         print("  ".join(f"{c:>12}" for c in cols))
@@ -149,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
             print("  ".join(f"{r[c]!s:>12}" for c in cols))
         print(LEGEND)
     print(batch_tokens(config, planner.lengths, world)[1])
+    print(token_pack_line(config.planning.method, config.planning.micro_batch_tokens, budgets, planner.shapes is not None))
     print("epoch: " + "  ".join(f"{k}={v}" for k, v in summary.items()))
     if args.json:
         print(json.dumps({"steps": rows, "summary": summary}))

@@ -31,6 +31,26 @@ if TYPE_CHECKING:
     from dcp.planner.stream import TimeLookup
 
 
+TOKEN_PACK_METHODS = ("dcp-inter", "dcp-intra")
+"""Methods whose micro-batches can be token packs (the baselines keep b samples)."""
+
+
+def token_pack_line(method: str, mode: str, budgets: dict[int, int], two_d: bool) -> str:
+    """The line ``dcp plan`` prints: which seq_groups pack by tokens this epoch (``budgets``: seq_group -> token
+    budget, ``MicroBatchQueues.token_budget``), or why none do (planning.micro_batch_tokens ``mode``)."""
+    if mode == "off":
+        return 'token packs: off (planning.micro_batch_tokens = "off"): every micro-batch holds b samples'
+    if method not in TOKEN_PACK_METHODS:
+        return f"token packs: not used: planning.method {method!r} (token packs are a DCP method's)"
+    if two_d:
+        return "token packs: not used: 2D data (its micro-batches pad frames and spatial tokens separately)"
+    if not budgets:
+        return ("token packs: not used: no seq_group's packs are predicted cheaper per token than its b-sample "
+                "micro-batches (documents near their bound)")
+    used = ", ".join(f"{g} ({b:,} tokens)" for g, b in sorted(budgets.items()))
+    return f"token packs: seq_groups {used} pack by tokens (predicted cheaper per token than b samples)"
+
+
 def token_runs(lens: np.ndarray, budget: int) -> np.ndarray:
     """Start indices of greedy packs over ``lens`` (FIFO order): a pack takes samples while their sum stays
     <= ``budget`` (a sample longer than the budget goes alone). One ``searchsorted`` per pack, not per sample."""

@@ -88,7 +88,7 @@ def _set_world_timeout(timeout_s: float) -> None:
 def _state_batch(manager: DCPManager, config: DCPConfig) -> None:
     """Refuse batch settings the data cannot hold (before any work); rank 0 logs the warnings, then the global
     batch every epoch is planned at with the config line that changes it."""
-    warnings = check_batch_settings(manager.lengths, config, two_d=manager.shapes is not None)
+    warnings = check_batch_settings(manager.lengths, config)
     if manager.rank == 0:
         for line in warnings:
             manager.log.warning(line)

@@ -69,9 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gmax", type=positive_int, default=4, help="planning.gmax")
     parser.add_argument("--lookahead-per-rank", type=nonneg_int, default=DEFAULT_LOOKAHEAD_PER_RANK,
                         help="planner look-ahead window in samples per GPU (default 0: the planner's work-sized default)")
-    parser.add_argument("--micro-batch-tokens", default="off", choices=("off", "auto"),
+    parser.add_argument("--micro-batch-tokens", default="auto", choices=("off", "auto"),
                         help="planning.micro_batch_tokens: DCP micro-batches of short 1D documents sized by tokens "
-                        "where predicted cheaper (auto), or by samples only (off)")
+                        "where predicted cheaper (auto, the default), or by samples only (off)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument("--json", action="store_true", help="print a JSON object as the last line")
 
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         # the same target for every method: checked once, on a DCP method's config under --method all (the
         # baselines ignore --micro-batch-tokens there by design)
         shown = configs[args.method if args.method != "all" else "dcp-intra"]
-        for line in check_batch_settings(lengths.tokens, shown, two_d=lengths.shapes is not None):
+        for line in check_batch_settings(lengths.tokens, shown):
             print(f"dcp simulate: warning: {line}", file=sys.stderr)
         if args.table:
             table = ProfileTable.load(args.table)

@@ -30,9 +30,11 @@ def make(
     seed: int = 0,
     max_b: int = 8,
     default_batch: str = "method",
+    micro_batch_tokens: str = "off",
 ):
     """A small config and table; ``default_batch`` "method" (each method's own step sizes) for the tests of the
-    step mechanics (Gmin, Gmax, the window), "data" for the default global batch."""
+    step mechanics (Gmin, Gmax, the window), "data" for the default global batch; ``micro_batch_tokens`` "off"
+    (b-sample micro-batches, what these tests measure) unless a test asks for the default "auto"."""
     cfg = DCPConfig(
         model=MODEL,
         profiling=ProfilingConfig(seq_group_edges=EDGES, max_micro_batch_size=max_b),
@@ -45,6 +47,7 @@ def make(
             gmin=gmin,
             gmax=gmax,
             seed=seed,
+            micro_batch_tokens=micro_batch_tokens,
         ),
         advanced=AdvancedConfig(lookahead_samples=lookahead),
     )

@@ -212,3 +212,19 @@ def test_bench_prices_the_timed_steps_after_the_loop():
     times = [price(p).step_time_s for p in EpochPlanner(lengths, table, config, world)][:steps + 1]
     assert row["steps"] == steps and len(set(times)) > 1
     assert row["step_time_s"] == round(float(np.median(times[1:])), 4)
+
+
+def test_plan_says_whether_token_packs_are_used_and_why_not(capsys):
+    from dcp.planner.tokens import token_pack_line
+
+    assert _run(cli, ["--synthetic", "500", "--world-size", "8", "--steps", "0", "--json"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    (line,) = [x for x in out if x.startswith("token packs:")]
+    groups = json.loads(out[-1])["summary"]["token_pack_seq_groups"]
+    assert groups and line.startswith(f"token packs: seq_groups {groups[0]} (")  # the default "auto" packs them
+    assert _run(cli, ["--synthetic", "500", "--world-size", "8", "--steps", "0", "--method", "bucket"]) == 0
+    assert "token packs: not used: planning.method 'bucket' (token packs are a DCP method's)" in capsys.readouterr().out
+    assert token_pack_line("dcp-intra", "auto", {}, True).startswith("token packs: not used: 2D data")
+    assert token_pack_line("dcp-intra", "auto", {}, False).startswith(
+        "token packs: not used: no seq_group's packs are predicted cheaper")
+    assert token_pack_line("dcp-inter", "off", {0: 2048}, False).startswith('token packs: off (planning.micro_batch')

@@ -46,14 +46,15 @@ def test_token_runs_are_greedy_packs_in_order(lens, budget):
             assert sum(lens[a : e + 1]) > budget  # greedy: the next sample did not fit
 
 
-def test_default_is_off_and_off_changes_nothing():
-    assert PlanningConfig().micro_batch_tokens == "off"
+def test_default_is_auto_and_off_packs_nothing():
+    assert PlanningConfig().micro_batch_tokens == "auto"
     cfg, table = make(16, cap_mib=48)
     lengths = text_lengths(3000)
-    pl = EpochPlanner(lengths, table, cfg, 16)
-    plans = [p.digest() for p in pl]
-    assert pl.arrays.mbq.token_budget == {}
+    off = EpochPlanner(lengths, table, _auto(cfg, "off"), 16)
+    plans = [p.digest() for p in off]
+    assert off.arrays.mbq.token_budget == {}
     assert plans == [p.digest() for p in plan_epoch(lengths, table, _auto(cfg, "off"), 16)]
+    assert EpochPlanner(lengths, table, _auto(cfg), 16).arrays.mbq.token_budget  # "auto" packs these short documents
 
 
 @pytest.mark.parametrize("method", ["dcp-intra", "dcp-inter"])
@@ -124,8 +125,9 @@ def test_simulator_bounds_pack_memory_and_ideal_allows_packs():
     on = simulate(lengths, table, _auto(cfg), 16, hardware=None, return_steps=True)
     res, steps = on
     assert res.mem_violations == 0 and all(s.peak_mem_bytes > 0 for s in steps)
-    assert ideal_tokens_per_s(lengths, table, _auto(cfg), 16) > ideal_tokens_per_s(lengths, table, cfg, 16)
-    assert ideal_tokens_per_s(lengths, table, _auto(cfg), 16, two_d=True) == ideal_tokens_per_s(lengths, table, cfg, 16)
+    off = _auto(cfg, "off")
+    assert ideal_tokens_per_s(lengths, table, _auto(cfg), 16) > ideal_tokens_per_s(lengths, table, off, 16)
+    assert ideal_tokens_per_s(lengths, table, _auto(cfg), 16, two_d=True) == ideal_tokens_per_s(lengths, table, off, 16)
 
 
 def test_bad_option_names_the_field_and_the_choices():
