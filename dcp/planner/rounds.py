@@ -1,5 +1,5 @@
 """Packing for large worlds (from BULK_MIN_RANKS ranks), in numpy: count the groups, then fill them in
-longest-first rounds. Same result shape as ``dcp.planner.packing.pack``: groups ``[p, r, load, items]``.
+longest-first rounds. Same result shape as ``dcp.planner.packing.pack``: ``Group`` values.
 
 The one-by-one best fit would place nearly every micro-batch of such a step in a Python loop (20,000-80,000 at
 4096 ranks, ~90 ms). Here, walking the window longest first (the head right after the longest, or first), a
@@ -18,6 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from dcp.planner.epoch import EpochArrays
+from dcp.planner.group import Group
 from dcp.planner.sorting import SMALL, argsort_float, argsort_int, stable_from
 from dcp.planner.tuning import OPEN_FILL
 
@@ -32,7 +33,7 @@ discrete loads, where a sort with ties costs ~100 us): the rest of that packing 
 
 
 def pack_rounds(ep: EpochArrays, order: np.ndarray, t_star: float, head: int, head_first: bool,
-                defer_head: bool) -> list[list]:
+                defer_head: bool) -> list[Group]:
     """``packing.pack`` for large worlds; ``order``: the window longest first (ties in release order)."""
     limit = t_star * (1 + 1e-9)
     rest = order[order != head]
@@ -46,7 +47,7 @@ def pack_rounds(ep: EpochArrays, order: np.ndarray, t_star: float, head: int, he
         return []
     cols = columns(ep, order)
     g_p, g_r = _grant(ep, order, t_star, forced, cols)
-    groups = [[p, r, 0.0, []] for p, r in zip(g_p, g_r, strict=True)]
+    groups = [Group(p, r, 0.0, []) for p, r in zip(g_p, g_r, strict=True)]
     kinds: dict[int, list[tuple[int, list, list[int]]]] = {}
     index: dict[tuple[int, int], list[int]] = {}
     code = np.asarray(g_p, dtype=np.int64) * (max(g_r, default=0) + 1) + np.asarray(g_r, dtype=np.int64)
@@ -63,11 +64,11 @@ def pack_rounds(ep: EpochArrays, order: np.ndarray, t_star: float, head: int, he
         if k < 0 or (k == head and defer_head):
             continue
         if not place_first(ep, groups, index, k, limit) and k == head:
-            return [gr for gr in groups if gr[3]]  # no group for the head: the caller retries head first
+            return [gr for gr in groups if gr.items]  # no group for the head: the caller retries head first
     # the rounds take the rest of the window: its positions but the head's and the longest's
     skip = [i for i in range(min(2, len(order))) if int(order[i]) in (head, longest)]
     fill_rounds(ep, groups, kinds, order, limit, cols, skip)
-    return [gr for gr in groups if gr[3]]
+    return [gr for gr in groups if gr.items]
 
 
 class Columns(NamedTuple):
@@ -196,7 +197,7 @@ def _by_ask(xs: np.ndarray, ps: np.ndarray, rs: np.ndarray, fulls: np.ndarray) -
     return argsort_int(((xs * n_p + ps) * n_r + rs) * 2 + fulls)
 
 
-def place_first(ep: EpochArrays, groups: list[list], index: dict[tuple[int, int], list[int]], k: int,
+def place_first(ep: EpochArrays, groups: list[Group], index: dict[tuple[int, int], list[int]], k: int,
                 limit: float) -> bool:
     """Put micro-batch k into the first group (in grant order) of its own (p, r) with room for it, else of
     its p at another r (ascending; it runs its own r there, at its own time); False when none has room."""
@@ -204,14 +205,14 @@ def place_first(ep: EpochArrays, groups: list[list], index: dict[tuple[int, int]
     for key in sorted((key for key in index if key[0] == p_k), key=lambda q: (q[1] != r_k, q[1])):
         for g in index[key]:
             t = ep.time_at[key[1]][k]
-            if groups[g][2] + t <= limit:
-                groups[g][2] += t
-                groups[g][3].append(k)
+            if groups[g].load + t <= limit:
+                groups[g].load += t
+                groups[g].items.append(k)
                 return True
     return False
 
 
-def fill_rounds(ep: EpochArrays, groups: list[list], kinds: dict, items, limit: float, cols: Columns | None = None,
+def fill_rounds(ep: EpochArrays, groups: list[Group], kinds: dict, items, limit: float, cols: Columns | None = None,
                 skip: list[int] = ()) -> None:
     """Longest-first filling of the groups in vectorised rounds.
 
@@ -243,7 +244,7 @@ def fill_rounds(ep: EpochArrays, groups: list[list], kinds: dict, items, limit: 
         if not bool(np.all(tt[:-1] >= tt[1:])):  # (a kind's own items come longest first: nothing to sort)
             srt = argsort_float(-tt)
             sel, tt = sel[srt], tt[srt]
-        dest, loads = _rounds(np.asarray([groups[g][2] for g in gids]), tt, limit)
+        dest, loads = _rounds(np.asarray([groups[g].load for g in gids]), tt, limit)
         got = np.flatnonzero(dest >= 0)
         if not got.size:
             continue
@@ -256,8 +257,8 @@ def fill_rounds(ep: EpochArrays, groups: list[list], kinds: dict, items, limit: 
         for a, e, g, load in zip([0, *cuts], [*cuts, len(flat)], np.asarray(gids, dtype=np.int64)[got_g].tolist(),
                                  loads[got_g].tolist(), strict=True):
             gr = groups[g]
-            gr[3].extend(flat[a:e])
-            gr[2] = load
+            gr.items.extend(flat[a:e])
+            gr.load = load
 
 
 def _free_of(cols: Columns, free_item: np.ndarray, p: int, r: int, exact: bool) -> np.ndarray | None:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from dcp.planner import EpochPlanner, PlanningError, plan_epoch
 from dcp.planner.ahead import PlanAhead
+from dcp.planner.group import Group
 from dcp.planner.stream import shuffled_order
 from tests.unit.test_planner_assemble import check_plans, lengths_for, make
 
@@ -253,15 +254,15 @@ def test_rounds_fill_each_kind_with_its_own_work_first():
                                      4: np.array([1.5, 1.5, 1.5, 1.5, 1.2, 1.2])},
                          settings={0: SimpleNamespace(sp_size=1, recompute_layers=0),
                                    1: SimpleNamespace(sp_size=1, recompute_layers=4)})  # two primary kinds
-    groups = [[1, 0, 0.0, []], [1, 4, 0.0, []]]
+    groups = [Group(1, 0, 0.0, []), Group(1, 4, 0.0, [])]
     fill_rounds(ep, groups, {1: [(0, [], [0]), (4, [], [1])]}, [0, 1, 2, 3, 4, 5], limit=4.0)
-    assert sorted(groups[1][3]) == [4, 5] and groups[1][2] == pytest.approx(2.4)  # its own two, not two 1.5 s
-    assert sorted(groups[0][3]) == [0, 1, 2, 3] and groups[0][2] == 4.0
+    assert sorted(groups[1].items) == [4, 5] and groups[1].load == pytest.approx(2.4)  # its own two, not two 1.5 s
+    assert sorted(groups[0].items) == [0, 1, 2, 3] and groups[0].load == 4.0
     # room left after its own: a more-recompute group takes less-recompute left-overs, at its own r's time
-    groups = [[1, 0, 0.0, []], [1, 4, 0.0, []]]
+    groups = [Group(1, 0, 0.0, []), Group(1, 4, 0.0, [])]
     fill_rounds(ep, groups, {1: [(0, [], [0]), (4, [], [1])]}, [0, 1, 2, 3, 4], limit=3.6)
-    assert sorted(groups[0][3]) == [0, 1, 2] and groups[0][2] == 3.0
-    assert sorted(groups[1][3]) == [3, 4] and groups[1][2] == pytest.approx(2.7)
+    assert sorted(groups[0].items) == [0, 1, 2] and groups[0].load == 3.0
+    assert sorted(groups[1].items) == [3, 4] and groups[1].load == pytest.approx(2.7)
 
 
 @settings(max_examples=40, deadline=None)

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dcp.planner.build import _has_head
+from dcp.planner.group import Group
 from dcp.planner.packing import DENSE_WINDOW, longest_first
 from dcp.planner.rounds import columns
 
@@ -57,7 +58,7 @@ def test_columns_are_every_kinds_positions_ascending(kinds, n, dominant, seed):
 
 
 def test_has_head_marks_the_one_group_holding_it():
-    groups = [[1, 0, 1.0, [5, 6]], [2, 0, 1.0, [7, 3]], [1, 0, 1.0, [8]]]
+    groups = [Group(1, 0, 1.0, [5, 6]), Group(2, 0, 1.0, [7, 3]), Group(1, 0, 1.0, [8])]
     assert _has_head(groups, 3) == [False, True, False]
     assert _has_head(groups, 9) == [False, False, False]
 
