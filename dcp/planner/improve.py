@@ -69,9 +69,8 @@ def improve(ep: EpochArrays, prog: EpochProgress, win: np.ndarray, groups: list[
     """Local search: in the emptiest groups (at most IMPROVE_GROUPS), swap a micro-batch for a longer one
     left in the window (same p, any recompute: each runs its own) while the group stays within the step's
     time (its longest group, not T*), and add left-over micro-batches that fit. The head stays. From
-    BULK_MIN_RANKS ranks only the adding: the rounds leave groups of many short micro-batches, whose swaps
-    cost a Python step each for little (t2d-balanced at 512 GPUs: 0.990 -> 0.980 of the ideal bound
-    without any local search)."""
+    BULK_MIN_RANKS ranks only the adding: a step there holds tens of thousands of short micro-batches, whose
+    swaps cost a Python step each for little."""
     if len(groups) < 2 or idle(groups, ep.world_size) < IMPROVE_MIN:
         return
     loads = np.fromiter(map(_LOAD, groups), dtype=np.float64, count=len(groups))  # (one pass, no generator)

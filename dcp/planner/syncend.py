@@ -30,7 +30,7 @@ time. A move is made only when the larger of the two groups' new f is below the 
 
 Active only where the sync is known (``planning.grad_sync_s > 0``, else the figure the profiler measured on the
 job's ranks: :func:`measured_sync_s`), with the ddp engine, on 1D data and below
-``BULK_MIN_RANKS`` ranks (the numpy packer's scale, where planning cost counts); otherwise the plans are
+``BULK_MIN_RANKS`` ranks (where planning cost counts, ``tuning.BULK_MIN_RANKS``); otherwise the plans are
 exactly those without it.
 """
 

@@ -117,19 +117,3 @@ def test_experiments_predicted_peak_reads_each_micro_batchs_r():
     assert predicted_peak([own], table) == pytest.approx(micro_batch_mem_bytes(rows[0], 0))
     assert predicted_peak([one], table) == pytest.approx(micro_batch_mem_bytes(rows[0], row.num_layers))
 
-
-def test_large_world_rounds_fill_a_group_of_its_p_at_any_r():
-    from dcp.planner.rounds import fill_rounds, place_first
-
-    pl, *_ = _epoch()
-    ep = pl.arrays
-    hi, lo = _pair(ep)
-    p = ep.mb_p[hi]
-    limit = ep.mb_t_list[hi] + ep.mb_t_list[lo]
-    for k, other in ((hi, lo), (lo, hi)):  # the other's kind only: its group takes k at k's own time
-        groups = [Group(p, ep.mb_r[other], 0.0, [])]
-        fill_rounds(ep, groups, {p: [(ep.mb_r[other], [], [0])]}, [k], limit)
-        assert groups[0].items == [k] and groups[0].load == ep.mb_t_list[k]
-        groups = [Group(p, ep.mb_r[other], 0.0, [])]
-        assert place_first(ep, groups, {(p, ep.mb_r[other]): [0]}, k, limit)
-        assert groups[0].items == [k] and groups[0].load == ep.mb_t_list[k]
