@@ -18,12 +18,16 @@ from dcp.planner.plan import StepPlan
 from dcp.planner.step_tokens import TOKEN_TARGETS, step_room, thin_window, token_target, window_at
 from dcp.planner.tuning import (
     BULK_MIN_RANKS,
+    END_STRETCHES,
     FILL_LONG,
     FILL_LONG_GAIN,
     HEAD_ALONE,
+    LIFT_FILL,
+    LOW_STRETCHES,
     RETRY_IDLE,
     RETRY_STRETCH,
     SHORTER_GAIN,
+    TOKEN_SLACK,
     WINDOW_WORK_FACTOR,
 )
 from dcp.planner.window import Scan, scan, target, window
@@ -133,19 +137,6 @@ def _try_targets(ep: EpochArrays, prog: EpochProgress, best: Packed, sc: Scan, m
         if alt_idle < best.idle - gain:
             best = Packed(alt, alt_idle, w_try, None)
     return best
-
-
-TOKEN_SLACK = 1.75
-"""A step at a global batch packs from a window of at most this many times the tokens it wants. Trades: choice
-for the packing and the balance (``dcp.planner.balance``) against reordering the stream further. 1.25 -> 1.75:
-DCP-intra at 32 H200 (``dcp bench peers``) t1d-short/balanced/long 0.938/0.925/0.912 -> 0.947/0.939/0.921 of
-the ideal bound, text 0.914 -> 0.923, t2d +0.001-0.003; 2.0 and 2.5 gain nothing more."""
-END_STRETCHES = 40
-"""At the epoch's end a step at a global batch stretches T* by 10% up to this many times to take all that is
-left (its packing may leave a few micro-batches that no group has room for; 1.1^40 = 45x)."""
-LOW_STRETCHES = 16
-"""A step at a global batch whose packing holds fewer tokens than the lower bound stretches T* (and its
-window) by 10% up to this many times until it holds them."""
 
 
 def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
@@ -436,9 +427,6 @@ def _low_stretch(ep: EpochArrays, sc: Scan, mb_tok: np.ndarray, head: int, start
     return None
 
 
-LIFT_FILL = 0.05
-"""``_lift_low`` takes a step nearer the wanted tokens for one far past them if its ``fill_share`` is at most
-this much lower (0: 3 of 240 small epochs' means 5.3% over the target; 0.2: DCP-inter t1d-long 0.809 -> 0.801)."""
 LOW_MODES = ("plain", "skip", "jump")
 """``_reach_low``'s windows (``_low_stretch``), in order."""
 
