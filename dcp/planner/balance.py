@@ -33,7 +33,7 @@ import itertools
 import numpy as np
 
 from dcp.planner.epoch import EpochArrays, EpochProgress
-from dcp.planner.group import Group
+from dcp.planner.group import Group, Shed
 from dcp.planner.improve import idle, left_over
 from dcp.planner.placement import place_largest_first
 from dcp.planner.sorting import argsort_float
@@ -95,7 +95,7 @@ def balance(ep: EpochArrays, prog: EpochProgress, win: np.ndarray, groups: list[
     if t_step <= 0 or 1 - sum(gr.p * gr.load for gr in groups) / (ep.world_size * t_step) <= RETRY_IDLE:
         return groups, fixed
     tm = _Times(ep)
-    cur = (t_step, groups, fixed)
+    cur = Shed(t_step, groups, fixed)
     out = _bisect(ep, tm, groups, fixed, [], head)
     if out is not None and _better(ep, out, cur):
         cur = out
@@ -108,13 +108,13 @@ def balance(ep: EpochArrays, prog: EpochProgress, win: np.ndarray, groups: list[
             out = _bisect(ep, tm, cand, times, orphans, head)
             if out is not None and _better(ep, out, best):
                 # (a split's orphans are only placed in its shed result: later rounds start from that)
-                best_layout = (_copy([gr for gr in (out[1] if orphans else cand) if gr.items]),
-                               out[2] if orphans else times)
+                best_layout = (_copy([gr for gr in (out.groups if orphans else cand) if gr.items]),
+                               out.fixed if orphans else times)
                 best = out
         if best_layout is None:
             break
         cur, layout = best, best_layout
-    groups, fixed = cur[1], dict(cur[2])
+    groups, fixed = cur.groups, dict(cur.fixed)
     mb_tok, want = tokens
     held = sum(int(mb_tok[gr.items].sum()) for gr in groups if gr.items)
     if held < want:
@@ -176,15 +176,16 @@ def _add_left(ep: EpochArrays, tm: _Times, prog: EpochProgress, win: np.ndarray,
                 taken[n] = True
 
 
-def _better(ep: EpochArrays, a: tuple, b: tuple) -> bool:
-    """Whether balanced step ``a`` (time, groups, times) beats ``b``: clearly shorter, or as long on fewer ranks
+def _better(ep: EpochArrays, a: Shed, b: Shed) -> bool:
+    """Whether balanced step ``a`` beats ``b``: clearly shorter, or as long on fewer ranks
     (the freed ones take fillers from the window: same time, more tokens)."""
-    sizes = sorted((gr.p for gr in a[1] if gr.items), reverse=True)
+    sizes = sorted((gr.p for gr in a.groups if gr.items), reverse=True)
     if sum(sizes) > ep.world_size or None in place_largest_first(sizes, ep.world_size, ep.ranks_per_node)[0]:
         return False  # placement would drop a group (a world that is no power of two)
-    if a[0] < b[0] * (1 - BALANCE_MIN_GAIN):
+    if a.time < b.time * (1 - BALANCE_MIN_GAIN):
         return True
-    return a[0] <= b[0] * (1 + 1e-9) and sum(gr.p for gr in a[1] if gr.items) < sum(gr.p for gr in b[1] if gr.items)
+    return (a.time <= b.time * (1 + 1e-9)
+            and sum(gr.p for gr in a.groups if gr.items) < sum(gr.p for gr in b.groups if gr.items))
 
 
 def _copy(groups: list[Group]) -> list[Group]:
@@ -192,17 +193,17 @@ def _copy(groups: list[Group]) -> list[Group]:
 
 
 def _bisect(ep: EpochArrays, tm: _Times, groups: list[Group], fixed: dict, orphans: list[tuple[float, int]],
-            head: int) -> tuple | None:
-    """(step time, groups, times) at the shortest shed goal bisection finds, no later than the groups' own
+            head: int) -> Shed | None:
+    """The balanced step at the shortest shed goal bisection finds, no later than the groups' own
     time; None when the ``orphans`` ((time, micro-batch) of removed groups, placed first) fit nowhere."""
     hi = max(gr.load for gr in groups)
     opts: dict[int, list] = {}  # per micro-batch: the kinds of this layout it may run at, least GPU-time first
     best = _shed(tm, opts, _copy(groups), dict(fixed), orphans, head, hi)
     if best is None:
         return None
-    lo = max(sum(gr.p * gr.load for gr in best[0]) / ep.world_size,
-             max((gr.load for gr in best[0] if len(gr.items) == 1), default=0.0))
-    hi = max(gr.load for gr in best[0])
+    lo = max(sum(gr.p * gr.load for gr in best.groups) / ep.world_size,
+             max((gr.load for gr in best.groups if len(gr.items) == 1), default=0.0))
+    hi = best.time
     for _ in range(BALANCE_BISECT):
         if hi - lo <= 1e-3 * hi:
             break
@@ -211,8 +212,8 @@ def _bisect(ep: EpochArrays, tm: _Times, groups: list[Group], fixed: dict, orpha
         if out is None:
             lo = goal
         else:
-            best, hi = out, max(gr.load for gr in out[0])
-    return hi, *best
+            best, hi = out, out.time
+    return best
 
 
 def _own(tm: _Times, src: Group, fixed: dict, head: int) -> list[tuple[float, int]]:
@@ -233,7 +234,7 @@ def _own(tm: _Times, src: Group, fixed: dict, head: int) -> list[tuple[float, in
 
 
 def _shed(tm: _Times, opts: dict, groups: list[Group], fixed: dict, orphans: list[tuple[float, int]], head: int,
-          goal: float) -> tuple | None:
+          goal: float) -> Shed | None:
     """Place the ``orphans`` (longest first), then move micro-batches out of every group over ``goal`` into
     groups with room; None when one has no room or some group stays over it. Per group: the shortest
     micro-batch that removes the excess alone, else the longest that moves, until it is under the goal."""
@@ -268,7 +269,7 @@ def _shed(tm: _Times, opts: dict, groups: list[Group], fixed: dict, orphans: lis
             lay.take(i, k, t_k)
             lay.add(j, k, t)
             fixed[k] = t
-    return groups, fixed
+    return Shed(max(gr.load for gr in groups), groups, fixed)
 
 
 class _Layout:

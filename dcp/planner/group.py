@@ -53,3 +53,14 @@ class Balanced(NamedTuple):
     """Where the head joined another group's p (as ``Packed.head_t``)."""
     joined: dict[int, float]
     """The times of the micro-batches that the balance moved to another setting (seconds)."""
+
+
+class Shed(NamedTuple):
+    """A step balanced by shedding micro-batches between its groups (``dcp.planner.balance``)."""
+
+    time: float
+    """Its time: its longest group's load (seconds)."""
+    groups: list[Group]
+    """Its groups."""
+    fixed: dict[int, float]
+    """The times of the micro-batches moved to another setting (seconds)."""
