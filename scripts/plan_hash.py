@@ -11,9 +11,9 @@ sample its id and length.
     python scripts/plan_hash.py --json > scripts/plan_hashes.json
     python scripts/plan_hash.py --check scripts/plan_hashes.json   # exit 1 naming the first difference
 
-Three setups: t1d-5b on H200 with t1d-long (1D, a heavy tail: fillers, recompute, the numpy packer from 512
-ranks), t2d-1.2b on H100 with t2d-balanced (2D shapes), and t1d-5b on H100 with t1d-short at Gmin = Gmax = 2
-and a fixed look-ahead of 24 samples per rank (the Gmin rescaling, a tight window). A planner error is part of
+Three setups: t1d-5b on H200 with t1d-long (1D, a heavy tail: fillers, recompute, no re-pack passes
+from 512 ranks), t2d-1.2b on H100 with t2d-balanced (2D shapes), and t1d-5b on H100 with t1d-short at Gmin =
+Gmax = 2 and a fixed look-ahead of 24 samples per rank (the Gmin rescaling, a tight window). A planner error is part of
 the fingerprint (its type and message are hashed and shown), so a refactor must not change an error either (until
 the planner split, dcp-intra at Gmin = 2 and W = 8 failed with "ValueError: True is not in list": the Gmin re-pack
 could leave the head without a group; fixed since, that one entry changed). Sample counts shrink with W where a

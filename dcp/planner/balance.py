@@ -33,6 +33,7 @@ import itertools
 import numpy as np
 
 from dcp.planner.epoch import EpochArrays, EpochProgress
+from dcp.planner.group import Group, Shed
 from dcp.planner.improve import idle, left_over
 from dcp.planner.placement import place_largest_first
 from dcp.planner.sorting import argsort_float
@@ -84,44 +85,44 @@ class _Times:
         return t
 
 
-def balance(ep: EpochArrays, prog: EpochProgress, win: np.ndarray, groups: list[list], head: int,
-            fixed: dict[int, float], tokens: tuple[np.ndarray, float]) -> tuple[list[list], dict]:
-    """``groups`` ([p, r, load, items]) balanced (module docstring), and the times of the micro-batches that
+def balance(ep: EpochArrays, prog: EpochProgress, win: np.ndarray, groups: list[Group], head: int,
+            fixed: dict[int, float], tokens: tuple[np.ndarray, float]) -> tuple[list[Group], dict]:
+    """``groups`` (``Group`` values) balanced (module docstring), and the times of the micro-batches that
     changed (``fixed``, the times already overridden, e.g. the head's in another group, kept unless moved
     again). Returns ``groups`` and ``fixed`` themselves when nothing shortens the step or frees ranks.
     ``tokens``: (tokens of every micro-batch, the tokens the step wants): left-overs join up to them."""
-    t_step = max(gr[2] for gr in groups)
-    if t_step <= 0 or 1 - sum(gr[0] * gr[2] for gr in groups) / (ep.world_size * t_step) <= RETRY_IDLE:
+    t_step = max(gr.load for gr in groups)
+    if t_step <= 0 or 1 - sum(gr.p * gr.load for gr in groups) / (ep.world_size * t_step) <= RETRY_IDLE:
         return groups, fixed
     tm = _Times(ep)
-    cur = (t_step, groups, fixed)
+    cur = Shed(t_step, groups, fixed)
     out = _bisect(ep, tm, groups, fixed, [], head)
     if out is not None and _better(ep, out, cur):
         cur = out
     layout = (groups, fixed)  # the layout before shedding that ``cur`` came from
     for _ in range(SHRINK_ROUNDS):
-        free = ep.world_size - sum(gr[0] for gr in layout[0] if gr[3])
+        free = ep.world_size - sum(gr.p for gr in layout[0] if gr.items)
         best, best_layout = cur, None
         for cand, times, orphans in [*_shrunk(ep, tm, *layout, t_step, free),
                                      *_split(ep, layout[0], head, layout[1], free)]:
             out = _bisect(ep, tm, cand, times, orphans, head)
             if out is not None and _better(ep, out, best):
                 # (a split's orphans are only placed in its shed result: later rounds start from that)
-                best_layout = (_copy([gr for gr in (out[1] if orphans else cand) if gr[3]]),
-                               out[2] if orphans else times)
+                best_layout = (_copy([gr for gr in (out.groups if orphans else cand) if gr.items]),
+                               out.fixed if orphans else times)
                 best = out
         if best_layout is None:
             break
         cur, layout = best, best_layout
-    groups, fixed = cur[1], dict(cur[2])
+    groups, fixed = cur.groups, dict(cur.fixed)
     mb_tok, want = tokens
-    held = sum(int(mb_tok[gr[3]].sum()) for gr in groups if gr[3])
+    held = sum(int(mb_tok[gr.items].sum()) for gr in groups if gr.items)
     if held < want:
         _add_left(ep, tm, prog, win, groups, fixed, (mb_tok, want - held))
     return groups, fixed
 
 
-def fill_ahead(ep: EpochArrays, prog: EpochProgress, packed: tuple[np.ndarray, list[list], dict | None],
+def fill_ahead(ep: EpochArrays, prog: EpochProgress, packed: tuple[np.ndarray, list[Group], dict | None],
                mb_tok: np.ndarray, room: tuple[float, float]) -> dict | None:
     """The chosen packing (window, groups, ``place_and_build``'s joined) of a step still idling more than
     RETRY_IDLE, in an epoch with token-packed seq_groups and at least FILL_AHEAD_STEPS x target tokens left after
@@ -135,73 +136,74 @@ def fill_ahead(ep: EpochArrays, prog: EpochProgress, packed: tuple[np.ndarray, l
     (win, groups, joined), (most, after) = packed, room
     if not ep.mbq.token_budget or after < FILL_AHEAD_STEPS:
         return joined
-    held = sum(int(mb_tok[gr[3]].sum()) for gr in groups if gr[3])
-    if held >= most or max(gr[2] for gr in groups) <= 0 or idle(groups, ep.world_size) <= RETRY_IDLE:
+    held = sum(int(mb_tok[gr.items].sum()) for gr in groups if gr.items)
+    if held >= most or max(gr.load for gr in groups) <= 0 or idle(groups, ep.world_size) <= RETRY_IDLE:
         return joined
     fixed = dict(joined or {})
     _add_left(ep, _Times(ep), prog, win, groups, fixed, (mb_tok, most - held))
     return fixed
 
 
-def _add_left(ep: EpochArrays, tm: _Times, prog: EpochProgress, win: np.ndarray, groups: list[list],
+def _add_left(ep: EpochArrays, tm: _Times, prog: EpochProgress, win: np.ndarray, groups: list[Group],
               fixed: dict, room_tokens: tuple[np.ndarray, float]) -> None:
     """Window micro-batches no group holds join groups with room to the step's time, at the group's p and r
     where the memory rule allows (a group of another p: its seq_group's setting there), while the step holds
     fewer tokens than it wants (``room_tokens``: tokens of every micro-batch, the tokens still wanted): the
     emptiest groups first, each taking the longest that fits (at most ADD_TRIES tried per group)."""
     mb_tok, room_tok = room_tokens
-    t_step = max(gr[2] for gr in groups)
-    rest = left_over(prog, win, [gr for gr in groups if gr[3]])
+    t_step = max(gr.load for gr in groups)
+    rest = left_over(prog, win, [gr for gr in groups if gr.items])
     if not rest.size:
         return
     rest = rest[argsort_float(-ep.mb_work[rest])]
     work, p_rest, tok_rest = ep.mb_work[rest], ep.mb_p_np[rest], mb_tok[rest]
     taken = np.zeros(len(rest), dtype=bool)
-    for gr in sorted((gr for gr in groups if gr[3]), key=lambda gr: gr[2]):
-        room = t_step - gr[2]
+    for gr in sorted((gr for gr in groups if gr.items), key=lambda gr: gr.load):
+        room = t_step - gr.load
         if room <= IMPROVE_MIN * t_step:
             break
         # candidates: a micro-batch's time at p is about its work over p (perfect scaling, the filter)
-        cand = np.flatnonzero(~taken & (p_rest <= gr[0]) & (work <= room * gr[0] * (1 + 1e-9))
+        cand = np.flatnonzero(~taken & (p_rest <= gr.p) & (work <= room * gr.p * (1 + 1e-9))
                               & (tok_rest <= room_tok))
         for n in cand[:ADD_TRIES].tolist():
             k = int(rest[n])
-            t = tm.at(k, gr[0], gr[1])
-            if t is not None and gr[2] + t <= t_step * (1 + 1e-9) and tok_rest[n] <= room_tok:
+            t = tm.at(k, gr.p, gr.r)
+            if t is not None and gr.load + t <= t_step * (1 + 1e-9) and tok_rest[n] <= room_tok:
                 room_tok -= tok_rest[n]
-                gr[2] += t
-                gr[3].append(k)
+                gr.load += t
+                gr.items.append(k)
                 fixed[k] = t
                 taken[n] = True
 
 
-def _better(ep: EpochArrays, a: tuple, b: tuple) -> bool:
-    """Whether balanced step ``a`` (time, groups, times) beats ``b``: clearly shorter, or as long on fewer ranks
+def _better(ep: EpochArrays, a: Shed, b: Shed) -> bool:
+    """Whether balanced step ``a`` beats ``b``: clearly shorter, or as long on fewer ranks
     (the freed ones take fillers from the window: same time, more tokens)."""
-    sizes = sorted((gr[0] for gr in a[1] if gr[3]), reverse=True)
+    sizes = sorted((gr.p for gr in a.groups if gr.items), reverse=True)
     if sum(sizes) > ep.world_size or None in place_largest_first(sizes, ep.world_size, ep.ranks_per_node)[0]:
         return False  # placement would drop a group (a world that is no power of two)
-    if a[0] < b[0] * (1 - BALANCE_MIN_GAIN):
+    if a.time < b.time * (1 - BALANCE_MIN_GAIN):
         return True
-    return a[0] <= b[0] * (1 + 1e-9) and sum(gr[0] for gr in a[1] if gr[3]) < sum(gr[0] for gr in b[1] if gr[3])
+    return (a.time <= b.time * (1 + 1e-9)
+            and sum(gr.p for gr in a.groups if gr.items) < sum(gr.p for gr in b.groups if gr.items))
 
 
-def _copy(groups: list[list]) -> list[list]:
-    return [[gr[0], gr[1], gr[2], list(gr[3])] for gr in groups]
+def _copy(groups: list[Group]) -> list[Group]:
+    return [gr.copy() for gr in groups]
 
 
-def _bisect(ep: EpochArrays, tm: _Times, groups: list[list], fixed: dict, orphans: list[tuple[float, int]],
-            head: int) -> tuple | None:
-    """(step time, groups, times) at the shortest shed goal bisection finds, no later than the groups' own
+def _bisect(ep: EpochArrays, tm: _Times, groups: list[Group], fixed: dict, orphans: list[tuple[float, int]],
+            head: int) -> Shed | None:
+    """The balanced step at the shortest shed goal bisection finds, no later than the groups' own
     time; None when the ``orphans`` ((time, micro-batch) of removed groups, placed first) fit nowhere."""
-    hi = max(gr[2] for gr in groups)
+    hi = max(gr.load for gr in groups)
     opts: dict[int, list] = {}  # per micro-batch: the kinds of this layout it may run at, least GPU-time first
     best = _shed(tm, opts, _copy(groups), dict(fixed), orphans, head, hi)
     if best is None:
         return None
-    lo = max(sum(gr[0] * gr[2] for gr in best[0]) / ep.world_size,
-             max((gr[2] for gr in best[0] if len(gr[3]) == 1), default=0.0))
-    hi = max(gr[2] for gr in best[0])
+    lo = max(sum(gr.p * gr.load for gr in best.groups) / ep.world_size,
+             max((gr.load for gr in best.groups if len(gr.items) == 1), default=0.0))
+    hi = best.time
     for _ in range(BALANCE_BISECT):
         if hi - lo <= 1e-3 * hi:
             break
@@ -210,17 +212,17 @@ def _bisect(ep: EpochArrays, tm: _Times, groups: list[list], fixed: dict, orphan
         if out is None:
             lo = goal
         else:
-            best, hi = out, max(gr[2] for gr in out[0])
-    return hi, *best
+            best, hi = out, out.time
+    return best
 
 
-def _own(tm: _Times, src: list, fixed: dict, head: int) -> list[tuple[float, int]]:
+def _own(tm: _Times, src: Group, fixed: dict, head: int) -> list[tuple[float, int]]:
     """(time, micro-batch) of group ``src``'s micro-batches but the head, ascending: ``fixed``'s time where it
     has one, else the time at the group's (p, r)."""
-    p, r = src[0], src[1]
+    p, r = src.p, src.r
     row = tm.row(p, r)
     out = []
-    for k in src[3]:
+    for k in src.items:
         if k == head:
             continue
         t = fixed.get(k)
@@ -231,15 +233,15 @@ def _own(tm: _Times, src: list, fixed: dict, head: int) -> list[tuple[float, int
     return out
 
 
-def _shed(tm: _Times, opts: dict, groups: list[list], fixed: dict, orphans: list[tuple[float, int]], head: int,
-          goal: float) -> tuple | None:
+def _shed(tm: _Times, opts: dict, groups: list[Group], fixed: dict, orphans: list[tuple[float, int]], head: int,
+          goal: float) -> Shed | None:
     """Place the ``orphans`` (longest first), then move micro-batches out of every group over ``goal`` into
     groups with room; None when one has no room or some group stays over it. Per group: the shortest
     micro-batch that removes the excess alone, else the longest that moves, until it is under the goal."""
     limit = goal * (1 + 1e-9)
     kinds: dict[tuple[int, int], list[int]] = {}
     for j, gr in enumerate(groups):
-        kinds.setdefault((gr[0], gr[1]), []).append(j)
+        kinds.setdefault((gr.p, gr.r), []).append(j)
     lay = _Layout(groups, kinds)
     for _, k in orphans:
         j, t = _target(tm, opts, lay, -1, k, limit)
@@ -247,13 +249,13 @@ def _shed(tm: _Times, opts: dict, groups: list[list], fixed: dict, orphans: list
             return None
         lay.add(j, k, t)
         fixed[k] = t
-    for i in sorted(range(len(groups)), key=lambda i: -groups[i][2]):
+    for i in sorted(range(len(groups)), key=lambda i: -groups[i].load):
         src = groups[i]
-        if src[2] <= limit:
+        if src.load <= limit:
             break
         own = _own(tm, src, fixed, head)
-        while src[2] > limit:
-            a = bisect.bisect_left(own, (src[2] - goal, -1))
+        while src.load > limit:
+            a = bisect.bisect_left(own, (src.load - goal, -1))
             pick = None
             for n in itertools.chain(range(a, len(own)), range(min(a, len(own)) - 1, -1, -1)):
                 j, t = _target(tm, opts, lay, i, own[n][1], limit)
@@ -267,7 +269,7 @@ def _shed(tm: _Times, opts: dict, groups: list[list], fixed: dict, orphans: list
             lay.take(i, k, t_k)
             lay.add(j, k, t)
             fixed[k] = t
-    return groups, fixed
+    return Shed(max(gr.load for gr in groups), groups, fixed)
 
 
 class _Layout:
@@ -276,9 +278,9 @@ class _Layout:
 
     __slots__ = ("groups", "kinds", "loads", "index", "least")
 
-    def __init__(self, groups: list[list], kinds: dict[tuple[int, int], list[int]]) -> None:
+    def __init__(self, groups: list[Group], kinds: dict[tuple[int, int], list[int]]) -> None:
         self.groups, self.kinds = groups, kinds
-        self.loads = np.fromiter((gr[2] for gr in groups), dtype=np.float64, count=len(groups))
+        self.loads = np.fromiter((gr.load for gr in groups), dtype=np.float64, count=len(groups))
         self.index = {kind: np.asarray(js, dtype=np.int64) for kind, js in kinds.items() if len(js) > _SCAN_MAX}
         self.least: dict[tuple[int, int], float] = {}
         """Per kind: its groups' least load, dropped when one of them changes (most searches find no room)."""
@@ -286,18 +288,18 @@ class _Layout:
     def add(self, j: int, k: int, t: float) -> None:
         """Micro-batch k joins group j, taking t there."""
         gr = self.groups[j]
-        gr[2] += t
-        gr[3].append(k)
-        self.loads[j] = gr[2]
-        self.least.pop((gr[0], gr[1]), None)
+        gr.load += t
+        gr.items.append(k)
+        self.loads[j] = gr.load
+        self.least.pop((gr.p, gr.r), None)
 
     def take(self, j: int, k: int, t: float) -> None:
         """Micro-batch k, taking t there, leaves group j."""
         gr = self.groups[j]
-        gr[2] -= t
-        gr[3].remove(k)
-        self.loads[j] = gr[2]
-        self.least.pop((gr[0], gr[1]), None)
+        gr.load -= t
+        gr.items.remove(k)
+        self.loads[j] = gr.load
+        self.least.pop((gr.p, gr.r), None)
 
     def fullest(self, kind: tuple[int, int], i: int, t: float, limit: float) -> int | None:
         """The kind's group (not i) of the most load that has room for t within limit (ties: the first)."""
@@ -305,13 +307,13 @@ class _Layout:
         least = self.least.get(kind)
         if least is None:
             least = self.least[kind] = (float(self.loads[idx].min()) if idx is not None
-                                        else min(self.groups[j][2] for j in self.kinds[kind]))
+                                        else min(self.groups[j].load for j in self.kinds[kind]))
         if least + t > limit:  # (a sum rounds monotonically: no group of the kind has room)
             return None
         if idx is None:
             best, best_load, groups = None, -1.0, self.groups
             for j in self.kinds[kind]:
-                load = groups[j][2]
+                load = groups[j].load
                 if j != i and load + t <= limit and load > best_load:
                     best, best_load = j, load
             return best
@@ -343,25 +345,25 @@ def _target(tm: _Times, opts: dict, lay: _Layout, i: int, k: int, limit: float) 
     return None, 0.0
 
 
-def _shrunk(ep: EpochArrays, tm: _Times, groups: list[list], fixed: dict, t_step: float,
-            free: int) -> list[tuple[list[list], dict, list]]:
+def _shrunk(ep: EpochArrays, tm: _Times, groups: list[Group], fixed: dict, t_step: float,
+            free: int) -> list[tuple[list[Group], dict, list]]:
     """Layouts with one short group (at most SHRINK_SHARE of the step) at half its p, where all its
     micro-batches fit there within the step's time; the freed ranks (and those free before) hold empty groups
     of the busiest group's p and r where they have room for one (else fillers take them)."""
     out = []
-    busiest = max(groups, key=lambda gr: gr[2])
+    busiest = max(groups, key=lambda gr: gr.load)
     for i, gr in enumerate(groups):
-        p, load, ks = gr[0], gr[2], gr[3]
+        p, load, ks = gr.p, gr.load, gr.items
         if p == 1 or not ks or load > SHRINK_SHARE * t_step or gr is busiest:
             continue
         q = p // 2
         while q >= 1 and (new := _at_size(ep, tm, ks, q, t_step)) is not None:
             r, ts = new
             cand = _copy(groups)
-            cand[i] = [q, r, sum(ts), list(ks)]
+            cand[i] = Group(q, r, sum(ts), list(ks))
             times = dict(fixed)
             times.update(zip(ks, ts, strict=True))
-            cand += [[busiest[0], busiest[1], 0.0, []] for _ in range((free + p - q) // busiest[0])]
+            cand += [Group(busiest.p, busiest.r, 0.0, []) for _ in range((free + p - q) // busiest.p)]
             out.append((cand, times, []))
             q //= 2
     return out
@@ -383,26 +385,26 @@ def _at_size(ep: EpochArrays, tm: _Times, ks: list[int], q: int, t_step: float) 
     return r, ts
 
 
-def _split(ep: EpochArrays, groups: list[list], head: int, fixed: dict, free: int) -> list[tuple[list[list], dict, list]]:
+def _split(ep: EpochArrays, groups: list[Group], head: int, fixed: dict, free: int) -> list[tuple[list[Group], dict, list]]:
     """The step's slowest group, when it holds more than one micro-batch, gets a second group of its p and r:
     the ranks come from free ones and the groups of least GPU-work (not the head's), whose micro-batches become
     orphans (placed by ``_shed``)."""
-    i_b = max(range(len(groups)), key=lambda i: groups[i][2])
-    p_b, r_b = groups[i_b][0], groups[i_b][1]
-    if len(groups[i_b][3]) < 2:
+    i_b = max(range(len(groups)), key=lambda i: groups[i].load)
+    p_b, r_b = groups[i_b].p, groups[i_b].r
+    if len(groups[i_b].items) < 2:
         return []
     keep = [True] * len(groups)
-    for i in sorted(range(len(groups)), key=lambda i: groups[i][0] * groups[i][2]):
+    for i in sorted(range(len(groups)), key=lambda i: groups[i].p * groups[i].load):
         if free >= p_b:
             break
-        if i != i_b and head not in groups[i][3]:
+        if i != i_b and head not in groups[i].items:
             keep[i] = False
-            free += groups[i][0]
+            free += groups[i].p
     if free < p_b:
         return []
-    orphans = sorted(((ep.mb_t_list[k], k) for i, gr in enumerate(groups) if not keep[i] for k in gr[3]),
+    orphans = sorted(((ep.mb_t_list[k], k) for i, gr in enumerate(groups) if not keep[i] for k in gr.items),
                      reverse=True)
-    cand = [[*gr[:3], list(gr[3])] for i, gr in enumerate(groups) if keep[i]]
-    cand.append([p_b, r_b, 0.0, []])
+    cand = [gr.copy() for i, gr in enumerate(groups) if keep[i]]
+    cand.append(Group(p_b, r_b, 0.0, []))
     gone = {k for _, k in orphans}
     return [(cand, {k: t for k, t in fixed.items() if k not in gone}, orphans)]

@@ -13,6 +13,7 @@ import itertools
 import numpy as np
 
 from dcp.planner.epoch import EpochArrays, EpochProgress
+from dcp.planner.group import Group
 from dcp.planner.improve import left_over
 from dcp.planner.intra import Setting
 from dcp.planner.placement import place_largest_first
@@ -22,7 +23,7 @@ from dcp.planner.tokens import token_runs
 
 
 def place_and_build(ep: EpochArrays, prog: EpochProgress, step: int, head: int, win: np.ndarray,
-                    groups: list[list], t_star: float, head_t: tuple[int, float] | None,
+                    groups: list[Group], t_star: float, head_t: tuple[int, float] | None,
                     joined: dict[int, float] | None = None, longest_last: bool = False) -> StepPlan:
     """Place ``groups`` (the head's first among equal p), fill free ranks and build the step's plan.
     ``head_t``: (group, the head's time there) when the head joined a group of another p or r; ``joined``:
@@ -38,7 +39,7 @@ def place_and_build(ep: EpochArrays, prog: EpochProgress, step: int, head: int, 
     return _build(ep, prog, step, firsts, placed, fillers, idle, head, head_t, joined or {}, longest_last)
 
 
-def placed_groups(ep: EpochArrays, groups: list[list], head: int) -> tuple[list[list], list[int], list[tuple[int, int]]]:
+def placed_groups(ep: EpochArrays, groups: list[Group], head: int) -> tuple[list[Group], list[int], list[tuple[int, int]]]:
     """(the groups placement keeps, their first ranks, the free rank segments): by p descending, the head's
     group first among equal p, then packing order; when alignment leaves no slot for the head's group, the
     larger groups are dropped."""
@@ -46,25 +47,25 @@ def placed_groups(ep: EpochArrays, groups: list[list], head: int) -> tuple[list[
     has_head = _has_head(groups, head)
     # by p descending, the head's group first among equal p, then packing order (numpy: no key tuples)
     order = np.lexsort((np.arange(len(groups)), ~np.asarray(has_head, dtype=bool),
-                        -np.fromiter((gr[0] for gr in groups), dtype=np.int64, count=len(groups)))).tolist()
-    starts, free = place_largest_first([groups[i][0] for i in order], W, rpn)
+                        -np.fromiter((gr.p for gr in groups), dtype=np.int64, count=len(groups)))).tolist()
+    starts, free = place_largest_first([groups[i].p for i in order], W, rpn)
     hi = order.index(has_head.index(True))
     if starts[hi] is None:  # alignment left no slot for the head's group: drop the larger groups
-        p_h = groups[order[hi]][0]
-        order = [i for i in order if groups[i][0] <= p_h]
-        order.sort(key=lambda i: (-groups[i][0], not has_head[i], i))
-        starts, free = place_largest_first([groups[i][0] for i in order], W, rpn)
+        p_h = groups[order[hi]].p
+        order = [i for i in order if groups[i].p <= p_h]
+        order.sort(key=lambda i: (-groups[i].p, not has_head[i], i))
+        starts, free = place_largest_first([groups[i].p for i in order], W, rpn)
     # the placed groups and their first ranks, as two lists (not a tuple per group for the collector)
     placed = [groups[i] for i, st in zip(order, starts, strict=True) if st is not None]
     firsts = [st for st in starts if st is not None]
     return placed, firsts, free
 
 
-def _has_head(groups: list[list], head: int) -> list[bool]:
+def _has_head(groups: list[Group], head: int) -> list[bool]:
     """Per group: whether it holds the head. The head is in one group at most: a search that stops there, not a
     scan of every group's micro-batches (~10^5 at 4096 ranks)."""
     has = [False] * len(groups)
-    i = next((i for i, gr in enumerate(groups) if head in gr[3]), None)
+    i = next((i for i, gr in enumerate(groups) if head in gr.items), None)
     if i is not None:
         has[i] = True
     return has
@@ -79,7 +80,7 @@ def _fill_free(ep: EpochArrays, left: np.ndarray, placed: list, free: list[tuple
     # A filler runs on ranks that would idle: up to the step's time (its longest placed group), never
     # past it. T* is only the target; bounded by it, a filler group once made a t1d-long step at 32 x H200
     # last 38.5 s beside groups of 10.5 s (69% idle).
-    fill_to = min(t_star, max((gr[2] for gr in placed), default=t_star))
+    fill_to = min(t_star, max((gr.load for gr in placed), default=t_star))
     for a, e in free:
         while a < e:
             pick = _filler(ep, a % rpn, e - a, rest, fill_to)
@@ -110,18 +111,18 @@ def _cap_to_gmax(ep: EpochArrays, placed: list, head: int, t_star: float) -> flo
     T* was sized on: keep the paper's Gmax bound for what is left (step time <= Gmax x the longest
     micro-batch it runs) by returning the shortest micro-batches of over-long groups to the stream.
     Returns the step's new target (the fillers' bound too)."""
-    longest = max(ep.time_at[gr[1]][k] for gr in placed for k in gr[3])
+    longest = max(ep.time_at[gr.r][k] for gr in placed for k in gr.items)
     cap = min(t_star, ep.gmax * longest)
     limit = cap * (1 + 1e-9)
     for gr in placed:
-        at_r = ep.time_at[gr[1]]
-        ks = gr[3]
+        at_r = ep.time_at[gr.r]
+        ks = gr.items
         # the shortest first, never the head
         for k in sorted((k for k in ks if k != head), key=lambda k: at_r[k]):
-            if gr[2] <= limit:
+            if gr.load <= limit:
                 break
             ks.remove(k)
-            gr[2] -= at_r[k]
+            gr.load -= at_r[k]
     return cap
 
 
@@ -163,10 +164,10 @@ def _build(ep: EpochArrays, prog: EpochProgress, step: int, firsts: list[int], p
     """The StepPlan's arrays: placed groups in numpy (their micro-batches in release order, or with the longest
     last: ``_longest_last``), then the smaller-p fillers (a few, chunked one by one) and the idle one-rank
     groups."""
-    counts = [len(gr[3]) for gr in placed]
-    kk = np.fromiter(itertools.chain.from_iterable(gr[3] for gr in placed), dtype=np.int64,
+    counts = [len(gr.items) for gr in placed]
+    kk = np.fromiter(itertools.chain.from_iterable(gr.items for gr in placed), dtype=np.int64,
                      count=sum(counts))
-    r_of = np.asarray([gr[1] for gr in placed], dtype=np.int64)
+    r_of = np.asarray([gr.r for gr in placed], dtype=np.int64)
     # release order inside each group: one sort of (group, micro-batch) keys, not a lexsort (~10x faster)
     n = ep.num_micro_batches
     gidx = np.repeat(np.arange(len(placed), dtype=np.int64), counts)
@@ -189,7 +190,7 @@ def _build(ep: EpochArrays, prog: EpochProgress, step: int, firsts: list[int], p
     offset = np.cumsum(size) - size
     pos = np.repeat(ep.mb_flat[kk] - offset, size) + np.arange(int(size.sum()))
     # np.take, not fancy indexing: the same values, ~30% faster for a step's ~10^6 samples
-    cols = dict(first=firsts, p=[gr[0] for gr in placed], r=r_of.tolist(), ga=counts, t=[times],
+    cols = dict(first=firsts, p=[gr.p for gr in placed], r=r_of.tolist(), ga=counts, t=[times],
                 g=[ep.mb_group[kk]], n=[size], ids=[np.take(ep.flat_ids, pos)], lens=[np.take(ep.flat_lens, pos)])
     for st, s, ks in fillers:
         n_mb = _add_filler(ep, prog, cols, st, s, ks, longest_last)
@@ -230,7 +231,7 @@ def _own_r(ep: EpochArrays, placed: list, kk: np.ndarray, gidx: np.ndarray,
     another p) and the groups' r. Where every one runs its group's r: (``r_of``, None), the plan as without
     per-micro-batch recompute; else the groups' r is the most their micro-batches run at, and the micro-batches'
     r a list of one array (the fillers' are appended)."""
-    p_of = np.asarray([gr[0] for gr in placed], dtype=np.int64)
+    p_of = np.asarray([gr.p for gr in placed], dtype=np.int64)
     own = ep.mb_r_np[kk]
     other = np.flatnonzero(ep.mb_p_np[kk] != p_of[gidx])
     if other.size:

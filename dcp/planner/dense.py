@@ -13,18 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from dcp.planner.epoch import EpochArrays, EpochProgress
+from dcp.planner.tuning import DENSE_LONG, DENSE_REACH, DENSE_WORK
 from dcp.planner.window import scan
-
-DENSE_LONG = 1.5
-"""Only for a step whose T* is at least this many times its wanted tokens' work spread over the world (a long
-micro-batch sets it). t1d-balanced at 32 H200 (``dcp bench peers``'s setup), seeds 0-5: 1.25 and 1.5 gave the same,
-2.5 gave back most of the gain on seed 0 (0.971 -> 0.960); with no such bound (every retried step) t1d-balanced fell
-from 0.945 to 0.941 and t1d-long from 0.983 to 0.979."""
-DENSE_WORK = 2.0
-"""The dense window's scan reaches this many times W x T* of work (``window.scan``; 1.25 gave the same) ..."""
-DENSE_REACH = 2.0
-"""... and no further than this many times the step's most tokens in release order (1.25: t1d-balanced seed 0
-0.948, seeds 1 and 2 0.954 / 0.932, below the plain windows)."""
 
 
 def dense_window(ep: EpochArrays, prog: EpochProgress, head: int, t_star: float, sizes: tuple[float, float],

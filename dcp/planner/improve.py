@@ -1,5 +1,5 @@
 """After packing a DCP step: the local search (``improve``), the head joining another group (``join_head``),
-and the measures both are judged by (``idle``, ``work``). Groups are ``[p, r, load, items]``."""
+and the measures both are judged by (``idle``, ``work``), on ``Group`` values (``dcp.planner.group``)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ import operator
 import numpy as np
 
 from dcp.planner.epoch import EpochArrays, EpochProgress
+from dcp.planner.group import Group
 from dcp.planner.sorting import argsort_float
 from dcp.planner.tuning import BULK_MIN_RANKS, IMPROVE_GROUPS, IMPROVE_MIN
 
-_P, _LOAD = operator.itemgetter(0), operator.itemgetter(2)
+_P, _LOAD = operator.attrgetter("p"), operator.attrgetter("load")
 
 
-def idle(groups: list[list], world_size: int) -> float:
+def idle(groups: list[Group], world_size: int) -> float:
     """GPU-weighted idle of packed groups over the world, at their longest load."""
     t = max(map(_LOAD, groups), default=0.0)
     if t <= 0:
@@ -24,12 +25,12 @@ def idle(groups: list[list], world_size: int) -> float:
     return 1.0 - work(groups) / (world_size * t)
 
 
-def work(groups: list[list]) -> float:
+def work(groups: list[Group]) -> float:
     """GPU-seconds of work in packed groups (p x load, summed in order; ``map``: no generator frame per group)."""
     return sum(map(operator.mul, map(_P, groups), map(_LOAD, groups)))
 
 
-def idle_floor(ep: EpochArrays, groups: list[list]) -> float:
+def idle_floor(ep: EpochArrays, groups: list[Group]) -> float:
     """The least idle ``improve`` can leave packed ``groups`` at: it changes at most IMPROVE_GROUPS groups, none
     past the longest one's load (x (1 + 1e-9)), and never shortens a group, so at most the IMPROVE_GROUPS largest
     p x (room to that load) of work joins while the longest load stays."""
@@ -53,10 +54,10 @@ def _unclaimed(ts: list[float], ids: list[int], claimed: set[int], bound: float)
     return j
 
 
-def left_over(prog: EpochProgress, win: np.ndarray, groups: list[list]) -> np.ndarray:
+def left_over(prog: EpochProgress, win: np.ndarray, groups: list[Group]) -> np.ndarray:
     """The window's micro-batches no group holds, in window order."""
-    taken = np.fromiter(itertools.chain.from_iterable(gr[3] for gr in groups), dtype=np.int64,
-                        count=sum(len(gr[3]) for gr in groups))
+    taken = np.fromiter(itertools.chain.from_iterable(gr.items for gr in groups), dtype=np.int64,
+                        count=sum(len(gr.items) for gr in groups))
     mark = prog.mark  # all False between calls
     mark[taken] = True
     rest = win[~mark[win]]
@@ -64,13 +65,12 @@ def left_over(prog: EpochProgress, win: np.ndarray, groups: list[list]) -> np.nd
     return rest
 
 
-def improve(ep: EpochArrays, prog: EpochProgress, win: np.ndarray, groups: list[list], head: int) -> None:
+def improve(ep: EpochArrays, prog: EpochProgress, win: np.ndarray, groups: list[Group], head: int) -> None:
     """Local search: in the emptiest groups (at most IMPROVE_GROUPS), swap a micro-batch for a longer one
     left in the window (same p, any recompute: each runs its own) while the group stays within the step's
     time (its longest group, not T*), and add left-over micro-batches that fit. The head stays. From
-    BULK_MIN_RANKS ranks only the adding: the rounds leave groups of many short micro-batches, whose swaps
-    cost a Python step each for little (t2d-balanced at 512 GPUs: 0.990 -> 0.980 of the ideal bound
-    without any local search)."""
+    BULK_MIN_RANKS ranks only the adding: a step there holds tens of thousands of short micro-batches, whose
+    swaps cost a Python step each for little."""
     if len(groups) < 2 or idle(groups, ep.world_size) < IMPROVE_MIN:
         return
     loads = np.fromiter(map(_LOAD, groups), dtype=np.float64, count=len(groups))  # (one pass, no generator)
@@ -92,7 +92,7 @@ def improve(ep: EpochArrays, prog: EpochProgress, win: np.ndarray, groups: list[
     claimed: set[int] = set()
     """Left-over micro-batches given to a group here: kinds of one p with different r share left-overs."""
     for i in emptiest:
-        p, r = groups[i][0], groups[i][1]
+        p, r = groups[i].p, groups[i].r
         if (p, r) not in spare:
             sel = rest[p_rest == p]
             ts_np = ep.time_at_np[r][sel]
@@ -106,21 +106,21 @@ def improve(ep: EpochArrays, prog: EpochProgress, win: np.ndarray, groups: list[
             _improve_group(ep.time_at[r], groups[i], ts, ids, claimed, step_t, head, swaps)
 
 
-def _add_longest(gr: list, entry: tuple[np.ndarray, np.ndarray, dict[int, int]], claimed: set[int],
+def _add_longest(gr: Group, entry: tuple[np.ndarray, np.ndarray, dict[int, int]], claimed: set[int],
                  step_t: float) -> None:
     """``_improve_group`` without swaps, on arrays: the longest unclaimed left-over (times ascending, ties the
     later) that fits the group's room joins it. ``entry``: (times, ids, gone), ``gone`` linking each position
     the list form would have popped (claimed: taken here or by a kind of another r) to the one before it."""
     ts, ids, gone = entry
-    j = _before(gone, int(np.searchsorted(ts, step_t - gr[2], side="right")) - 1)
+    j = _before(gone, int(np.searchsorted(ts, step_t - gr.load, side="right")) - 1)
     while j >= 0 and int(ids[j]) in claimed:
         gone[j] = j - 1
         j = _before(gone, j - 1)
     if j >= 0:
         k_new = int(ids[j])
-        gr[2] += float(ts[j])
+        gr.load += float(ts[j])
         claimed.add(k_new)
-        gr[3].append(k_new)
+        gr.items.append(k_new)
         gone[j] = j - 1
 
 
@@ -135,17 +135,17 @@ def _before(gone: dict[int, int], j: int) -> int:
     return j
 
 
-def _improve_group(at_r: tuple[float, ...], gr: list, ts: list[float], ids: list[int], claimed: set[int],
+def _improve_group(at_r: tuple[float, ...], gr: Group, ts: list[float], ids: list[int], claimed: set[int],
                    step_t: float, head: int, swaps: bool) -> None:
     """One group of ``improve``: each micro-batch (not the head) swapped for the longest left-over that still
     fits (``swaps`` only), then the longest left-over that fits added."""
-    ks = gr[3]
+    ks = gr.items
     for n in range(0 if swaps else len(ks), len(ks) + 1):
-        room = step_t - gr[2]
+        room = step_t - gr.load
         if n == len(ks):  # add what still fits
             j = _unclaimed(ts, ids, claimed, room)
             if j >= 0:
-                gr[2] += ts.pop(j)
+                gr.load += ts.pop(j)
                 k_new = ids.pop(j)
                 claimed.add(k_new)
                 ks.append(k_new)
@@ -163,10 +163,10 @@ def _improve_group(at_r: tuple[float, ...], gr: list, ts: list[float], ids: list
             ts.insert(at_j, t_k)
             ids.insert(at_j, k)
             ks[n] = k_new
-            gr[2] += t_new - t_k
+            gr.load += t_new - t_k
 
 
-def join_head(ep: EpochArrays, groups: list[list], head: int, t_star: float) -> tuple[int, float] | None:
+def join_head(ep: EpochArrays, groups: list[Group], head: int, t_star: float) -> tuple[int, float] | None:
     """Put the head (left out of ``groups``) into the fullest group it fits within t_star: a group of its
     primary p, or of a larger p where its seq_group has a setting whose b holds it (the same memory rule as
     for smaller-p fillers), at any group r: it runs its own r there (its primary's, or that setting's).
@@ -177,7 +177,8 @@ def join_head(ep: EpochArrays, groups: list[list], head: int, t_star: float) -> 
     limit = t_star * (1 + 1e-9)
     best, best_load = None, -1.0
     memo: dict[int, float] = {}
-    for i, (p, _, load, _) in enumerate(groups):
+    for i, gr in enumerate(groups):
+        p, load = gr.p, gr.load
         if p < p_h or load <= best_load:
             continue
         if p != p_h:
@@ -192,6 +193,6 @@ def join_head(ep: EpochArrays, groups: list[list], head: int, t_star: float) -> 
     if best is None:
         return None
     i, t = best
-    groups[i][2] += t
-    groups[i][3].append(head)
+    groups[i].load += t
+    groups[i].items.append(head)
     return best

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from dcp.planner.cost import micro_batch_mem_bytes, micro_batch_time_s, min_recompute_layers
 from dcp.planner.table import ProfileRow, ProfileTable
+from dcp.planner.tuning import BATCH_STRETCH
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,10 +191,3 @@ def batch_settings(
         else:
             out[g] = min(cands[g], key=cost)
     return out
-
-
-BATCH_STRETCH = 1.5
-"""A seq_group keeps its own SP size and recompute at a global batch (a smaller b is allowed) while its
-micro-batch lasts at most this many times the step the batch implies: a rarer, larger SP size for a few long
-samples leaves ranks its kind cannot fill
-(text: 128k-token documents moved from p = 8 to p = 16 took DCP-intra from 0.86 to 0.66 of ideal)."""

@@ -11,18 +11,23 @@ from dcp.planner.balance import balance, fill_ahead
 from dcp.planner.build import place_and_build, placed_groups
 from dcp.planner.dense import dense_window
 from dcp.planner.epoch import EpochArrays, EpochProgress
+from dcp.planner.group import Balanced, Group, Packed
 from dcp.planner.improve import idle, idle_floor, improve, join_head, work
 from dcp.planner.packing import pack
 from dcp.planner.plan import StepPlan
 from dcp.planner.step_tokens import TOKEN_TARGETS, step_room, thin_window, token_target, window_at
 from dcp.planner.tuning import (
     BULK_MIN_RANKS,
+    END_STRETCHES,
     FILL_LONG,
     FILL_LONG_GAIN,
     HEAD_ALONE,
+    LIFT_FILL,
+    LOW_STRETCHES,
     RETRY_IDLE,
     RETRY_STRETCH,
     SHORTER_GAIN,
+    TOKEN_SLACK,
     WINDOW_WORK_FACTOR,
 )
 from dcp.planner.window import Scan, scan, target, window
@@ -40,12 +45,12 @@ def plan_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
     t_star, m, j_long = target(ep, sc)
     win = window(sc.idx, m, j_long)
     groups = pack(ep, win, t_star, head)
-    if not any(head in gr[3] for gr in groups):
+    if not any(head in gr.items for gr in groups):
         # The longest micro-batch left no ranks for the head (a tiny world): the head goes first, and the
         # step is capped by Gmax x the head's time.
         t_star = min(t_star, ep.gmax * ep.mb_t_list[head])
         groups = pack(ep, win, t_star, head, head_first=True)
-    most = max(len(gr[3]) for gr in groups)
+    most = max(len(gr.items) for gr in groups)
     if most < ep.gmin:
         # The paper's Gmin: every group runs fewer than gmin micro-batches; scale the step (Gmin wins over Gmax).
         t_star *= math.ceil(ep.gmin / most)
@@ -53,9 +58,9 @@ def plan_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
         sc = scan(ep, prog, head, lambda t: f * t_star)
         win, groups = _repack_for_gmin(ep, sc, j_long, t_star, head, win, groups)
     improve(ep, prog, win, groups, head)
-    best = (groups, idle(groups, ep.world_size), win, None)
+    best = Packed(groups, idle(groups, ep.world_size), win, None)
     best = _try_head_elsewhere(ep, prog, best, head, t_star)
-    if best[1] > RETRY_IDLE and ep.gmin == 1:
+    if best.idle > RETRY_IDLE and ep.gmin == 1:
         best = _try_targets(ep, prog, best, sc, m, j_long, head, t_star)
     groups, _, win, head_t = best
     prog.scan_hint = len(win)
@@ -63,7 +68,7 @@ def plan_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
 
 
 def _repack_for_gmin(ep: EpochArrays, sc: Scan, j_long: int, t_star: float, head: int, win: np.ndarray,
-                     groups: list[list]) -> tuple[np.ndarray, list[list]]:
+                     groups: list[Group]) -> tuple[np.ndarray, list[Group]]:
     """The Gmin re-pack of the rescanned window at the scaled ``t_star``. The step must take the head: when
     the longer window's longest kind takes the ranks the head needed (a tiny world), the head goes first;
     should even that leave it out, the step keeps its un-re-packed window and groups."""
@@ -71,21 +76,21 @@ def _repack_for_gmin(ep: EpochArrays, sc: Scan, j_long: int, t_star: float, head
     win_g = window(sc.idx, min(int(np.searchsorted(sc.cumw, f * t_star)), len(sc.idx) - 1) + 1, j_long)
     for head_first in (False, True):
         alt = pack(ep, win_g, t_star, head, head_first=head_first)
-        if any(head in gr[3] for gr in alt):
+        if any(head in gr.items for gr in alt):
             return win_g, alt
     return win, groups
 
 
-def _try_head_elsewhere(ep: EpochArrays, prog: EpochProgress, best: tuple, head: int, t_star: float) -> tuple:
+def _try_head_elsewhere(ep: EpochArrays, prog: EpochProgress, best: Packed, head: int, t_star: float) -> Packed:
     """The head's own group can take the ranks a second group of the longest kind needed while its kind has
     too little work in the window to fill it (t1d-long: a p = 8 head beside one p = 16 group left the other
     16 ranks a third busy). When the step idles and the head's group is short (``HEAD_ALONE``): pack without
     it, then let it join the fullest group of a p its seq_group can run at (same memory rule, timed there);
-    keep the less idle packing. ``best``: (groups, idle, window, head's (group, time) or None)."""
+    keep the less idle packing."""
     groups, cur, win, _ = best
-    hg = next((gr for gr in groups if head in gr[3]), None)
+    hg = next((gr for gr in groups if head in gr.items), None)
     if not (cur > RETRY_IDLE and len(win) > 1 and hg is not None
-            and hg[2] < HEAD_ALONE * max(gr[2] for gr in groups)):
+            and hg.load < HEAD_ALONE * max(gr.load for gr in groups)):
         return best
     alt = pack(ep, win, t_star, head, defer_head=True)
     head_t = join_head(ep, alt, head, t_star)
@@ -95,13 +100,13 @@ def _try_head_elsewhere(ep: EpochArrays, prog: EpochProgress, best: tuple, head:
     alt_idle = idle(alt, ep.world_size)
     # and no less work: a step that idles less only by being shorter pays the sync more often
     if (alt_idle < cur - 1e-9 and work(alt) >= work(groups) * (1 - 1e-9)
-            and max(len(gr[3]) for gr in alt) >= ep.gmin):
-        return alt, alt_idle, win, head_t
+            and max(len(gr.items) for gr in alt) >= ep.gmin):
+        return Packed(alt, alt_idle, win, head_t)
     return best
 
 
-def _try_targets(ep: EpochArrays, prog: EpochProgress, best: tuple, sc: Scan, m: int, j_long: int, head: int,
-                 t_star: float) -> tuple:
+def _try_targets(ep: EpochArrays, prog: EpochProgress, best: Packed, sc: Scan, m: int, j_long: int, head: int,
+                 t_star: float) -> Packed:
     """Discrete micro-batch times can leave every group of a common kind short of T* (five 6.7 s micro-batches
     in a 38.7 s step), the longest kind be too rare for k > 1, or the window hold too little short work beside the
     longest kind's group (t1d-long: p = 4, 2, 1 groups a third busy): pack the multiples k x T_long and slightly
@@ -109,7 +114,7 @@ def _try_targets(ep: EpochArrays, prog: EpochProgress, best: tuple, sc: Scan, m:
     A target is skipped where 1 - (the window's work) / (W x its longest) idles no less than needed: a packing
     holds at most that work and takes the longest (it opens the first group; ``improve`` only lengthens groups)."""
     f = WINDOW_WORK_FACTOR * ep.world_size
-    t_long = float(ep.mb_t[best[2]].max())
+    t_long = float(ep.mb_t[best.win].max())
     tries = [k * t_long for k in range(1, ep.gmax + 1)] + [t_star * (1 + x) for x in RETRY_STRETCH]
     same_t = all(t is ep.mb_t for t in ep.time_at_np.values())  # every micro-batch's time the same at every r
     for t_try in tries:
@@ -121,30 +126,17 @@ def _try_targets(ep: EpochArrays, prog: EpochProgress, best: tuple, sc: Scan, m:
         if not longest <= t_try * (1 + 1e-9) <= ep.gmax * longest * (1 + 1e-9):
             continue
         gain = SHORTER_GAIN if t_try < t_star else 1e-9
-        if same_t and 1 - float(ep.mb_work[w_try].sum()) / (ep.world_size * longest) >= best[1] - gain + 1e-9:
+        if same_t and 1 - float(ep.mb_work[w_try].sum()) / (ep.world_size * longest) >= best.idle - gain + 1e-9:
             continue  # no packing of w_try can idle less (the bound in the docstring): skip packing it
         alt = pack(ep, w_try, t_try, head)
-        if not any(head in gr[3] for gr in alt) or idle_floor(ep, alt) >= best[1] - gain + 1e-9:
+        if not any(head in gr.items for gr in alt) or idle_floor(ep, alt) >= best.idle - gain + 1e-9:
             continue  # no head, or even the local search could not make it win
         improve(ep, prog, w_try, alt, head)
         alt_idle = idle(alt, ep.world_size)
         # a shorter step must idle clearly less: it also pays the optimizer step more often
-        if alt_idle < best[1] - gain:
-            best = (alt, alt_idle, w_try, None)
+        if alt_idle < best.idle - gain:
+            best = Packed(alt, alt_idle, w_try, None)
     return best
-
-
-TOKEN_SLACK = 1.75
-"""A step at a global batch packs from a window of at most this many times the tokens it wants. Trades: choice
-for the packing and the balance (``dcp.planner.balance``) against reordering the stream further. 1.25 -> 1.75:
-DCP-intra at 32 H200 (``dcp bench peers``) t1d-short/balanced/long 0.938/0.925/0.912 -> 0.947/0.939/0.921 of
-the ideal bound, text 0.914 -> 0.923, t2d +0.001-0.003; 2.0 and 2.5 gain nothing more."""
-END_STRETCHES = 40
-"""At the epoch's end a step at a global batch stretches T* by 10% up to this many times to take all that is
-left (its packing may leave a few micro-batches that no group has room for; 1.1^40 = 45x)."""
-LOW_STRETCHES = 16
-"""A step at a global batch whose packing holds fewer tokens than the lower bound stretches T* (and its
-window) by 10% up to this many times until it holds them."""
 
 
 def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
@@ -182,17 +174,16 @@ def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
         t_star, groups, joined = _take_all(ep, win, t_star, head)
     if joined is None:  # (the epoch's last kinds may not share the ranks: then a step like any)
         sized = (t_star, win)
-        t_star, win, groups, head_t, joined, flagged = _balanced(ep, prog, head, sized, budget, per_token)
+        best, flagged = _balanced(ep, prog, head, sized, budget, per_token)
         if not last:
-            t_star, win, groups, head_t, joined = _other_targets(ep, prog, head, sc, top, lag, budget, per_token,
-                                                                 (t_star, win, groups, head_t, joined))
-        t_star, win, groups, head_t, joined = _lift_low(ep, prog, head, sized, budget, per_token,
-                                                        (t_star, win, groups, head_t, joined), (flagged, lag[1]))
+            best = _other_targets(ep, prog, head, sc, top, lag, budget, per_token, best)
+        t_star, win, groups, head_t, joined = _lift_low(ep, prog, head, sized, budget, per_token, best,
+                                                        (flagged, lag[1]))
     elif not joined:  # micro-batches joined at another p keep their groups as they are
         groups, win, head_t = _improve_within(ep, prog, (groups, win, None), head, t_star, mb_tok, (low, cap))
         groups, joined = balance(ep, prog, win, groups, head, {} if head_t is None else {head: head_t[1]},
                                  (mb_tok, want))
-        groups = [gr for gr in groups if gr[3]]
+        groups = [gr for gr in groups if gr.items]
     else:
         head_t = None
     joined = fill_ahead(ep, prog, (win, groups, joined), mb_tok,
@@ -202,9 +193,9 @@ def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
 
 
 def _lift_low(ep: EpochArrays, prog: EpochProgress, head: int, sized: tuple[float, np.ndarray],
-              budget: tuple[float, float, np.ndarray, float, float], per_token: float, best: tuple,
-              flag: tuple[bool, float]) -> tuple:
-    """``best`` (T*, window, groups, head's (group, time) or None, balance's times), or, where ``_reach_low``
+              budget: tuple[float, float, np.ndarray, float, float], per_token: float, best: Balanced,
+              flag: tuple[bool, float]) -> Balanced:
+    """``best``, or, where ``_reach_low``
     flagged the first plan (``flag``: that, the most tokens ``step_room`` gives the step) and ``best`` is still below the
     bound (or far past the wanted tokens while the total is ahead, or past the room), ``sized`` (T*, window)
     packed with its other windows when that is within the bounds."""
@@ -212,26 +203,25 @@ def _lift_low(ep: EpochArrays, prog: EpochProgress, head: int, sized: tuple[floa
     flagged, room = flag
     if not flagged:
         return best
-    tok = _tokens(ep, best[2], head, mb_tok)  # (far past the wanted tokens only while wanting the lower bound)
+    tok = _tokens(ep, best.groups, head, mb_tok)  # (far past the wanted tokens only while wanting the lower bound)
     ahead = tok > room
     if low <= tok <= (TOKEN_SLACK * want if want <= low else cap) and not ahead:
         return best
-    alt = _balanced(ep, prog, head, sized, budget, per_token, LOW_MODES[1:])
-    alt_tok = _tokens(ep, alt[2], head, mb_tok)
+    alt = _balanced(ep, prog, head, sized, budget, per_token, LOW_MODES[1:])[0]
+    alt_tok = _tokens(ep, alt.groups, head, mb_tok)
     if not low <= alt_tok <= cap or (tok >= low and alt_tok >= tok):
         return best
     # (a step far past its wanted tokens or the room gives way: to one that fills the ranks as well, or to stay in it)
-    fill = [fill_share(ep, placed_groups(ep, b[2], head)[0]) for b in (best, alt)]
-    return alt[:5] if tok < low or ahead or fill[1] >= fill[0] - LIFT_FILL else best
+    fill = [fill_share(ep, placed_groups(ep, b.groups, head)[0]) for b in (best, alt)]
+    return alt if tok < low or ahead or fill[1] >= fill[0] - LIFT_FILL else best
 
 
 def _balanced(ep: EpochArrays, prog: EpochProgress, head: int, sized: tuple[float, np.ndarray],
               budget: tuple[float, float, np.ndarray, float, float], per_token: float,
-              modes: tuple[str, ...] = ("plain",)) -> tuple:
+              modes: tuple[str, ...] = ("plain",)) -> tuple[Balanced, bool]:
     """A step at a global batch packed from window ``sized[1]`` at T* ``sized[0]``: packed with the head
     (``_pack_head``), stretched to the lower bound (``_reach_low``), improved (``_improve_within``) and balanced
-    (``balance``). Returns (T*, window, groups, the head's (group, time) or None, the times of the micro-batches
-    balance moved, whether ``_reach_low`` left it below the lower bound). ``modes``: ``_reach_low``'s windows."""
+    (``balance``). Returns the step and whether ``_reach_low`` left it below the lower bound. ``modes``: ``_reach_low``'s windows."""
     want, cap, mb_tok, low, _ = budget
     t_star, win = sized
     groups = _pack_head(ep, win, t_star, head)
@@ -240,11 +230,11 @@ def _balanced(ep: EpochArrays, prog: EpochProgress, head: int, sized: tuple[floa
     groups, win, head_t = _improve_within(ep, prog, (groups, win, head_t), head, t_star, mb_tok, (low, cap))
     groups, joined = balance(ep, prog, win, groups, head, {} if head_t is None else {head: head_t[1]},
                              (mb_tok, want))
-    return t_star, win, [gr for gr in groups if gr[3]], head_t, joined, short
+    return Balanced(t_star, win, [gr for gr in groups if gr.items], head_t, joined), short
 
 
 def _other_targets(ep: EpochArrays, prog: EpochProgress, head: int, sc: Scan, top: float, lag: tuple[float, float],
-                   budget: tuple[float, float, np.ndarray, float, float], per_token: float, best: tuple) -> tuple:
+                   budget: tuple[float, float, np.ndarray, float, float], per_token: float, best: Balanced) -> Balanced:
     """A balanced step at a global batch that still idles more than RETRY_IDLE (its longest kind's work is not
     a whole number of groups at T*: three 300k-500k-token samples on one 16-rank group of a 32-rank world
     while the other groups end a third earlier) is planned again at other targets ``TOKEN_TARGETS`` x T*,
@@ -257,7 +247,7 @@ def _other_targets(ep: EpochArrays, prog: EpochProgress, head: int, sc: Scan, to
     if ep.world_size >= BULK_MIN_RANKS:
         return best
     lag, room = lag
-    placed = placed_groups(ep, best[2], head)[0]  # placed once per plan: its tokens and its fill from one placement
+    placed = placed_groups(ep, best.groups, head)[0]  # placed once per plan: its tokens and its fill from one placement
     share, first = fill_share(ep, placed), _placed_tokens(placed, mb_tok)
     if 1.0 - share <= RETRY_IDLE and low <= first <= room:
         return best  # (a first plan below the lower bound or past the room: any other plan within them replaces it)
@@ -269,7 +259,7 @@ def _other_targets(ep: EpochArrays, prog: EpochProgress, head: int, sc: Scan, to
     floor = max(low, first if want >= cap else min(first, want - lag))
     ceil = min(cap, first if want <= low else max(first, want + lag), max(room, low))
     for x in TOKEN_TARGETS:
-        sized = window_at(sc.cumw, t_all, tok_all, ep.world_size, best[0] * x, top, WINDOW_WORK_FACTOR)
+        sized = window_at(sc.cumw, t_all, tok_all, ep.world_size, best.t_star * x, top, WINDOW_WORK_FACTOR)
         if sized is None:
             continue
         t_try, m, j_long = sized
@@ -277,8 +267,8 @@ def _other_targets(ep: EpochArrays, prog: EpochProgress, head: int, sc: Scan, to
         for w in (w_try, thin_window(ep, w_try, t_try, head)):
             if w is None:
                 continue
-            alt = _balanced(ep, prog, head, (t_try, w), budget, per_token)[:5]
-            placed = placed_groups(ep, alt[2], head)[0]
+            alt = _balanced(ep, prog, head, (t_try, w), budget, per_token)[0]
+            placed = placed_groups(ep, alt.groups, head)[0]
             if not floor <= _placed_tokens(placed, mb_tok) <= ceil:
                 continue
             alt_share = fill_share(ep, placed)
@@ -286,10 +276,10 @@ def _other_targets(ep: EpochArrays, prog: EpochProgress, head: int, sc: Scan, to
                 best, share = alt, alt_share
     # a long micro-batch's step runs that long whatever it holds: up to want + lag tokens even with ``want`` at low
     most = min(top, max(first, want + lag), max(room, low))
-    w = dense_window(ep, prog, head, best[0], (want * per_token, most), mb_tok)
+    w = dense_window(ep, prog, head, best.t_star, (want * per_token, most), mb_tok)
     if w is not None:
-        alt = _balanced(ep, prog, head, (best[0], w), budget, per_token)[:5]
-        placed = placed_groups(ep, alt[2], head)[0]
+        alt = _balanced(ep, prog, head, (best.t_star, w), budget, per_token)[0]
+        placed = placed_groups(ep, alt.groups, head)[0]
         if floor <= _placed_tokens(placed, mb_tok) <= most and fill_share(ep, placed) > share + 1e-9:
             best = alt
     return best
@@ -320,10 +310,10 @@ def _improve_within(ep: EpochArrays, prog: EpochProgress, packed: tuple, head: i
     can hold fewer tokens (one long sample for many short ones) or more (a second long sample for short ones):
     when that takes a step that held ``bounds`` (low, high) tokens out of them, the packing before is kept."""
     groups, win, head_t = packed
-    before = [[*gr[:3], list(gr[3])] for gr in groups]
+    before = [gr.copy() for gr in groups]
     improve(ep, prog, win, groups, head)
     if head_t is None:
-        groups, _, win, head_t = _try_head_elsewhere(ep, prog, (groups, idle(groups, ep.world_size), win, None),
+        groups, _, win, head_t = _try_head_elsewhere(ep, prog, Packed(groups, idle(groups, ep.world_size), win, None),
                                                      head, t_star)
     low, cap = bounds
     if not low <= _tokens(ep, groups, head, mb_tok) <= cap and low <= _tokens(ep, before, head, mb_tok) <= cap:
@@ -331,7 +321,7 @@ def _improve_within(ep: EpochArrays, prog: EpochProgress, packed: tuple, head: i
     return groups, win, head_t
 
 
-def _take_all(ep: EpochArrays, win: np.ndarray, t_star: float, head: int) -> tuple[float, list[list], dict | None]:
+def _take_all(ep: EpochArrays, win: np.ndarray, t_star: float, head: int) -> tuple[float, list[Group], dict | None]:
     """The epoch's last step takes all that is left (``win``): T* stretches by 10% up to END_STRETCHES times
     until the placed groups hold it all; what still has no room (its p has no ranks beside the others) joins
     the fullest group of a larger p its seq_group can run at (``join_head``: its setting there, the memory
@@ -343,8 +333,8 @@ def _take_all(ep: EpochArrays, win: np.ndarray, t_star: float, head: int) -> tup
         t_star = t0
         for _ in range(END_STRETCHES):
             packed = pack(ep, win, t_star, head, defer_head=True) if defer else _pack_head(ep, win, t_star, head)
-            groups = placed_groups(ep, packed, head)[0] if any(head in gr[3] for gr in packed) else packed
-            taken = {k for gr in groups for k in gr[3]}
+            groups = placed_groups(ep, packed, head)[0] if any(head in gr.items for gr in packed) else packed
+            taken = {k for gr in groups for k in gr.items}
             if len(taken) >= len(win) or not groups:
                 break
             t_star *= 1.1
@@ -357,30 +347,30 @@ def _take_all(ep: EpochArrays, win: np.ndarray, t_star: float, head: int) -> tup
                 break
             joined[k] = jt[1]
         else:
-            if any(head in gr[3] for gr in groups) and len(placed_groups(ep, groups, head)[0]) == len(groups):
-                return max(t_star, max(gr[2] for gr in groups)), groups, joined
+            if any(head in gr.items for gr in groups) and len(placed_groups(ep, groups, head)[0]) == len(groups):
+                return max(t_star, max(gr.load for gr in groups)), groups, joined
     return _all_on_widest(ep, win, t0, head)
 
 
-def _all_on_widest(ep: EpochArrays, win: np.ndarray, t0: float, head: int) -> tuple[float, list[list], dict | None]:
+def _all_on_widest(ep: EpochArrays, win: np.ndarray, t0: float, head: int) -> tuple[float, list[Group], dict | None]:
     """``_take_all``'s last resort: one group of the window's widest micro-batch (largest p), which every other
     joins (``join_head``: its seq_group's setting at that p; a p = 8 kind and p = 1 kinds left at the epoch's
     end cannot share 8 ranks otherwise). The step is then planned like any other where one cannot join."""
     k0 = max(win.tolist(), key=lambda k: (ep.mb_p[k], ep.mb_t_list[k]))
-    groups = [[ep.mb_p[k0], ep.mb_r[k0], ep.mb_t_list[k0], [k0]]]
+    groups = [Group(ep.mb_p[k0], ep.mb_r[k0], ep.mb_t_list[k0], [k0])]
     joined: dict[int, float] = {}
     for k in sorted((k for k in win.tolist() if k != k0), key=lambda k: -ep.mb_t_list[k]):
         jt = join_head(ep, groups, k, math.inf)
         if jt is None:
             return t0, _pack_head(ep, win, t0, head), None
         joined[k] = jt[1]
-    return max(t0, groups[0][2]), groups, joined
+    return max(t0, groups[0].load), groups, joined
 
 
-def _pack_head(ep: EpochArrays, win: np.ndarray, t_star: float, head: int) -> list[list]:
+def _pack_head(ep: EpochArrays, win: np.ndarray, t_star: float, head: int) -> list[Group]:
     """The packing of ``win`` at ``t_star`` that takes the head (the head first when it was left out)."""
     groups = pack(ep, win, t_star, head)
-    if not any(head in gr[3] for gr in groups):
+    if not any(head in gr.items for gr in groups):
         groups = pack(ep, win, t_star, head, head_first=True)
     return groups
 
@@ -437,9 +427,6 @@ def _low_stretch(ep: EpochArrays, sc: Scan, mb_tok: np.ndarray, head: int, start
     return None
 
 
-LIFT_FILL = 0.05
-"""``_lift_low`` takes a step nearer the wanted tokens for one far past them if its ``fill_share`` is at most
-this much lower (0: 3 of 240 small epochs' means 5.3% over the target; 0.2: DCP-inter t1d-long 0.809 -> 0.801)."""
 LOW_MODES = ("plain", "skip", "jump")
 """``_reach_low``'s windows (``_low_stretch``), in order."""
 
@@ -477,24 +464,24 @@ def _low_pack(ep: EpochArrays, win: np.ndarray, t_star: float, head: int, mb_tok
         groups = pack(ep, win, t_star, head, defer_head=True)
         head_t = join_head(ep, groups, head, math.inf) if groups else None
         if head_t is not None and low <= (tok := _tokens(ep, groups, head, mb_tok)) <= cap:
-            return (max(t_star, max(gr[2] for gr in groups)), win, groups, head_t), tok
+            return (max(t_star, max(gr.load for gr in groups)), win, groups, head_t), tok
     return None
 
 
-def _tokens(ep: EpochArrays, groups: list[list], head: int, mb_tok: np.ndarray) -> int:
+def _tokens(ep: EpochArrays, groups: list[Group], head: int, mb_tok: np.ndarray) -> int:
     """Tokens of the micro-batches in the ``groups`` that placement keeps (fillers may add more)."""
     return _placed_tokens(placed_groups(ep, groups, head)[0], mb_tok)
 
 
-def _placed_tokens(placed: list[list], mb_tok: np.ndarray) -> int:
-    return sum(int(mb_tok[list(gr[3])].sum()) for gr in placed)
+def _placed_tokens(placed: list[Group], mb_tok: np.ndarray) -> int:
+    return sum(int(mb_tok[list(gr.items)].sum()) for gr in placed)
 
 
-def fill_share(ep: EpochArrays, placed: list[list]) -> float:
-    """The share of W x the step's time that the ``placed`` groups ([p, r, load, items], as ``build.placed_groups``
+def fill_share(ep: EpochArrays, placed: list[Group]) -> float:
+    """The share of W x the step's time that the ``placed`` groups (as ``build.placed_groups``
     keeps them) fill with work at their micro-batches' own settings (time x p, ``EpochArrays.mb_work``)."""
-    t_step = max((gr[2] for gr in placed), default=0.0)
+    t_step = max((gr.load for gr in placed), default=0.0)
     if t_step <= 0:
         return 0.0
-    work = sum(float(ep.mb_work[gr[3]].sum()) for gr in placed)
+    work = sum(float(ep.mb_work[gr.items].sum()) for gr in placed)
     return work / (ep.world_size * t_step)

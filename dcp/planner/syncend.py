@@ -30,7 +30,7 @@ time. A move is made only when the larger of the two groups' new f is below the 
 
 Active only where the sync is known (``advanced.grad_sync_s > 0``, else the figure the profiler measured on the
 job's ranks: :func:`measured_sync_s`), with the ddp engine, on 1D data and below
-``BULK_MIN_RANKS`` ranks (the numpy packer's scale, where planning cost counts); otherwise the plans are
+``BULK_MIN_RANKS`` ranks (where planning cost counts, ``tuning.BULK_MIN_RANKS``); otherwise the plans are
 exactly those without it.
 """
 
@@ -47,17 +47,7 @@ from dcp.planner.plan import StepPlan
 from dcp.planner.source import EpochInput
 from dcp.planner.stream import TimeLookup
 from dcp.planner.table import ProfileRow, ProfileTable
-from dcp.planner.tuning import BULK_MIN_RANKS
-
-GAIN_EPS_S = 1e-3
-"""A move is taken only when it ends the bottleneck group's sync more than this earlier (seconds)."""
-MAX_MOVES_PER_GROUP = 3
-"""Moves per busy group of a step at most (each lowers the bottleneck group's sync end; text, t1d-short and
-t1d-balanced at 32 H200, seed 0: 2 and 3 plan alike, 0.9673 / 0.9769 / 0.9767 of the ideal bound)."""
-SHED_RECEIVERS = 4
-"""Groups that may receive the bottleneck's samples in their last micro-batch: this many of its p and this many
-of any other p, least-ended first (text at 32 H200, seed 0: 2 of its p only, before the other p were added, 0.964
-of the ideal bound; 2 + 2 0.9658, 4 + 4 0.9673, 6 + 6 0.9675)."""
+from dcp.planner.tuning import BULK_MIN_RANKS, GAIN_EPS_S, MAX_MOVES_PER_GROUP, SHED_RECEIVERS
 
 
 def measured_sync_s(table: ProfileTable, world_size: int) -> float:

@@ -1,4 +1,6 @@
-"""The step assembler's tuned constants, in one place.
+"""The planner's tuned constants, in one place (32 here; the batch tail's own, ``step_tokens.TOKEN_TARGETS``,
+``TOKEN_LAG``, ``MEAN_TOLERANCE``, ``GIVE_BACK`` and ``tail.TAIL_*``, sit beside their code, as do the constants
+that only trade CPU time for the same plans: ``packing.DENSE_WINDOW``, ``sorting.SMALL``, ``balance._SCAN_MAX``).
 
 Each trades plan quality (GPU-weighted idle of a step, what ``dcp simulate`` reports as idle) against planning
 time (``dcp bench planner``) or step count. They were set by hand against the simulator's paper scenarios
@@ -32,18 +34,19 @@ its kind, would leave at most this share of the step's GPU-time (W x T*) idle.
 Trades: longer targets (fewer steps, fewer gradient syncs) against idle of a rarely-filled longest group
 (docs/planner.md, step 2)."""
 
-# ----- packing (dcp.planner.packing, dcp.planner.rounds) ---------------------------------------------------
+# ----- packing (dcp.planner.packing) ---------------------------------------------------------------------
 OPEN_FILL = 0.8
 """A micro-batch opens a new SP group only if its p's unassigned window work, less what the open groups of
 that p still lack, is at least this fraction of the target time (else the group would idle).
 Trades: fewer, fuller groups (lower idle) against leaving ranks free for the second pass and fillers."""
 
 BULK_MIN_RANKS = 512
-"""From this world size a step is packed in numpy (``dcp.planner.rounds``: group counts per kind, then
-longest-first rounds); below it, one micro-batch at a time by best fit, whose Python loop is cheaper than
-numpy's per-call cost for the few thousand micro-batches of a step there.
-Trades: planning time at large W (best fit ~90 ms per step at 4096 ranks) against the best fit's slightly
-tighter packing; the crossover was picked with ``dcp bench planner``."""
+"""From this world size the passes that re-pack a step many times are skipped: the other targets of a step at a
+global batch (``step._other_targets``), the last two steps planned together (``tail``), the local search's swaps
+(``improve``) and the sync-aware ends (``syncend``). Every world size packs with the same best fit.
+Trades: planning time (with them, t1d-long at 4096 H200 ranks planned 5 steps in over 10 minutes of CPU; without,
+66 ms a step) against idle they remove below it; at 480-544 ranks the epoch's idle stays within 0.04 across 512
+(``test_planner_world_smooth``)."""
 
 # ----- re-packing and local search (dcp.planner.step, dcp.planner.improve) ---------------------------------
 RETRY_IDLE = 0.03
@@ -110,3 +113,56 @@ FILL_AHEAD_STEPS = 2.0
 """``dcp.planner.balance.fill_ahead`` fills an idle step with tokens taken ahead only while at least this many
 target steps of tokens are left after the wanted ones. Trades: text at seed 2 (0.9580 -> 0.9554 without it: its
 last step, planned with the one before it, left 0.61 x target at 18% idle) against idle steps before the tail."""
+
+# ----- a step at a global batch (dcp.planner.step) -------------------------------------------------------
+TOKEN_SLACK = 1.75
+"""A step at a global batch packs from a window of at most this many times the tokens it wants. Trades: choice
+for the packing and the balance (``dcp.planner.balance``) against reordering the stream further. 1.25 -> 1.75:
+DCP-intra at 32 H200 (``dcp bench peers``) t1d-short/balanced/long 0.938/0.925/0.912 -> 0.947/0.939/0.921 of
+the ideal bound, text 0.914 -> 0.923, t2d +0.001-0.003; 2.0 and 2.5 gain nothing more."""
+
+END_STRETCHES = 40
+"""At the epoch's end a step at a global batch stretches T* by 10% up to this many times to take all that is
+left (its packing may leave a few micro-batches that no group has room for; 1.1^40 = 45x)."""
+
+LOW_STRETCHES = 16
+"""A step at a global batch whose packing holds fewer tokens than the lower bound stretches T* (and its
+window) by 10% up to this many times until it holds them."""
+
+LIFT_FILL = 0.05
+"""``_lift_low`` takes a step nearer the wanted tokens for one far past them if its ``fill_share`` is at most
+this much lower (0: 3 of 240 small epochs' means 5.3% over the target; 0.2: DCP-inter t1d-long 0.809 -> 0.801)."""
+
+# ----- the dense window (dcp.planner.dense) --------------------------------------------------------------
+DENSE_LONG = 1.5
+"""Only for a step whose T* is at least this many times its wanted tokens' work spread over the world (a long
+micro-batch sets it). t1d-balanced at 32 H200 (``dcp bench peers``'s setup), seeds 0-5: 1.25 and 1.5 gave the same,
+2.5 gave back most of the gain on seed 0 (0.971 -> 0.960); with no such bound (every retried step) t1d-balanced fell
+from 0.945 to 0.941 and t1d-long from 0.983 to 0.979."""
+
+DENSE_WORK = 2.0
+"""The dense window's scan reaches this many times W x T* of work (``window.scan``; 1.25 gave the same) ..."""
+
+DENSE_REACH = 2.0
+"""... and no further than this many times the step's most tokens in release order (1.25: t1d-balanced seed 0
+0.948, seeds 1 and 2 0.954 / 0.932, below the plain windows)."""
+
+# ----- DCP-intra settings (dcp.planner.intra) ------------------------------------------------------------
+BATCH_STRETCH = 1.5
+"""A seq_group keeps its own SP size and recompute at a global batch (a smaller b is allowed) while its
+micro-batch lasts at most this many times the step the batch implies: a rarer, larger SP size for a few long
+samples leaves ranks its kind cannot fill
+(text: 128k-token documents moved from p = 8 to p = 16 took DCP-intra from 0.86 to 0.66 of ideal)."""
+
+# ----- sync-aware ends (dcp.planner.syncend) -------------------------------------------------------------
+GAIN_EPS_S = 1e-3
+"""A move is taken only when it ends the bottleneck group's sync more than this earlier (seconds)."""
+
+MAX_MOVES_PER_GROUP = 3
+"""Moves per busy group of a step at most (each lowers the bottleneck group's sync end; text, t1d-short and
+t1d-balanced at 32 H200, seed 0: 2 and 3 plan alike, 0.9673 / 0.9769 / 0.9767 of the ideal bound)."""
+
+SHED_RECEIVERS = 4
+"""Groups that may receive the bottleneck's samples in their last micro-batch: this many of its p and this many
+of any other p, least-ended first (text at 32 H200, seed 0: 2 of its p only, before the other p were added, 0.964
+of the ideal bound; 2 + 2 0.9658, 4 + 4 0.9673, 6 + 6 0.9675)."""

@@ -13,6 +13,7 @@ from test_planner_balance import _at, _check_memory_and_prices
 from dcp.data_dists import load_lengths
 from dcp.planner import EpochPlanner
 from dcp.planner.cost import micro_batch_mem_bytes
+from dcp.planner.group import Group
 from dcp.planner.improve import join_head
 from dcp.planner.packing import pack
 from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
@@ -53,11 +54,11 @@ def test_a_micro_batch_joins_a_group_of_its_p_at_another_r_and_pays_its_own_time
     for first, second in ((hi, lo), (lo, hi)):  # more recompute in a group of less, and the other way round
         head = first if ep.mb_t_list[first] >= ep.mb_t_list[second] else second
         groups = pack(ep, np.array(sorted((first, second))), ep.mb_t_list[hi] + ep.mb_t_list[lo], head)
-        assert len(groups) == 1 and sorted(groups[0][3]) == sorted((hi, lo))
-        assert groups[0][2] == pytest.approx(ep.mb_t_list[hi] + ep.mb_t_list[lo], rel=1e-12)
+        assert len(groups) == 1 and sorted(groups[0].items) == sorted((hi, lo))
+        assert groups[0].load == pytest.approx(ep.mb_t_list[hi] + ep.mb_t_list[lo], rel=1e-12)
     # the head left out joins the other's group at any r, at its own time
     for k, other in ((hi, lo), (lo, hi)):
-        groups = [[ep.mb_p[other], ep.mb_r[other], ep.mb_t_list[other], [other]]]
+        groups = [Group(ep.mb_p[other], ep.mb_r[other], ep.mb_t_list[other], [other])]
         assert join_head(ep, groups, k, 1e9) == (0, ep.mb_t_list[k])
 
 
@@ -116,19 +117,3 @@ def test_experiments_predicted_peak_reads_each_micro_batchs_r():
     assert predicted_peak([own], table) == pytest.approx(micro_batch_mem_bytes(rows[0], 0))
     assert predicted_peak([one], table) == pytest.approx(micro_batch_mem_bytes(rows[0], row.num_layers))
 
-
-def test_large_world_rounds_fill_a_group_of_its_p_at_any_r():
-    from dcp.planner.rounds import fill_rounds, place_first
-
-    pl, *_ = _epoch()
-    ep = pl.arrays
-    hi, lo = _pair(ep)
-    p = ep.mb_p[hi]
-    limit = ep.mb_t_list[hi] + ep.mb_t_list[lo]
-    for k, other in ((hi, lo), (lo, hi)):  # the other's kind only: its group takes k at k's own time
-        groups = [[p, ep.mb_r[other], 0.0, []]]
-        fill_rounds(ep, groups, {p: [(ep.mb_r[other], [], [0])]}, [k], limit)
-        assert groups[0][3] == [k] and groups[0][2] == ep.mb_t_list[k]
-        groups = [[p, ep.mb_r[other], 0.0, []]]
-        assert place_first(ep, groups, {(p, ep.mb_r[other]): [0]}, k, limit)
-        assert groups[0][3] == [k] and groups[0][2] == ep.mb_t_list[k]

@@ -210,26 +210,16 @@ def test_window_order_by_rank_is_the_stable_longest_first_order():
 
 
 @pytest.mark.parametrize("method", ["dcp-intra", "dcp-inter"])
-def test_large_world_rounds_packing(method, monkeypatch):
-    """From BULK_MIN_RANKS ranks the numpy packer (group counts per kind, then longest-first rounds) plans the
-    steps: every sample once, node-aligned cover, Gmax, the same plans twice, and full steps balanced within
-    the same tolerances as the one-by-one best fit at small worlds."""
-    from dcp.planner import packing, tuning
+def test_large_world_packing(method):
+    """From BULK_MIN_RANKS ranks (no re-pack passes) the steps: every sample once, node-aligned cover, Gmax, the
+    same plans twice, and full steps balanced within the same tolerances as at small worlds."""
+    from dcp.planner import tuning
 
     world = tuning.BULK_MIN_RANKS
-    calls = []
-    real = packing.pack_rounds
-
-    def spy(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(packing, "pack_rounds", spy)
     cfg, table = make(world, method=method, cap_mib=48)
     lengths = _long_tailed(200 * world, seed=7)
     pl = EpochPlanner(lengths, table, cfg, world)
     plans = list(pl)
-    assert calls, "the large-world packer did not run"
     check_plans(plans, lengths, cfg, world, pl)
     assert [p.digest() for p in plan_epoch(lengths, table, cfg, world)] == [p.digest() for p in plans]
     full = [p for p in plans[:-2] if all(g.micro_batches for g in p.groups)]
@@ -240,36 +230,12 @@ def test_large_world_rounds_packing(method, monkeypatch):
     assert idle <= EPOCH_IDLE_TOLERANCE
 
 
-def test_rounds_fill_each_kind_with_its_own_work_first():
-    """A group of more recompute may take micro-batches of less (timed at its r), but only after its own
-    kind's: else it takes the short-recompute work and leaves the work it was granted for in the stream."""
-    from types import SimpleNamespace
-
-    from dcp.planner.rounds import fill_rounds
-
-    # micro-batches 0-3: p = 1, r = 0 (1.0 s at r = 0, 1.5 s at r = 4); 4-5: p = 1, r = 4 (1.2 s)
-    ep = SimpleNamespace(mb_p_np=np.ones(6, dtype=np.int64), mb_r_np=np.array([0, 0, 0, 0, 4, 4]),
-                         time_at_np={0: np.array([1.0, 1.0, 1.0, 1.0, np.nan, np.nan]),
-                                     4: np.array([1.5, 1.5, 1.5, 1.5, 1.2, 1.2])},
-                         settings={0: SimpleNamespace(sp_size=1, recompute_layers=0),
-                                   1: SimpleNamespace(sp_size=1, recompute_layers=4)})  # two primary kinds
-    groups = [[1, 0, 0.0, []], [1, 4, 0.0, []]]
-    fill_rounds(ep, groups, {1: [(0, [], [0]), (4, [], [1])]}, [0, 1, 2, 3, 4, 5], limit=4.0)
-    assert sorted(groups[1][3]) == [4, 5] and groups[1][2] == pytest.approx(2.4)  # its own two, not two 1.5 s
-    assert sorted(groups[0][3]) == [0, 1, 2, 3] and groups[0][2] == 4.0
-    # room left after its own: a more-recompute group takes less-recompute left-overs, at its own r's time
-    groups = [[1, 0, 0.0, []], [1, 4, 0.0, []]]
-    fill_rounds(ep, groups, {1: [(0, [], [0]), (4, [], [1])]}, [0, 1, 2, 3, 4], limit=3.6)
-    assert sorted(groups[0][3]) == [0, 1, 2] and groups[0][2] == 3.0
-    assert sorted(groups[1][3]) == [3, 4] and groups[1][2] == pytest.approx(2.7)
-
-
 @settings(max_examples=40, deadline=None)
 @given(world=st.sampled_from([512, 576, 1024]), rpn=st.sampled_from([4, 8]), per_rank=st.integers(0, 40),
        seed=st.integers(0, 3), method=st.sampled_from(["dcp-inter", "dcp-intra"]), gmax=st.integers(1, 4),
        lookahead_per_rank=st.sampled_from([0, 3, 32]), cap_mib=st.sampled_from([6.0, 8.0, 24.0]))
 def test_large_world_assembly_properties(world, rpn, per_rank, seed, method, gmax, lookahead_per_rank, cap_mib):
-    """The numpy packer's worlds: exactly once, rank coverage, node alignment, Gmax, window bound and
+    """Large worlds (no re-pack passes): exactly once, rank coverage, node alignment, Gmax, window bound and
     determinism, on short and long epochs and tight windows (the head left without a group, the end of the
     epoch, a single step), and memory limits that give one p several recompute depths (6-8 MiB)."""
     cfg, table = make(world, method=method, rpn=rpn, gmax=gmax, lookahead=lookahead_per_rank * world, seed=seed,

@@ -15,6 +15,7 @@ from test_planner_balance import _long_tail
 import dcp.planner.step as step_mod
 from dcp.planner import EpochPlanner, plan_epoch
 from dcp.planner.build import placed_groups
+from dcp.planner.group import Group
 from dcp.planner.step import fill_share
 from dcp.planner.step_tokens import TOKEN_LAG, step_tokens, thin_window, window_at
 
@@ -75,8 +76,8 @@ def test_fill_share_counts_idle_ranks_and_costlier_settings():
     ep = pl.arrays
     k = int(np.flatnonzero(ep.mb_p_np == 1)[0])
     t = float(ep.mb_t[k])
-    assert fill_share(ep, placed_groups(ep, [[1, int(ep.mb_r[k]), t, [k]]], k)[0]) == pytest.approx(1 / 8)  # 7 ranks idle
-    assert fill_share(ep, placed_groups(ep, [[1, int(ep.mb_r[k]), 2 * t, [k]]], k)[0]) == pytest.approx(1 / 16)  # at twice its time
+    assert fill_share(ep, placed_groups(ep, [Group(1, int(ep.mb_r[k]), t, [k])], k)[0]) == pytest.approx(1 / 8)  # 7 ranks idle
+    assert fill_share(ep, placed_groups(ep, [Group(1, int(ep.mb_r[k]), 2 * t, [k])], k)[0]) == pytest.approx(1 / 16)  # at twice its time
 
 
 def test_thin_window_defers_the_widest_kind_beyond_one_group():
