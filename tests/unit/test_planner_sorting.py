@@ -107,6 +107,7 @@ def test_wide_groups_resume_their_search_and_place_as_from_rank_zero(counts, wor
 def test_the_adding_on_arrays_takes_what_the_list_form_takes(times, rooms, others, seed):
     """improve's adding from 512 ranks (arrays, gone links) picks, group after group, the same left-overs at the
     same times as the list form (bisect, popping what is claimed), with ids claimed elsewhere in between."""
+    from dcp.planner.group import Group
     from dcp.planner.improve import _add_longest, _improve_group
 
     rng = np.random.default_rng(seed)
@@ -120,7 +121,7 @@ def test_the_adding_on_arrays_takes_what_the_list_form_takes(times, rooms, other
         if n < len(others):  # a kind of another r claims one in between
             claimed_a.add(others[n])
             claimed_b.add(others[n])
-        ga, gb = [1, 0, 10.0 - room, [99]], [1, 0, 10.0 - room, [99]]
+        ga, gb = Group(1, 0, 10.0 - room, [99]), Group(1, 0, 10.0 - room, [99])
         _add_longest(ga, entry, claimed_a, 10.0)
         _improve_group((), gb, ts_l, ids_l, claimed_b, 10.0, head=99, swaps=False)
         assert ga == gb and claimed_a == claimed_b
