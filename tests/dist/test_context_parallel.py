@@ -177,15 +177,15 @@ def test_the_profiler_measures_an_sp_size_in_its_context_layout(tmp_path):
 
 
 def _profile_past_heads(rank: int, world_size: int, cache_dir: str) -> list:
-    from dcp.config import DCPConfig, PlanningConfig, ProfilingConfig
+    from dcp.config import AdvancedConfig, DCPConfig, PlanningConfig, ProfilingConfig
     from dcp.models import build_model
     from dcp.profiler import load_or_profile
     from dcp.runtime.registry import SPGroupRegistry
 
     model = build_model("t1d-tiny", num_heads=2)  # SP 4 is past its 2 heads: layout 2x2
     config = DCPConfig(model=model.config.shape(),
-                       profiling=ProfilingConfig(seq_group_edges=(64, 512), max_micro_batch_size=2, warmup_iters=0,
-                                                 measure_iters=1, cache_dir=cache_dir),
+                       profiling=ProfilingConfig(seq_group_edges=(64, 512), max_micro_batch_size=2, cache_dir=cache_dir),
+                       advanced=AdvancedConfig(warmup_iters=0, measure_iters=1),
                        planning=PlanningConfig(sp_sizes=(1, 2, 4), ranks_per_node=4, mem_capacity_gib=0.0062))
     registry = SPGroupRegistry.for_config(config, world_size, (1, 2, 4))
     table, _ = load_or_profile(model, config, world_size, registry, progress=False)
