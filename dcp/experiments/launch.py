@@ -52,7 +52,7 @@ def _launch(spec: SweepSpec, marker: dict[str, Any], runs: list[RunSpec], quiet:
     """(run-id stamp, indices of finished runs): an unfinished earlier launch of the same runs resumes after
     its finished runs (their rows are in runs.csv); anything else starts a new launch."""
     hashes = [r.config_hash() for r in runs]
-    last = marker.get("launch") or marker.get("session") or {}  # "session": markers of older versions
+    last = marker.get("launch") or {}
     stamp, done = launch_stamp(), set()
     if isinstance(last, dict) and last.get("complete") is False and last.get("hashes") == hashes:
         stamp = str(last.get("stamp"))

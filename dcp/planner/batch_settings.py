@@ -28,7 +28,7 @@ import math
 from collections.abc import Sequence
 
 from dcp.config import DCPConfig, PlanningConfig
-from dcp.planner.step_tokens import lr_factor
+from dcp.planner.step_tokens import batch_tokens, lr_factor
 from dcp.validate import fail
 
 DEFAULT_BOUNDS = PlanningConfig.__dataclass_fields__["step_tokens_bounds"].default
@@ -42,8 +42,7 @@ def check_batch_settings(lengths: Sequence[int], config: DCPConfig) -> list[str]
     ordered = sorted(int(n) for n in lengths)
     # the default batch (neither field set) is derived at least as large as the longest sample
     # (step_tokens.batch_tokens), so only a batch the user states is checked against the data
-    stated = cfg.tokens_per_step or (max(1, round(cfg.samples_per_step * sum(ordered) / len(ordered)))
-                                     if cfg.samples_per_step and ordered else 0)
+    stated = batch_tokens(config, ordered, 1)[0] if (cfg.tokens_per_step or cfg.samples_per_step) and ordered else 0
     warnings = _target_checks(ordered, config, stated) if stated else []
     if not stated and cfg.default_batch == "method" and tuple(cfg.step_tokens_bounds) != DEFAULT_BOUNDS:
         warnings.append(

@@ -74,16 +74,18 @@ def _doc_ids(docs: DocLens, padded: int) -> torch.Tensor:
     return torch.stack(rows)
 
 
+def _query_positions(padded: int, context: int, context_rank: int) -> torch.Tensor:
+    """Global positions of this context rank's queries: its front and back chunks (the whole row at c = 1)."""
+    chunks = balanced_chunks(padded, context, context_rank) if context > 1 else ((0, padded),)
+    return torch.cat([torch.arange(a, e) for a, e in chunks])
+
+
 @functools.lru_cache(maxsize=16)
 def _mask(docs: DocLens, padded: int, context: int, context_rank: int, causal: bool) -> tuple[torch.Tensor,
                                                                                              torch.Tensor, int]:
     """(attention mask [b, 1, q, keys] bool, real-query mask [b, q] bool, keys) of this context rank's queries,
     on the host; cached, so the layers of one micro-batch build it once. Never modified in place."""
-    if context > 1:
-        front, back = balanced_chunks(padded, context, context_rank)
-        positions = torch.cat([torch.arange(*front), torch.arange(*back)])
-    else:
-        positions = torch.arange(padded)
+    positions = _query_positions(padded, context, context_rank)
     # Causal: no query of this rank reads past its back chunk's end, so later keys are never touched.
     keys = int(positions.max()) + 1 if causal else padded
     ids = _doc_ids(docs, padded)
@@ -209,8 +211,7 @@ def _one_document_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padd
 def _real_queries(docs: DocLens, padded: int, context: int, context_rank: int) -> torch.Tensor:
     """[b, q] bool on the host: which of this context rank's query positions hold a token of the row's one
     document (the rest is padding)."""
-    chunks = balanced_chunks(padded, context, context_rank) if context > 1 else ((0, padded),)
-    positions = torch.cat([torch.arange(a, e) for a, e in chunks])
+    positions = _query_positions(padded, context, context_rank)
     return positions[None, :] < torch.tensor([row[0] for row in docs])[:, None]
 
 
