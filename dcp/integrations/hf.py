@@ -31,6 +31,7 @@ explicit attention mask falls back to HF's SDPA).
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,10 +48,13 @@ from dcp.integrations.hf_model import (
     HFModelError,
     chunk,
     find_decoder_layers,
+    logits_fn,
     hf_shape,
     model_shape,
 )
+from dcp.memory import LOSS_CHUNK_TOKENS
 from dcp.models.common import pack_rows
+from dcp.models.loss import chunked_cross_entropy
 from dcp.runtime.attention import DocLens
 from dcp.runtime.context import SPContext
 
@@ -148,6 +152,8 @@ class HFCausalLM:
     """Its decoder layers (an ``nn.ModuleList``): the recompute switch goes on each."""
     final_norm: Any = field(default=None)
     """Its final norm (None: found by name when the profiler adapter is built)."""
+    loss_chunk_tokens: int = LOSS_CHUNK_TOKENS
+    """Tokens per piece of the head + cross-entropy (one piece's logits alive at a time; 0: one piece)."""
 
     def forward(self, model: Any, batch: Any, ctx: SPContext) -> tuple[torch.Tensor, torch.Tensor]:
         """The manager's ``forward_fn``: ``(loss_sum, labelled tokens)`` over this rank's chunk of ``batch``.
@@ -171,14 +177,29 @@ class HFCausalLM:
         # this chunk's GLOBAL positions (RoPE as without SP); SP padding after the last token gets 0 (no label,
         # and causal / per-document attention never lets a real token see it)
         position_ids = chunk(positions, ctx, 0)
-        logits = model(input_ids=ids, position_ids=position_ids, use_cache=False, dcp_ctx=ctx, dcp_docs=docs).logits
-        loss_sum = F.cross_entropy(logits.flatten(0, 1).float(), labels.reshape(-1), ignore_index=IGNORE_INDEX,
-                                   reduction="sum")
+        kwargs = dict(input_ids=ids, position_ids=position_ids, use_cache=False, dcp_ctx=ctx, dcp_docs=docs)
+        if not self.loss_chunk_tokens or "logits_to_keep" not in inspect.signature(self.model.forward).parameters:
+            logits = model(**kwargs).logits
+            loss_sum = F.cross_entropy(logits.flatten(0, 1).float(), labels.reshape(-1), ignore_index=IGNORE_INDEX,
+                                       reduction="sum")
+            return loss_sum, (labels != IGNORE_INDEX).sum()
+        # The model's own forward runs (an engine's hooks on the root, e.g. fsdp2's gather, fire as usual) but its
+        # head gets no rows (logits_to_keep: an empty index); the base model's output (after the final norm) is
+        # taken by a hook, and the head + cross-entropy run in token chunks, recomputed in backward.
+        hidden: list[torch.Tensor] = []
+        hook = self.model.base_model.register_forward_hook(
+            lambda _m, _a, out: hidden.append(out[0] if isinstance(out, tuple) else out.last_hidden_state))
+        try:
+            model(**kwargs, logits_to_keep=torch.empty(0, dtype=torch.long, device=device))
+        finally:
+            hook.remove()
+        loss_sum = chunked_cross_entropy(hidden[-1], labels, logits_fn(self.model), self.loss_chunk_tokens)
         return loss_sum, (labels != IGNORE_INDEX).sum()
 
     def adapter(self) -> HFCausalLMAdapter:
         """The profiler adapter: the model's own layers, attention over the profiler's SP groups."""
-        return HFCausalLMAdapter(self.model, layers=self.layers, final_norm=self.final_norm, sp_aware=True)
+        return HFCausalLMAdapter(self.model, layers=self.layers, final_norm=self.final_norm, sp_aware=True,
+                                 loss_chunk_tokens=self.loss_chunk_tokens)
 
     def shape(self) -> ModelShapeConfig:
         """The planner's model shape (layers, width, heads, FFN, vocabulary, bytes per parameter)."""

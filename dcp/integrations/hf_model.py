@@ -14,7 +14,8 @@ and a profiler adapter built from those, with no per-architecture code.
   up to the first decoder layer and captures what that layer receives (hidden states after the
   embedding, Gemma's scaling or GPT-2's position embedding; rotary tables; position ids; the DCP
   context), so every architecture's embedding is the model's own code; ``run_layer`` calls layer i with
-  the same keywords; ``head_loss`` applies the final norm, the head and Gemma-2's logit soft-capping.
+  the same keywords; ``head_loss`` applies the final norm, the head and Gemma-2's logit soft-capping, and the cross-entropy
+  in chunks of ``loss_chunk_tokens`` tokens (:func:`dcp.models.loss.chunked_cross_entropy`: never every logit).
 
 A model where a piece cannot be found gets one line naming what to pass to
 :func:`dcp.integrations.hf.prepare` (``layers=`` or ``final_norm=``).
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -31,6 +33,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from dcp.config import ModelShapeConfig
+from dcp.memory import LOSS_CHUNK_TOKENS
+from dcp.models.loss import chunked_cross_entropy
 from dcp.profiler.adapters import ModelAdapter, _config_dict, config_hash
 from dcp.runtime.context_parallel import take_shard
 
@@ -137,6 +141,29 @@ def chunk(t: torch.Tensor, ctx: Any, value: int) -> torch.Tensor:
     return take_shard(F.pad(t, (0, ctx.padded_len(s) - s), value=value), ctx.shard_ranges(s))
 
 
+def logits_fn(model: nn.Module, norm: nn.Module | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Rows of hidden states -> logits as the model's forward computes them: ``norm`` (if given: for hidden
+    states taken before the final norm), the head, then what some forwards apply after it (Gemma-2's
+    ``final_logit_softcapping``, Cohere's ``logit_scale``, Granite's ``logits_scaling``). Per token, so
+    :func:`dcp.models.loss.chunked_cross_entropy` may run it on any chunk of rows."""
+    head, config = model.get_output_embeddings(), model.config
+    cap = getattr(config, "final_logit_softcapping", None)
+    scale = getattr(config, "logit_scale", None)
+    divide = getattr(config, "logits_scaling", None)
+
+    def logits(rows: torch.Tensor) -> torch.Tensor:
+        out = head(rows if norm is None else norm(rows))
+        if cap:
+            out = torch.tanh(out / cap) * cap
+        if scale:
+            out = out * scale
+        if divide:
+            out = out / divide
+        return out
+
+    return logits
+
+
 class _Captured(Exception):  # noqa: N818 (control flow, not an error)
     """Raised by the first decoder layer's pre-hook once its inputs are recorded."""
 
@@ -153,8 +180,11 @@ class HFCausalLMAdapter(ModelAdapter):
     """The dual-layer profiler's view of any HF causal LM (see the module docstring)."""
 
     def __init__(self, model: nn.Module, *, layers: nn.ModuleList | None = None, final_norm: nn.Module | None = None,
-                 sp_aware: bool | None = None) -> None:
+                 sp_aware: bool | None = None, loss_chunk_tokens: int = LOSS_CHUNK_TOKENS) -> None:
+        if loss_chunk_tokens < 0:
+            raise HFModelError(f"loss_chunk_tokens ({loss_chunk_tokens}) must be >= 0: use 0 for one piece")
         self.module = model
+        self.loss_chunk_tokens = loss_chunk_tokens
         self.layers = find_decoder_layers(model) if layers is None else layers
         self.norm = find_final_norm(model) if final_norm is None else final_norm
         self.head = model.get_output_embeddings()
@@ -191,7 +221,7 @@ class HFCausalLMAdapter(ModelAdapter):
         # forwards pass use_cache=False), and transformers.Trainer turns it off on the model it trains: a Trainer
         # run and a plain loop of the same model share one cached table
         fields = {k: v for k, v in _config_dict(self.module.config).items() if k != "use_cache"}
-        return config_hash({**fields, "dcp_sp_aware": self.sp_aware})
+        return config_hash({**fields, "dcp_sp_aware": self.sp_aware, "dcp_loss_chunk_tokens": self.loss_chunk_tokens})
 
     def synthetic_batch(self, batch_size: int, seq_len: int, *, generator: torch.Generator) -> Any:
         from dcp.data import collate_tokens
@@ -225,11 +255,6 @@ class HFCausalLMAdapter(ModelAdapter):
     def head_loss(self, hidden: torch.Tensor, batch: Any, ctx: Any, aux: Any) -> tuple[torch.Tensor, torch.Tensor]:
         from dcp.data import IGNORE_INDEX
 
-        logits = self.head(self.norm(hidden))
-        cap = getattr(self.module.config, "final_logit_softcapping", None)
-        if cap:  # Gemma-2's soft-capping, as its forward applies it
-            logits = torch.tanh(logits / cap) * cap
-        targets = chunk(batch.targets.to(logits.device), ctx, IGNORE_INDEX)
-        loss_sum = F.cross_entropy(logits.flatten(0, 1).float(), targets.reshape(-1), ignore_index=IGNORE_INDEX,
-                                   reduction="sum")
+        targets = chunk(batch.targets.to(hidden.device), ctx, IGNORE_INDEX)
+        loss_sum = chunked_cross_entropy(hidden, targets, logits_fn(self.module, self.norm), self.loss_chunk_tokens)
         return loss_sum, (targets != IGNORE_INDEX).sum()

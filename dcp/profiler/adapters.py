@@ -31,6 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dcp.memory import LOSS_CHUNK_TOKENS
+from dcp.models.loss import chunked_cross_entropy
+
 RecomputeFn = Callable[..., torch.Tensor]
 
 
@@ -222,7 +225,7 @@ class HFLlamaAdapter(ModelAdapter):
         # the attention implementation is part of what was measured (SP-aware or not); use_cache is not (the
         # profiled forwards pass use_cache=False; transformers.Trainer turns it off on the model it trains)
         fields = {k: v for k, v in _config_dict(self.module.config).items() if k != "use_cache"}
-        return config_hash({**fields, "dcp_sp_aware": self.sp_aware})
+        return config_hash({**fields, "dcp_sp_aware": self.sp_aware, "dcp_loss_chunk_tokens": LOSS_CHUNK_TOKENS})
 
     def layer_inputs(self, batch: Any, ctx: Any) -> tuple[torch.Tensor, Any]:
         inner = self.module.model
@@ -248,11 +251,9 @@ class HFLlamaAdapter(ModelAdapter):
     def head_loss(self, hidden: torch.Tensor, batch: Any, ctx: Any, aux: Any) -> tuple[torch.Tensor, torch.Tensor]:
         from dcp.data import IGNORE_INDEX
 
-        logits = self.module.lm_head(self.module.model.norm(hidden))
-        targets = self._chunk(batch.targets.to(logits.device), ctx, IGNORE_INDEX)
-        loss_sum = F.cross_entropy(
-            logits.flatten(0, 1).float(), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
-        )
+        targets = self._chunk(batch.targets.to(hidden.device), ctx, IGNORE_INDEX)
+        loss_sum = chunked_cross_entropy(hidden, targets, lambda h: self.module.lm_head(self.module.model.norm(h)),
+                                         LOSS_CHUNK_TOKENS)
         return loss_sum, (targets != IGNORE_INDEX).sum()
 
 

@@ -64,3 +64,57 @@ def test_bad_chunk_sizes_refused():
         chunked_cross_entropy(torch.zeros(2, 4), torch.zeros(2, dtype=torch.long), torch.nn.Linear(4, 3), -1)
     with pytest.raises(ConfigError, match="t1d.loss_chunk_tokens"):
         T1DConfig.tiny(loss_chunk_tokens=-1)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gemma2", "gpt2"])  # grouped K/V, logit soft-capping, a biased head
+def test_hf_forward_chunked_equals_the_models_own_logits(arch):
+    pytest.importorskip("transformers")
+    from dcp.integrations import hf
+    from dcp.integrations.hf_zoo import tiny_causal_lm
+
+    model = tiny_causal_lm(arch, layers=2, hidden=64)
+    prepared = hf.prepare(model)
+    whole = dataclasses.replace(prepared, loss_chunk_tokens=0)  # the model's own forward and logits
+    chunked = dataclasses.replace(prepared, loss_chunk_tokens=5)
+    data = SyntheticTokenDataset([13, 22, 9], vocab_size=200, seed=1)
+    batch = data.collate([data[i] for i in range(3)])  # unequal lengths: packed as documents of one row
+    targets = batch.targets.clone()
+    targets[..., ::4] = IGNORE_INDEX
+    batch = dataclasses.replace(batch, targets=targets)
+    results = []
+    for fwd in (whole, chunked):
+        model.zero_grad(set_to_none=True)
+        loss, count = fwd.forward(model, batch, SPContext.single())
+        loss.backward()
+        results.append((loss.detach(), int(count), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+    (a, n_a, ga), (b, n_b, gb) = results
+    assert n_a == n_b == int((targets != IGNORE_INDEX).sum())
+    torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    assert len(ga) == len(gb)
+    for x, y in zip(gb, ga, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6)
+
+
+def test_hf_adapter_chunked_loss_and_its_cache_key():
+    pytest.importorskip("transformers")
+    from dcp.integrations.hf_model import HFCausalLMAdapter, HFModelError
+    from dcp.integrations.hf_zoo import tiny_causal_lm
+
+    model = tiny_causal_lm("gemma2", layers=2, hidden=64)
+    whole, chunked = HFCausalLMAdapter(model, loss_chunk_tokens=0), HFCausalLMAdapter(model, loss_chunk_tokens=6)
+    assert whole.config_hash() != chunked.config_hash()  # the measured head memory differs
+    data = SyntheticTokenDataset([17], vocab_size=200, seed=2)
+    batch = data.collate([data[0]])
+    ctx = SPContext.single()
+    hidden, aux = whole.layer_inputs(batch, ctx)
+    for i in range(whole.num_layers):
+        hidden = whole.run_layer(i, hidden, aux, ctx)
+    a, _ = whole.head_loss(hidden, batch, ctx, aux)
+    b, _ = chunked.head_loss(hidden, batch, ctx, aux)
+    torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    # the model's own loss (mean over its shifted labels) from the same logits
+    full = model(input_ids=batch.inputs, use_cache=False).logits
+    ref = torch.nn.functional.cross_entropy(full.flatten(0, 1).float(), batch.targets.reshape(-1), reduction="sum")
+    torch.testing.assert_close(a, ref, rtol=1e-4, atol=1e-4)
+    with pytest.raises(HFModelError, match="loss_chunk_tokens"):
+        HFCausalLMAdapter(model, loss_chunk_tokens=-1)
