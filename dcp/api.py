@@ -184,9 +184,19 @@ def set_manager(model: torch.nn.Module, dataset: Any, config: DCPConfig | None =
         if rank == 0:  # one line per job, as the manager's other one-time messages (every rank builds the same)
             get_logger(rank).info(
                 "set_manager: no optimizer given, using torch.optim.AdamW(model.parameters()) with torch's defaults")
-    eng = _resolve_engine(engine, model, config, optimizer, lr_scheduler, world, deepspeed_config)
-    mgr = DCPManager(model, dataset, config, eng, table=table, plans=plans, forward_fn=forward_fn, adapter=adapter,
-                     profiler=CachedProfiler())
+    name = None if isinstance(engine, Engine) else (engine or config.runtime.engine)
+    if name in ("fsdp2", "fsdp2-zero3") and table is None and plans is None:
+        # fully_shard turns the layers' parameters into shards gathered over every rank in each forward, and the
+        # dual-layer profiler times single layers on their own: the profile (cached, or measured in this run)
+        # is taken while the model is whole, then the engine shards it
+        mgr = DCPManager(model, dataset, config, None, forward_fn=forward_fn, adapter=adapter,
+                         profiler=CachedProfiler())
+        mgr.init_profiler()
+        mgr.bind_engine(_resolve_engine(name, model, config, optimizer, lr_scheduler, world, deepspeed_config))
+    else:
+        eng = _resolve_engine(engine, model, config, optimizer, lr_scheduler, world, deepspeed_config)
+        mgr = DCPManager(model, dataset, config, eng, table=table, plans=plans, forward_fn=forward_fn,
+                         adapter=adapter, profiler=CachedProfiler())
     if integration is not None:
         integration.attach(mgr)
     return mgr

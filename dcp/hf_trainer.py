@@ -166,7 +166,8 @@ class DCPTrainerMixin:
         mgr = set_manager(self.model, data, config, optimizer=self.optimizer)
         self.dcp_manager = mgr
         if folder is not None:  # DCP's position first: the steps left depend on it (and on this run's world size)
-            mgr.load_state_dict(torch.load(os.path.join(folder, DCP_STATE_FILE), weights_only=False))
+            saved = torch.load(os.path.join(folder, DCP_STATE_FILE), weights_only=False)
+            mgr.load_state_dict(saved["dcp"] if _sharded(folder) else saved)
         # the scheduler's length: the steps DCP will take (plans are the same on every rank); after a resume on
         # another world size (or table, or config) the epoch's untrained samples are planned again, in other steps
         epochs = math.ceil(args.num_train_epochs)
@@ -224,9 +225,16 @@ class DCPTrainerMixin:
         return len(mgr.step_stats)
 
     def _save_with_position(self, mgr: Any) -> None:
-        """Trainer's checkpoint (model, optimizer, scheduler, trainer state) plus DCP's position in the data."""
-        self._save_checkpoint(self.model, trial=None)
+        """Trainer's checkpoint (model, optimizer, scheduler, trainer state) plus DCP's position in the data; under
+        fsdp2 the model and optimizer are the ranks' shards through torch's distributed checkpoint
+        (``dcp.runtime.checkpoint``: each rank writes its own, a resume reshards onto any world size)."""
         folder = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
+        if mgr.engine.name.startswith("fsdp2"):
+            ckpt.save_checkpoint(mgr, folder)  # model, optimizer, scheduler and position
+            if self.is_world_process_zero():
+                self.state.save_to_json(os.path.join(folder, "trainer_state.json"))
+            return
+        self._save_checkpoint(self.model, trial=None)
         if self.is_world_process_zero():
             torch.save(mgr.state_dict(), os.path.join(folder, DCP_STATE_FILE))
 
@@ -246,11 +254,20 @@ class DCPTrainerMixin:
         return folder
 
     def _resume(self, mgr: Any, folder: str) -> None:
-        """Model, optimizer and scheduler from Trainer's files (DCP's position is loaded already)."""
-        self._load_from_checkpoint(folder)
-        self._load_optimizer_and_scheduler(folder)
+        """Model, optimizer and scheduler from Trainer's files, or from a sharded checkpoint (DCP's position is
+        loaded already)."""
+        if _sharded(folder):
+            ckpt.load_checkpoint(mgr, folder)
+        else:
+            self._load_from_checkpoint(folder)
+            self._load_optimizer_and_scheduler(folder)
         saved = TrainerState.load_from_json(os.path.join(folder, "trainer_state.json"))
         self.state.global_step, self.state.log_history = mgr.global_step, saved.log_history
+
+
+def _sharded(folder: str) -> bool:
+    """A checkpoint written through torch's distributed checkpoint (fsdp2), not Trainer's own files."""
+    return os.path.isfile(os.path.join(folder, ".metadata"))
 
 
 class DCPTrainer(DCPTrainerMixin, Trainer):

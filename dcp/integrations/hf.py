@@ -183,17 +183,27 @@ class HFCausalLM:
             loss_sum = F.cross_entropy(logits.flatten(0, 1).float(), labels.reshape(-1), ignore_index=IGNORE_INDEX,
                                        reduction="sum")
             return loss_sum, (labels != IGNORE_INDEX).sum()
-        # The model's own forward runs (an engine's hooks on the root, e.g. fsdp2's gather, fire as usual) but its
-        # head gets no rows (logits_to_keep: an empty index); the base model's output (after the final norm) is
-        # taken by a hook, and the head + cross-entropy run in token chunks, recomputed in backward.
+        # The model's own forward runs, but its head gets no rows (logits_to_keep: an empty index); a hook takes the
+        # base model's output (after the final norm) and the head + cross-entropy run in token chunks, recomputed
+        # in backward. The loss is computed INSIDE the root module's forward and returned as its output (a hook
+        # placed before the engine's own): under fsdp2-zero3 the root's parameters (the head) are gathered only
+        # there, and the engine's backward hooks on the root's outputs gather them again for the recompute.
         hidden: list[torch.Tensor] = []
-        hook = self.model.base_model.register_forward_hook(
-            lambda _m, _a, out: hidden.append(out[0] if isinstance(out, tuple) else out.last_hidden_state))
+
+        def take_hidden(_m: Any, _a: Any, out: Any) -> None:
+            hidden.append(out[0] if isinstance(out, tuple) else out.last_hidden_state)
+
+        def loss_as_output(_m: Any, _a: Any, out: Any) -> Any:
+            out.logits = chunked_cross_entropy(hidden[-1], labels, logits_fn(self.model), self.loss_chunk_tokens)
+            return out
+
+        hooks = [self.model.base_model.register_forward_hook(take_hidden),
+                 model.register_forward_hook(loss_as_output, prepend=True)]
         try:
-            model(**kwargs, logits_to_keep=torch.empty(0, dtype=torch.long, device=device))
+            loss_sum = model(**kwargs, logits_to_keep=torch.empty(0, dtype=torch.long, device=device)).logits
         finally:
-            hook.remove()
-        loss_sum = chunked_cross_entropy(hidden[-1], labels, logits_fn(self.model), self.loss_chunk_tokens)
+            for hook in hooks:
+                hook.remove()
         return loss_sum, (labels != IGNORE_INDEX).sum()
 
     def adapter(self) -> HFCausalLMAdapter:

@@ -147,15 +147,21 @@ class DCPManager:
         self._loop = StepLoop(config, rank=self.rank, world_size=self.world_size, dataset=dataset,
                               device=self.device, target_counts=self._target_counts_np, exchange=self._exchange,
                               board=self._board, timings=self._timings)
-        engine.attach(self)
-        engine.keep_weight_casts = weight_casts.wanted(config.runtime, config.advanced, engine, self.log)
-        self._lr = self._loop.lr = step_lr(with_batch(config, self.lengths, self.world_size), engine)
-        """runtime.lr_scaling (dcp.runtime.lr): applied as a step opens, restored by the engine after its update."""
+        if engine is not None:
+            self.bind_engine(engine)
         self._ctx = SPContext.single(attention=config.runtime.attention)
         self._ctx_cache: dict[tuple[int, int, int], SPContext] = {}
         self._idle_tally = StepTally.zeros(self.device)
         """Where a forward outside any step would count (none does in the paper's loop)."""
         self._layer_counter = 0
+
+    def bind_engine(self, engine: Engine) -> None:
+        """Run the plans with ``engine`` (its hooks, weight casts and LR scaling: runtime.lr_scaling, applied as a
+        step opens); ``set_manager`` profiles an fsdp2 model whole, then binds the engine that shards it."""
+        config, self.engine = self.config, engine
+        engine.attach(self)
+        engine.keep_weight_casts = weight_casts.wanted(config.runtime, config.advanced, engine, self.log)
+        self._lr = self._loop.lr = step_lr(with_batch(config, self.lengths, self.world_size), engine)
 
     # ----- position (dcp.runtime.loop) -------------------------------------------------------------
     @property

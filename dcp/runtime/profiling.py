@@ -12,6 +12,8 @@ import time
 from collections import deque
 from typing import Any, Protocol
 
+import torch
+
 from dcp.config import DCPConfig
 from dcp.distributed.device import Span
 from dcp.runtime.step import ManagerError
@@ -64,13 +66,14 @@ class TableLoader:
         reason = "refresh requested" if refresh else ""
         target = adapter if adapter is not None else model
         args = (model, self.config, self.world_size, registry)
-        if self.config.runtime.engine.startswith("fsdp2") and (refresh or self.need_profile(target)):
+        if _is_sharded(model) and (refresh or self.need_profile(target)):
             # the dual-layer profiler runs single layers of the model on their own, while fully_shard's layers
-            # all-gather their parameters over every rank on each forward: it measures replicated modules only
+            # all-gather their parameters over every rank on each forward: it measures whole modules only
+            # (set_manager profiles an fsdp2 run before its engine shards the model)
             raise ManagerError(
-                "runtime.engine ('fsdp2') cannot profile inside the run (the profiler measures unsharded layers): "
-                "pass set_manager(..., table=...) with dcp.planner.analytic_table_for(config, world_size) or a table "
-                "profiled with runtime.engine 'ddp', or use a cached table"
+                "the model is already sharded by fully_shard, and the profiler measures unsharded layers: give "
+                "set_manager the unsharded model with runtime.engine 'fsdp2' (it profiles before sharding), or pass "
+                "set_manager(..., table=...) with dcp.planner.analytic_table_for(config, world_size) or a cached table"
             )
         try:
             if strict and not refresh and self.source.need_profile(target, self.config, self.world_size):
@@ -96,6 +99,13 @@ class TableLoader:
                               reason or "no cached table for this run's key", len(table),
                               float(table.meta.extra.get("profile_wall_s", float("nan"))), cache_dir)
         return table
+
+
+def _is_sharded(model: Any) -> bool:
+    """True when ``fully_shard`` has replaced the model's (or a submodule's) parameters by shards."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, torch.nn.Module) and any(isinstance(m, FSDPModule) for m in model.modules())
 
 
 def _strict_error(exc: Exception) -> ManagerError:

@@ -45,7 +45,7 @@ def test_the_dcp_twin_trains_on_two_ranks_with_sp2_in_the_plain_trainers_steps(t
     assert abs(len(dcp_losses) - len(plain_losses)) <= 1 + 0.1 * len(plain_losses)
 
 
-def _trainer_run(rank: int, world: int, out: str, max_steps: int, resume: bool) -> dict:
+def _trainer_run(rank: int, world: int, out: str, max_steps: int, resume: bool, engine: str = "ddp") -> dict:
     """One DCPTrainer run over 12 samples (global batch 1 x 1 x W); returns the sample ids this rank collated,
     the optimizer steps and the scheduler's length."""
     sys.path.insert(0, str(EXAMPLES))
@@ -53,7 +53,7 @@ def _trainer_run(rank: int, world: int, out: str, max_steps: int, resume: bool) 
     from transformers import TrainingArguments
 
     import dcp
-    from dcp.config import PlanningConfig, ProfilingConfig
+    from dcp.config import PlanningConfig, ProfilingConfig, RuntimeConfig
     from dcp.hf_trainer import DCPTrainer
     from dcp.integrations.hf import TokenDataset
     from dcp.integrations.hf_zoo import tiny_causal_lm
@@ -67,7 +67,7 @@ def _trainer_run(rank: int, world: int, out: str, max_steps: int, resume: bool) 
             return batch
 
     config = dcp.DCPConfig(profiling=ProfilingConfig(seq_group_edges=(128, 256), max_micro_batch_size=2),
-                           planning=PlanningConfig(sp_sizes=(1, 2)))
+                           planning=PlanningConfig(sp_sizes=(1, 2)), runtime=RuntimeConfig(engine=engine))
     args = TrainingArguments(output_dir=out, per_device_train_batch_size=1, gradient_accumulation_steps=1,
                              learning_rate=1e-3, num_train_epochs=1, max_steps=max_steps, logging_steps=1,
                              save_strategy="steps", save_steps=2, report_to=[], use_cpu=True, disable_tqdm=True)
@@ -76,8 +76,14 @@ def _trainer_run(rank: int, world: int, out: str, max_steps: int, resume: bool) 
     trainer = DCPTrainer(model=tiny_causal_lm("llama"), args=args, train_dataset=data,
                          data_collator=hf_trainer.pad, dcp_config=config)
     trainer.train(resume_from_checkpoint=resume or None)
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    if getattr(trainer.dcp_manager.engine, "_idle_batch", None) is not None:
+        # an idle fsdp2 rank collated the shortest sample once for its zero-weight pass (a padding, not training)
+        lengths = list(data.lengths())
+        data.seen.remove(min(range(len(lengths)), key=lengths.__getitem__))
+    assert len(data.seen) == len(set(data.seen))  # no sample twice within a run
     return {"seen": sorted(set(data.seen)), "steps": trainer.state.global_step, "max_steps": trainer.state.max_steps,
-            "epoch": trainer.dcp_manager.epoch, "lr": trainer.lr_scheduler.get_last_lr()[0]}
+            "epoch": trainer.dcp_manager.epoch, "lr": trainer.lr_scheduler.get_last_lr()[0], "losses": losses}
 
 
 def test_a_checkpoint_saved_on_two_ranks_resumes_on_one_with_every_sample_once(tmp_path, monkeypatch):
@@ -91,3 +97,18 @@ def test_a_checkpoint_saved_on_two_ranks_resumes_on_one_with_every_sample_once(t
     assert sorted(trained + rest["seen"]) == list(range(12))  # each sample exactly once over the two runs
     # the W = 1 run re-planned the epoch's rest and ran all of it: the scheduler's length is its last step
     assert rest["epoch"] == 1 and rest["steps"] == rest["max_steps"] > 2 and rest["lr"] == 0.0
+
+
+def test_fsdp2_by_one_config_line_trains_as_ddp_and_resumes_on_one_rank(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # profiled before the engine shards the model, cached in ./.dcp_cache
+    ddp = run_distributed(_trainer_run, 2, str(tmp_path / "ddp"), 2, False, "ddp", timeout_s=300)[0]
+    out = str(tmp_path / "run")
+    first = run_distributed(_trainer_run, 2, out, 2, False, "fsdp2", timeout_s=300)
+    assert (tmp_path / "run" / "checkpoint-2" / ".metadata").is_file()  # the ranks' shards, not Trainer's files
+    assert len(first[0]["losses"]) == 2
+    for a, b in zip(first[0]["losses"], ddp["losses"], strict=True):  # the same plans, the same updates
+        assert math.isclose(a, b, rel_tol=1e-4)
+    rest = run_distributed(_trainer_run, 1, out, -1, True, "fsdp2", timeout_s=300)[0]
+    trained = sorted({i for r in first for i in r["seen"]})
+    assert sorted(trained + rest["seen"]) == list(range(12))  # each sample exactly once over the two runs
+    assert rest["epoch"] == 1 and rest["steps"] == rest["max_steps"] > 2

@@ -14,6 +14,7 @@ from dcp.config import DCPConfig, ProfilingConfig, RuntimeConfig
 from dcp.models import T1DConfig, Transformer1D
 from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
 from dcp.runtime import checkpoint as ckpt
+from dcp.runtime import profiling
 from dcp.runtime.engines import DDPEngine
 from dcp.runtime.hooks import EngineHooks
 from dcp.runtime.manager import DCPManager
@@ -131,7 +132,7 @@ class _Source:
         return "table", "profiled"
 
 
-def test_table_loader_goes_through_the_injected_source():
+def test_table_loader_goes_through_the_injected_source(monkeypatch):
     log = logging.getLogger("dcp.test")
     source = _Source()
     cfg = DCPConfig(profiling=ProfilingConfig(strict_cache=False))
@@ -143,7 +144,9 @@ def test_table_loader_goes_through_the_injected_source():
         strict.need_profile(object())
     sharded = TableLoader(_Source(), DCPConfig(profiling=ProfilingConfig(strict_cache=False),
                                                runtime=RuntimeConfig(engine="fsdp2")), 1, 1, log)
-    with pytest.raises(ManagerError, match=r"runtime.engine \('fsdp2'\) cannot profile inside the run"):
+    assert sharded.load(torch.nn.Linear(2, 2), None, None) == "table"  # a whole model is profiled as any other
+    monkeypatch.setattr(profiling, "_is_sharded", lambda model: True)
+    with pytest.raises(ManagerError, match="already sharded by fully_shard"):
         sharded.load(object(), None, None)
 
 
