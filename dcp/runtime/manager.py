@@ -26,6 +26,7 @@ the Hugging Face integration, which sit above the runtime.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import logging
 import weakref
@@ -58,7 +59,7 @@ from dcp.runtime.log import StepStats, get_logger
 from dcp.runtime.loop import StepLoop
 from dcp.runtime.lr import step_lr
 from dcp.runtime.phases import PhaseBoard
-from dcp.runtime.position import remapped
+from dcp.runtime.position import KeptEpoch, remapped
 from dcp.runtime.profiling import Measurements, MicroBatchTimer, ProfileSource, TableLoader
 from dcp.runtime.recompute import run_layer, wrap_layers
 from dcp.runtime.registry import SPGroupRegistry
@@ -154,6 +155,7 @@ class DCPManager:
         self._idle_tally = StepTally.zeros(self.device)
         """Where a forward outside any step would count (none does in the paper's loop)."""
         self._layer_counter = 0
+        self._kept = KeptEpoch()
 
     def bind_engine(self, engine: Engine) -> None:
         """Run the plans with ``engine`` (its hooks, weight casts and LR scaling: runtime.lr_scaling, applied as a
@@ -204,11 +206,9 @@ class DCPManager:
 
     def need_profile(self) -> bool:
         """True when this run must profile: no table, no plan source, and no valid cached table for this
-        run's key (model, adapter and its SP sizes, world size, hardware, dtype, profiling settings).
-
-        A stale cached table answers True (``init_profiler`` re-profiles it, and says so) unless
-        ``profiling.strict_cache``; a corrupt one raises ``CorruptCacheError``. Collective.
-        """
+        run's key (model, adapter and its SP sizes, world size, hardware, dtype, profiling settings). A stale
+        cached table answers True (``init_profiler`` re-profiles it, and says so) unless
+        ``profiling.strict_cache``; a corrupt one raises ``CorruptCacheError``. Collective."""
         if self.table is not None or self._plans is not None:
             return False
         return self._tables.need_profile(self.adapter if self.adapter is not None else self.model)
@@ -249,18 +249,20 @@ class DCPManager:
             return iter(self._plans(epoch)) if ids is None or len(ids) == len(self.lengths) else _no_replan(epoch)
         if self.table is None:
             self.init_profiler()
-        from dcp.planner.ahead import planned_ahead
+        from dcp.planner.ahead import PlanAhead, planned_ahead
 
         # planned a few steps ahead on a background thread (same plans, same order: dcp.planner.ahead); a resumed
         # epoch's rest is planned as a smaller dataset
         ids = np.arange(len(self.lengths)) if ids is None else np.asarray(ids, dtype=np.int64)
         kwargs = dict(lengths=[self.lengths[i] for i in ids], table=self.table, config=self.config, epoch=epoch,
                       world_size=self.world_size, shapes=[self.shapes[i] for i in ids] if self.shapes else None)
+        key = (epoch, id(self.table), hashlib.blake2b(ids.tobytes(), digest_size=16).digest())
         if not per_rank:
-            return remapped(planned_ahead(kwargs), ids)
+            return remapped(self._kept.record(key, planned_ahead(kwargs)), ids)
         views = StepViews(rank=self.rank, world_size=self.world_size, target_counts=self._target_counts_np,
                           loss_weighting=self.config.runtime.loss_weighting, ids=ids)
-        return planned_ahead(kwargs, prepare=views)
+        kept = self._kept.take(key)  # the same epoch counted by the caller before (DCPTrainer): not planned again
+        return planned_ahead(kwargs, prepare=views) if kept is None else PlanAhead(kept, prepare=views)
 
     def get_data_iter(self, max_steps: int | None = None) -> Iterator[Any]:
         """This rank's micro-batches (Batch objects) of the current epoch's untrained samples (see state_dict).

@@ -232,6 +232,31 @@ def plan_inputs(table: Any, config: Any, world_size: int, version: str) -> list[
     return [rows, json.dumps(sections, sort_keys=True, default=str), f"w{world_size}", f"dcp {version}"]
 
 
+class KeptEpoch:
+    """The plans of the last epoch a caller iterated in full (``DCPManager.epoch_plans``, e.g. to size an LR
+    schedule), kept for the run's own iteration of the same epoch, samples and table: planned once, not twice.
+    Taken once; a partial iteration keeps nothing."""
+
+    def __init__(self) -> None:
+        self._key: Any = None
+        self._plans: list[Any] | None = None
+
+    def record(self, key: Any, plans: Iterable[Any]) -> Iterator[Any]:
+        got: list[Any] = []
+        try:
+            for plan in plans:
+                got.append(plan)
+                yield plan
+            self._key, self._plans = key, got
+        finally:
+            _close(plans)
+
+    def take(self, key: Any) -> list[Any] | None:
+        plans = self._plans if self._key == key else None
+        self._key = self._plans = None
+        return plans
+
+
 def remapped(plans: Iterable[Any], ids: np.ndarray) -> Iterator[Any]:
     """Plans made over the sub-dataset ``ids`` (sample k of it is dataset sample ``ids[k]``), with their sample
     ids mapped back to the dataset's: the same groups, micro-batches and lengths."""

@@ -233,3 +233,26 @@ def test_the_host_timer_files_the_same_busy_time_and_rows_as_the_stopwatch_path(
     assert host[0].busy_s() == via_spans[0].busy_s() == 5.0 - 1.5 + 2.5
     assert list(host[1].rows) == list(via_spans[1].rows) == [(2, 3, 4, 1, 5.0)]
     assert host[0].busy == [] and host[0].busy_host_s == 6.0 and via_spans[0].busy_host_s == 0.0
+
+
+def test_an_epoch_counted_in_full_is_not_planned_again_for_its_run(monkeypatch):
+    from dcp.planner import ahead
+    from dcp.runtime.data import SyntheticTokenDataset
+
+    model = Transformer1D(T1DConfig.tiny())
+    data = SyntheticTokenDataset([5, 9, 7, 8, 6, 12, 4, 10], vocab_size=model.config.vocab_size)
+    mgr = DCPManager(model, data, DCPConfig(model=model.config.shape()),
+                     DDPEngine(model, torch.optim.SGD(model.parameters(), lr=0.1)))
+    mgr.init_profiler()
+    planned = []
+    real = ahead.planned_ahead
+    monkeypatch.setattr(ahead, "planned_ahead", lambda *a, **k: planned.append(1) or real(*a, **k))
+    counted = [p.sample_ids for p in mgr.epoch_plans(0)]  # a caller counts the epoch (DCPTrainer sizing its LR)
+    run = [step.plan.sample_ids for step in mgr.epoch_plans(0, per_rank=True)]  # the run's own iteration
+    assert len(planned) == 1 and run == counted  # planned once, the same plans
+    again = [step.plan.sample_ids for step in mgr.epoch_plans(0, per_rank=True)]  # kept plans are taken once
+    assert len(planned) == 2 and again == counted
+    next(iter(mgr.epoch_plans(0)))  # a partial count keeps nothing
+    list(mgr.epoch_plans(1))  # another epoch's count is not this one's
+    list(mgr.epoch_plans(0, per_rank=True))
+    assert len(planned) == 5
