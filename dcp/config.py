@@ -334,6 +334,16 @@ class RuntimeConfig:
         if self.nonfinite == "skip" and self.engine == "deepspeed":
             fail("runtime.nonfinite", self.nonfinite, "needs the ddp engine (DeepSpeed reduces and applies the "
                  "gradients in one call, so a step cannot be dropped between them)", 'write nonfinite = "stop", or engine = "ddp"')
+
+def _more_sharding(engine: str) -> str:
+    """The next engine that shards more of the state than ``engine`` (for the constant-memory refusal)."""
+    if engine == "fsdp2":
+        return ("use runtime.engine 'fsdp2-zero3' (fsdp2 holds the whole parameters and gradients through a step; "
+                "ZeRO-3 holds 1/W of them and the layers in flight) ")
+    if engine == "fsdp2-zero3":
+        return ""
+    return "use runtime.engine 'fsdp2' or 'fsdp2-zero3' (sharded state) "
+
 @dataclass(kw_only=True, slots=True, frozen=True)
 class DCPConfig:
     """The whole run: model shape, profiling, planning, runtime (and the advanced knobs). Relations between
@@ -380,8 +390,8 @@ class DCPConfig:
             raise ConfigError(
                 f"planning.mem_capacity_gib ({self.planning.mem_capacity_gib}) is below the model's constant memory "
                 f"({gib(const)} for parameters, gradients and optimizer state of {self.model.num_params:,} parameters "
-                f"with runtime.engine {self.runtime.engine!r}): raise mem_capacity_gib, use runtime.engine 'fsdp2' "
-                "(sharded state) or a smaller model")
+                f"with runtime.engine {self.runtime.engine!r}): raise mem_capacity_gib, {_more_sharding(self.runtime.engine)}"
+                "or a smaller model")
 
     def replace(self, **sections: Any) -> DCPConfig:
         return dataclasses.replace(self, **sections)

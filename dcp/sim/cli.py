@@ -92,7 +92,7 @@ def _lengths(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from dcp.config import load_config
+    from dcp.config import config_from_dict, read_toml
     from dcp.planner.analytic import analytic_table
     from dcp.planner.batch_settings import check_batch_settings
     from dcp.planner.table import ProfileTable
@@ -108,7 +108,12 @@ def run(args: argparse.Namespace) -> int:
         sc = scenario(args.model, args.hardware)
         methods = list(METHODS) if args.method == "all" else [args.method]
         configs = {}
-        custom = load_config(args.config) if args.config else None
+        custom = None
+        if args.config:
+            raw = read_toml(args.config)
+            if args.engine:  # before the config's own check, which counts that engine's state
+                raw.setdefault("runtime", {})["engine"] = args.engine
+            custom = config_from_dict(raw)
         for m in methods:
             cfg = custom or paper_config(sc, m, gmin=args.gmin, gmax=args.gmax, seed=args.seed, world_size=args.gpus)
             configs[m] = cfg.replace(planning=dataclasses.replace(

@@ -225,6 +225,23 @@ def exposed_sync_groups_s(sync_s: float, ends_s: np.ndarray, last_backward_s: np
     return max(done, t_star + sync_s / n) - t_star
 
 
+def zero3_step_s(slot_times: Sequence[Sequence[float]], sync_s: float, num_layers: int) -> tuple[float, float]:
+    """(compute, exposed collectives) of a ZeRO-3 step (``fsdp2-zero3``), from each group's micro-batch times
+    in order (``slot_times[g][k]``) and the price of one all-reduce of the gradients (``sync_s``: 2 rounds of
+    parameter-sized traffic). Every rank runs the step's largest ga_steps in slots; per slot and layer it
+    all-gathers in forward and backward and reduce-scatters in backward (3 rounds per slot,
+    ``dcp.memory.gather_rounds``), and a layer's collective completes only once every rank issued it, so the
+    ranks move through a slot together: a slot lasts its slowest micro-batch (padding slots: none), or its 3
+    rounds when those take longer (FSDP prefetches the next layer's gather during this layer's compute), plus
+    its first layer's gather, which nothing hides (exposed)."""
+    slots = max((len(t) for t in slot_times), default=0)
+    if slots == 0:
+        return 0.0, 0.0
+    rounds_s = gather_rounds("fsdp2-zero3", 1) * sync_s / 2
+    compute = sum(max(max((t[k] for t in slot_times if k < len(t)), default=0.0), rounds_s) for k in range(slots))
+    return compute, slots * rounds_s / (3 * max(1, num_layers))
+
+
 def step_cost(plan: StepPlan, times: TimeLookup | None, rows: dict, *, sync_s: float, optimizer_s: float,
               edges: Sequence[int] = (), overlap_grad_bytes: float = 0.0, control_s: float = 0.0,
               engine: str = "ddp") -> StepResult:
@@ -232,17 +249,15 @@ def step_cost(plan: StepPlan, times: TimeLookup | None, rows: dict, *, sync_s: f
     each from its samples' real lengths (TimeLookup.lengths_time_s, as the planner prices them); ``rows``:
     :func:`row_lookup` of the table. ``overlap_grad_bytes`` > 0 (the ddp engine, that many gradient bytes) overlaps the sync with the
     backwards of the groups' last micro-batches (:func:`exposed_sync_groups_s`); 0 leaves it all exposed.
-    ``engine`` "fsdp2-zero3": ``sync_s`` (an all-reduce: 2 rounds) scaled to its 3 rounds per micro-batch slot
-    (``dcp.memory.gather_rounds``), all exposed (no credit for FSDP's prefetch overlapping compute)."""
-    if engine == "fsdp2-zero3":
-        slots = max((len(g.micro_batches) for g in plan.groups), default=0)
-        sync_s *= gather_rounds(engine, max(1, slots)) / 2
+    ``engine`` "fsdp2-zero3": :func:`zero3_step_s` (the ranks in lockstep per micro-batch slot)."""
     group_times: list[float] = []
+    slot_times: list[list[float]] = []
     last_backward: list[float] = []
     peak = 0.0
     for g in plan.groups:
         t = t_mb = 0.0
         row, r = None, g.recompute_layers
+        slot_times.append([])
         for mb in g.micro_batches:
             r = g.recompute_of(mb)  # each micro-batch at its own r (``StepPlan.mb_recompute_layers``)
             if times is not None and mb.seq_group >= 0:
@@ -250,13 +265,17 @@ def step_cost(plan: StepPlan, times: TimeLookup | None, rows: dict, *, sync_s: f
             else:
                 t_mb = mb.time_s
             t += t_mb
+            slot_times[-1].append(t_mb)
             row = _mem_row(mb, g.sp_size, rows, edges)
             if row is not None:  # memory is per micro-batch: its activations are freed after its backward
                 peak = max(peak, micro_batch_mem_bytes(row, r))
         group_times.append(t)
         last_backward.append(t_mb * backward_share(row, r) if row is not None else 0.0)
     t_star = max(group_times, default=0.0)
-    if overlap_grad_bytes > 0 and group_times:
+    if engine == "fsdp2-zero3":
+        layers = next((rs[0].num_layers for rs in rows.values() if rs), 1)
+        t_star, sync_s = zero3_step_s(slot_times, sync_s, layers)
+    elif overlap_grad_bytes > 0 and group_times:
         busy_g = [i for i, g in enumerate(plan.groups) if g.micro_batches]
         sync_s = exposed_sync_groups_s(sync_s, np.asarray([group_times[i] for i in busy_g]),
                                        np.asarray([last_backward[i] for i in busy_g]), overlap_grad_bytes)

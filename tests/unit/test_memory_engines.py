@@ -90,6 +90,10 @@ def test_simulate_engine_flag_plans_8b_with_fsdp2_only(tmp_path, capsys):
     assert main([*args, "ddp"]) == 2  # replicated state alone is over the capacity: refused, naming fsdp2
     err = capsys.readouterr().err
     assert "is below the model's constant memory (131.660 GiB" in err and "runtime.engine 'fsdp2'" in err
+    cfg.write_text(cfg.read_text().replace("mem_capacity_gib = 80.0", "mem_capacity_gib = 30.0"))
+    assert main([*args, "fsdp2"]) == 2  # fsdp2 holds whole parameters and gradients through a step: name zero3
+    assert "use runtime.engine 'fsdp2-zero3'" in capsys.readouterr().err
+    assert main([*args, "fsdp2-zero3"]) == 0
 
 
 def test_zero3_shards_everything_but_the_gathered_units():

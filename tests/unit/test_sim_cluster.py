@@ -89,9 +89,16 @@ def test_step_cost_by_hand():
     assert st.idle_ratio_batch == pytest.approx((0 + 2 / 3) / 2)
     assert st.tokens == 30 and st.samples == 3
     assert st.group_idle_s == ((0, 2, 0.0), (2, 1, 2.0), (3, 1, 3.0))
-    # fsdp2-zero3: 3 rounds per slot of the step's largest ga_steps (2) against the all-reduce's 2 rounds
+    # fsdp2-zero3: the ranks go through the step's 2 slots together, each slot as long as its slowest micro-batch
+    # or its 3 rounds (1.5 x the all-reduce's price) when those are longer; the first layer's gather is exposed
     zero3 = step_cost(plan, None, {}, sync_s=0.5, optimizer_s=0.25, engine="fsdp2-zero3")
-    assert zero3.sync_time_s == pytest.approx(0.5 * 6 / 2) and zero3.compute_time_s == 3.0
+    assert zero3.compute_time_s == 1.0 + 2.0 and zero3.sync_time_s == pytest.approx(2 * 0.75 / 3)
+    slow_net = step_cost(plan, None, {}, sync_s=2.0, optimizer_s=0.25, engine="fsdp2-zero3")
+    assert slow_net.compute_time_s == 3.0 + 3.0 and slow_net.group_idle_s[2] == (3, 1, 6.0)
+    # groups of equal totals in other orders: each slot waits for the slower of the two (2 + 2, not 3)
+    crossed = StepPlan(0, 0, 2, "dcp-inter", (GroupPlan(0, 1, 0, (mb(1.0), mb(2.0))),
+                                              GroupPlan(1, 1, 0, (mb(2.0), mb(1.0)))))
+    assert step_cost(crossed, None, {}, sync_s=0.5, optimizer_s=0.0, engine="fsdp2-zero3").compute_time_s == 4.0
 
 
 def test_ideal_bound_of_uniform_lengths(t1d):
