@@ -44,7 +44,7 @@ class Sizes:
 
 FULL = Sizes(fig4_samples=8000, fig4_datasets=140, fig8_samples=30000, fig9_samples_per_gpu=1000,
              fig9_gpus=(8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096), fig10_rounds=8)
-QUICK = Sizes(fig4_samples=600, fig4_datasets=8, fig8_samples=1500, fig9_samples_per_gpu=100,
+QUICK = Sizes(fig4_samples=600, fig4_datasets=8, fig8_samples=800, fig9_samples_per_gpu=60,
               fig9_gpus=(8, 16, 32), fig10_rounds=2)
 
 

@@ -87,28 +87,20 @@ def _trainer_run(rank: int, world: int, out: str, max_steps: int, resume: bool, 
 
 
 def test_a_checkpoint_saved_on_two_ranks_resumes_on_one_with_every_sample_once(tmp_path, monkeypatch):
+    """Under ddp and under fsdp2 (one config line; its checkpoints are the ranks' shards): the same losses on the
+    same plans, and a W = 2 checkpoint resumed at W = 1 trains every sample of the epoch once."""
     monkeypatch.chdir(tmp_path)  # the profile tables (one per world size) are cached in ./.dcp_cache
-    out = str(tmp_path / "run")
-    first = run_distributed(_trainer_run, 2, out, 2, False, timeout_s=300)
-    assert (tmp_path / "run" / "checkpoint-2" / "dcp_state.pt").is_file()
-    rest = run_distributed(_trainer_run, 1, out, -1, True, timeout_s=300)[0]
-    trained = sorted({i for r in first for i in r["seen"]})
-    assert 0 < len(trained) < 12 and not set(trained) & set(rest["seen"])
-    assert sorted(trained + rest["seen"]) == list(range(12))  # each sample exactly once over the two runs
-    # the W = 1 run re-planned the epoch's rest and ran all of it: the scheduler's length is its last step
-    assert rest["epoch"] == 1 and rest["steps"] == rest["max_steps"] > 2 and rest["lr"] == 0.0
-
-
-def test_fsdp2_by_one_config_line_trains_as_ddp_and_resumes_on_one_rank(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # profiled before the engine shards the model, cached in ./.dcp_cache
-    ddp = run_distributed(_trainer_run, 2, str(tmp_path / "ddp"), 2, False, "ddp", timeout_s=300)[0]
-    out = str(tmp_path / "run")
-    first = run_distributed(_trainer_run, 2, out, 2, False, "fsdp2", timeout_s=300)
-    assert (tmp_path / "run" / "checkpoint-2" / ".metadata").is_file()  # the ranks' shards, not Trainer's files
-    assert len(first[0]["losses"]) == 2
-    for a, b in zip(first[0]["losses"], ddp["losses"], strict=True):  # the same plans, the same updates
+    first = {e: run_distributed(_trainer_run, 2, str(tmp_path / e), 2, False, e, timeout_s=300)
+             for e in ("ddp", "fsdp2")}
+    assert len(first["ddp"][0]["losses"]) == 2
+    for a, b in zip(first["fsdp2"][0]["losses"], first["ddp"][0]["losses"], strict=True):
         assert math.isclose(a, b, rel_tol=1e-4)
-    rest = run_distributed(_trainer_run, 1, out, -1, True, "fsdp2", timeout_s=300)[0]
-    trained = sorted({i for r in first for i in r["seen"]})
-    assert sorted(trained + rest["seen"]) == list(range(12))  # each sample exactly once over the two runs
-    assert rest["epoch"] == 1 and rest["steps"] == rest["max_steps"] > 2
+    for engine, runs in first.items():
+        saved = tmp_path / engine / "checkpoint-2"
+        assert (saved / "dcp_state.pt").is_file() and (saved / ".metadata").is_file() == (engine == "fsdp2")
+        rest = run_distributed(_trainer_run, 1, str(tmp_path / engine), -1, True, engine, timeout_s=300)[0]
+        trained = sorted({i for r in runs for i in r["seen"]})
+        assert 0 < len(trained) < 12 and not set(trained) & set(rest["seen"])
+        assert sorted(trained + rest["seen"]) == list(range(12))  # each sample exactly once over the two runs
+        # the W = 1 run re-planned the epoch's rest and ran all of it: the scheduler's length is its last step
+        assert rest["epoch"] == 1 and rest["steps"] == rest["max_steps"] > 2 and rest["lr"] == 0.0
