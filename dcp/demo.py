@@ -50,6 +50,7 @@ from typing import Any
 
 from dcp.argtypes import positive_int, sample_count
 from dcp.files import OutputError, claim_dir, holds_only, read_csv_text, read_json, write_text
+from dcp.memory import ENGINE_NAMES
 
 DEFAULT_OUT = "runs/demo"
 METHODS = ("bucket", "dcp-inter", "dcp-intra")
@@ -108,6 +109,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="timed repetitions of every method (interleaved; medians and min-max are reported)")
     parser.add_argument("--samples", type=sample_count, default=DEMO_SETTINGS["num_samples"],
                         help="samples in the epoch every method trains")
+    parser.add_argument("--engine", default=DEMO_SETTINGS["config"]["runtime"]["engine"], choices=ENGINE_NAMES,
+                        help="runtime.engine of every method (fsdp2 / fsdp2-zero3: sharded; default: %(default)s)")
     parser.add_argument("--refresh-profile", action="store_true", help="profile again instead of using OUT/cache")
     parser.add_argument("--plot", action="store_true", help="only rebuild the table and the plot from OUT/reps.csv")
 
@@ -423,6 +426,8 @@ def run(args: argparse.Namespace) -> int:
     from dcp.experiments.results import git_sha
 
     settings = {**DEMO_SETTINGS, "num_samples": args.samples, "reps": args.reps}
+    engine = getattr(args, "engine", DEMO_SETTINGS["config"]["runtime"]["engine"])
+    settings["config"] = {**settings["config"], "runtime": {**settings["config"]["runtime"], "engine": engine}}
     lengths = _lengths(settings)
     try:  # before any work: a folder of the user's own files, or one that cannot be written, is refused
         claim_dir(out, flag="--out", command="dcp demo", adopt=is_demo_folder)
@@ -439,7 +444,7 @@ def run(args: argparse.Namespace) -> int:
     edges = settings["config"]["profiling"]["seq_group_edges"]
     tail = ("the longest sample needs SP=2" if srt[-1] > edges[-2] else
             f"no sample is over {edges[-2]} tokens: nothing needs SP=2, raise --samples for the long tail")
-    print(f"dcp demo: bucket vs DCP-inter vs DCP-intra, {settings['model']} on W={w} CPU processes (gloo)\n"
+    print(f"dcp demo: bucket vs DCP-inter vs DCP-intra, {settings['model']} on W={w} CPU processes (gloo, runtime.engine {engine})\n"
           f"  workload: {len(lengths)} samples of {settings['distribution']} ({srt[0]}-{srt[-1]} tokens, median "
           f"{srt[len(srt) // 2]}, {sum(lengths)} tokens), memory limit {settings['config']['planning']['mem_capacity_gib']}"
           f" GiB per rank ({tail})\n"
@@ -461,7 +466,8 @@ def run(args: argparse.Namespace) -> int:
     sha = git_sha()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
     batch = batch_tokens(lengths, settings["tokens_per_step_nominal"])
-    title = (f"dcp demo: {settings['model']}, {len(lengths)} samples of {settings['distribution']}, W={w} CPU processes, "
+    title = (f"dcp demo: {settings['model']}, {len(lengths)} samples of {settings['distribution']}, W={w} CPU processes"
+             f"{'' if engine == 'ddp' else f' ({engine})'}, "
              f"{args.reps} repetitions (git {sha})\nbatch: {batch} tokens per step for every method "
              f"(planning.tokens_per_step)")
     write_text(out / CONFIG_JSON, json.dumps({

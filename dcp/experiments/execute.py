@@ -291,8 +291,14 @@ def execute_manager(run: RunSpec, rank: int, world_size: int, device: Any, regis
                                    ideal_step_time_s(plan, table, cfg, world_size)))
     if not inline:
         forward = packed_forward if run.method == "packed" else _plain_forward
-        peak = replay_peak(plans[sweep.warmup_steps:], rank, registry, model, dataset, cfg.runtime.attention,
-                           forward, device, params, mgr.precision)
+        replay, replay_params = model, params
+        if cfg.runtime.engine.startswith("fsdp2"):
+            # the replay runs each SP group on its own: a sharded model would gather over every rank (unmatched),
+            # so an unsharded twin replays the activations; the sharded state is counted by state_bytes below
+            replay = build_model(run.model, device)
+            replay_params = [p for p in replay.parameters() if p.requires_grad]
+        peak = replay_peak(plans[sweep.warmup_steps:], rank, registry, replay, dataset, cfg.runtime.attention,
+                           forward, device, replay_params, mgr.precision)
     peak = _reduce_peak(peak + state_bytes(model, optimizer, device))
     return records, _extra(run, peak, plans, table, device, "manager")
 

@@ -57,11 +57,21 @@ def storage_bytes(t: torch.Tensor) -> int:
     return t.untyped_storage().nbytes()
 
 
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``t``: the local shard of a DTensor (fsdp2's parameters, gradients and optimizer
+    state), else ``t``."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 def unique_storage_bytes(tensors: Iterable[Any]) -> int:
-    """Bytes of the distinct storages among ``tensors`` (non-tensors are skipped)."""
+    """Bytes of the distinct storages among ``tensors`` (non-tensors are skipped; a DTensor counts its local
+    shard)."""
     seen: dict[tuple[str, int], int] = {}
     for t in tensors:
         if isinstance(t, torch.Tensor):
+            t = local(t)
             seen.setdefault(storage_key(t), storage_bytes(t))
     return sum(seen.values())
 
@@ -107,12 +117,12 @@ def state_bytes(
     params = [p for p in model.parameters()]
     params_b = unique_storage_bytes(params)
     trainable = [p for p in params if p.requires_grad]
-    grads_b = sum(p.numel() * p.element_size() for p in trainable)
+    grads_b = sum(local(p).numel() * p.element_size() for p in trainable)
     opt_b = 0
     if optimizer is not None:
         opt_b = unique_storage_bytes(t for s in optimizer.state.values() for t in tensors_in(s) if t.dim() > 0)
     if opt_b == 0:
-        opt_b = sum(p.numel() for p in trainable) * optimizer_bytes_per_param
+        opt_b = sum(local(p).numel() for p in trainable) * optimizer_bytes_per_param
     return StateBytes(params_bytes=params_b, grads_bytes=grads_b, optimizer_bytes=opt_b)
 
 

@@ -13,7 +13,7 @@ from dcp.experiments.results import RUN_COLUMNS, STEP_COLUMNS, read_runs
 from dcp.experiments.sweep import sweep_from_dict
 
 
-def _spec(tmp_path, executor: str):
+def _spec(tmp_path, executor: str, engine: str = "ddp"):
     raw = {
         "sweep": {"name": "dist_test", "world_sizes": [2], "models": ["t1d-tiny"], "datasets": ["balanced"],
                   "methods": ["bucket", "dcp-intra"], "steps": 1, "warmup_steps": 1, "num_samples": 64,
@@ -25,7 +25,7 @@ def _spec(tmp_path, executor: str):
                           "cache_dir": str(tmp_path / "cache")},
             "advanced": {"warmup_iters": 0, "measure_iters": 1},
             "planning": {"mem_capacity_gib": 0.016, "sp_sizes": [1, 2], "ranks_per_node": 2},
-            "runtime": {"attention": "sdpa", "log_every": 1000},
+            "runtime": {"attention": "sdpa", "log_every": 1000, "engine": engine},
         },
     }
     return sweep_from_dict(raw)
@@ -70,6 +70,21 @@ def test_two_step_sweep_end_to_end(tmp_path):
         assert tuple(next(csv.reader(f))) == RUN_COLUMNS
     # the profile was cached: a second sweep reuses it (its rows carry the same table source)
     assert list((tmp_path / "cache").glob("t1d-tiny-*-w2-*.csv"))
+
+
+@pytest.mark.dist
+def test_a_sweep_and_the_demo_run_under_the_fsdp2_engine(tmp_path, capsys):
+    spec = _spec(tmp_path, "manager", engine="fsdp2")
+    assert len(launch_local(spec, quiet=True)) == 2
+    rows = read_runs(spec.output_dir)
+    assert [r["method"] for r in rows] == ["bucket", "dcp-intra"] and all(r["tokens_per_s"] > 0 for r in rows)
+    doc = json.loads((spec.output_dir / "config.json").read_text())
+    assert {d["config"]["runtime"]["engine"] for d in doc["runs"].values()} == {"fsdp2"}
+    from dcp.cli import main
+
+    assert main(["demo", "--engine", "fsdp2", "--reps", "1", "--samples", "8", "--out", str(tmp_path / "demo")]) == 0
+    assert "runtime.engine fsdp2" in capsys.readouterr().out
+    assert json.loads((tmp_path / "demo" / "config.json").read_text())["settings"]["config"]["runtime"]["engine"] == "fsdp2"
 
 
 def _rank_processes(parent: int) -> list[int]:
