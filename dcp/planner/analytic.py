@@ -37,6 +37,9 @@ Formulas (h = hidden, f = ffn hidden, V = vocab, d = dtype bytes, n = b*s/p loca
   efficiency, logits traffic (``4 d`` bytes per logit plus ``hardware.head_extra_bytes_per_logit``),
   ``hardware.const_h_tensors`` h-wide tensors per token outside the layers, CONST_KERNELS launches and a
   fixed ``hardware.micro_batch_overhead_s``.
+- fsdp2-zero3: a layer's forward takes at least one all-gather of its parameters and its backward two
+  rounds (all-gather, reduce-scatter), over W ranks (``zero3_gather_s``; prefetch hides them behind compute up
+  to there), and T_C adds three rounds of the root unit (embedding and head), which nothing hides.
 - M_C: parameters + gradients + optimizer state as the engine holds them (ModelShapeConfig.constant_mem_bytes;
   ``engine`` defaults to deepspeed, ZeRO-1, the paper's; analytic_table_for passes runtime.engine) + all-to-all
   buffers (``2 * n * h * d``) + the larger of the head's working set (logits and their gradient, ``2 * n * V * d``;
@@ -346,6 +349,13 @@ def analytic_row(
         + CONST_KERNELS * hardware.kernel_overhead_s
         + hardware.micro_batch_overhead_s
     )
+    if engine == "fsdp2-zero3":
+        # ZeRO-3 gathers each layer's parameters for every micro-batch (forward, and again in backward with the
+        # gradients' reduce-scatter), prefetched while the layer before computes: a layer takes at least its
+        # collectives. The root unit (embedding and head) is gathered before the first layer: not hidden.
+        gather = zero3_gather_s(layer_linear_params(model, attention) * model.param_bytes, world_size, hardware)
+        t_f, t_b = max(t_f, gather), max(t_b, 2.0 * gather)
+        t_const += 3.0 * zero3_gather_s(2 * v * h * model.param_bytes, world_size, hardware)
     if hardware.counted_activations:
         m_act = activation_bytes_per_token(model, attention, d) * n
     else:
@@ -358,6 +368,15 @@ def analytic_row(
     return ProfileRow(seq_group=seq_group, seq_len=seq_len, micro_batch_size=micro_batch_size, sp_size=sp_size,
                       t_f_s=t_f, t_b_s=t_b, m_act_bytes=m_act, m_inp_bytes=n * h * d, t_const_s=t_const,
                       m_const_bytes=m_const, num_layers=model.num_layers, feasible=True)
+
+
+def zero3_gather_s(param_bytes: float, world_size: int, hardware: HardwareSpec) -> float:
+    """One all-gather (or reduce-scatter) of ``param_bytes`` sharded over ``world_size`` ranks (ring: each rank
+    moves (W-1)/W of them), at inter-node bandwidth once W spans nodes."""
+    if world_size <= 1:
+        return 0.0
+    bw = hardware.intra_node_bw_bytes_per_s if world_size <= hardware.ranks_per_node else hardware.inter_node_bw_bytes_per_s
+    return hardware.collective_latency_s + param_bytes * (world_size - 1) / world_size / bw
 
 
 def grad_sync_time_s(model: ModelShapeConfig, hardware: HardwareSpec, world_size: int) -> float:

@@ -115,3 +115,20 @@ def test_gather_rounds_per_engine():
         gather_rounds("zero3", 1)
     with pytest.raises(ConfigError, match=r"ga_slots \(0\) must be >= 1"):
         gather_rounds("fsdp2-zero3", 0)
+
+
+def test_zero3_rows_take_at_least_their_layer_gathers():
+    from dcp.planner.analytic import analytic_row, layer_linear_params, zero3_gather_s
+    from dcp.sim.hardware import H100
+
+    gather = zero3_gather_s(layer_linear_params(SHAPE_8B) * SHAPE_8B.param_bytes, 64, H100)
+    assert gather > 0.01  # 436 M parameters in bf16 across nodes: tens of milliseconds a round
+
+    def row(engine, seq_len, p):
+        return analytic_row(SHAPE_8B, 0, seq_len, 1, p, world_size=64, hardware=H100, dtype_bytes=2, engine=engine)
+
+    short_z3, short = row("fsdp2-zero3", 1024, 8), row("fsdp2", 1024, 8)
+    assert short.t_f_s < gather and (short_z3.t_f_s, short_z3.t_b_s) == (gather, 2 * gather)  # collective-bound
+    assert short_z3.t_const_s > short.t_const_s  # the root unit's gathers are not hidden
+    long_z3, long = row("fsdp2-zero3", 131072, 8), row("fsdp2", 131072, 8)
+    assert (long_z3.t_f_s, long_z3.t_b_s) == (long.t_f_s, long.t_b_s)  # compute hides the gathers
