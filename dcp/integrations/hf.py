@@ -48,8 +48,8 @@ from dcp.integrations.hf_model import (
     HFModelError,
     chunk,
     find_decoder_layers,
-    logits_fn,
     hf_shape,
+    logits_fn,
     model_shape,
 )
 from dcp.memory import LOSS_CHUNK_TOKENS

@@ -24,8 +24,8 @@ A model where a piece cannot be found gets one line naming what to pass to
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch

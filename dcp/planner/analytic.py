@@ -37,9 +37,8 @@ Formulas (h = hidden, f = ffn hidden, V = vocab, d = dtype bytes, n = b*s/p loca
   efficiency, logits traffic (``4 d`` bytes per logit plus ``hardware.head_extra_bytes_per_logit``),
   ``hardware.const_h_tensors`` h-wide tensors per token outside the layers, CONST_KERNELS launches and a
   fixed ``hardware.micro_batch_overhead_s``.
-- fsdp2-zero3: a layer's forward takes at least one all-gather of its parameters and its backward two
-  rounds (all-gather, reduce-scatter), over W ranks (``zero3_gather_s``; prefetch hides them behind compute up
-  to there), and T_C adds three rounds of the root unit (embedding and head), which nothing hides.
+- fsdp2-zero3: a layer takes at least its gathers (``zero3_gather_s``: 1 round forward, 2 backward; prefetch
+  hides them up to there); T_C adds the root unit's (embedding, head) 3 rounds, which nothing hides.
 - M_C: parameters + gradients + optimizer state as the engine holds them (ModelShapeConfig.constant_mem_bytes;
   ``engine`` defaults to deepspeed, ZeRO-1, the paper's; analytic_table_for passes runtime.engine) + all-to-all
   buffers (``2 * n * h * d``) + the larger of the head's working set (logits and their gradient, ``2 * n * V * d``;
@@ -349,13 +348,10 @@ def analytic_row(
         + CONST_KERNELS * hardware.kernel_overhead_s
         + hardware.micro_batch_overhead_s
     )
-    if engine == "fsdp2-zero3":
-        # ZeRO-3 gathers each layer's parameters for every micro-batch (forward, and again in backward with the
-        # gradients' reduce-scatter), prefetched while the layer before computes: a layer takes at least its
-        # collectives. The root unit (embedding and head) is gathered before the first layer: not hidden.
+    if engine == "fsdp2-zero3":  # each layer at least its gathers (prefetched); the root unit's are not hidden
         gather = zero3_gather_s(layer_linear_params(model, attention) * model.param_bytes, world_size, hardware)
-        t_f, t_b = max(t_f, gather), max(t_b, 2.0 * gather)
-        t_const += 3.0 * zero3_gather_s(2 * v * h * model.param_bytes, world_size, hardware)
+        root = zero3_gather_s(2 * v * h * model.param_bytes, world_size, hardware)
+        t_f, t_b, t_const = max(t_f, gather), max(t_b, 2 * gather), t_const + 3 * root
     if hardware.counted_activations:
         m_act = activation_bytes_per_token(model, attention, d) * n
     else:
@@ -371,23 +367,15 @@ def analytic_row(
 
 
 def zero3_gather_s(param_bytes: float, world_size: int, hardware: HardwareSpec) -> float:
-    """One all-gather (or reduce-scatter) of ``param_bytes`` sharded over ``world_size`` ranks (ring: each rank
-    moves (W-1)/W of them), at inter-node bandwidth once W spans nodes."""
-    if world_size <= 1:
-        return 0.0
-    bw = hardware.intra_node_bw_bytes_per_s if world_size <= hardware.ranks_per_node else hardware.inter_node_bw_bytes_per_s
-    return hardware.collective_latency_s + param_bytes * (world_size - 1) / world_size / bw
+    """One all-gather (or reduce-scatter) of ``param_bytes`` sharded over ``world_size`` ranks (ring)."""
+    return 0.0 if world_size <= 1 else all_to_all_time_s(param_bytes, world_size, hardware)
 
 
 def grad_sync_time_s(model: ModelShapeConfig, hardware: HardwareSpec, world_size: int) -> float:
     """Once per optimizer step: ring all-reduce (ZeRO-1: reduce-scatter + all-gather) of the gradients."""
     if world_size <= 1:
         return 0.0
-    bw = (
-        hardware.intra_node_bw_bytes_per_s
-        if world_size <= hardware.ranks_per_node
-        else hardware.inter_node_bw_bytes_per_s
-    )
+    bw = hardware.intra_node_bw_bytes_per_s if world_size <= hardware.ranks_per_node else hardware.inter_node_bw_bytes_per_s
     nbytes = model.num_params * model.param_bytes
     return 2 * (world_size - 1) / world_size * nbytes / bw + 2 * hardware.collective_latency_s
 
