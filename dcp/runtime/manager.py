@@ -256,12 +256,12 @@ class DCPManager:
         ids = np.arange(len(self.lengths)) if ids is None else np.asarray(ids, dtype=np.int64)
         kwargs = dict(lengths=[self.lengths[i] for i in ids], table=self.table, config=self.config, epoch=epoch,
                       world_size=self.world_size, shapes=[self.shapes[i] for i in ids] if self.shapes else None)
-        key = (epoch, id(self.table), hashlib.blake2b(ids.tobytes(), digest_size=16).digest())
+        key = (epoch, hashlib.blake2b(ids.tobytes(), digest_size=16).digest())
         if not per_rank:
-            return remapped(self._kept.record(key, planned_ahead(kwargs)), ids)
+            return remapped(self._kept.record(key, self.table, planned_ahead(kwargs)), ids)
         views = StepViews(rank=self.rank, world_size=self.world_size, target_counts=self._target_counts_np,
                           loss_weighting=self.config.runtime.loss_weighting, ids=ids)
-        kept = self._kept.take(key)  # the same epoch counted by the caller before (DCPTrainer): not planned again
+        kept = self._kept.take(key, self.table)  # the epoch counted by the caller (DCPTrainer): not planned again
         return planned_ahead(kwargs, prepare=views) if kept is None else PlanAhead(kept, prepare=views)
 
     def get_data_iter(self, max_steps: int | None = None) -> Iterator[Any]:

@@ -239,21 +239,22 @@ class KeptEpoch:
 
     def __init__(self) -> None:
         self._key: Any = None
+        self._table: Any = None  # held, so that no other table can take its id while the plans are kept
         self._plans: list[Any] | None = None
 
-    def record(self, key: Any, plans: Iterable[Any]) -> Iterator[Any]:
+    def record(self, key: Any, table: Any, plans: Iterable[Any]) -> Iterator[Any]:
         got: list[Any] = []
         try:
             for plan in plans:
                 got.append(plan)
                 yield plan
-            self._key, self._plans = key, got
+            self._key, self._table, self._plans = key, table, got
         finally:
             _close(plans)
 
-    def take(self, key: Any) -> list[Any] | None:
-        plans = self._plans if self._key == key else None
-        self._key = self._plans = None
+    def take(self, key: Any, table: Any) -> list[Any] | None:
+        plans = self._plans if self._key == key and self._table is table else None
+        self._key = self._table = self._plans = None
         return plans
 
 

@@ -256,3 +256,8 @@ def test_an_epoch_counted_in_full_is_not_planned_again_for_its_run(monkeypatch):
     list(mgr.epoch_plans(1))  # another epoch's count is not this one's
     list(mgr.epoch_plans(0, per_rank=True))
     assert len(planned) == 5
+    mgr.table = type(mgr.table)(list(mgr.table.rows), mgr.table.meta)  # another table (a refreshed profile)
+    list(mgr.epoch_plans(0))
+    mgr.table = type(mgr.table)(list(mgr.table.rows), mgr.table.meta)
+    list(mgr.epoch_plans(0, per_rank=True))  # counted under the table before: planned again
+    assert len(planned) == 7
