@@ -47,7 +47,7 @@ def steps_left(mgr: Any) -> int:
     state = mgr.state_dict()
     position = EpochPosition.from_state(state["position"], len(mgr.lengths))
     plans = ckpt.resume(position, state["data"], mgr.table, mgr.config, mgr.world_size,
-                        lambda ids: mgr.epoch_plans(mgr.epoch, ids))
+                        lambda ids: mgr.epoch_plans(mgr.epoch, ids, keep=True))  # the loop takes them
     return sum(1 for _ in plans)
 
 

@@ -16,6 +16,8 @@ log-uniform): the 8B shape on 64 x H100 0.476 -> 0.658 of the ideal bound, the 7
 
 from __future__ import annotations
 
+import heapq
+
 from dcp.planner.plan import GroupPlan, StepPlan
 
 __all__ = ["deal_slots"]
@@ -28,14 +30,14 @@ def deal_slots(plan: StepPlan) -> StepPlan:
     for gi, g in enumerate(groups):
         by_size.setdefault(g.sp_size, []).append(gi)
     dealt: list[list] = [[] for _ in groups]
-    load = [0.0] * len(groups)
     for members in by_size.values():
         mbs = [mb._replace(recompute_layers=groups[gi].recompute_of(mb))
                for gi in members for mb in groups[gi].micro_batches]
+        heap = [(0, 0.0, gi) for gi in members]  # (micro-batches so far, their time, group): the fewest, then least
         for mb in sorted(mbs, key=lambda m: -m.time_s):
-            gi = min(members, key=lambda i: (len(dealt[i]), load[i]))
+            count, load, gi = heap[0]
             dealt[gi].append(mb)
-            load[gi] += mb.time_s
+            heapq.heapreplace(heap, (count + 1, load + mb.time_s, gi))
     out = [GroupPlan(g.first_rank, g.sp_size, max((m.recompute_layers for m in ms), default=g.recompute_layers),
                      tuple(ms)) for g, ms in zip(groups, dealt, strict=True)]
     return StepPlan(plan.epoch, plan.step, plan.world_size, plan.method, out)

@@ -238,13 +238,12 @@ class DCPManager:
         return MicroBatchTimer(self._watch, self._timings, step.tally, key, host=not self._watch.cuda)
 
     # ----- data (paper step 2) -------------------------------------------------------------------
-    def epoch_plans(self, epoch: int, ids: Any = None, *, per_rank: bool = False) -> Iterator[Any]:
+    def epoch_plans(self, epoch: int, ids: Any = None, *, per_rank: bool = False, keep: bool = False) -> Iterator[Any]:
         """The StepPlans of ``epoch`` over sample ids ``ids`` (None: all; deterministic: the same on every rank
         and on every replay); a custom plan source takes no ids (it cannot re-plan a resumed epoch's rest).
-        ``per_rank``: each as this rank's ``RankStep`` (dcp.runtime.stepview: its group, digest, N_step, samples),
-        prepared as it is made (on the plan-ahead thread), so that the training
-        thread does no O(world size) work per step (what get_data_iter runs; a custom source's plans are prepared
-        by the step loop)."""
+        ``per_rank``: each as this rank's ``RankStep`` (dcp.runtime.stepview), prepared on the plan-ahead thread
+        (get_data_iter's; a custom source's plans are prepared by the step loop). ``keep``: plans iterated in full
+        are held for the run's next iteration of the epoch (for a caller that counts steps first: DCPTrainer)."""
         if self._plans is not None:
             return iter(self._plans(epoch)) if ids is None or len(ids) == len(self.lengths) else _no_replan(epoch)
         if self.table is None:
@@ -258,7 +257,8 @@ class DCPManager:
                       world_size=self.world_size, shapes=[self.shapes[i] for i in ids] if self.shapes else None)
         key = (epoch, hashlib.blake2b(ids.tobytes(), digest_size=16).digest())
         if not per_rank:
-            return remapped(self._kept.record(key, self.table, planned_ahead(kwargs)), ids)
+            plans = planned_ahead(kwargs)
+            return remapped(self._kept.record(key, self.table, plans) if keep else plans, ids)
         views = StepViews(rank=self.rank, world_size=self.world_size, target_counts=self._target_counts_np,
                           loss_weighting=self.config.runtime.loss_weighting, ids=ids)
         kept = self._kept.take(key, self.table)  # the epoch counted by the caller (DCPTrainer): not planned again

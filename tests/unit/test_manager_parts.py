@@ -247,17 +247,20 @@ def test_an_epoch_counted_in_full_is_not_planned_again_for_its_run(monkeypatch):
     planned = []
     real = ahead.planned_ahead
     monkeypatch.setattr(ahead, "planned_ahead", lambda *a, **k: planned.append(1) or real(*a, **k))
-    counted = [p.sample_ids for p in mgr.epoch_plans(0)]  # a caller counts the epoch (DCPTrainer sizing its LR)
+    counted = [p.sample_ids for p in mgr.epoch_plans(0, keep=True)]  # a caller counts the epoch (DCPTrainer sizing its LR)
     run = [step.plan.sample_ids for step in mgr.epoch_plans(0, per_rank=True)]  # the run's own iteration
     assert len(planned) == 1 and run == counted  # planned once, the same plans
     again = [step.plan.sample_ids for step in mgr.epoch_plans(0, per_rank=True)]  # kept plans are taken once
     assert len(planned) == 2 and again == counted
-    next(iter(mgr.epoch_plans(0)))  # a partial count keeps nothing
-    list(mgr.epoch_plans(1))  # another epoch's count is not this one's
+    next(iter(mgr.epoch_plans(0, keep=True)))  # a partial count keeps nothing
+    list(mgr.epoch_plans(1, keep=True))  # another epoch's count is not this one's
     list(mgr.epoch_plans(0, per_rank=True))
     assert len(planned) == 5
     mgr.table = type(mgr.table)(list(mgr.table.rows), mgr.table.meta)  # another table (a refreshed profile)
-    list(mgr.epoch_plans(0))
+    list(mgr.epoch_plans(0, keep=True))
     mgr.table = type(mgr.table)(list(mgr.table.rows), mgr.table.meta)
     list(mgr.epoch_plans(0, per_rank=True))  # counted under the table before: planned again
     assert len(planned) == 7
+    list(mgr.epoch_plans(0))  # a count without keep holds nothing
+    list(mgr.epoch_plans(0, per_rank=True))
+    assert len(planned) == 9
