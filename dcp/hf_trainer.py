@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from transformers import Trainer, TrainerState
 from transformers.trainer_callback import ExportableState
+from transformers.trainer_utils import rotate_checkpoints
 
 from dcp.api import set_manager
 from dcp.config import ConfigError, DCPConfig, RuntimeConfig
@@ -232,8 +233,16 @@ class DCPTrainerMixin:
         folder = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
         if mgr.engine.name.startswith("fsdp2"):
             ckpt.save_checkpoint(mgr, folder)  # model, optimizer, scheduler and position
-            if self.is_world_process_zero():
+            self._save_rng_state(folder)
+            if self.args.should_save:  # the rest of what Trainer's _save_checkpoint writes, and its rotation
+                for cb in self.callback_handler.callbacks + [self.control]:
+                    if isinstance(cb, ExportableState):
+                        name, state = type(cb).__name__, cb.state()
+                        saved = self.state.stateful_callbacks.get(name)
+                        self.state.stateful_callbacks[name] = [*saved, state] if isinstance(saved, list) else state
                 self.state.save_to_json(os.path.join(folder, "trainer_state.json"))
+                rotate_checkpoints(output_dir=self.args.output_dir, save_total_limit=self.args.save_total_limit,
+                                   best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
             return
         self._save_checkpoint(self.model, trial=None)
         if self.is_world_process_zero():
@@ -257,7 +266,14 @@ class DCPTrainerMixin:
     def _resume(self, mgr: Any, folder: str) -> None:
         """Model, optimizer and scheduler from Trainer's files, or from a sharded checkpoint (DCP's position is
         loaded already)."""
-        if _sharded(folder):
+        sharded = mgr.engine.name.startswith("fsdp2")
+        if _sharded(folder) != sharded:
+            # Trainer's files hold whole tensors, which a fully_shard'ed model cannot load in place; a sharded
+            # folder is loaded through torch's distributed checkpoint, which this trainer does for fsdp2 only
+            fail("resume_from_checkpoint", folder, f"was saved {'with' if _sharded(folder) else 'without'} "
+                 f"sharding, and this run's runtime.engine is {mgr.engine.name!r}",
+                 "resume it under the engine it was saved with (fsdp2 for a folder with .metadata)", error=ConfigError)
+        if sharded:
             ckpt.load_checkpoint(mgr, folder)
         else:
             self._load_from_checkpoint(folder)

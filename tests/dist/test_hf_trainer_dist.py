@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dcp.distributed.launch import run_distributed
+from dcp.distributed.launch import DistributedFailure, run_distributed
 
 pytestmark = pytest.mark.dist
 pytest.importorskip("transformers")
@@ -104,3 +104,6 @@ def test_a_checkpoint_saved_on_two_ranks_resumes_on_one_with_every_sample_once(t
         assert sorted(trained + rest["seen"]) == list(range(12))  # each sample exactly once over the two runs
         # the W = 1 run re-planned the epoch's rest and ran all of it: the scheduler's length is its last step
         assert rest["epoch"] == 1 and rest["steps"] == rest["max_steps"] > 2 and rest["lr"] == 0.0
+    # Trainer's whole-tensor files cannot load into a fully_shard'ed model: refused in one line, naming the fix
+    with pytest.raises(DistributedFailure, match="was saved without sharding.*resume it under the engine"):
+        run_distributed(_trainer_run, 1, str(tmp_path / "ddp"), -1, True, "fsdp2", timeout_s=300)
