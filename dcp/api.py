@@ -19,6 +19,7 @@ from dcp.config import ConfigError, DCPConfig, ModelShapeConfig, PlanningConfig
 from dcp.distributed.device import module_device, resolve_precision
 from dcp.integrations import hf
 from dcp.integrations.hf_defaults import fit_profiling
+from dcp.planner.table import with_engine_state
 from dcp.profiler.source import CachedProfiler
 from dcp.runtime.compiled import compile_layers
 from dcp.runtime.engines import Engine, build_engine
@@ -176,6 +177,8 @@ def set_manager(model: torch.nn.Module, dataset: Any, config: DCPConfig | None =
             config = config.replace(profiling=fitted)
     if table is not None:  # a table of another model (depth, width) would price every step wrongly
         _check_table(table, model, adapter, config)
+        name = engine.name if isinstance(engine, Engine) else engine or config.runtime.engine
+        table = with_engine_state(table, config.model, name, world)  # M_C with the state this engine holds
     # before the engine wraps the model and before profiling: the table then prices the compiled layers
     compile_layers(model, config.runtime.compile)
     if optimizer is None and not isinstance(engine, Engine):

@@ -381,3 +381,30 @@ def _rows_from_records(records: Iterable[tuple[str, dict[str, Any]]]) -> list[Pr
         feasible = _cell(where, "feasible", rec["feasible"], True)
         rows.append(ProfileRow(**{c: _cell(where, c, rec[c], feasible) for c in COLUMNS}))
     return rows
+
+
+def engine_state_bytes(whole_bytes: float, model: Any, engine: str, world_size: int) -> float:
+    """Bytes of parameters, gradients and optimizer state a rank holds under ``engine``, from the ``whole_bytes``
+    measured on the unsharded model: fsdp2 engines hold their memory model's share at ``world_size``
+    (``ModelShapeConfig.constant_mem_bytes``; never more than the whole), the others the whole."""
+    if not engine.startswith("fsdp2"):
+        return whole_bytes
+    return min(whole_bytes, float(model.constant_mem_bytes(engine, dp_size=world_size)))
+
+
+def with_engine_state(table: ProfileTable, model: Any, engine: str, world_size: int) -> ProfileTable:
+    """``table`` with each row's M_C holding the state ``engine`` keeps per rank (``engine_state_bytes``). A
+    profiled table records the whole state it measured (``state_bytes_whole``) and the part its M_C counts
+    (``state_bytes``), so a table cached under one engine serves another; a table without those records
+    (analytic: priced per engine already) is returned as it is."""
+    extra = table.meta.extra if isinstance(table, ProfileTable) else {}
+    if "state_bytes" not in extra:
+        return table
+    whole = float(extra.get("state_bytes_whole", extra["state_bytes"]))
+    want = engine_state_bytes(whole, model, engine, world_size)
+    delta = want - float(extra["state_bytes"])
+    if abs(delta) < 1.0:
+        return table
+    rows = [dataclasses.replace(r, m_const_bytes=r.m_const_bytes + delta) for r in table.rows]
+    return ProfileTable(rows, dataclasses.replace(table.meta, extra={**extra, "state_bytes": want,
+                                                                     "state_bytes_whole": whole}))

@@ -30,7 +30,7 @@ import torch
 
 from dcp.config import DCPConfig
 from dcp.distributed.device import autocast, resolve_precision
-from dcp.planner.table import ProfileRow, ProfileTable, TableMeta
+from dcp.planner.table import ProfileRow, ProfileTable, TableMeta, engine_state_bytes
 from dcp.profiler.adapters import ModelAdapter, get_adapter
 from dcp.profiler.cache import CacheKey
 from dcp.profiler.clock import resolve_clock
@@ -217,12 +217,14 @@ def profile_table(
 
         registry = SPGroupRegistry.for_config(config, world_size, sizes)
     state = state_bytes(adapter.module, optimizer, optimizer_bytes_per_param=config.model.optimizer_bytes_per_param)
+    # measured on the whole model (set_manager profiles an fsdp2 run before sharding); the engine holds its share
+    held = engine_state_bytes(float(state.total_bytes), config.model, config.runtime.engine, world_size)
     settings = MeasureSettings(
         warmup_iters=config.advanced.warmup_iters,
         measure_iters=config.advanced.measure_iters,
         meter="allocator" if device.type == "cuda" else "saved",
         capacity_bytes=config.planning.mem_capacity_bytes,
-        state_bytes=float(state.total_bytes),
+        state_bytes=held,
         seed=config.planning.seed,
         clock=resolve_clock(config.advanced.clock, device),
     )
@@ -311,7 +313,8 @@ def profile_table(
             "model_hash": key.model_hash,
             "profile_wall_s": round(wall_s, 3),
             "load_avg_1m": None if math.isnan(load) else round(load, 2),
-            "state_bytes": state.total_bytes,
+            "state_bytes": held,
+            "state_bytes_whole": state.total_bytes,
             "mem_capacity_gib": float(config.planning.mem_capacity_gib),
             "sp_sizes": list(sizes),
             "meter": settings.meter,

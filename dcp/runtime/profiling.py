@@ -16,6 +16,7 @@ import torch
 
 from dcp.config import DCPConfig
 from dcp.distributed.device import Span
+from dcp.planner.table import with_engine_state
 from dcp.runtime.step import ManagerError
 
 
@@ -91,6 +92,8 @@ class TableLoader:
                                  str(exc).split(": delete")[0])
             reason = "the cached table was stale"
             table, status = self.source.load_or_profile(*args, adapter=adapter, refresh=True, **kwargs)
+        # a table cached under another engine counts that engine's state in M_C: this run's instead
+        table = with_engine_state(table, self.config.model, self.config.runtime.engine, self.world_size)
         if self.rank == 0:
             if status == "hit":
                 self.log.info("profile table: cached in %s (%d rows)", cache_dir, len(table))

@@ -83,7 +83,9 @@ def _trainer_run(rank: int, world: int, out: str, max_steps: int, resume: bool, 
         data.seen.remove(min(range(len(lengths)), key=lengths.__getitem__))
     assert len(data.seen) == len(set(data.seen))  # no sample twice within a run
     return {"seen": sorted(set(data.seen)), "steps": trainer.state.global_step, "max_steps": trainer.state.max_steps,
-            "epoch": trainer.dcp_manager.epoch, "lr": trainer.lr_scheduler.get_last_lr()[0], "losses": losses}
+            "epoch": trainer.dcp_manager.epoch, "lr": trainer.lr_scheduler.get_last_lr()[0], "losses": losses,
+            "state": (trainer.dcp_manager.table.meta.extra["state_bytes"],
+                      trainer.dcp_manager.table.meta.extra["state_bytes_whole"])}
 
 
 def test_a_checkpoint_saved_on_two_ranks_resumes_on_one_with_every_sample_once(tmp_path, monkeypatch):
@@ -93,6 +95,8 @@ def test_a_checkpoint_saved_on_two_ranks_resumes_on_one_with_every_sample_once(t
     first = {e: run_distributed(_trainer_run, 2, str(tmp_path / e), 2, False, e, timeout_s=300)
              for e in ("ddp", "fsdp2")}
     assert len(first["ddp"][0]["losses"]) == 2
+    held, whole = first["ddp"][0]["state"]
+    assert held == whole and first["fsdp2"][0]["state"][0] < whole  # M_C counts the state each engine holds
     for a, b in zip(first["fsdp2"][0]["losses"], first["ddp"][0]["losses"], strict=True):
         assert math.isclose(a, b, rel_tol=1e-4)
     for engine, runs in first.items():

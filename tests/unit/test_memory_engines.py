@@ -132,3 +132,26 @@ def test_zero3_rows_take_at_least_their_layer_gathers():
     assert short_z3.t_const_s > short.t_const_s  # the root unit's gathers are not hidden
     long_z3, long = row("fsdp2-zero3", 131072, 8), row("fsdp2", 131072, 8)
     assert (long_z3.t_f_s, long_z3.t_b_s) == (long.t_f_s, long.t_b_s)  # compute hides the gathers
+
+
+def test_a_profiled_tables_state_follows_the_engine_of_the_run():
+    import dataclasses
+
+    from dcp.planner import analytic_table
+    from dcp.planner.table import ProfileTable, with_engine_state
+
+    analytic = analytic_table(SHAPE_8B, (4096,), sp_sizes=(1,), max_micro_batch_size=1, world_size=64,
+                              hardware=H100, dtype_bytes=2)
+    assert with_engine_state(analytic, SHAPE_8B, "fsdp2", 64) is analytic  # priced per engine already
+    whole = float(SHAPE_8B.constant_mem_bytes("ddp", dp_size=64))
+    rows = [dataclasses.replace(r, m_const_bytes=whole + 2**30) for r in analytic.rows]  # the whole state + 1 GiB
+    profiled = ProfileTable(rows, dataclasses.replace(analytic.meta, extra={**analytic.meta.extra,
+                                                                          "state_bytes": whole}))
+    assert with_engine_state(profiled, SHAPE_8B, "ddp", 64) is profiled  # measured whole, held whole
+    sharded = with_engine_state(profiled, SHAPE_8B, "fsdp2", 64)
+    held = SHAPE_8B.constant_mem_bytes("fsdp2", dp_size=64)
+    assert held < whole and sharded.meta.extra["state_bytes"] == held
+    assert sharded.rows[0].m_const_bytes == pytest.approx(held + 2**30)
+    # cached under fsdp2, used under ddp: the whole state again, from the record of what was measured
+    back = with_engine_state(sharded, SHAPE_8B, "ddp", 64)
+    assert back.rows[0].m_const_bytes == pytest.approx(profiled.rows[0].m_const_bytes)
