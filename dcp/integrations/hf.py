@@ -154,6 +154,19 @@ class HFCausalLM:
     """Its final norm (None: found by name when the profiler adapter is built)."""
     loss_chunk_tokens: int = LOSS_CHUNK_TOKENS
     """Tokens per piece of the head + cross-entropy (one piece's logits alive at a time; 0: one piece)."""
+    checked: list = field(default_factory=list, init=False, repr=False)
+    """Non-empty once the chunked head was checked against the model's own logits (the first forward)."""
+
+    def _check_logits(self, own: torch.Tensor, ours: torch.Tensor) -> None:
+        """Refuse, in one line, a model whose forward computes its logits otherwise than ``logits_fn`` (a scale
+        or soft-cap of its own after the head): the chunked loss would be another loss."""
+        own, ours = own.detach().float(), ours.float()
+        if own.shape != ours.shape or not torch.allclose(ours, own, rtol=1e-2, atol=1e-2 * float(own.abs().max())):
+            raise HFIntegrationError(
+                f"{type(self.model).__name__}'s forward computes its logits otherwise than norm + head (+ the "
+                "soft-capping or logit scaling its config names), so the loss cannot be chunked: prepare it with "
+                "dcp.integrations.hf.prepare(model, loss_chunk_tokens=0) before set_manager (the model's whole logits)")
+        self.checked.append(True)
 
     def forward(self, model: Any, batch: Any, ctx: SPContext) -> tuple[torch.Tensor, torch.Tensor]:
         """The manager's ``forward_fn``: ``(loss_sum, labelled tokens)`` over this rank's chunk of ``batch``.
@@ -183,7 +196,7 @@ class HFCausalLM:
             loss_sum = F.cross_entropy(logits.flatten(0, 1).float(), labels.reshape(-1), ignore_index=IGNORE_INDEX,
                                        reduction="sum")
             return loss_sum, (labels != IGNORE_INDEX).sum()
-        # The model's own forward runs, but its head gets no rows (logits_to_keep: an empty index); a hook takes the
+        # The model's own forward runs, its head on one row (logits_to_keep: the last position); a hook takes the
         # base model's output (after the final norm) and the head + cross-entropy run in token chunks, recomputed
         # in backward. The loss is computed INSIDE the root module's forward and returned as its output (a hook
         # placed before the engine's own): under fsdp2-zero3 the root's parameters (the head) are gathered only
@@ -194,13 +207,17 @@ class HFCausalLM:
             hidden.append(out[0] if isinstance(out, tuple) else out.last_hidden_state)
 
         def loss_as_output(_m: Any, _a: Any, out: Any) -> Any:
-            out.logits = chunked_cross_entropy(hidden[-1], labels, logits_fn(self.model), self.loss_chunk_tokens)
+            logits = logits_fn(self.model)
+            if not self.checked:  # once: the model's own logits of the last position against ours
+                self._check_logits(out.logits, logits(hidden[-1][:, -1:].detach()))
+            out.logits = chunked_cross_entropy(hidden[-1], labels, logits, self.loss_chunk_tokens)
             return out
 
         hooks = [self.model.base_model.register_forward_hook(take_hidden),
                  model.register_forward_hook(loss_as_output, prepend=True)]
         try:
-            loss_sum = model(**kwargs, logits_to_keep=torch.empty(0, dtype=torch.long, device=device)).logits
+            last = torch.tensor([ids.shape[1] - 1], dtype=torch.long, device=device)  # the head's one row
+            loss_sum = model(**kwargs, logits_to_keep=last).logits
         finally:
             for hook in hooks:
                 hook.remove()
@@ -226,11 +243,13 @@ class HFCausalLM:
         manager.wrap_layers(self.layers)
 
 
-def prepare(model: Any, *, layers: Any = None, final_norm: Any = None) -> HFCausalLM:
+def prepare(model: Any, *, layers: Any = None, final_norm: Any = None,
+            loss_chunk_tokens: int = LOSS_CHUNK_TOKENS) -> HFCausalLM:
     """Prepare an HF causal LM for DCP: register and select the Ulysses attention; return the pieces.
 
     ``layers`` (the model's ``nn.ModuleList`` of decoder layers) and ``final_norm`` are found in the model
-    when left out; pass them for a model where they cannot be. A second call on the same model returns the
+    when left out; pass them for a model where they cannot be. ``loss_chunk_tokens``: tokens per piece of the
+    head + cross-entropy (0: the model's own whole logits). A second call on the same model returns the
     first call's result (``set_manager`` calls it too). Raises :class:`HFIntegrationError` for a model
     it cannot drive, naming what to pass instead.
     """
@@ -240,7 +259,9 @@ def prepare(model: Any, *, layers: Any = None, final_norm: Any = None) -> HFCaus
             "prepares Hugging Face causal LMs; pass forward_fn= (and adapter= to profile) to set_manager"
         )
     done = model.__dict__.get("_dcp_hf")
-    if done is not None and layers is None and final_norm is None:
+    if loss_chunk_tokens < 0:
+        raise HFIntegrationError(f"loss_chunk_tokens ({loss_chunk_tokens}) must be >= 0: use 0 for the whole logits")
+    if done is not None and layers is None and final_norm is None and loss_chunk_tokens == done.loss_chunk_tokens:
         return done
     name = f"{type(model).__name__} (model_type {getattr(model.config, 'model_type', None)!r})"
     if getattr(model, "get_output_embeddings", lambda: None)() is None:
@@ -269,7 +290,7 @@ def prepare(model: Any, *, layers: Any = None, final_norm: Any = None) -> HFCaus
         raise HFIntegrationError(str(exc)) from None
     register_attention()
     model.set_attn_implementation(ATTENTION_NAME)
-    prepared = HFCausalLM(model, found, final_norm)
+    prepared = HFCausalLM(model, found, final_norm, loss_chunk_tokens)
     model.__dict__["_dcp_hf"] = prepared  # not a module attribute: parameters and state_dict are unchanged
     return prepared
 

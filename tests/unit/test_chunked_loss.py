@@ -118,3 +118,21 @@ def test_hf_adapter_chunked_loss_and_its_cache_key():
     torch.testing.assert_close(a, ref, rtol=1e-4, atol=1e-4)
     with pytest.raises(HFModelError, match="loss_chunk_tokens"):
         HFCausalLMAdapter(model, loss_chunk_tokens=-1)
+
+
+def test_a_model_whose_logits_differ_from_the_chunked_heads_is_refused():
+    pytest.importorskip("transformers")
+    from dcp.integrations import hf
+    from dcp.integrations.hf_zoo import tiny_causal_lm
+
+    model = tiny_causal_lm("llama", layers=2, hidden=64)
+    model.config.logit_scale = 2.0  # a scale logits_fn applies and this forward does not (a foreign forward)
+    data = SyntheticTokenDataset([9, 12], vocab_size=200, seed=1)
+    batch = data.collate([data[0], data[1]])
+    with pytest.raises(hf.HFIntegrationError, match=r"prepare\(model, loss_chunk_tokens=0\)"):
+        hf.prepare(model).forward(model, batch, SPContext.single())
+    whole = hf.prepare(model, loss_chunk_tokens=0)  # the fix the line names: the model's own logits
+    loss, count = whole.forward(model, batch, SPContext.single())
+    assert torch.isfinite(loss) and int(count) > 0
+    with pytest.raises(hf.HFIntegrationError, match="loss_chunk_tokens"):
+        hf.prepare(model, loss_chunk_tokens=-1)
