@@ -26,6 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, default=256, help="tokens per sample")
     parser.add_argument("--ga-steps", type=int, default=2, help="micro-batches per step")
     parser.add_argument("--mb-size", type=int, default=1, help="samples per micro-batch (collation work grows with it)")
+    parser.add_argument("--fsdp2", action="store_true", help="also time the manager under runtime.engine fsdp2 (the "
+                        "model sharded over both ranks), against ddp on the same plans")
     parser.add_argument("--log", action="store_true", help="show the manager's per-step log lines (off: no output per step)")
     parser.add_argument("--json", action="store_true", help="print a JSON object as the last line")
 
@@ -79,8 +81,16 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     # the same manager with collation on the training thread (advanced.prefetch = false), same optimizer
     off = config.replace(advanced=dataclasses.replace(config.advanced, prefetch="off"))
     mgr_off = set_manager(model, data, off, optimizer=opt, plans=plans)
+    managers = {"nopf": mgr_off}
+    if spec.get("fsdp2"):  # a twin of the model, sharded by the fsdp2 engine, on the same plans
+        import copy
+
+        twin = copy.deepcopy(model)
+        sharded = config.replace(runtime=dataclasses.replace(config.runtime, engine="fsdp2"))
+        managers["fsdp2"] = set_manager(twin, data, sharded, optimizer=torch.optim.SGD(twin.parameters(), lr=1e-3),
+                                        plans=plans)
     pattern = {"sp2": lambda s: (2,), "sp1": lambda s: (1, 1), "switch": lambda s: (2,) if s % 2 else (1, 1),
-               "nopf": lambda s: (2,)}
+               "nopf": lambda s: (2,), "fsdp2": lambda s: (2,)}
     ctx = mgr.registry.context(fixed.groups[0], rank)
     n_step = sum(data.target_counts()[i] for i in fixed.sample_ids)
     batches = [data.collate([data[i] for i in mb.sample_ids]) for mb in fixed.groups[0].micro_batches]
@@ -104,7 +114,7 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
         spec["pattern"] = pattern[name]
         dist.barrier()
         t0, c0 = time.perf_counter(), time.process_time()
-        m = mgr_off if name == "nopf" else mgr
+        m = managers.get(name, mgr)
         batches, waited = m.get_data_iter(), 0.0
         while True:  # the training thread's wait for its next micro-batch (collation, step bookkeeping)
             t = time.perf_counter()
@@ -132,7 +142,7 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     plain_round(), manager_round("sp2"), manager_round("nopf")  # warm-up
     exchange_s.clear()
     wait_s.clear()
-    kinds = ["plain", "sp2", "sp1", "switch", "nopf"]
+    kinds = ["plain", "sp2", "sp1", "switch", "nopf"] + (["fsdp2"] if spec.get("fsdp2") else [])
     times: dict[str, list[tuple[float, float]]] = {k: [] for k in kinds}
     from tqdm.auto import tqdm
 
@@ -158,11 +168,12 @@ def run(args: argparse.Namespace) -> int:
                          "groups take 100 samples each")
     spec = {"steps": args.steps, "rounds": args.rounds, "seq_len": args.seq_len, "ga_steps": args.ga_steps,
             "mb_size": args.mb_size,
-            "collate": True, "pattern": None, "log": args.log}
+            "collate": True, "pattern": None, "log": args.log, "fsdp2": args.fsdp2}
     t0 = time.perf_counter()
     per_step = run_distributed(_worker, 2, spec, timeout_s=900)[0]
     exchange = per_step.pop("exchange")
-    cpu = {k: per_step.pop(f"{k}_cpu") for k in ("plain", "sp2", "sp1", "switch", "nopf")}
+    kinds = ("plain", "sp2", "sp1", "switch", "nopf") + (("fsdp2",) if args.fsdp2 else ())
+    cpu = {k: per_step.pop(f"{k}_cpu") for k in kinds}
     waits = {k[:-5]: per_step.pop(k) for k in [k for k in per_step if k.endswith("_wait")]}
     wait_ms = {k: 1e3 * statistics.median(waits[k]) for k in ("sp2", "nopf")}
     # Rounds of all kinds run back to back, so comparing within a round cancels slow drifts of the host's
@@ -188,7 +199,10 @@ def run(args: argparse.Namespace) -> int:
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
     for name, label in (("plain", "plain loop, sp=2"), ("sp2", "manager, sp=2"), ("sp1", "manager, sp=[1,1]"),
                         ("switch", "manager, alternating sp=2 / sp=[1,1]"),
-                        ("nopf", "manager, sp=2, advanced.prefetch = false")):
+                        ("nopf", "manager, sp=2, advanced.prefetch = false"),
+                        ("fsdp2", "manager, sp=2, runtime.engine = fsdp2")):
+        if name not in per_step:
+            continue
         spread = f"median {1e3 * med[name]:.2f} max {1e3 * max(per_step[name]):.2f}"
         print(f"step_ms {name:7s} {1e3 * best[name]:8.2f}  ({spread})  {label}")
     for name in ("plain", "sp2"):
@@ -201,10 +215,16 @@ def run(args: argparse.Namespace) -> int:
           "micro-batch per step: collation + step bookkeeping; median over rounds, rank 0)")
     print(f"prefetch_saving_ms {prefetch_ms:.3f}  ({prefetch_pct:.2f} %; prefetch off minus on, per step, median over rounds)")
     print(f"sp_switch_ms {switch_ms:.3f}  (alternating minus mean of fixed sizes, per switch; median over rounds)")
+    fsdp2_pct = None
+    if args.fsdp2:  # the same plans and work; the sharded engine's gathers and reduce-scatters against ddp's sync
+        fsdp2_pct = 100.0 * statistics.median(f / d - 1.0 for d, f in zip(per_step["sp2"], per_step["fsdp2"],
+                                                                             strict=True))
+        print(f"fsdp2_vs_ddp_pct {fsdp2_pct:.2f}  (manager sp=2 under fsdp2 vs ddp, wall time, median ratio per round)")
     if args.json:
         print(json.dumps({"overhead_pct": round(overhead_pct, 3), "sp_switch_ms": round(switch_ms, 4),
                           "overhead_cpu_pct": round(overhead_cpu, 3), "exchange_ms": round(exchange_ms, 4),
                           "prefetch_saving_ms": round(prefetch_ms, 4), "prefetch_saving_pct": round(prefetch_pct, 3),
                           "batch_wait_ms": {k: round(v, 4) for k, v in wait_ms.items()},
-                          "step_ms": {k: round(1e3 * v, 3) for k, v in best.items()}}))
+                          "step_ms": {k: round(1e3 * v, 3) for k, v in best.items()},
+                          **({"fsdp2_vs_ddp_pct": round(fsdp2_pct, 3)} if fsdp2_pct is not None else {})}))
     return 0
