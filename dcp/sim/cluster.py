@@ -252,6 +252,7 @@ def step_cost(plan: StepPlan, times: TimeLookup | None, rows: dict, *, sync_s: f
     ``engine`` "fsdp2-zero3": :func:`zero3_step_s` (the ranks in lockstep per micro-batch slot)."""
     group_times: list[float] = []
     slot_times: list[list[float]] = []
+    first_forward: list[float] = []  # per busy group: its first micro-batch's forward (fsdp2 gathers under it)
     last_backward: list[float] = []
     peak = 0.0
     for g in plan.groups:
@@ -267,6 +268,8 @@ def step_cost(plan: StepPlan, times: TimeLookup | None, rows: dict, *, sync_s: f
             t += t_mb
             slot_times[-1].append(t_mb)
             row = _mem_row(mb, g.sp_size, rows, edges)
+            if len(slot_times[-1]) == 1:
+                first_forward.append(t_mb * (1.0 - backward_share(row, r)) if row is not None else 0.0)
             if row is not None:  # memory is per micro-batch: its activations are freed after its backward
                 peak = max(peak, micro_batch_mem_bytes(row, r))
         group_times.append(t)
@@ -277,8 +280,16 @@ def step_cost(plan: StepPlan, times: TimeLookup | None, rows: dict, *, sync_s: f
         t_star, sync_s = zero3_step_s(slot_times, sync_s, layers)
     elif overlap_grad_bytes > 0 and group_times:
         busy_g = [i for i, g in enumerate(plan.groups) if g.micro_batches]
-        sync_s = exposed_sync_groups_s(sync_s, np.asarray([group_times[i] for i in busy_g]),
-                                       np.asarray([last_backward[i] for i in busy_g]), overlap_grad_bytes)
+        ends, backs = np.asarray([group_times[i] for i in busy_g]), np.asarray([last_backward[i] for i in busy_g])
+        if engine == "fsdp2":
+            # one round each: the reduce-scatter under the last backward (per layer, as ddp's buckets), the
+            # all-gather under the first forward (prefetched per layer; the first layer's is not hidden)
+            layers = next((rs[0].num_layers for rs in rows.values() if rs), 1)
+            gather = max(sync_s / 2 / layers, sync_s / 2 - min(first_forward, default=0.0))
+            # (a reduce-scatter per layer unit: the layers are its buckets)
+            sync_s = exposed_sync_groups_s(sync_s / 2, ends, backs, layers * DDP_BUCKET_BYTES) + gather
+        else:
+            sync_s = exposed_sync_groups_s(sync_s, ends, backs, overlap_grad_bytes)
     per_group = tuple((g.first_rank, g.sp_size, t_star - t) for g, t in zip(plan.groups, group_times, strict=True))
     idle = sum(p * i for _, p, i in per_group)
     busy = [t for g, t in zip(plan.groups, group_times, strict=True) if g.micro_batches]
@@ -355,9 +366,10 @@ def simulate(lengths: Sequence[int], table: ProfileTable, config: DCPConfig, wor
                                   stats_every=config.advanced.stats_every)
     times = TimeLookup(truth) if truth_table is not None else None
     rows = row_lookup(truth)
-    # the ddp engine overlaps the gradient all-reduce with the last backward (dcp.runtime.engines); deepspeed's
-    # ZeRO-1 reduces after it
-    overlap = model.num_params * model.param_bytes if config.runtime.engine == "ddp" and hardware else 0.0
+    # the ddp engine overlaps the gradient all-reduce with the last backward (dcp.runtime.engines), fsdp2 its
+    # reduce-scatter with the last backward and its all-gather with the first forward; deepspeed's ZeRO-1
+    # reduces after the last backward
+    overlap = model.num_params * model.param_bytes if config.runtime.engine in ("ddp", "fsdp2") and hardware else 0.0
     steps = merge_phases([step_cost(p, times, rows, sync_s=sync, optimizer_s=opt, edges=truth.seq_group_edges,
                                     overlap_grad_bytes=overlap, control_s=control, engine=config.runtime.engine)
                          for p in plans])

@@ -190,3 +190,17 @@ def test_step_cost_overlaps_the_sync_with_every_busy_groups_last_backward():
     got = step_cost(late, None, rows, sync_s=0.5, optimizer_s=0.0, overlap_grad_bytes=1000 * DDP_BUCKET_BYTES)
     assert got.sync_time_s == pytest.approx(1.55 - 0.05 * 2 / 3 * (1 - 1 / 1000) + 0.5 - 1.6, abs=1e-9)
     assert got.sync_time_s > 0.41
+
+
+def test_fsdp2_hides_its_rounds_under_the_first_forward_and_the_last_backward(t1d, long_lengths):
+    from dcp.planner.analytic import grad_sync_time_s
+
+    sc, tables = t1d
+    cfg = _config(sc, "dcp-intra", 8)
+    cfg = cfg.replace(runtime=dataclasses.replace(cfg.runtime, engine="fsdp2"))
+    res, steps = simulate(long_lengths[:400], tables[8], cfg, 8, hardware=sc.hardware, return_steps=True)
+    whole = grad_sync_time_s(cfg.model, sc.hardware, 8)  # an all-reduce's price: the two rounds, none hidden
+    layers = tables[8].rows[0].num_layers
+    for st in steps:  # each round exposed at most in full, and at least its first (or last) layer's share
+        assert 2 * whole / 2 / layers <= st.sync_time_s + 1e-12 <= whole + 1e-9
+    assert sum(st.sync_time_s for st in steps) < 0.5 * whole * len(steps)  # most of it hidden here
