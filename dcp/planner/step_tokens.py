@@ -66,9 +66,9 @@ def batch_tokens(config: DCPConfig, lengths: Sequence[int], world_size: int) -> 
     if cfg.default_batch == "method":
         return 0, "global batch: each method's own steps (planning.default_batch = \"method\")"
     tok = max(1, round(DEFAULT_SAMPLES_PER_RANK * world_size * mean), int(lens.max()) if len(lens) else 1)
-    return tok, (f"global batch: {tok:,} tokens per step (default: {DEFAULT_SAMPLES_PER_RANK} x {world_size} ranks x the mean length {mean:,.0f}, "
-                 f"at least the longest sample); change it with planning.samples_per_step = N or "
-                 f"planning.tokens_per_step = N")
+    return tok, (f"global batch: {tok:,} tokens per step = {tok // max(1, world_size):,} per rank (default: "
+                 f"{DEFAULT_SAMPLES_PER_RANK} x {world_size} ranks x the mean length {mean:,.0f}, at least the longest "
+                 "sample); change it with planning.samples_per_step = N or planning.tokens_per_step = N")
 
 
 def with_batch(config: DCPConfig, lengths: Sequence[int], world_size: int) -> DCPConfig:
