@@ -4,8 +4,8 @@ torch's public ``torch.distributed.fsdp.fully_shard``, under DCP's unequal micro
 Why the semantics are what they are. FSDP all-gathers a block's parameters in its forward and reduce-scatters
 its gradients in its backward; both are collectives over every data-parallel rank. DCP's ranks run DIFFERENT
 numbers of micro-batches in one step (their groups' ga_steps) and some run none. If parameters were resharded
-after every forward (ZeRO-3), a rank with 3 micro-batches would issue 3 rounds of all-gathers and a rank with 1
-would issue 1: the ranks wait in mismatched collectives and hang (measured: 2 gloo ranks, 3 vs 1 micro-batches).
+after every forward (ZeRO-3), a rank with 3 micro-batches would start 3 rounds of all-gathers and a rank with 1
+would start 1: the ranks wait in mismatched collectives and hang (measured: 2 gloo ranks, 3 vs 1 micro-batches).
 So the default mode ("fsdp2") keeps every rank's collectives at exactly one round per step, whatever its ga_steps:
 
 - parameters are all-gathered once, at the rank's first forward of the step, and kept (unsharded) for the
