@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     from dcp.planner.batch_settings import check_batch_settings
     from dcp.planner.lengths import synthetic_lengths
     from dcp.planner.step_tokens import batch_tokens
-    from dcp.planner.table import ProfileTable, check_table_for_model
+    from dcp.planner.table import ProfileTable, check_table_for_model, with_engine_state
     from dcp.planner.tokens import token_pack_line
 
     try:
@@ -126,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             check_table_for_model(table, num_layers=config.model.num_layers,
                                   model_name=f"the config's model ({config.model.name})")
+            table = with_engine_state(table, config.model, config.runtime.engine, world)  # M_C: this engine's state
         if args.lengths:
             lengths = list(load_lengths_csv(args.lengths).tokens)
         else:
