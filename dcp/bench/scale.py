@@ -163,6 +163,10 @@ def run(args: argparse.Namespace) -> int:
         rows.append(run_worker(spec))
         print(_line(rows[-1]), flush=True) if len(rows) == 1 else print(_line(rows[-1], header=False), flush=True)
     for row in rows:
+        if row.get("idle_every_step"):
+            print(f"# W {row['world_size']} rank {row['rank']} ran no micro-batch in these steps (its plans leave it "
+                  "idle; it joins each step's gradient sync inside get_data_iter): no per-step figures")
+            continue
         print(f"# W {row['world_size']} rank {row['rank']} per step: " + "; ".join(
             f"{c['tag'] or 'control'} {c['kind']} x{c['per_step']:g} over {c['group_size']} ranks, {c['bytes']} B"
             for c in row["collectives"]))
@@ -175,13 +179,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _line(row: dict[str, Any], header: bool = True) -> str:
-    cols = [("W", "world_size", 6), ("rank", "rank", 6), ("startup_s", "startup_s", 10), ("groups", "process_groups", 7),
+    cols = _COLS
+    return _format(row, cols, header)
+
+
+_COLS = [("W", "world_size", 6), ("rank", "rank", 6), ("startup_s", "startup_s", 10), ("groups", "process_groups", 7),
             ("world_ctl/unlogged", "world_collectives_unlogged_step", 19), ("world_ctl/logged", "world_collectives_logged_step", 17),
             ("host_ms", "host_ms_per_step", 8), ("raw_ms", "host_ms_raw_per_step", 8),
             ("harness_ms", "harness_ms_per_step", 11), ("wall_ms", "host_wall_ms_per_step", 8), ("mbs", "micro_batches_per_step", 5), ("collate_ms", "collate_ms_per_step", 11),
             ("plan_cpu_ms", "plan_cpu_ms_per_step", 12), ("plan_exp_ms", "plan_exposed_ms", 12),
             ("planned<0", "planned_before_step0", 10)]
+_LINE_KEYS = [k for _, k, _ in _COLS]
+"""The row keys the printed table shows (the first four are the rank's identity and start-up)."""
 
+
+def _format(row: dict[str, Any], cols: list, header: bool) -> str:
     def fmt(v: Any) -> str:
         return "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
 
@@ -354,6 +366,12 @@ def _row(spec: dict[str, Any], census: Any, probe: _Probe, data: _TokenDataset, 
     w = spec["world_size"]
     marks = sorted(probe.step_start)
     ticks = [t for t in marks if t >= 1 and t + 1 in probe.step_start] or [t for t in marks if t >= 0]
+    if not ticks:  # no micro-batch here in any step: an idle rank joins each step inside get_data_iter, unmarked
+        row = {**dict.fromkeys(ROW_KEYS), **dict.fromkeys(_LINE_KEYS)}
+        row.update(world_size=w, rank=spec["rank"], startup_s=round(manager_s, 3), process_groups=census.new_groups,
+                   member_groups=census.member_groups, set_manager_s=round(manager_s, 3),
+                   new_group_s=round(groups_s, 3), steps_timed=0, idle_every_step=True, collectives=[])
+        return row
     nxt = {t: probe.step_start.get(t + 1, end) for t in ticks}
     by_tick = census.by_tick()
     host, wall, plan_cpu, world_unlogged, world_logged, host_logged, host_unlogged = [], [], [], [], [], [], []

@@ -229,3 +229,13 @@ def test_scale_ab_runs_two_trees_interleaved_and_summarises():
 def test_scale_ab_refuses_bad_input_with_one_line(args, needle):
     out = _scale_ab(*args)
     assert out.returncode != 0 and needle in out.stderr
+
+
+def test_a_rank_idle_in_every_step_gets_a_row_without_per_step_figures(capsys):
+    # W = 512 on the default data: rank 256 runs no micro-batch in the first steps (its plans leave it idle)
+    assert scale.run(_args(world_sizes="512", ranks="256", steps=3)) == 0
+    out = capsys.readouterr().out
+    row = json.loads(out.strip().splitlines()[-1])["rows"][0]
+    assert list(row)[: len(scale.ROW_KEYS)] == list(scale.ROW_KEYS)
+    assert row["idle_every_step"] and row["host_ms_per_step"] is None and row["process_groups"] > 0
+    assert "W 512 rank 256 ran no micro-batch in these steps" in out
