@@ -175,9 +175,9 @@ def set_manager(model: torch.nn.Module, dataset: Any, config: DCPConfig | None =
         # (need_profile: a collective lookup, rank 0's answer on every rank)
         if fitted != config.profiling and CachedProfiler().need_profile(model if adapter is None else adapter, config, world):
             config = config.replace(profiling=fitted)
+    name = engine.name if isinstance(engine, Engine) else engine or config.runtime.engine
     if table is not None:  # a table of another model (depth, width) would price every step wrongly
         _check_table(table, model, adapter, config)
-        name = engine.name if isinstance(engine, Engine) else engine or config.runtime.engine
         table = with_engine_state(table, config.model, name, world)  # M_C with the state this engine holds
     # before the engine wraps the model and before profiling: the table then prices the compiled layers
     compile_layers(model, config.runtime.compile)
@@ -187,8 +187,7 @@ def set_manager(model: torch.nn.Module, dataset: Any, config: DCPConfig | None =
         if rank == 0:  # one line per job, as the manager's other one-time messages (every rank builds the same)
             get_logger(rank).info(
                 "set_manager: no optimizer given, using torch.optim.AdamW(model.parameters()) with torch's defaults")
-    name = None if isinstance(engine, Engine) else (engine or config.runtime.engine)
-    if name in ("fsdp2", "fsdp2-zero3") and table is None and plans is None:
+    if not isinstance(engine, Engine) and name.startswith("fsdp2") and table is None and plans is None:
         # fully_shard turns the layers' parameters into shards gathered over every rank in each forward, and the
         # dual-layer profiler times single layers on their own: the profile (cached, or measured in this run)
         # is taken while the model is whole, then the engine shards it

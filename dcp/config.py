@@ -335,6 +335,7 @@ class RuntimeConfig:
             fail("runtime.nonfinite", self.nonfinite, "needs the ddp engine (DeepSpeed reduces and applies the "
                  "gradients in one call, so a step cannot be dropped between them)", 'write nonfinite = "stop", or engine = "ddp"')
 
+
 def _more_sharding(engine: str) -> str:
     """The next engine that shards more of the state than ``engine`` (for the constant-memory refusal)."""
     if engine == "fsdp2":
@@ -343,6 +344,7 @@ def _more_sharding(engine: str) -> str:
     if engine == "fsdp2-zero3":
         return ""
     return "use runtime.engine 'fsdp2' or 'fsdp2-zero3' (sharded state) "
+
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class DCPConfig:

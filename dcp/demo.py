@@ -426,7 +426,7 @@ def run(args: argparse.Namespace) -> int:
     from dcp.experiments.results import git_sha
 
     settings = {**DEMO_SETTINGS, "num_samples": args.samples, "reps": args.reps}
-    engine = getattr(args, "engine", DEMO_SETTINGS["config"]["runtime"]["engine"])
+    engine = args.engine
     settings["config"] = {**settings["config"], "runtime": {**settings["config"]["runtime"], "engine": engine}}
     lengths = _lengths(settings)
     try:  # before any work: a folder of the user's own files, or one that cannot be written, is refused

@@ -172,9 +172,8 @@ class DCPTrainerMixin:
         # the scheduler's length: the steps DCP will take (plans are the same on every rank); after a resume on
         # another world size (or table, or config) the epoch's untrained samples are planned again, in other steps
         epochs = math.ceil(args.num_train_epochs)
-        # the later epochs first: the current one, counted last, keeps its plans for the loop (not planned twice)
-        later = [sum(1 for _ in mgr.epoch_plans(e)) for e in range(mgr.epoch + 1, epochs)]
-        per_epoch = ([steps_left(mgr)] if mgr.epoch < epochs else []) + later
+        per_epoch = [steps_left(mgr)] if mgr.epoch < epochs else []
+        per_epoch += [sum(1 for _ in mgr.epoch_plans(e)) for e in range(mgr.epoch + 1, epochs)]
         max_steps = args.max_steps if args.max_steps > 0 else mgr.global_step + sum(per_epoch)
         self.create_scheduler(num_training_steps=max_steps, optimizer=self.optimizer)
         mgr.engine.lr_scheduler = self.lr_scheduler  # stepped by the engine after each optimizer update

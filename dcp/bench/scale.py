@@ -178,11 +178,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _line(row: dict[str, Any], header: bool = True) -> str:
-    cols = _COLS
-    return _format(row, cols, header)
-
-
 _COLS = [("W", "world_size", 6), ("rank", "rank", 6), ("startup_s", "startup_s", 10), ("groups", "process_groups", 7),
             ("world_ctl/unlogged", "world_collectives_unlogged_step", 19), ("world_ctl/logged", "world_collectives_logged_step", 17),
             ("host_ms", "host_ms_per_step", 8), ("raw_ms", "host_ms_raw_per_step", 8),
@@ -193,12 +188,12 @@ _LINE_KEYS = [k for _, k, _ in _COLS]
 """The row keys the printed table shows (the first four are the rank's identity and start-up)."""
 
 
-def _format(row: dict[str, Any], cols: list, header: bool) -> str:
+def _line(row: dict[str, Any], header: bool = True) -> str:
     def fmt(v: Any) -> str:
         return "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
 
-    body = " ".join(f"{fmt(row[k]):>{w}}" for _, k, w in cols)
-    return (" ".join(f"{h:>{w}}" for h, _, w in cols) + "\n" + body) if header else body
+    body = " ".join(f"{fmt(row[k]):>{w}}" for _, k, w in _COLS)
+    return (" ".join(f"{h:>{w}}" for h, _, w in _COLS) + "\n" + body) if header else body
 
 
 def run_worker(spec: dict[str, Any]) -> dict[str, Any]:

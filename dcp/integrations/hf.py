@@ -31,6 +31,7 @@ explicit attention mask falls back to HF's SDPA).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from dataclasses import dataclass, field
@@ -157,6 +158,12 @@ class HFCausalLM:
     checked: list = field(default_factory=list, init=False, repr=False)
     """Non-empty once the chunked head was checked against the model's own logits (the first forward)."""
 
+    @functools.cached_property
+    def chunks_loss(self) -> bool:
+        """Whether the forward chunks the loss: a chunk size is set and the model's forward takes
+        ``logits_to_keep`` (read once: the signature does not change)."""
+        return bool(self.loss_chunk_tokens) and "logits_to_keep" in inspect.signature(self.model.forward).parameters
+
     def _check_logits(self, own: torch.Tensor, ours: torch.Tensor) -> None:
         """Refuse, in one line, a model whose forward computes its logits otherwise than ``logits_fn`` (a scale
         or soft-cap of its own after the head): the chunked loss would be another loss."""
@@ -191,7 +198,7 @@ class HFCausalLM:
         # and causal / per-document attention never lets a real token see it)
         position_ids = chunk(positions, ctx, 0)
         kwargs = dict(input_ids=ids, position_ids=position_ids, use_cache=False, dcp_ctx=ctx, dcp_docs=docs)
-        if not self.loss_chunk_tokens or "logits_to_keep" not in inspect.signature(self.model.forward).parameters:
+        if not self.chunks_loss:
             logits = model(**kwargs).logits
             loss_sum = F.cross_entropy(logits.flatten(0, 1).float(), labels.reshape(-1), ignore_index=IGNORE_INDEX,
                                        reduction="sum")

@@ -373,11 +373,7 @@ def zero3_gather_s(param_bytes: float, world_size: int, hardware: HardwareSpec) 
 
 def grad_sync_time_s(model: ModelShapeConfig, hardware: HardwareSpec, world_size: int) -> float:
     """Once per optimizer step: ring all-reduce (ZeRO-1: reduce-scatter + all-gather) of the gradients."""
-    if world_size <= 1:
-        return 0.0
-    bw = hardware.intra_node_bw_bytes_per_s if world_size <= hardware.ranks_per_node else hardware.inter_node_bw_bytes_per_s
-    nbytes = model.num_params * model.param_bytes
-    return 2 * (world_size - 1) / world_size * nbytes / bw + 2 * hardware.collective_latency_s
+    return 2 * zero3_gather_s(model.num_params * model.param_bytes, world_size, hardware)  # two rounds
 
 
 def optimizer_step_time_s(model: ModelShapeConfig, hardware: HardwareSpec, world_size: int) -> float:
