@@ -118,3 +118,10 @@ def test_the_manager_refuses_before_any_work_and_logs_warnings_once():
     finally:
         logging.getLogger("dcp").removeHandler(grab)
     assert sum("planning.step_tokens_bounds ([0.5, 3.0]) has no effect" in m for m in seen) == 1, seen
+
+
+def test_the_default_batch_line_states_tokens_per_rank():
+    from dcp.planner.step_tokens import batch_tokens
+
+    tok, line = batch_tokens(DCPConfig(), [100, 300, 200], 4)  # 4 x 4 ranks x mean 200 = 3,200 tokens
+    assert tok == 3200 and "3,200 tokens per step = 800 per rank" in line and "planning.samples_per_step" in line
