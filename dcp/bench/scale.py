@@ -5,8 +5,9 @@ fake process group (backend ``fake``, as torchtitan's dry runs do: collectives r
 data) as rank ``rank`` of W, and runs the real training loop of that rank:
 ``set_manager`` -> ``get_data_iter`` -> ``optimize_dynamics`` -> forward / backward / ``engine.step()``.
 The planner gets the simulator's analytic table for the paper's Transformer-1D 5B on H200 (``dcp.sim``)
-and paper-scale lengths (``--dataset``), so it plans what a real W-GPU job would; the model is tiny (an
-embedding and a linear head over the first 16 tokens of each micro-batch) and each micro-batch also sleeps
+and paper-scale lengths (``--dataset``) at a stated global batch of 4 x W samples (``planning.samples_per_step``,
+the batch of the committed figures), so it plans what a real W-GPU job would; the model is tiny (an embedding
+and a linear head over the first 16 tokens of each micro-batch) and each micro-batch also sleeps
 ``--mb-ms`` (a stand-in for the device's compute, during which the plan-ahead thread works), so what is
 timed is the runtime around the model. A census (``dcp.bench.census``) counts every collective and
 ``new_group`` call; an all-gather returns the caller's own row from every rank (a job whose ranks agree).
@@ -87,6 +88,10 @@ SUBPROCESS_TIMEOUT_S = 1800
 ROW_KEYS = ("world_size", "rank", "startup_s", "process_groups", "world_collectives_unlogged_step",
             "host_ms_per_step", "plan_exposed_ms", "planned_before_step0")
 """The keys every JSON row starts with (more follow: the breakdowns)."""
+BATCH_PER_RANK = 4
+"""Samples per rank in the bench's stated global batch (``planning.samples_per_step`` = this x W)."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-sizes", default="64,512,4096", help="comma-separated W values")
     parser.add_argument("--ranks", default="", help="comma-separated ranks (default: 0, W/2 and W-1 of each W)")
@@ -99,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "thread blocked in a kernel launch does); see the module docstring")
     parser.add_argument("--dataset", default="t1d-balanced", help="paper-scale length distribution (datasets/)")
     parser.add_argument("--samples-per-rank", type=int, default=40,
-                        help="samples per rank and step to draw (a paper-scale step holds ~40 per rank)")
+                        help="samples per rank and step to draw (the epoch's size; a step plans 4 per rank)")
     parser.add_argument("--log-every", type=int, default=0,
                         help="runtime.log_every of the run (0: the config's default)")
     parser.add_argument("--prefetch", choices=("on", "off", "auto"), default="on",
@@ -286,6 +291,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     dist.init_process_group("fake", store=store, rank=rank, world_size=w)
     sc = scenario("t1d-5b", "h200")
     config, table = paper_config(sc, "dcp-intra"), paper_table(sc, w)
+    config = config.replace(planning=dataclasses.replace(config.planning, samples_per_step=BATCH_PER_RANK * w))
     if spec.get("log_every"):
         config = config.replace(runtime=dataclasses.replace(config.runtime, log_every=spec["log_every"]))
     config = config.replace(advanced=dataclasses.replace(config.advanced, prefetch=spec.get("prefetch", "on")))

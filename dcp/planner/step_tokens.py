@@ -38,18 +38,24 @@ def summary(plans: Iterable[StepPlan], tokens_per_step: int = 0) -> str:
     return text + (f", target {tokens_per_step:,}" if tokens_per_step else "")
 
 
-DEFAULT_SAMPLES_PER_RANK = 4
-"""The default global batch in samples per rank: room for DCP to balance ranks by ga_steps and for coarse
-micro-batches (bucket's b samples) to land within +-10% of the target (at 1 per rank bucket's steps fell to
-0.68x of it on a 400-sample test epoch at W = 8, at 4 within 0.94x-1.0x)."""
+DEFAULT_SAMPLES_PER_RANK = 16
+"""The default global batch in samples per rank: enough whole samples on each rank for the planner to balance
+ranks within +-10% step bounds (32 simulated H200, 30k samples, seed 0, DCP-intra's fraction of the ideal bound
+at 4 / 16 samples per rank: t1d-short 0.887 / 0.968, t1d-long 0.908 / 0.966, t2d-short 0.888 / 0.978)."""
+
+DEFAULT_LONGEST_SHARE = 8
+"""The default global batch holds at least this many times the longest sample: the step holding it then has
+the tokens to keep its other ranks as busy as the longest sample's SP group (t1d-balanced, whose longest
+sample spans 16 of 32 ranks for 43 s, idled 18% of that step at 6x; text, 122,908-token longest and a 455-token
+mean, reads 0.72 of the ideal bound at 16 samples per rank and 0.94 at 8x its longest)."""
 
 
 def batch_tokens(config: DCPConfig, lengths: Sequence[int], world_size: int) -> tuple[int, str]:
     """The global batch in tokens every method plans at, and the one line that states it.
 
     ``planning.tokens_per_step`` as set; ``planning.samples_per_step`` as that many samples of the epoch's mean
-    length; neither: DEFAULT_SAMPLES_PER_RANK x W samples of the mean length, at least the longest sample (a step must be able to hold
-    it). A sample count is held as a token target because every method cuts, packs and bounds its steps by
+    length; neither: DEFAULT_SAMPLES_PER_RANK x W samples of the mean length, at least DEFAULT_LONGEST_SHARE x the
+    longest sample. A sample count is held as a token target because every method cuts, packs and bounds its steps by
     tokens (``cut_by_tokens``, ``step_budget``, the tail): a target of n x mean gives round(N / n) steps,
     n samples each on average, while the bounds keep each step's tokens (what the loss and the learning rate
     are weighted by) near the batch's. The default depends only on the data and W, never on the method or
@@ -65,10 +71,12 @@ def batch_tokens(config: DCPConfig, lengths: Sequence[int], world_size: int) -> 
                      f"{mean:,.0f} (planning.samples_per_step)")
     if cfg.default_batch == "method":
         return 0, "global batch: each method's own steps (planning.default_batch = \"method\")"
-    tok = max(1, round(DEFAULT_SAMPLES_PER_RANK * world_size * mean), int(lens.max()) if len(lens) else 1)
+    longest = int(lens.max()) if len(lens) else 1
+    tok = max(1, round(DEFAULT_SAMPLES_PER_RANK * world_size * mean), DEFAULT_LONGEST_SHARE * longest)
     return tok, (f"global batch: {tok:,} tokens per step = {tok // max(1, world_size):,} per rank (default: "
-                 f"{DEFAULT_SAMPLES_PER_RANK} x {world_size} ranks x the mean length {mean:,.0f}, at least the longest "
-                 "sample); change it with planning.samples_per_step = N or planning.tokens_per_step = N")
+                 f"{DEFAULT_SAMPLES_PER_RANK} x {world_size} ranks x the mean length {mean:,.0f}, at least "
+                 f"{DEFAULT_LONGEST_SHARE} x the longest sample {longest:,}); change it with "
+                 "planning.samples_per_step = N or planning.tokens_per_step = N")
 
 
 def with_batch(config: DCPConfig, lengths: Sequence[int], world_size: int) -> DCPConfig:

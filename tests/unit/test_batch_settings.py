@@ -123,5 +123,8 @@ def test_the_manager_refuses_before_any_work_and_logs_warnings_once():
 def test_the_default_batch_line_states_tokens_per_rank():
     from dcp.planner.step_tokens import batch_tokens
 
-    tok, line = batch_tokens(DCPConfig(), [100, 300, 200], 4)  # 4 x 4 ranks x mean 200 = 3,200 tokens
-    assert tok == 3200 and "3,200 tokens per step = 800 per rank" in line and "planning.samples_per_step" in line
+    tok, line = batch_tokens(DCPConfig(), [100, 300, 200], 4)  # 16 x 4 ranks x mean 200 = 12,800 tokens
+    assert tok == 12800 and "12,800 tokens per step = 3,200 per rank" in line and "planning.samples_per_step" in line
+    # a long tail: 8 x the longest (80,000) is more than 16 x 1 rank x the mean (54,400)
+    tok, line = batch_tokens(DCPConfig(), [100, 100, 10000], 1)
+    assert tok == 80000 and "8 x the longest sample 10,000" in line

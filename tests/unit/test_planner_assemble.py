@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -330,7 +332,8 @@ def test_filler_uses_smaller_p_in_chunks():
     table = ProfileTable(
         rows, TableMeta(model="m", hardware="h", dtype="float32", world_size=6, seq_group_edges=(1000,))
     )
-    cfg = DCPConfig(model=MODEL, planning=PlanningConfig(ranks_per_node=8, sp_sizes=(2, 4), gmax=3))
+    cfg = DCPConfig(model=MODEL, planning=PlanningConfig(ranks_per_node=8, sp_sizes=(2, 4), gmax=3,
+                                                         samples_per_step=24))
     lengths = np.full(40, 900)
     pl = EpochPlanner(lengths, table, cfg, 6)
     plans = list(pl)
@@ -358,6 +361,7 @@ def test_head_joins_a_larger_group_on_long_tail():
     sc = scenario("t1d-5b", "h200")
     lengths = np.asarray(load_lengths("t1d-long", num_samples=3000, seed=0).tokens)
     cfg, table = paper_config(sc, "dcp-intra"), paper_table(sc, 32)
+    cfg = cfg.replace(planning=dataclasses.replace(cfg.planning, samples_per_step=128))  # 4 per rank
     planner = EpochPlanner(lengths, table, cfg, 32)
     plans = list(planner)
     check_plans(plans, lengths, cfg, 32, planner)

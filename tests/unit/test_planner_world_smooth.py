@@ -4,6 +4,8 @@ ranks but 0.69-0.77 at 512-544)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -19,9 +21,10 @@ MOST_IDLE = 0.15
 
 
 def epoch_idle(world: int, method: str, per_rank: int = 12, seed: int = 3) -> float:
-    """GPU-weighted idle of one epoch (the step-time-weighted mean of its steps' idle) at the default global batch,
-    on log-normal lengths (a few near the longest seq_group)."""
+    """GPU-weighted idle of one epoch (the step-time-weighted mean of its steps' idle) at a global batch of 4 x W
+    samples (3 steps), on log-normal lengths (a few near the longest seq_group)."""
     cfg, table = make(world, method=method, cap_mib=48, default_batch="data")
+    cfg = cfg.replace(planning=dataclasses.replace(cfg.planning, samples_per_step=4 * world))
     rng = np.random.default_rng(seed)
     lengths = np.clip(np.exp(rng.normal(5.5, 1.0, per_rank * world)), 1, 4096).astype(np.int64)
     plans = list(EpochPlanner(lengths, table, cfg, world))

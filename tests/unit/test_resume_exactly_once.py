@@ -27,7 +27,8 @@ def setup():
     from dcp.planner import CPU_SMALL, analytic_table
 
     model, dataset, config, _ = planner_setup(1)
-    config = config.replace(planning=dataclasses.replace(config.planning, mem_capacity_gib=0.05, gmax=2))
+    config = config.replace(planning=dataclasses.replace(config.planning, mem_capacity_gib=0.05, gmax=2,
+                                                          samples_per_step=4))  # 6 steps of the 24 samples
     table = analytic_table(config.model, config.profiling.seq_group_edges, sp_sizes=(1,), max_micro_batch_size=4,
                            world_size=1, hardware=CPU_SMALL, mem_capacity_bytes=config.planning.mem_capacity_bytes)
     return model, dataset, config, table
