@@ -123,8 +123,11 @@ def test_the_manager_refuses_before_any_work_and_logs_warnings_once():
 def test_the_default_batch_line_states_tokens_per_rank():
     from dcp.planner.step_tokens import batch_tokens
 
-    tok, line = batch_tokens(DCPConfig(), [100, 300, 200], 4)  # 16 x 4 ranks x mean 200 = 12,800 tokens
-    assert tok == 12800 and "12,800 tokens per step = 3,200 per rank" in line and "planning.samples_per_step" in line
+    # a small epoch: 1/16 of its 600 tokens is below the floor, 4 x 4 ranks x the mean 200 = 3,200 tokens
+    tok, line = batch_tokens(DCPConfig(), [100, 300, 200], 4)
+    assert tok == 3200 and "3,200 tokens per step = 800 per rank" in line and "planning.samples_per_step" in line
     # a long tail: 8 x the longest (80,000) is more than 16 x 1 rank x the mean (54,400)
-    tok, line = batch_tokens(DCPConfig(), [100, 100, 10000], 1)
+    tok, line = batch_tokens(DCPConfig(), [100, 100, 10000] * 200, 1)
     assert tok == 80000 and "8 x the longest sample 10,000" in line
+    # 1/16 of the epoch's 408,000 tokens (25,500) lies between the floor (4 x 1 x 3,400) and 8 x the longest
+    assert batch_tokens(DCPConfig(), [100, 100, 10000] * 40, 1)[0] == 25500
