@@ -9,6 +9,7 @@ consumed in the ``EpochProgress``.
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 
@@ -24,18 +25,22 @@ from dcp.planner.tokens import token_runs
 
 def place_and_build(ep: EpochArrays, prog: EpochProgress, step: int, head: int, win: np.ndarray,
                     groups: list[Group], t_star: float, head_t: tuple[int, float] | None,
-                    joined: dict[int, float] | None = None, longest_last: bool = False) -> StepPlan:
+                    joined: dict[int, float] | None = None, longest_last: bool = False,
+                    tokens: tuple[np.ndarray, float] | None = None) -> StepPlan:
     """Place ``groups`` (the head's first among equal p), fill free ranks and build the step's plan.
     ``head_t``: (group, the head's time there) when the head joined a group of another p or r; ``joined``:
     other micro-batches that did so (the epoch's last step at a global batch), with their times there;
-    ``longest_last``: every group runs its longest micro-batch last (``_longest_last``)."""
+    ``longest_last``: every group runs its longest micro-batch last (``_longest_last``); ``tokens``: (every
+    micro-batch's tokens, the most the step may hold) at a global batch, which bounds the fillers too."""
     placed, firsts, free = placed_groups(ep, groups, head)
     if len(placed) < len(groups):
         t_star = _cap_to_gmax(ep, placed, head, t_star)
     fillers: list[tuple[int, Setting, list[int]]] = []
     idle: list[int] = []
     if free:
-        _fill_free(ep, left_over(prog, win, placed), placed, free, t_star, fillers, idle)
+        room = math.inf if tokens is None else tokens[1] - sum(int(tokens[0][gr.items].sum()) for gr in placed)
+        _fill_free(ep, left_over(prog, win, placed), placed, free, t_star, fillers, idle,
+                   None if tokens is None else (tokens[0], room))
     return _build(ep, prog, step, firsts, placed, fillers, idle, head, head_t, joined or {}, longest_last)
 
 
@@ -72,9 +77,11 @@ def _has_head(groups: list[Group], head: int) -> list[bool]:
 
 
 def _fill_free(ep: EpochArrays, left: np.ndarray, placed: list, free: list[tuple[int, int]], t_star: float,
-               fillers: list, idle: list[int]) -> None:
+               fillers: list, idle: list[int], tokens: tuple[np.ndarray, float] | None = None) -> None:
     """Fill free segments with window micro-batches not yet taken (``left``, in window order), at a smaller p if
-    needed (``fillers``: (first rank, setting, micro-batches)); ranks nothing fills go to ``idle``."""
+    needed (``fillers``: (first rank, setting, micro-batches)); ranks nothing fills go to ``idle``. ``tokens``:
+    (every micro-batch's tokens, the tokens the fillers may add): a filler's micro-batches past that stay in the
+    stream (once a t1d-short step at 32 x H200 holding a 447k-token sample took 1.32x its global batch so)."""
     rpn = ep.ranks_per_node
     rest = _by_seq_group(ep, left)
     # A filler runs on ranks that would idle: up to the step's time (its longest placed group), never
@@ -89,6 +96,13 @@ def _fill_free(ep: EpochArrays, left: np.ndarray, placed: list, free: list[tuple
                 a += 1
                 continue
             s, ks = pick
+            if tokens is not None:
+                while ks and int(tokens[0][ks].sum()) > tokens[1]:
+                    ks.pop()
+                if not ks:  # the step holds its tokens: the rest of the free ranks idle
+                    idle.extend(range(a, e))
+                    break
+                tokens = (tokens[0], tokens[1] - int(tokens[0][ks].sum()))
             fillers.append((a, s, ks))
             a += s.sp_size
 

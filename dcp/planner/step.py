@@ -189,7 +189,8 @@ def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
     joined = fill_ahead(ep, prog, (win, groups, joined), mb_tok,
                         (min(cap, lag[1], want + lag[0]), (left - want) / target))
     prog.scan_hint = len(win)
-    return place_and_build(ep, prog, step, head, win, groups, t_star, head_t, joined=joined, longest_last=True)
+    return place_and_build(ep, prog, step, head, win, groups, t_star, head_t, joined=joined, longest_last=True,
+                           tokens=None if last else (mb_tok, cap))
 
 
 def _lift_low(ep: EpochArrays, prog: EpochProgress, head: int, sized: tuple[float, np.ndarray],
