@@ -44,10 +44,10 @@ ranks within +-10% step bounds (32 simulated H200, 30k samples, seed 0, DCP-intr
 at 4 / 16 samples per rank: t1d-short 0.887 / 0.968, t1d-long 0.908 / 0.966, t2d-short 0.888 / 0.978)."""
 
 DEFAULT_LONGEST_SHARE = 8
-"""The default global batch holds at least this many times the longest sample: the step holding it then has
-the tokens to keep its other ranks as busy as the longest sample's SP group (t1d-balanced, whose longest
-sample spans 16 of 32 ranks for 43 s, idled 18% of that step at 6x; text, 122,908-token longest and a 455-token
-mean, reads 0.72 of the ideal bound at 16 samples per rank and 0.94 at 8x its longest)."""
+"""The default global batch holds at least this many times the longest sample, so that the step holding it has
+tokens for the ranks beside its SP group: text (a 122,908-token longest, a 455-token mean) reads 0.72 of the
+ideal bound at 16 samples per rank and 0.93 at 8x its longest. Such a step can still idle: t1d-balanced's
+500k-token sample on 16 of 32 ranks for 43 s idled 18% of its step at 6x, t1d-short's (seed 2) 22-26% at 8x."""
 
 DEFAULT_MIN_STEPS = 16
 """The default batch above is cut to 1 / this of the epoch's tokens, down to its floor (``SMALL_SAMPLES_PER_RANK``
