@@ -78,3 +78,16 @@ def test_explicit_tokens_per_step_wins_and_both_set_is_refused():
     assert PlanningConfig().default_batch == "data"
     method, _ = make(8, method="dcp-intra")  # default_batch "method": each method's own steps, no target
     assert batch_tokens(method, [100, 200], 8)[0] == 0
+
+
+def test_fillers_of_free_ranks_keep_the_step_within_its_upper_bound():
+    # t1d-short at 32 simulated H200, 3,000 samples, seed 2: the step holding the epoch's longest sample left ranks
+    # free and their fillers took it to 1.158 x the batch; fillers now stop at the step's most tokens
+    from dcp.bench.peers import dataset_setup, method_config
+
+    lengths, sc, table, target = dataset_setup("t1d-short", 32, 2, num_samples=3000)
+    cfg = method_config(sc, "dcp-intra", 2, target, 32)
+    plans = plan_epoch(lengths.tokens, table, cfg, 32)
+    assert sorted(i for p in plans for i in p.sample_ids) == list(range(len(lengths.tokens)))
+    tok = step_tokens(plans) / target
+    assert len(tok) == 16 and tok.min() >= 0.9 and tok.max() <= 1.1, tok
