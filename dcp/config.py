@@ -207,9 +207,9 @@ class PlanningConfig:
     target of samples_per_step x the epoch's mean length in tokens (batch_tokens). At most one of the two is set;
     0: not stated in samples."""
     default_batch: str = "data"
-    """With neither set: "data" (16 x W samples of the mean length, at least 8 x the longest; step_tokens.batch_tokens)
-    or "method" (each method's own steps: DCP's by Gmax x its longest micro-batch, bucket's one micro-batch per SP
-    group; methods then train different batches)."""
+    """With neither set: "data" (16 x W samples of the mean, at least 8 x the longest, at most 1/16 of the epoch:
+    step_tokens.batch_tokens) or "method" (each method's own steps: DCP's by Gmax x its longest micro-batch,
+    bucket's one micro-batch per SP group; methods then train different batches)."""
     step_tokens_bounds: tuple[float, float] = (0.9, 1.1)
     """[lowest, highest] tokens of one step as fractions of the global batch."""
     micro_batch_tokens: str = "auto"

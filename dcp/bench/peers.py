@@ -7,7 +7,7 @@
 Every cell plans one epoch with the real planner (the peers: ``dcp.planner.peers``) and simulates it on the
 analytic table of the dataset's paper model (t1d-5b for t1d-* and text, t2d-1.2b for t2d-*). Every method
 trains the same global batch (``planning.tokens_per_step``): ``--tokens-per-step``, or the default every method
-plans at (``dcp.planner.step_tokens.batch_tokens``: 16 x W samples of the mean length, at least 8 x the longest; the target column); DCP methods with
+plans at (``dcp.planner.step_tokens.batch_tokens``; the target column); DCP methods with
 ``planning.micro_batch_tokens = "auto"``. Columns: tokens/s, fraction of the ideal bound (one bound per dataset:
 every sample at its best per-GPU efficiency, token packs included), GPU-weighted idle, optimizer steps, tokens per step
 (min / median / max), the smallest and largest step as a share of the target, and the target; one row per
@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", "--seed", type=_seeds, default=(0,), dest="seeds",
                         help="comma-separated dataset seeds (each also the planner's shuffle seed), e.g. 0,1,2,3")
     parser.add_argument("--tokens-per-step", type=nonneg_int, default=0,
-                        help="the global batch in tokens (0: the default, 16 x W samples of each dataset's mean length, at least 8 x its longest)")
+                        help="the global batch in tokens (0: the default batch, dcp.planner.step_tokens.batch_tokens)")
     parser.add_argument("--json", action="store_true", help="print a JSON object as the last line")
 
 

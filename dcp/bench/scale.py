@@ -104,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "thread blocked in a kernel launch does); see the module docstring")
     parser.add_argument("--dataset", default="t1d-balanced", help="paper-scale length distribution (datasets/)")
     parser.add_argument("--samples-per-rank", type=int, default=40,
-                        help="samples per rank and step to draw (the epoch's size; a step plans 4 per rank)")
+                        help=f"samples per rank and step to draw (the epoch's size; a step plans {BATCH_PER_RANK} per rank)")
     parser.add_argument("--log-every", type=int, default=0,
                         help="runtime.log_every of the run (0: the config's default)")
     parser.add_argument("--prefetch", choices=("on", "off", "auto"), default="on",

@@ -9,7 +9,6 @@ consumed in the ``EpochProgress``.
 from __future__ import annotations
 
 import itertools
-import math
 
 import numpy as np
 
@@ -38,9 +37,9 @@ def place_and_build(ep: EpochArrays, prog: EpochProgress, step: int, head: int, 
     fillers: list[tuple[int, Setting, list[int]]] = []
     idle: list[int] = []
     if free:
-        room = math.inf if tokens is None else tokens[1] - sum(int(tokens[0][gr.items].sum()) for gr in placed)
-        _fill_free(ep, left_over(prog, win, placed), placed, free, t_star, fillers, idle,
-                   None if tokens is None else (tokens[0], room))
+        if tokens is not None:  # what the fillers may add: the step's most, less what the placed groups hold
+            tokens = (tokens[0], tokens[1] - sum(int(tokens[0][gr.items].sum()) for gr in placed))
+        _fill_free(ep, left_over(prog, win, placed), placed, free, t_star, fillers, idle, tokens)
     return _build(ep, prog, step, firsts, placed, fillers, idle, head, head_t, joined or {}, longest_last)
 
 

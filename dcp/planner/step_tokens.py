@@ -64,10 +64,10 @@ def batch_tokens(config: DCPConfig, lengths: Sequence[int], world_size: int) -> 
     ``planning.tokens_per_step`` as set; ``planning.samples_per_step`` as that many samples of the epoch's mean
     length; neither: DEFAULT_SAMPLES_PER_RANK x W samples of the mean length, at least DEFAULT_LONGEST_SHARE x the
     longest sample, at most 1 / DEFAULT_MIN_STEPS of the epoch, and at least SMALL_SAMPLES_PER_RANK x W samples
-    of the mean length and the longest sample. A sample count is held as a token target because every method cuts, packs and bounds its steps by
-    tokens (``cut_by_tokens``, ``step_budget``, the tail): a target of n x mean gives round(N / n) steps,
-    n samples each on average, while the bounds keep each step's tokens (what the loss and the learning rate
-    are weighted by) near the batch's. The default depends only on the data and W, never on the method or
+    of the mean length and the longest sample. A sample count is held as a token target because every method
+    cuts, packs and bounds its steps by tokens (``cut_by_tokens``, ``step_budget``, the tail): a target of
+    n x mean gives round(N / n) steps, n samples each on average, while the bounds keep each step's tokens (what
+    the loss and the learning rate are weighted by) near the batch's. The default depends only on the data and W, never on the method or
     the profile, so every method trains the same recipe."""
     cfg = config.planning
     lens = np.asarray(lengths, dtype=np.int64)

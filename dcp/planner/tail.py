@@ -73,7 +73,7 @@ def plan_tail(ep: EpochArrays, prog: EpochProgress, step: int, done: int, tokens
     for w, first_low in tries:
         if w != left:
             w = min(max(w, lo_w), hi_w)
-        if not (low <= w <= cap and (w == left or lo_w <= w <= hi_w)) or (w, first_low) in seen:
+        if not (low <= w <= cap if w == left else lo_w <= hi_w) or (w, first_low) in seen:
             continue
         seen.add((w, first_low))
         alt = _tail(ep, prog, step, done, w, sizes, first_low)
