@@ -27,6 +27,7 @@ from collections.abc import Iterator, Sequence
 from dcp.config import PEER_METHODS, DCPConfig
 from dcp.planner.baselines import baseline_plan
 from dcp.planner.epoch import EpochArrays, EpochProgress, default_lookahead, lookahead_samples, prepare_epoch
+from dcp.planner.group import Budget
 from dcp.planner.intra import Setting
 from dcp.planner.plan import StepPlan
 from dcp.planner.slots import deal_slots
@@ -116,7 +117,7 @@ def _dcp_steps(ep: EpochArrays, tokens_per_step: int = 0, bounds: tuple[float, f
         budget = None
         if mb_tok is not None:
             want, fewest, most = step_budget(step, done, total, tokens_per_step, bounds)
-            budget = (want, most, mb_tok, fewest, tokens_per_step)
+            budget = Budget(want, most, mb_tok, fewest, tokens_per_step)
             if ep.world_size < BULK_MIN_RANKS and is_penultimate(step, done, total, tokens_per_step, bounds):
                 # the last two steps planned together (``dcp.planner.tail``; from 512 ranks each try would be
                 # two full numpy packings: t1d-long at 4096 ranks, 400k samples, 3.7 -> 7.8 s per epoch)

@@ -26,6 +26,21 @@ class Group:
         return Group(self.p, self.r, self.load, list(self.items))
 
 
+class Budget(NamedTuple):
+    """A step's share of the global batch (``planning.tokens_per_step``), as ``step_tokens.step_budget`` sets it."""
+
+    want: float
+    """The tokens the step wants."""
+    most: float
+    """The most tokens it may hold (the upper bound, or less near the epoch's end)."""
+    mb_tok: object
+    """The tokens of every micro-batch of the epoch (an int64 array, by epoch index)."""
+    fewest: float
+    """The fewest tokens it should hold (at least the lower bound)."""
+    target: float
+    """The global batch in tokens (``planning.tokens_per_step``)."""
+
+
 class Packed(NamedTuple):
     """A packing of one step, as the re-packs compare them (``dcp.planner.step``)."""
 

@@ -11,7 +11,7 @@ from dcp.planner.balance import balance, fill_ahead
 from dcp.planner.build import place_and_build, placed_groups
 from dcp.planner.dense import dense_window
 from dcp.planner.epoch import EpochArrays, EpochProgress
-from dcp.planner.group import Balanced, Group, Packed
+from dcp.planner.group import Balanced, Budget, Group, Packed
 from dcp.planner.improve import idle, idle_floor, improve, join_head, work
 from dcp.planner.packing import pack
 from dcp.planner.plan import StepPlan
@@ -19,8 +19,6 @@ from dcp.planner.step_tokens import TOKEN_TARGETS, step_room, thin_window, token
 from dcp.planner.tuning import (
     BULK_MIN_RANKS,
     END_STRETCHES,
-    FILL_LONG,
-    FILL_LONG_GAIN,
     HEAD_ALONE,
     LIFT_FILL,
     LOW_STRETCHES,
@@ -34,10 +32,9 @@ from dcp.planner.window import Scan, scan, target, window
 
 
 def plan_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
-              budget: tuple[float, float, np.ndarray, float, float] | None = None) -> StepPlan:
-    """The StepPlan of step ``step``, whose head (first unconsumed micro-batch) is ``head``. ``budget``:
-    (tokens wanted, most tokens, tokens of every micro-batch, the lower bound's tokens, the target) when
-    planning.tokens_per_step is set."""
+              budget: Budget | None = None) -> StepPlan:
+    """The StepPlan of step ``step``, whose head (first unconsumed micro-batch) is ``head``. ``budget``: the
+    step's share of the global batch when planning.tokens_per_step is set."""
     if budget is not None:
         return _token_step(ep, prog, step, head, budget)
     f = WINDOW_WORK_FACTOR * ep.world_size
@@ -140,13 +137,13 @@ def _try_targets(ep: EpochArrays, prog: EpochProgress, best: Packed, sc: Scan, m
 
 
 def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
-                budget: tuple[float, float, np.ndarray, float, float]) -> StepPlan:
+                budget: Budget) -> StepPlan:
     """A step at the user's global batch (``dcp.planner.step_tokens.token_target``): T* from the release-order
     batch of about the wanted tokens, the window capped in tokens; the same packing, local search and head re-pack
     as any step, balanced (``balance``, ``fill_ahead``), no Gmax bound (the batch decides the step's length), other
     targets only while the tokens stay near the wanted ones (``_other_targets``). A packing below the lower bound
     (``low`` tokens) stretches T* (``_reach_low``); the last step stretches it until it takes all that is left."""
-    want, cap, mb_tok, low, target = budget
+    want, cap, mb_tok, low, target = budget.want, budget.most, budget.mb_tok, budget.fewest, budget.target
     f = WINDOW_WORK_FACTOR * ep.world_size
     per_token = float(ep.mb_work.sum()) / max(1.0, float(mb_tok.sum()))  # GPU-s per token of the epoch
     sc = scan(ep, prog, head, lambda t: f * max(t, want * per_token / ep.world_size))
@@ -166,8 +163,6 @@ def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
     if last:  # all that is left, its longest micro-batch included
         m, j_long = len(sc.idx), int(np.argmax(ep.mb_t[sc.idx]))
         t_star = max(t_star, float(ep.mb_t[sc.idx[j_long]]))
-    else:
-        t_star, m, j_long = _fill_long(ep, sc, mb_tok, (t_star, m, j_long), want, top, target)
     win = window(sc.idx, m, j_long)
     joined = None
     if last:
@@ -194,13 +189,13 @@ def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
 
 
 def _lift_low(ep: EpochArrays, prog: EpochProgress, head: int, sized: tuple[float, np.ndarray],
-              budget: tuple[float, float, np.ndarray, float, float], per_token: float, best: Balanced,
+              budget: Budget, per_token: float, best: Balanced,
               flag: tuple[bool, float]) -> Balanced:
     """``best``, or, where ``_reach_low``
     flagged the first plan (``flag``: that, the most tokens ``step_room`` gives the step) and ``best`` is still below the
     bound (or far past the wanted tokens while the total is ahead, or past the room), ``sized`` (T*, window)
     packed with its other windows when that is within the bounds."""
-    want, cap, mb_tok, low, _ = budget
+    want, cap, mb_tok, low = budget.want, budget.most, budget.mb_tok, budget.fewest
     flagged, room = flag
     if not flagged:
         return best
@@ -218,12 +213,12 @@ def _lift_low(ep: EpochArrays, prog: EpochProgress, head: int, sized: tuple[floa
 
 
 def _balanced(ep: EpochArrays, prog: EpochProgress, head: int, sized: tuple[float, np.ndarray],
-              budget: tuple[float, float, np.ndarray, float, float], per_token: float,
+              budget: Budget, per_token: float,
               modes: tuple[str, ...] = ("plain",)) -> tuple[Balanced, bool]:
     """A step at a global batch packed from window ``sized[1]`` at T* ``sized[0]``: packed with the head
     (``_pack_head``), stretched to the lower bound (``_reach_low``), improved (``_improve_within``) and balanced
     (``balance``). Returns the step and whether ``_reach_low`` left it below the lower bound. ``modes``: ``_reach_low``'s windows."""
-    want, cap, mb_tok, low, _ = budget
+    want, cap, mb_tok, low = budget.want, budget.most, budget.mb_tok, budget.fewest
     t_star, win = sized
     groups = _pack_head(ep, win, t_star, head)
     t_star, win, groups, head_t, short = _reach_low(ep, prog, mb_tok, head, (t_star, win, groups),
@@ -235,7 +230,7 @@ def _balanced(ep: EpochArrays, prog: EpochProgress, head: int, sized: tuple[floa
 
 
 def _other_targets(ep: EpochArrays, prog: EpochProgress, head: int, sc: Scan, top: float, lag: tuple[float, float],
-                   budget: tuple[float, float, np.ndarray, float, float], per_token: float, best: Balanced) -> Balanced:
+                   budget: Budget, per_token: float, best: Balanced) -> Balanced:
     """A balanced step at a global batch that still idles more than RETRY_IDLE (its longest kind's work is not
     a whole number of groups at T*: three 300k-500k-token samples on one 16-rank group of a 32-rank world
     while the other groups end a third earlier) is planned again at other targets ``TOKEN_TARGETS`` x T*,
@@ -244,7 +239,7 @@ def _other_targets(ep: EpochArrays, prog: EpochProgress, head: int, sc: Scan, to
     step rather than queue on one group), then from a dense window (``dense.dense_window``); the plan whose placed
     work at the micro-batches' own settings fills the most of W x its time is kept (``fill_share``), among those
     whose tokens stay within the bounds. ``lag``: ``step_tokens.step_room``'s two."""
-    want, cap, mb_tok, low, _ = budget
+    want, cap, mb_tok, low = budget.want, budget.most, budget.mb_tok, budget.fewest
     if ep.world_size >= BULK_MIN_RANKS:
         return best
     lag, room = lag
@@ -284,24 +279,6 @@ def _other_targets(ep: EpochArrays, prog: EpochProgress, head: int, sc: Scan, to
         if floor <= _placed_tokens(placed, mb_tok) <= most and fill_share(ep, placed) > share + 1e-9:
             best = alt
     return best
-
-
-def _fill_long(ep: EpochArrays, sc: Scan, mb_tok: np.ndarray, sized: tuple[float, int, int], want: float,
-               cap: float, target: float) -> tuple[float, int, int]:
-    """A step whose T* its longest micro-batch sets, far above the wanted tokens' work over the world (a rare
-    long sample in a batch the corrections made small), reaches on for the tokens whose work fills W x T*
-    (at most ``cap``, the upper bound): the ranks beside the long sample train them rather than idle, and the
-    next steps take fewer. Not when the epoch's running total is already ahead (``want`` below the ``target``):
-    near the epoch's end the steps left could not take fewer. ``sized``: token_target's (T*, window length,
-    longest's position)."""
-    t_star = sized[0]
-    q = min(int(np.searchsorted(sc.cumw, FILL_LONG * ep.world_size * t_star)), len(sc.idx) - 1)
-    fill = float(np.cumsum(mb_tok[sc.idx[: q + 1]])[-1])
-    if fill <= want * FILL_LONG_GAIN or want < target:
-        return sized
-    fill = min(fill, cap)
-    return token_target(sc.cumw, ep.mb_t[sc.idx], mb_tok[sc.idx], ep.world_size, fill,
-                        min(cap, TOKEN_SLACK * fill), WINDOW_WORK_FACTOR, t_min=t_star)
 
 
 def _improve_within(ep: EpochArrays, prog: EpochProgress, packed: tuple, head: int, t_star: float,

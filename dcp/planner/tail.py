@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from dcp.planner.epoch import EpochArrays, EpochProgress
+from dcp.planner.group import Budget
 from dcp.planner.plan import StepPlan
 from dcp.planner.step import plan_step
 from dcp.planner.step_tokens import epoch_steps, step_budget
@@ -91,19 +92,19 @@ def plan_tail(ep: EpochArrays, prog: EpochProgress, step: int, done: int, tokens
 
 
 def plan_budgeted(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
-                  budget: tuple[float, float, np.ndarray, float, float], low: float) -> StepPlan:
-    """``plan_step`` at ``budget`` (wanted, most, tokens of every micro-batch, fewest, target). Its fewest tokens
+                  budget: Budget, low: float) -> StepPlan:
+    """``plan_step`` at ``budget``. Its fewest tokens
     (``step_budget``) can lie above the lower bound ``low``, a hope that whole micro-batches may not meet: a plan
     that then falls below ``low`` too (its packing's own, the stretches to the raised floor failing) is planned
     again at ``low`` and the one holding more tokens kept (W = 2, 8 samples per step: 0.73 x at a floor of 1.02 x,
     0.96 x at 0.9 x)."""
-    if budget[3] <= low:
+    if budget.fewest <= low:
         return plan_step(ep, prog, step, head, budget)
     own = _copy(prog)
     plan = plan_step(ep, own, step, head, budget)
     if plan.tokens < low:
         other = _copy(prog)
-        alt = plan_step(ep, other, step, head, (*budget[:3], low, budget[4]))
+        alt = plan_step(ep, other, step, head, budget._replace(fewest=low))
         if alt.tokens > plan.tokens:
             plan, own = alt, other
     prog.consumed[:] = own.consumed
@@ -133,7 +134,7 @@ def _tail(ep: EpochArrays, prog: EpochProgress, step: int, done: int, first_want
         want, low, most = step_budget(step, done, total, tokens_per_step, bounds)
         if not plans:
             want, low = first_want, low if first_low is None else first_low
-        plan = plan_budgeted(ep, own, step, head, (want, most, mb_tok, low, tokens_per_step),
+        plan = plan_budgeted(ep, own, step, head, Budget(want, most, mb_tok, low, tokens_per_step),
                              bounds[0] * tokens_per_step)
         plans.append(plan)
         done += plan.tokens
