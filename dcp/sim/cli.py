@@ -22,6 +22,7 @@ import sys
 from dcp.argtypes import nonneg_int, positive_int, sample_count, world_size
 from dcp.config import METHODS, PEER_METHODS
 from dcp.named_models import PAPER_MODELS
+from dcp.planner.step_tokens import batch_tokens
 
 DEFAULT_NUM_SAMPLES = 20000
 SAMPLES_PER_GPU = 625
@@ -193,9 +194,9 @@ def run(args: argparse.Namespace) -> int:
               f"{r.ideal_fraction:>10.3f} {100 * r.sync_time_s / r.total_time_s:>6.1f} "
               f"{100 * r.control_plane_share:>5.2f}  "
               f"{tok[0]:,} / {med:,.0f} / {tok[-1]:,}")
-    target = configs[methods[0]].planning.tokens_per_step
-    print(f"# tokens per step: {'target ' + format(target, ',') if target else 'each method its own (no target set)'}"
-          + ("; the peers take bucket's mean" if not target and any(m in PEER_METHODS for m in methods) else ""))
+    target, line = batch_tokens(configs[methods[0]], lengths.tokens, args.gpus)  # what every method planned at
+    print(f"# {line}" + ("; the peers take bucket's mean" if not target and any(m in PEER_METHODS for m in methods)
+                         else ""))
     base = stronger_bucket(out)
     if base is not None:  # DCP's speedup over the stronger of the two bucket baselines
         print(f"# speedup over {base}: " + ", ".join(f"{m} {out[m].tokens_per_s / out[base].tokens_per_s:.2f}x"

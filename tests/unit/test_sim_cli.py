@@ -34,6 +34,17 @@ def test_simulate_dataset_json(capsys):
     assert any(line.startswith("dcp-intra") for line in out)
 
 
+def test_simulate_states_the_default_batch_it_planned_at(capsys):
+    """No batch set: the line names the default batch every method was held to, and the steps hold about it."""
+    rc = _run(cli, ["--dataset", "text", "--num-samples", "400", "--gpus", "8", "--json"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert rc == 0
+    (line,) = [x for x in out if x.startswith("# global batch: ")]
+    tokens = int(line.split()[3].replace(",", ""))
+    assert "(default:" in line and "tokens per step" in line
+    assert 0.5 * tokens <= json.loads(out[-1])["tokens_per_step_median"] <= 2 * tokens
+
+
 @pytest.mark.parametrize("method", ["megatron-dyncp", "flexsp"])
 def test_simulate_a_peer_at_a_global_batch(capsys, method):
     rc = _run(cli, ["--dataset", "text", "--num-samples", "400", "--gpus", "8", "--method", method,
@@ -46,7 +57,8 @@ def test_simulate_a_peer_at_a_global_batch(capsys, method):
     assert (sum(lens) - max(lens)) / 40000 <= last["num_steps"] <= sum(lens) / 20000 and 0 < last["ideal_fraction"] <= 1
     assert 0.5 * 20000 <= last["tokens_per_step_min"] <= last["tokens_per_step_median"] <= last["tokens_per_step_max"]
     # within 2 x the batch, but for a step holding one sample longer than that alone
-    assert last["tokens_per_step_max"] <= max(2 * 20000, max(lens)) and "# tokens per step: target 20,000" in out
+    assert last["tokens_per_step_max"] <= max(2 * 20000, max(lens)) and (
+        "# global batch: 20,000 tokens per step (planning.tokens_per_step)" in out)
 
 
 def test_simulate_lengths_file_all_methods(tmp_path, capsys):

@@ -1,0 +1,36 @@
+"""Write the lengths of docs/context_parallel.md's figure: 3,920 lognormal lengths (median 8,192 tokens, sigma
+1.0, at least 128, at most 131,072), 80 log-uniform in 131,072-1,048,576 and one of 1,048,576 (4,001), seeded.
+
+    python scripts/gqa_lengths.py lengths.csv [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from dcp.files import write_text
+
+
+def lengths(seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    body = np.clip(np.exp(rng.normal(np.log(8192), 1.0, 3920)), 128, 131072)
+    tail = np.exp(rng.uniform(np.log(131072), np.log(1048576), 80))
+    return np.concatenate([body, tail, [1048576]]).astype(np.int64)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", help="CSV to write (a 'tokens' column); an existing file is refused")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    if Path(args.out).exists():
+        ap.error(f"{args.out} exists: pass a new path (this script never overwrites a file)")
+    write_text(args.out, "tokens\n" + "".join(f"{n}\n" for n in lengths(args.seed)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
