@@ -13,7 +13,8 @@ every sample at its best per-GPU efficiency, token packs included), GPU-weighted
 (min / median / max), the smallest and largest step as a share of the target, and the target; one row per
 (dataset, seed, method). With --json the last line is ``{"rows": [{"dataset", "seed", "method", "tokens_per_s",
 "ideal_fraction", "idle_ratio", "steps", "tokens_per_step_min", "tokens_per_step_median", "tokens_per_step_max",
-"step_tokens_min_frac", "step_tokens_max_frac", "target_tokens_per_step"}]}``.
+"step_tokens_min_frac", "step_tokens_max_frac", "target_tokens_per_step"}]}``. ``--against FILE`` compares the
+cells with an earlier --json output (``dcp.bench.peers_gate``: the planner's quality gate).
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens-per-step", type=nonneg_int, default=0,
                         help="the global batch in tokens (0: the default batch, dcp.planner.step_tokens.batch_tokens)")
     parser.add_argument("--json", action="store_true", help="print a JSON object as the last line")
+    parser.add_argument("--against", metavar="FILE",
+                        help="an earlier --json output: exit 1 where a cell lost more than 1 point of its ideal "
+                             "fraction or left the bounds it held (dcp.bench.peers_gate)")
 
 
 def _seeds(text: str) -> tuple[int, ...]:
@@ -127,6 +131,14 @@ def cell(lengths, table, sc, method: str, gpus: int, seed: int, tokens_per_step:
 def run(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
+    from dcp.bench.peers_gate import GateFileError, compare, load_rows
+    from dcp.config import PlanningConfig
+
+    try:  # (read before the minutes of planning: a bad file fails at once)
+        before = load_rows(args.against) if args.against else None
+    except GateFileError as exc:
+        print(f"dcp bench peers: error: {exc}", file=sys.stderr)
+        return 2
     rows = []
     cells = len(args.datasets) * len(args.seeds) * len(args.methods)
     with tqdm(total=cells, desc="bench peers", unit="cell", file=sys.stderr, dynamic_ncols=True) as bar:
@@ -157,12 +169,16 @@ def run(args: argparse.Namespace) -> int:
     bad = [r for r in rows if r["mem_violations"]]
     for r in bad:
         print(f"# warning: {r['dataset']} {r['method']}: {r['mem_violations']} steps exceed the memory capacity")
+    fails = []
+    if before is not None:  # (before the JSON line, which stays the last)
+        report, fails = compare(rows, before, args.against, PlanningConfig().step_tokens_bounds)
+        print("\n".join(report + [f"# gate: {f}" for f in fails] + (["# gate: passed"] if not fails else [])))
     if args.json:
         keys = ("dataset", "seed", "method", "tokens_per_s", "ideal_fraction", "idle_ratio", "steps",
                 "tokens_per_step_min", "tokens_per_step_median", "tokens_per_step_max", "step_tokens_min_frac",
                 "step_tokens_max_frac", "target_tokens_per_step")
         print(json.dumps({"rows": [{k: r[k] for k in keys} for r in rows]}))
-    return 0
+    return 1 if fails else 0
 
 
 __all__ = ["DATASETS", "METHODS", "add_arguments", "cell", "run"]
