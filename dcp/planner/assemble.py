@@ -118,10 +118,12 @@ def _dcp_steps(ep: EpochArrays, tokens_per_step: int = 0, bounds: tuple[float, f
         if mb_tok is not None:
             want, fewest, most = step_budget(step, done, total, tokens_per_step, bounds)
             budget = Budget(want, most, mb_tok, fewest, tokens_per_step)
-            if ep.world_size < BULK_MIN_RANKS and is_penultimate(step, done, total, tokens_per_step, bounds):
-                # the last two steps planned together (``dcp.planner.tail``; from 512 ranks each try would be
-                # two full numpy packings: t1d-long at 4096 ranks, 400k samples, 3.7 -> 7.8 s per epoch)
-                for plan in plan_tail(ep, prog, step, done, tokens_per_step, bounds, mb_tok):
+            if is_penultimate(step, done, total, tokens_per_step, bounds):
+                # the last two steps planned together (``dcp.planner.tail``); from 512 ranks its other shares only
+                # where the plain tail leaves the bounds (each try is two full numpy packings there: t1d-long at
+                # 4096 ranks, 400k samples, all tries took an epoch's planning from 3.7 to 7.8 s)
+                for plan in plan_tail(ep, prog, step, done, tokens_per_step, bounds, mb_tok,
+                                      for_time=ep.world_size < BULK_MIN_RANKS):
                     done += plan.tokens
                     step += 1
                     yield sync_end(plan) if sync_end is not None else plan

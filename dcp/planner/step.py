@@ -154,6 +154,13 @@ def _token_step(ep: EpochArrays, prog: EpochProgress, step: int, head: int,
     last = left <= min(cap, want + low) or (left <= cap and mb_tok[head] > left - low)
     if last and not sc.all:
         sc = scan(ep, prog, head, lambda t: math.inf)
+    if not last and lag[1] < cap and ep.world_size >= BULK_MIN_RANKS:
+        # where no other target is tried (``_other_targets``, which keeps a step within ``step_room``'s room), the
+        # room is the step's upper bound in every pass (never below its fewest tokens or its head): a packing that
+        # takes its whole window (a long T*) would otherwise run the epoch's total ahead until it ends a step
+        # early (t1d-long at W = 512: 15 steps of 16, every one at 1.1 x; at W = 1024 a last step at 0.71 x)
+        cap = max(lag[1], low, float(mb_tok[head]))
+        budget = budget._replace(most=cap)
     # the window may hold a little more than the batch (choice for the packing), never past the cap, nor so far
     # that what is left after it is less than a step's lower bound
     top = min(cap, left - low)

@@ -9,8 +9,8 @@ the bounds), each on a copy of the progress, and keeps the tail that ends the ep
 the least time (the sum of its steps' times). A few of them plan the penultimate step with no lower
 bound of its own (``TAIL_REACH``): its window may then reach all that is left, where a long sample late in the
 release order otherwise runs alone in the last step. The steps are the planned count, so the epoch's mean
-tokens per step stays on the target; another tail is kept only with every step within the bounds. Below 512 ranks
-(``dcp.planner.assemble``), as the other targets of ``dcp.planner.step``.
+tokens per step stays on the target; another tail is kept only with every step within the bounds. From 512 ranks
+(``dcp.planner.assemble``) the other shares are tried only where the plain tail leaves the bounds.
 """
 
 from __future__ import annotations
@@ -53,10 +53,11 @@ def is_penultimate(step: int, done: int, total: float, tokens_per_step: int, bou
 
 
 def plan_tail(ep: EpochArrays, prog: EpochProgress, step: int, done: int, tokens_per_step: int,
-              bounds: tuple[float, float], mb_tok: np.ndarray) -> list[StepPlan]:
+              bounds: tuple[float, float], mb_tok: np.ndarray, for_time: bool = True) -> list[StepPlan]:
     """The StepPlans from ``step`` (``done`` tokens trained before it) to the epoch's end, ``prog`` advanced past
     them: the plain tail (the step at its ``step_budget``) or, where one is shorter by TAIL_GAIN, the tail
-    whose first step wants another share of what is left (module docstring)."""
+    whose first step wants another share of what is left (module docstring). ``for_time`` False: the other
+    shares are tried only when the plain tail leaves the bounds (from 512 ranks, where each costs seconds)."""
     low, cap = bounds[0] * tokens_per_step, bounds[1] * tokens_per_step
     want = step_budget(step, done, float(mb_tok.sum()), tokens_per_step, bounds)[0]
     left = float(mb_tok.sum()) - done
@@ -64,6 +65,8 @@ def plan_tail(ep: EpochArrays, prog: EpochProgress, step: int, done: int, tokens
     best = _tail(ep, prog, step, done, want, sizes)
     n, best_t = max(1, epoch_steps(float(mb_tok.sum()), tokens_per_step) - step), _time(best[0])
     tries = [(want * x, low) for x in TAIL_WANTS] + [(want * x, 0.0) for x in TAIL_REACH]
+    if not for_time and _within(best[0], low, cap):
+        tries = []
     if not _within(best[0], low, cap):
         tries.append((left, low))  # (all that is left in one step: its lower bound the last step's share)
     # a wanted share past what leaves both steps within the bounds is tried at the nearest one that does

@@ -85,3 +85,23 @@ def test_step_room_leaves_the_steps_the_mean_needs():
     assert step_room(38, 39_000, 40_000, 1_000)[1] == pytest.approx(1_000)  # (the last step needed: all that is left)
     # 5.5 x the target: neither 5 steps (1.10 x) nor 6 (0.92 x) is within 5%, so no step is limited
     assert step_room(1, 1_000, 5_500, 1_000)[1] == math.inf
+
+
+@pytest.mark.parametrize("method", ["dcp-inter", "dcp-intra"])
+def test_from_512_ranks_the_epoch_keeps_its_step_count_and_bounds(method):
+    """From 512 ranks (where the other targets are skipped) a step still holds at most ``step_room``'s room: on
+    t1d-long at W = 512 (the paper's H200 table, the default batch) both methods once ran every step at 1.1 x
+    and ended the epoch a step early (15 of 16, its mean 6.7% over the batch)."""
+    from dcp.data_dists import load_lengths
+    from dcp.planner.step_tokens import batch_tokens, epoch_steps
+    from dcp.sim.scenario import paper_config, paper_table, scenario
+
+    sc = scenario("t1d-5b", "h200")
+    lengths = load_lengths("t1d-long", num_samples=40000, seed=0).tokens
+    cfg = paper_config(sc, method, seed=0)
+    plans = plan_epoch(lengths, paper_table(sc, 512), cfg, 512)
+    target = batch_tokens(cfg, lengths, 512)[0]
+    tok = step_tokens(plans)
+    low, high = cfg.planning.step_tokens_bounds
+    assert len(plans) == epoch_steps(float(tok.sum()), target) == 16
+    assert low * target <= tok.min() and tok.max() <= high * target, (tok / target).round(3).tolist()
