@@ -54,7 +54,8 @@ Trades: fewer, fuller groups (lower idle) against leaving ranks free for the sec
 
 BULK_MIN_RANKS = 512
 """From this world size the passes that re-pack a step many times are skipped: the other targets of a step at a
-global batch (``step._other_targets``), the last two steps planned together (``tail``), the local search's swaps
+global batch (``step._other_targets``; the room it kept becomes the step's upper bound instead), the other shares
+of the last two steps (``tail``: tried only where the plain tail leaves the bounds), the local search's swaps
 (``improve``) and the sync-aware ends (``syncend``). Every world size packs with the same best fit.
 Trades: planning time (with them, t1d-long at 4096 H200 ranks planned 5 steps in over 10 minutes of CPU; without,
 66 ms a step) against idle they remove below it; at 480-544 ranks the epoch's idle stays within 0.04 across 512
