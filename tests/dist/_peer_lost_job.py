@@ -1,5 +1,5 @@
 """A W = 3 job in which rank 1 is stopped (SIGSTOP) or killed (SIGKILL) at its micro-batch of step 1 while rank 0
-is inside a long micro-batch; used by test_peer_lost.py, under torchrun (``python -m torch.distributed.run
+(and, killed, rank 2) is inside a long micro-batch; used by test_peer_lost.py, under torchrun (``python -m torch.distributed.run
 --nproc_per_node 3 tests/dist/_peer_lost_job.py stop``) and under ``run_distributed`` (``peer_lost_job``). The
 collective timeout is far beyond every bound the test asserts: only the peer watch can end the survivors in time."""
 
@@ -35,7 +35,9 @@ def peer_lost_job(rank: int, world: int, mode: str) -> None:
         if batch.sample_ids == (4,):  # rank 1's micro-batch of step 1
             print(f"rank 1 {mode}s itself", flush=True)
             os.kill(os.getpid(), signal.SIGSTOP if mode == "stop" else signal.SIGKILL)
-        if batch.sample_ids == (3,):  # rank 0's micro-batch of step 1: a long one
+        if batch.sample_ids == (3,) or (mode == "kill" and batch.sample_ids == (5,)):
+            # rank 0's micro-batch of step 1, a long one; killed, rank 2's too: a survivor waiting in the
+            # collective could otherwise report gloo's own error first, and the launcher stops at the first report
             time.sleep(LONG_S)
         return m(batch, ctx)
 
