@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dcp.files import write_text
+from dcp.data_dists import Lengths, write_lengths_csv
 
 
 def lengths(seed: int = 0) -> np.ndarray:
@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if Path(args.out).exists():
         ap.error(f"{args.out} exists: pass a new path (this script never overwrites a file)")
-    write_text(args.out, "tokens\n" + "".join(f"{n}\n" for n in lengths(args.seed)))
+    write_lengths_csv(args.out, Lengths(tokens=tuple(int(n) for n in lengths(args.seed))))
     return 0
 
 

@@ -33,8 +33,9 @@ def load_rows(path: str) -> dict[tuple[str, int, str], dict]:
     try:
         rows = json.loads(lines[-1])["rows"] if lines else None
         keyed = {(r["dataset"], int(r["seed"]), r["method"]): r for r in rows}
-        for r in keyed.values():
-            float(r["ideal_fraction"]), float(r["step_tokens_min_frac"]), float(r["step_tokens_max_frac"])
+        for r in keyed.values():  # (the figures compare() reads: numbers, or the file is refused here)
+            for k in ("ideal_fraction", "step_tokens_min_frac", "step_tokens_max_frac"):
+                r[k] = float(r[k])
     except (ValueError, KeyError, TypeError, IndexError):
         raise GateFileError(f"--against {path}: its last line is not a JSON object with \"rows\" of dcp bench "
                             f"peers (dataset, seed, method, ideal_fraction, step_tokens_min_frac/max_frac); {fix}"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from dcp.config import MAX_TOKENS, read_text_file
 from dcp.data_dists.spec import DistributionError
+from dcp.files import write_with
 
 _ASCII_INT = re.compile(r"\+?[0-9]+")
 # a first line that is a number of any spelling (1_000, 5.7, nan, non-ASCII digits) means "no header"
@@ -104,7 +105,12 @@ def load_lengths_csv(path: str | Path) -> Lengths:
 
 
 def write_lengths_csv(path: str | Path, lengths: Lengths) -> None:
-    """Write lengths in the format load_lengths_csv reads (2d files keep frames and spatial_tokens)."""
+    """Write lengths in the format load_lengths_csv reads (2d files keep frames and spatial_tokens), atomically
+    (``dcp.files.write_with``: a cut run leaves no half-written file)."""
+    write_with(path, lambda tmp: _write_csv(tmp, lengths))
+
+
+def _write_csv(path: Path, lengths: Lengths) -> None:
     with open(path, "w", newline="") as fh:
         w = csv.writer(fh, lineterminator="\n")
         if lengths.shapes is None:

@@ -64,10 +64,10 @@ def plan_tail(ep: EpochArrays, prog: EpochProgress, step: int, done: int, tokens
     sizes = (tokens_per_step, bounds, mb_tok)
     best = _tail(ep, prog, step, done, want, sizes)
     n, best_t = max(1, epoch_steps(float(mb_tok.sum()), tokens_per_step) - step), _time(best[0])
-    tries = [(want * x, low) for x in TAIL_WANTS] + [(want * x, 0.0) for x in TAIL_REACH]
-    if not for_time and _within(best[0], low, cap):
-        tries = []
-    if not _within(best[0], low, cap):
+    within = _within(best[0], low, cap)
+    tries = ([(want * x, low) for x in TAIL_WANTS] + [(want * x, 0.0) for x in TAIL_REACH]
+             if for_time or not within else [])
+    if not within:
         tries.append((left, low))  # (all that is left in one step: its lower bound the last step's share)
     # a wanted share past what leaves both steps within the bounds is tried at the nearest one that does
     # (t2d-balanced at 32 H200, seed 1: 0.9 x the budget, below the lower bound, became it, and the tail
