@@ -30,7 +30,7 @@ from dcp.planner.epoch import EpochArrays, EpochProgress, default_lookahead, loo
 from dcp.planner.group import Budget
 from dcp.planner.intra import Setting
 from dcp.planner.plan import StepPlan
-from dcp.planner.slots import deal_slots
+from dcp.planner.slots import Lockstep
 from dcp.planner.source import epoch_input
 from dcp.planner.step import plan_step
 from dcp.planner.step_tokens import micro_batch_tokens, step_budget
@@ -78,8 +78,9 @@ class EpochPlanner:
             self.settings, self.lookahead_samples = ep.settings, ep.lookahead_samples
             cfg = inp.config.planning  # its tokens_per_step resolved (step_tokens.batch_tokens)
             self._steps = _dcp_steps(ep, cfg.tokens_per_step, cfg.step_tokens_bounds, SyncEnd.of(inp, ep.times))
-            if inp.config.runtime.engine == "fsdp2-zero3":  # ranks in lockstep per micro-batch slot
-                self._steps = map(deal_slots, self._steps)
+            lockstep = Lockstep.of(inp, ep.times)  # fsdp2-zero3: the ranks go through micro-batch slots together
+            if lockstep is not None:
+                self._steps = map(lockstep, self._steps)
 
     @property
     def num_samples(self) -> int:

@@ -303,7 +303,9 @@ def _chunks(ep: EpochArrays, s: Setting, k: int) -> list[tuple[int, int, float]]
     a, e = mbq.start[k], ep.mb_end[k]
     if g not in mbq.token_budget:
         chunk = ep.chunk(s)
-        return [(lo, min(e, lo + chunk), ep.times.time_s(g, s.sp_size, s.recompute_layers, min(e, lo + chunk) - lo))
+        lens = mbq.seq_lens[g]
+        return [(lo, min(e, lo + chunk),
+                 ep.times.lengths_time_s(g, s.sp_size, s.recompute_layers, lens[lo:min(e, lo + chunk)].tolist()))
                 for lo in range(a, e, chunk)]
     lens = mbq.seq_lens[g][a:e].astype(np.float64)
     starts = token_runs(lens.astype(np.int64), s.micro_batch_size * s.seq_len)

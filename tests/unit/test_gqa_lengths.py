@@ -31,3 +31,14 @@ def test_an_existing_file_is_refused_and_kept(tmp_path, capsys):
     with pytest.raises(SystemExit):
         gqa_lengths.main([str(out)])
     assert "exists" in capsys.readouterr().err and out.read_text() == "tokens\n5\n"
+
+
+def test_the_log_uniform_lengths_of_the_sharded_engines_figures(tmp_path, capsys):
+    out = tmp_path / "lengths.csv"
+    assert gqa_lengths.main([str(out), "--log-uniform", "1000"]) == 0
+    tokens = np.asarray(load_lengths_csv(out).tokens)
+    assert len(tokens) == 1000 and tokens.min() >= 1024 and tokens.max() <= 131072
+    assert np.array_equal(tokens, gqa_lengths.log_uniform(1000, 0))
+    with pytest.raises(SystemExit):
+        gqa_lengths.main([str(tmp_path / "other.csv"), "--log-uniform", "-1"])
+    assert "--log-uniform (-1) must be >= 0" in capsys.readouterr().err and not (tmp_path / "other.csv").exists()

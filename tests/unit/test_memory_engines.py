@@ -155,3 +155,17 @@ def test_a_profiled_tables_state_follows_the_engine_of_the_run():
     # cached under fsdp2, used under ddp: the whole state again, from the record of what was measured
     back = with_engine_state(sharded, SHAPE_8B, "ddp", 64)
     assert back.rows[0].m_const_bytes == pytest.approx(profiled.rows[0].m_const_bytes)
+
+
+def test_the_committed_sharded_shapes_load_and_the_70b_one_needs_zero3():
+    from pathlib import Path
+
+    from dcp.config import config_from_dict, read_toml
+
+    experiments = Path(__file__).parents[2] / "experiments"
+    assert config_from_dict(read_toml(experiments / "dense8b.toml")).runtime.engine == "fsdp2"
+    raw = read_toml(experiments / "dense70b.toml")
+    assert config_from_dict(raw).runtime.engine == "fsdp2-zero3"
+    raw["runtime"]["engine"] = "fsdp2"  # whole parameters and gradients of 80 layers: over 80 GB, refused
+    with pytest.raises(ConfigError, match="use runtime.engine 'fsdp2-zero3'"):
+        config_from_dict(raw)

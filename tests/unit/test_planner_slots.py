@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
-from dcp.planner.slots import deal_slots
+from dcp.planner.slots import deal_slots, lockstep_s
 from dcp.sim.cluster import zero3_step_s
 
 
@@ -35,3 +35,51 @@ def test_dealing_keeps_every_micro_batch_and_evens_the_slots():
     # the longest ones share the first slot; lockstep time falls (4 + 4 + 1 + 1 + 1 -> 4 + 4 + 1 + 1)
     assert zero3_step_s(_slots(dealt), 0.0, 1)[0] < zero3_step_s(_slots(plan), 0.0, 1)[0]
     assert zero3_step_s(_slots(dealt), 0.0, 1)[0] == 4.0 + 4.0 + 1.0 + 1.0
+
+
+def _lockstep(one_d: bool = True):
+    """A Lockstep over the analytic rows of an 8B shape under fsdp2-zero3 (4 simulated H100, SP 1 and 2)."""
+    from dcp.config import ModelShapeConfig
+    from dcp.planner.analytic import analytic_table
+    from dcp.planner.cost import row_lookup
+    from dcp.planner.slots import Lockstep
+    from dcp.planner.stream import TimeLookup
+    from dcp.sim.hardware import H100
+
+    model = ModelShapeConfig(num_layers=32, hidden_size=4096, num_heads=32, ffn_hidden_size=14336, vocab_size=128256,
+                             param_bytes=2, optimizer_bytes_per_param=12)
+    cap = 80 * 2**30
+    table = analytic_table(model, (8192, 32768, 65536), sp_sizes=(1, 2), max_micro_batch_size=8, world_size=4,
+                           hardware=H100, dtype_bytes=2, mem_capacity_bytes=cap, engine="fsdp2-zero3",
+                           loss_chunk_tokens=1024)
+    return Lockstep(times=TimeLookup(table), rows=row_lookup(table), mem_capacity_bytes=cap, full_recompute=False,
+                    one_d=one_d)
+
+
+def _priced(lock, i: int, n: int, group: int, p: int) -> MicroBatch:
+    return lock._merge(MicroBatch((i,), (n,), group, 0.0, 0), MicroBatch((), (), group, 0.0, 0), p)
+
+
+def test_lockstep_merges_the_many_short_micro_batches_into_the_slots_of_the_long_ones():
+    lock = _lockstep()
+    longs = [_priced(lock, i, 60_000, 2, 1) for i in range(4)]  # p = 1: one long sample each, nothing to merge
+    shorts = [_priced(lock, 10 + i, 6_000, 0, 2) for i in range(12)]  # p = 2: twelve short ones
+    plan = StepPlan(0, 0, 4, "dcp-intra", (GroupPlan(0, 1, 0, tuple(longs[:2])), GroupPlan(1, 1, 0, tuple(longs[2:])),
+                                           GroupPlan(2, 2, 0, tuple(shorts))))
+    out = lock(plan)
+    assert sorted(out.sample_id_array) == sorted(plan.sample_id_array)  # every sample once
+    assert [g.ga_steps for g in out.groups] == [2, 2, 2]  # the short ones merged into the long ones' two slots
+    assert lockstep_s([g.micro_batches for g in out.groups]) < lockstep_s([g.micro_batches for g in plan.groups])
+    for g in out.groups:  # each merged micro-batch fits memory at its own r, and its group's r is the most
+        assert all(mb.recompute_layers is not None and 0 <= mb.recompute_layers <= 32 for mb in g.micro_batches)
+        assert g.recompute_layers == max(mb.recompute_layers for mb in g.micro_batches)
+        assert [mb.time_s for mb in g.micro_batches] == sorted((mb.time_s for mb in g.micro_batches), reverse=True)
+    # 2D micro-batches hold one shape each: dealt, never merged
+    assert [g.ga_steps for g in _lockstep(one_d=False)(plan).groups] == [2, 2, 12]
+
+
+def test_lockstep_merges_only_what_memory_holds():
+    lock = _lockstep()
+    assert lock._merge(_priced(lock, 0, 60_000, 2, 1), _priced(lock, 1, 60_000, 2, 1), 1) is None  # 120k at p = 1
+    both = lock._merge(_priced(lock, 0, 6_000, 0, 2), _priced(lock, 1, 30_000, 1, 2), 2)
+    assert both is not None and both.seq_group == 1 and both.seq_lens == (6_000, 30_000)
