@@ -16,16 +16,18 @@ ENGINE_NAMES = ("ddp", "deepspeed", "fsdp2", "fsdp2-zero3")
 
 
 def state_bytes(num_params: int, param_bytes: int, optimizer_bytes_per_param: int, engine: str,
-                dp_size: int | None, gathered_params: int = 0) -> int:
+                dp_size: int | None, gathered_params: int = 0, staged_params: int = 0) -> int:
     """Per-rank state of ``engine`` over ``dp_size`` data-parallel ranks (None: as many as wanted, the floor any
     world size reaches).
 
-    - ddp: parameters, gradients and optimizer state replicated on every rank.
+    - ddp: parameters, gradients and optimizer state replicated on every rank (each bucket's flat all-reduce
+      buffer takes over its gradients, ``dcp.distributed.comm.all_reduce_grads_flat``: held once).
     - deepspeed (ZeRO-1): the optimizer state / dp.
     - fsdp2: the parameter shards and the optimizer state / dp, plus the full parameters gathered for the step
       and its gradients accumulated unsharded until the step's single reduce-scatter. Ranks run unequal
       micro-batch counts, so both stay full during the step (dcp.runtime.fsdp); only one micro-batch per step
-      would let them be freed per layer.
+      would let them be freed per layer. The reduce-scatters under the last backward stage a unit's gradients
+      in a flat input besides them: ``staged_params``, the largest unit (measured: ``scripts/state_memory.py``).
     - fsdp2-zero3: parameters, gradients and optimizer state / dp, plus ``gathered_params`` held unsharded at
       the peak (the units gathered at once: the root's embedding and head, the layer computing and the one
       prefetched) with their gradients before each backward's reduce-scatter.
@@ -39,16 +41,18 @@ def state_bytes(num_params: int, param_bytes: int, optimizer_bytes_per_param: in
     if engine not in ENGINE_NAMES:
         fail("runtime.engine", engine, f"is not one of {list(ENGINE_NAMES)}", "pick one of those")
     sharded = n * optimizer_bytes_per_param + (n * pb if engine == "fsdp2" else 0)
-    return 2 * n * pb + (0 if dp_size is None else sharded // max(1, dp_size))
+    staged = staged_params * pb if engine == "fsdp2" else 0
+    return 2 * n * pb + staged + (0 if dp_size is None else sharded // max(1, dp_size))
 
 
 def shape_state_bytes(shape: Any, engine: str, dp_size: int | None) -> int:
     """``state_bytes`` of a ``ModelShapeConfig``; fsdp2-zero3's gathered units are its root (embedding and head:
-    fully_shard keeps the root gathered over a micro-batch) and two layers (the one computing, the prefetched)."""
+    fully_shard keeps the root gathered over a micro-batch) and two layers (the one computing, the prefetched);
+    fsdp2's staged unit is the larger of the root and a layer."""
     n, layers, root = shape.num_params, shape.num_layers, 2 * shape.vocab_size * shape.hidden_size
     layer = (n - root) // max(1, layers)
     return state_bytes(n, shape.param_bytes, shape.optimizer_bytes_per_param, engine, dp_size,
-                       gathered_params=root + min(2, layers) * layer)
+                       gathered_params=root + min(2, layers) * layer, staged_params=max(root, layer))
 
 
 def gather_rounds(engine: str, ga_slots: int) -> int:

@@ -45,7 +45,8 @@ def all_reduce_values(values: Sequence[float], op: Any = None, group: Any = None
     return [float(v) for v in t.tolist()]
 
 
-def all_reduce_grads_flat(tensors: list[torch.Tensor], group: Any = None, *, async_op: bool = False) -> tuple:
+def all_reduce_grads_flat(tensors: list[torch.Tensor], group: Any = None, *, async_op: bool = False,
+                          release: bool = False) -> tuple:
     """Start a SUM all-reduce of the ``.grad`` of ``tensors`` as one flat buffer: (flat, work or None).
 
     One collective per buffer instead of one per tensor; :func:`copy_flat_into_grads` writes the result
@@ -54,6 +55,9 @@ def all_reduce_grads_flat(tensors: list[torch.Tensor], group: Any = None, *, asy
     profiler times it.
     """
     flat = torch.cat([t.grad.reshape(-1) for t in tensors])
+    if release:
+        for t in tensors:
+            t.grad = None
     work = dist.all_reduce(flat, group=group, async_op=async_op)
     return flat, work
 
@@ -63,7 +67,11 @@ def copy_flat_into_grads(tensors: list[torch.Tensor], flat: torch.Tensor) -> Non
     offset = 0
     for t in tensors:
         n = t.numel()
-        t.grad.copy_(flat[offset : offset + n].view_as(t))
+        piece = flat[offset : offset + n].view_as(t)
+        if t.grad is None:
+            t.grad = piece
+        else:
+            t.grad.copy_(piece)
         offset += n
 
 

@@ -141,7 +141,14 @@ class DDPEngine(Engine):
             i = len(self._started)
             if not all_ and self._pending[i] > 0:
                 return
-            self._started.append(all_reduce_grads_flat(self._buckets[i], self.group, async_op=True))
+            self._started.append(all_reduce_grads_flat(self._buckets[i], self.group, async_op=True, release=True))
+
+    def _fill_missing_grads(self) -> None:
+        # a bucket started under the backward holds its gradients in its flat buffer (``release``): not missing
+        started = {id(p) for bucket in self._buckets[:len(self._started)] for p in bucket}
+        for p in self.module.parameters():
+            if p.requires_grad and p.grad is None and id(p) not in started:
+                p.grad = torch.zeros_like(p)
 
     def _reduce(self) -> None:
         if self._distributed:

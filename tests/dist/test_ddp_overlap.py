@@ -41,6 +41,8 @@ def _overlap(rank: int, world: int, idle_rank: int) -> dict:
 
     side = dist.new_group([0, 1])  # the test's own sums run on another group: the default one is the engine's
     model = build_model("t1d-tiny")  # seeded init: the same weights on every rank
+    twin = build_model("t1d-tiny")  # the same micro-batches by plain backward: the local gradients (the engine's
+    # are in its flat buffers once a bucket starts)
     eng = DDPEngine(model, torch.optim.SGD(model.parameters(), lr=1.0), bucket_cap_mb=0.01)
     mgr = _Manager()
     eng.attach(mgr)
@@ -56,7 +58,12 @@ def _overlap(rank: int, world: int, idle_rank: int) -> dict:
             if not mgr.last:
                 started_mid = len(eng._started)  # accumulation only: nothing is synced yet
         started_last = len(eng._started)
-    local = [torch.zeros_like(p) if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
+    if rank != idle_rank:
+        for batch in batches:
+            twin(batch, SPContext.single())[0].backward()
+    local = [torch.zeros_like(p) if p.grad is None else p.grad.detach().clone() for p in twin.parameters()]
+    if rank != idle_rank:  # every started bucket holds its gradients: one copy, not two, while they are reduced
+        assert all(p.grad is None for p in model.parameters())
     for t in local:  # the expected update: a plain SUM all-reduce of the local gradients
         dist.all_reduce(t, group=side)
     if rank == idle_rank:
