@@ -103,7 +103,7 @@ def test_zero3_shards_everything_but_the_gathered_units():
     gathered = 2 * SHAPE_8B.vocab_size * h + 2 * layer  # embedding + head, the layer computing and the prefetched one
     zero3 = SHAPE_8B.constant_mem_bytes("fsdp2-zero3", dp_size=dp)
     assert zero3 == 2 * gathered * 2 + n * 16 // dp
-    assert zero3 < SHAPE_8B.constant_mem_bytes("fsdp2", dp_size=dp) / 3  # 9.6 vs 34.7 GiB
+    assert zero3 < SHAPE_8B.constant_mem_bytes("fsdp2", dp_size=dp) / 3  # 9.6 vs 36.7 GiB
     assert SHAPE_8B.constant_mem_bytes("fsdp2-zero3", dp_size=None) == 4 * gathered  # the config check's floor
     config("fsdp2-zero3")  # accepted on 80 GB
 
