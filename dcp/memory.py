@@ -27,7 +27,8 @@ def state_bytes(num_params: int, param_bytes: int, optimizer_bytes_per_param: in
       and its gradients accumulated unsharded until the step's single reduce-scatter. Ranks run unequal
       micro-batch counts, so both stay full during the step (dcp.runtime.fsdp); only one micro-batch per step
       would let them be freed per layer. The reduce-scatters under the last backward stage a unit's gradients
-      in a flat input besides them: ``staged_params``, the largest unit (measured: ``scripts/state_memory.py``).
+      in a flat fp32 input besides them (``REDUCE_BYTES``): ``staged_params``, the largest unit (measured:
+      ``scripts/state_memory.py``).
     - fsdp2-zero3: parameters, gradients and optimizer state / dp, plus ``gathered_params`` held unsharded at
       the peak (the units gathered at once: the root's embedding and head, the layer computing and the one
       prefetched) with their gradients before each backward's reduce-scatter.
@@ -41,8 +42,22 @@ def state_bytes(num_params: int, param_bytes: int, optimizer_bytes_per_param: in
     if engine not in ENGINE_NAMES:
         fail("runtime.engine", engine, f"is not one of {list(ENGINE_NAMES)}", "pick one of those")
     sharded = n * optimizer_bytes_per_param + (n * pb if engine == "fsdp2" else 0)
-    staged = staged_params * pb if engine == "fsdp2" else 0
+    staged = staged_params * REDUCE_BYTES if engine == "fsdp2" else 0
     return 2 * n * pb + staged + (0 if dp_size is None else sharded // max(1, dp_size))
+
+
+REDUCE_BYTES = 4
+"""Bytes per parameter of fsdp2's reduce-scatter input: gradients are reduced in fp32 also under bf16
+(``dcp.runtime.fsdp``'s mixed-precision policy)."""
+
+
+def staging_bytes(shape: Any, engine: str) -> int:
+    """The transient part of ``shape_state_bytes``: fsdp2's reduce-scatter input of its largest unit (0 for the
+    other engines); a measured state (which holds no such buffer) is compared without it."""
+    if engine != "fsdp2":
+        return 0
+    root = 2 * shape.vocab_size * shape.hidden_size
+    return max(root, (shape.num_params - root) // max(1, shape.num_layers)) * REDUCE_BYTES
 
 
 def shape_state_bytes(shape: Any, engine: str, dp_size: int | None) -> int:

@@ -3,43 +3,49 @@
 Under ``runtime.engine = "fsdp2-zero3"`` each layer's parameters are gathered over all ranks for every
 micro-batch, so the ranks go through a step's micro-batch slots together: slot k lasts as long as the slowest
 k-th micro-batch of any group, and a group with fewer micro-batches waits through the others' slots
-(``dcp.sim.cluster.zero3_step_s``). The planner balances each group's total time; ``Lockstep`` then arranges
+(``zero3_step_s``). The planner balances each group's total time; ``Lockstep`` then arranges
 each step's micro-batches for the lockstep, in two moves:
 
 1. ``deal_slots``: per SP size, that size's micro-batches are re-dealt over its groups, longest first, each to
    the group holding the fewest so far (then the least time): the groups of one size end with counts within
    one of each other and their k-th micro-batches of about the same length. A micro-batch keeps its samples,
    its p and its r; only its group (of the same p) changes.
-2. Common slot count (1D data): groups of one p can hold many short micro-batches (one long sample each at
-   a large p) while groups of another hold a few long ones (packs at p = 1, bounded by memory), so most slots
-   leave most ranks waiting. For a few slot counts K (the counts the groups hold), every group with more than
-   K micro-batches merges them into K, longest first, each into the shortest of its K whose merged
-   micro-batch still fits memory (its own r, from the memory row as the simulator bounds it; a new one where
-   none fits). Each group then runs its micro-batches longest first. The arrangement whose lockstep time (sum
-   over slots of the slowest) is least is kept, the dealt plan included, so the planner's own pricing never
-   loses.
+2. Slots alike across SP sizes (1D data): groups of one p can hold many short micro-batches (one long sample
+   each at a large p) while groups of another hold a few long ones (packs at p = 1, bounded by memory), so most
+   slots leave most ranks waiting. ``_cells`` deals the step's samples anew into k slots of every group (its
+   cells; groups keep their ranks and p), longest first, each into the least-loaded cell of the p where it
+   adds the fewest GPU-seconds without passing the slot length (the step's work over W and k), each cell priced
+   from its real lengths at the least r that fits memory (as the simulator bounds it). Tried at SLOT_TRIES slot
+   counts and SLOT_SLACK lengths; each group then runs its micro-batches longest first. The arrangement of least
+   ZeRO-3 step time (``zero3_step_s``) is kept, the dealt plan included, so the planner's own pricing never
+   loses. 2D micro-batches hold one shape each: dealt only.
 
-What it earns (priced, ``experiments/dense8b.toml`` under ``--engine fsdp2-zero3``: 64 x H100, 1,000 samples of
-1k-128k tokens log-uniform, the default batch): 0.657 -> 0.752 of the ideal bound with the filler pricing of
-the same change (``experiments/dense70b.toml``, 256 x H100: 0.521 -> 0.579).
+What it earns (priced, the default batch, 1k-128k tokens log-uniform, ``experiments/dense8b.toml`` on 64 x H100
+under ``--engine fsdp2-zero3``): dealt only 0.657 of the ideal bound, merging each group's own micro-batches
+0.752, dealing the samples into cells 0.927; ``experiments/dense70b.toml`` (256 x H100) 0.521 / 0.579 / 0.758.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dcp.memory import gather_rounds
 from dcp.planner.cost import memory_row, min_recompute_layers, row_lookup
 from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
 from dcp.planner.source import EpochInput
 from dcp.planner.stream import TimeLookup
+from dcp.planner.syncend import measured_sync_s
 
-__all__ = ["Lockstep", "deal_slots", "lockstep_s"]
+__all__ = ["Lockstep", "deal_slots", "lockstep_s", "zero3_step_s"]
 
-SLOT_COUNTS_TRIED = 6
-"""Slot counts K tried per step (the largest distinct counts the dealt groups hold): each try re-chunks only
-the groups holding more than K micro-batches."""
+SLOT_TRIES = 8
+"""Slot counts k tried per step, spread over 2 .. the dealt plan's largest count + 1."""
+
+SLOT_SLACK = (1.0, 1.1)
+"""Slot lengths tried per k: the step's work over W and k, times these."""
 
 
 def deal_slots(plan: StepPlan) -> StepPlan:
@@ -60,10 +66,28 @@ def deal_slots(plan: StepPlan) -> StepPlan:
     return _with(plan, dealt)
 
 
-def lockstep_s(groups: Sequence[Sequence[MicroBatch]]) -> float:
-    """Sum over slots of the slowest k-th micro-batch: a ZeRO-3 step's compute, its collectives aside."""
-    slots = max((len(mbs) for mbs in groups), default=0)
-    return sum(max(mbs[k].time_s for mbs in groups if k < len(mbs)) for k in range(slots))
+def zero3_step_s(slot_times: Sequence[Sequence[float]], sync_s: float, num_layers: int) -> tuple[float, float]:
+    """(compute, exposed collectives) of a ZeRO-3 step (``fsdp2-zero3``), from each group's micro-batch times
+    in order (``slot_times[g][k]``) and the price of one all-reduce of the gradients (``sync_s``: 2 rounds of
+    parameter-sized traffic). Every rank runs the step's largest ga_steps in slots; per slot and layer it
+    all-gathers in forward and backward and reduce-scatters in backward (3 rounds per slot,
+    ``dcp.memory.gather_rounds``), and a layer's collective completes only once every rank issued it, so the
+    ranks move through a slot together: a slot lasts its slowest micro-batch (padding slots: none), or its 3
+    rounds when those take longer (FSDP prefetches the next layer's gather during this layer's compute), plus
+    its first layer's gather, which nothing hides (exposed). The simulator prices a step with it; the planner
+    compares its arrangements with it."""
+    slots = max((len(t) for t in slot_times), default=0)
+    if slots == 0:
+        return 0.0, 0.0
+    rounds_s = gather_rounds("fsdp2-zero3", 1) * sync_s / 2
+    compute = sum(max(max((t[k] for t in slot_times if k < len(t)), default=0.0), rounds_s) for k in range(slots))
+    return compute, slots * rounds_s / (3 * max(1, num_layers))
+
+
+def lockstep_s(groups: Sequence[Sequence[MicroBatch]], sync_s: float = 0.0, num_layers: int = 1) -> float:
+    """A ZeRO-3 step's time from its groups' micro-batches (``zero3_step_s``, compute and exposed gathers);
+    with ``sync_s`` 0 (unknown), the sum over slots of the slowest k-th micro-batch."""
+    return sum(zero3_step_s([[mb.time_s for mb in mbs] for mbs in groups], sync_s, num_layers))
 
 
 def _with(plan: StepPlan, groups: Sequence[Sequence[MicroBatch]]) -> StepPlan:
@@ -84,6 +108,12 @@ class Lockstep:
     """DCP-inter and the other methods run every micro-batch at r = L."""
     one_d: bool
     """1D data: micro-batches may merge into one row of documents (2D ones hold one shape: dealt only)."""
+    edges: tuple[int, ...]
+    """The table's seq_group bounds (a micro-batch's seq_group is its longest sample's)."""
+    sync_s: float = 0.0
+    """One all-reduce of the gradients as told or measured (``advanced.grad_sync_s``); 0: unknown (the rows'
+    floors still price each micro-batch's gathers)."""
+    num_layers: int = 1
 
     @classmethod
     def of(cls, inp: EpochInput, times: TimeLookup) -> Lockstep | None:
@@ -91,52 +121,76 @@ class Lockstep:
         if inp.config.runtime.engine != "fsdp2-zero3":
             return None
         return cls(times=times, rows=row_lookup(inp.table), mem_capacity_bytes=inp.config.planning.mem_capacity_bytes,
-                   full_recompute=inp.method != "dcp-intra", one_d=inp.shapes is None)
+                   full_recompute=inp.method != "dcp-intra", one_d=inp.shapes is None,
+                   edges=tuple(inp.table.seq_group_edges),
+                   sync_s=inp.config.advanced.grad_sync_s or measured_sync_s(inp.table, inp.world_size),
+                   num_layers=inp.table.num_layers)
 
     def __call__(self, plan: StepPlan) -> StepPlan:
         dealt = deal_slots(plan)
         if not self.one_d:
             return dealt
-        groups = [list(g.micro_batches) for g in dealt.groups]
-        best, best_s = groups, lockstep_s(groups)
-        counts = sorted({len(mbs) for mbs in groups if mbs}, reverse=True)
-        for k in counts[1:SLOT_COUNTS_TRIED + 1]:
-            cand = [self._into(mbs, g.sp_size, k) if len(mbs) > k else mbs
-                    for g, mbs in zip(dealt.groups, groups, strict=True)]
-            s = lockstep_s(cand)
-            if s < best_s:
-                best, best_s = cand, s
-        return dealt if best is groups else _with(dealt, best)
+        best, best_s = dealt, lockstep_s([g.micro_batches for g in dealt.groups], self.sync_s, self.num_layers)
+        top = max(g.ga_steps for g in dealt.groups)
+        memo: dict = {}  # (lengths, p) -> price, for this step only
+        for k in sorted({round(2 + (top - 1) * i / max(1, SLOT_TRIES - 1)) for i in range(SLOT_TRIES)}):
+            for slack in SLOT_SLACK:
+                cand = self._cells(dealt, k, slack, memo)
+                if cand is not None and (s := lockstep_s([g.micro_batches for g in cand.groups], self.sync_s,
+                                                         self.num_layers)) < best_s:
+                    best, best_s = cand, s
+        return best
 
-    def _into(self, mbs: list[MicroBatch], p: int, k: int) -> list[MicroBatch]:
-        """``mbs`` (of one group at p) merged into k micro-batches where memory allows, longest first."""
-        bins: list[MicroBatch] = []
-        for mb in sorted(mbs, key=lambda m: -m.time_s):
-            if len(bins) < k or mb.seq_group < 0:
-                bins.append(mb)
-                continue
-            for i in sorted(range(len(bins)), key=lambda i: bins[i].time_s):
-                merged = self._merge(bins[i], mb, p)
-                if merged is not None:
-                    bins[i] = merged
-                    break
-            else:
-                bins.append(mb)
-        return sorted(bins, key=lambda m: -m.time_s)
+    def _cells(self, plan: StepPlan, k: int, slack: float, memo: dict) -> StepPlan | None:
+        """The step's samples dealt anew into k slots of every group (its cells), longest first, each into the
+        least-loaded cell of the p where it adds the fewest GPU-seconds without passing the slot length (the
+        step's work over W and k, times ``slack``; past it, the p where it passes least); None where a sample
+        fits no cell's memory. Groups keep their ranks and p; a cell is one micro-batch."""
+        slot = sum(g.sp_size * g.time_s for g in plan.groups) / plan.world_size / k * slack
+        cells: list[list] = [[[], [], 0.0, 0, 0] for g in plan.groups for _ in range(k)]  # ids, lens, t, r, group
+        heaps: dict[int, list[tuple[float, int]]] = {}
+        for ci in range(len(cells)):
+            heaps.setdefault(plan.groups[ci // k].sp_size, []).append((0.0, ci))
+        samples = sorted(((i, n) for g in plan.groups for mb in g.micro_batches
+                          for i, n in zip(mb.sample_ids, mb.seq_lens, strict=True)), key=lambda x: -x[1])
+        for sid, n in samples:
+            best = None
+            for p, heap in heaps.items():
+                c = cells[heap[0][1]]
+                price = self._price(c[1] + [n], p, memo)
+                if price is not None:
+                    over = max(0.0, price[0] - slot)
+                    key = (over > 0, over, p * (price[0] - c[2]), -price[0])
+                    if best is None or key < best[0]:
+                        best = (key, p, price)
+            if best is None:
+                return None
+            _, p, price = best
+            ci = heaps[p][0][1]
+            cells[ci][0].append(sid)
+            cells[ci][1].append(n)
+            cells[ci][2:] = price
+            heapq.heapreplace(heaps[p], (price[0], ci))
+        groups = [sorted((MicroBatch(tuple(c[0]), tuple(c[1]), c[4], c[2], c[3])
+                          for c in cells[gi * k:(gi + 1) * k] if c[0]), key=lambda m: -m.time_s)
+                  for gi in range(len(plan.groups))]
+        return _with(plan, groups)
 
-    def _merge(self, a: MicroBatch, b: MicroBatch, p: int) -> MicroBatch | None:
-        """One micro-batch of ``a``'s and ``b``'s samples at p (its seq_group the longer's, its r the least
-        that fits memory), or None where no profiled row holds it or it does not fit."""
-        if a.seq_group < 0 or b.seq_group < 0:
-            return None
-        group = max(a.seq_group, b.seq_group)
-        lens = a.seq_lens + b.seq_lens
+    def _price(self, lens: list[int], p: int, memo: dict) -> tuple[float, int, int] | None:
+        """(time, r, seq_group) of one micro-batch of these lengths at p: its seq_group the longest's, its r the
+        least that fits memory (the simulator's bound, ``cost.memory_row``); None where no profiled row holds it
+        or it does not fit."""
+        key = (tuple(lens), p)
+        if key in memo:
+            return memo[key]
+        group = bisect.bisect_left(self.edges, max(lens))
         cand = self.rows.get((group, p), [])
-        if not cand or cand[-1].micro_batch_size < len(lens):
-            return None
-        row = memory_row(cand, len(lens), sum(lens), min(lens) == max(lens))
-        r = None if row is None else min_recompute_layers(row, self.mem_capacity_bytes)
-        if r is None:
-            return None
-        r = row.num_layers if self.full_recompute else r
-        return MicroBatch(a.sample_ids + b.sample_ids, lens, group, self.times.lengths_time_s(group, p, r, lens), r)
+        price = None
+        if cand and cand[-1].micro_batch_size >= len(lens):
+            row = memory_row(cand, len(lens), sum(lens), min(lens) == max(lens))
+            r = None if row is None else min_recompute_layers(row, self.mem_capacity_bytes)
+            if r is not None:
+                r = row.num_layers if self.full_recompute else r
+                price = (self.times.lengths_time_s(group, p, r, lens), r, group)
+        memo[key] = price
+        return price

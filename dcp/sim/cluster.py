@@ -28,12 +28,12 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from dcp.config import PEER_METHODS, DCPConfig
-from dcp.memory import gather_rounds
 from dcp.planner.analytic import GRAD_BUCKET_MIB, HardwareSpec, grad_sync_time_s, optimizer_step_time_s
 from dcp.planner.assemble import plan_epoch
 from dcp.planner.cost import memory_row, micro_batch_mem_bytes, row_lookup
 from dcp.planner.intra import best_settings, candidate_settings
 from dcp.planner.plan import StepPlan
+from dcp.planner.slots import zero3_step_s
 from dcp.planner.stream import TimeLookup, seq_groups_of
 from dcp.planner.syncend import backward_share
 from dcp.planner.table import ProfileTable
@@ -223,23 +223,6 @@ def exposed_sync_groups_s(sync_s: float, ends_s: np.ndarray, last_backward_s: np
     t_star = float(ends_s.max())
     done = float((ready + (n - np.arange(n)) * sync_s / n).max())
     return max(done, t_star + sync_s / n) - t_star
-
-
-def zero3_step_s(slot_times: Sequence[Sequence[float]], sync_s: float, num_layers: int) -> tuple[float, float]:
-    """(compute, exposed collectives) of a ZeRO-3 step (``fsdp2-zero3``), from each group's micro-batch times
-    in order (``slot_times[g][k]``) and the price of one all-reduce of the gradients (``sync_s``: 2 rounds of
-    parameter-sized traffic). Every rank runs the step's largest ga_steps in slots; per slot and layer it
-    all-gathers in forward and backward and reduce-scatters in backward (3 rounds per slot,
-    ``dcp.memory.gather_rounds``), and a layer's collective completes only once every rank issued it, so the
-    ranks move through a slot together: a slot lasts its slowest micro-batch (padding slots: none), or its 3
-    rounds when those take longer (FSDP prefetches the next layer's gather during this layer's compute), plus
-    its first layer's gather, which nothing hides (exposed)."""
-    slots = max((len(t) for t in slot_times), default=0)
-    if slots == 0:
-        return 0.0, 0.0
-    rounds_s = gather_rounds("fsdp2-zero3", 1) * sync_s / 2
-    compute = sum(max(max((t[k] for t in slot_times if k < len(t)), default=0.0), rounds_s) for k in range(slots))
-    return compute, slots * rounds_s / (3 * max(1, num_layers))
 
 
 def step_cost(plan: StepPlan, times: TimeLookup | None, rows: dict, *, sync_s: float, optimizer_s: float,

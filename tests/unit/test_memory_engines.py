@@ -34,8 +34,8 @@ def test_8b_refused_with_ddp():
 def test_engines_state_ordered_and_shared():
     n, dp = SHAPE_8B.num_params, 64
     ddp, zero1, fsdp2 = (SHAPE_8B.constant_mem_bytes(e, dp_size=dp) for e in ("ddp", "deepspeed", "fsdp2"))
-    root = 2 * SHAPE_8B.vocab_size * SHAPE_8B.hidden_size  # fsdp2 stages its largest unit's gradients: the root's
-    assert ddp == n * 16 and zero1 == n * 4 + n * 12 // dp and fsdp2 == n * 4 + 2 * root + n * 14 // dp
+    root = 2 * SHAPE_8B.vocab_size * SHAPE_8B.hidden_size  # fsdp2 stages its largest unit in fp32: the root
+    assert ddp == n * 16 and zero1 == n * 4 + n * 12 // dp and fsdp2 == n * 4 + 4 * root + n * 14 // dp
     for engine in ("ddp", "deepspeed", "fsdp2"):  # the analytic M_C starts from the same state bytes
         a = analytic_row(SHAPE_8B, 0, 1024, 1, 1, world_size=dp, hardware=H100, engine=engine)
         b = analytic_row(SHAPE_8B, 0, 1024, 1, 1, world_size=dp, hardware=H100, engine="ddp")
@@ -103,7 +103,7 @@ def test_zero3_shards_everything_but_the_gathered_units():
     gathered = 2 * SHAPE_8B.vocab_size * h + 2 * layer  # embedding + head, the layer computing and the prefetched one
     zero3 = SHAPE_8B.constant_mem_bytes("fsdp2-zero3", dp_size=dp)
     assert zero3 == 2 * gathered * 2 + n * 16 // dp
-    assert zero3 < SHAPE_8B.constant_mem_bytes("fsdp2", dp_size=dp) / 3  # 9.6 vs 36.7 GiB
+    assert zero3 < SHAPE_8B.constant_mem_bytes("fsdp2", dp_size=dp) / 3  # 9.6 vs 38.6 GiB
     assert SHAPE_8B.constant_mem_bytes("fsdp2-zero3", dp_size=None) == 4 * gathered  # the config check's floor
     config("fsdp2-zero3")  # accepted on 80 GB
 
@@ -170,3 +170,14 @@ def test_the_committed_sharded_shapes_load_and_the_70b_one_needs_zero3():
     raw["runtime"]["engine"] = "fsdp2"  # whole parameters and gradients of 80 layers: over 80 GB, refused
     with pytest.raises(ConfigError, match="use runtime.engine 'fsdp2-zero3'"):
         config_from_dict(raw)
+
+
+def test_a_measured_state_keeps_fsdp2s_staging_where_the_model_exceeds_it():
+    from dcp.memory import staging_bytes
+    from dcp.planner.table import engine_state_bytes
+
+    staged = staging_bytes(SHAPE_8B, "fsdp2")
+    assert staged == 4 * 2 * SHAPE_8B.vocab_size * SHAPE_8B.hidden_size and staging_bytes(SHAPE_8B, "ddp") == 0
+    whole = float(SHAPE_8B.constant_mem_bytes("ddp", dp_size=1)) - 2 * staged  # a measured whole below the model
+    assert engine_state_bytes(whole, SHAPE_8B, "fsdp2", 1) == whole + staged  # clamped, then the transient buffer
+    assert engine_state_bytes(whole, SHAPE_8B, "ddp", 1) == whole

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
-from dcp.planner.slots import deal_slots, lockstep_s
-from dcp.sim.cluster import zero3_step_s
+from dcp.planner.slots import deal_slots, lockstep_s, zero3_step_s
 
 
 def _mb(i: int, t: float, r: int = -1) -> MicroBatch:
@@ -53,33 +52,36 @@ def _lockstep(one_d: bool = True):
                            hardware=H100, dtype_bytes=2, mem_capacity_bytes=cap, engine="fsdp2-zero3",
                            loss_chunk_tokens=1024)
     return Lockstep(times=TimeLookup(table), rows=row_lookup(table), mem_capacity_bytes=cap, full_recompute=False,
-                    one_d=one_d)
+                    one_d=one_d, edges=table.seq_group_edges)
 
 
-def _priced(lock, i: int, n: int, group: int, p: int) -> MicroBatch:
-    return lock._merge(MicroBatch((i,), (n,), group, 0.0, 0), MicroBatch((), (), group, 0.0, 0), p)
+def _priced(lock, i: int, n: int, p: int) -> MicroBatch:
+    t, r, group = lock._price([n], p, {})
+    return MicroBatch((i,), (n,), group, t, r)
 
 
-def test_lockstep_merges_the_many_short_micro_batches_into_the_slots_of_the_long_ones():
+def test_lockstep_deals_the_samples_into_slots_alike_across_sp_sizes():
     lock = _lockstep()
-    longs = [_priced(lock, i, 60_000, 2, 1) for i in range(4)]  # p = 1: one long sample each, nothing to merge
-    shorts = [_priced(lock, 10 + i, 6_000, 0, 2) for i in range(12)]  # p = 2: twelve short ones
+    longs = [_priced(lock, i, 60_000, 1) for i in range(4)]  # p = 1: one long sample each
+    shorts = [_priced(lock, 10 + i, 6_000, 2) for i in range(12)]  # p = 2: twelve short ones
     plan = StepPlan(0, 0, 4, "dcp-intra", (GroupPlan(0, 1, 0, tuple(longs[:2])), GroupPlan(1, 1, 0, tuple(longs[2:])),
                                            GroupPlan(2, 2, 0, tuple(shorts))))
     out = lock(plan)
     assert sorted(out.sample_id_array) == sorted(plan.sample_id_array)  # every sample once
-    assert [g.ga_steps for g in out.groups] == [2, 2, 2]  # the short ones merged into the long ones' two slots
-    assert lockstep_s([g.micro_batches for g in out.groups]) < lockstep_s([g.micro_batches for g in plan.groups])
-    for g in out.groups:  # each merged micro-batch fits memory at its own r, and its group's r is the most
-        assert all(mb.recompute_layers is not None and 0 <= mb.recompute_layers <= 32 for mb in g.micro_batches)
+    assert [(g.first_rank, g.sp_size) for g in out.groups] == [(0, 1), (1, 1), (2, 2)]
+    before = lockstep_s([g.micro_batches for g in plan.groups])
+    assert lockstep_s([g.micro_batches for g in out.groups]) < 0.9 * before  # twelve short slots no longer
+    for g in out.groups:  # each micro-batch fits memory at its own r, priced as _price prices it
+        for mb in g.micro_batches:
+            assert (mb.time_s, mb.recompute_layers, mb.seq_group) == lock._price(list(mb.seq_lens), g.sp_size, {})
         assert g.recompute_layers == max(mb.recompute_layers for mb in g.micro_batches)
         assert [mb.time_s for mb in g.micro_batches] == sorted((mb.time_s for mb in g.micro_batches), reverse=True)
-    # 2D micro-batches hold one shape each: dealt, never merged
+    # 2D micro-batches hold one shape each: dealt, never re-packed
     assert [g.ga_steps for g in _lockstep(one_d=False)(plan).groups] == [2, 2, 12]
 
 
-def test_lockstep_merges_only_what_memory_holds():
+def test_lockstep_prices_only_what_memory_holds():
     lock = _lockstep()
-    assert lock._merge(_priced(lock, 0, 60_000, 2, 1), _priced(lock, 1, 60_000, 2, 1), 1) is None  # 120k at p = 1
-    both = lock._merge(_priced(lock, 0, 6_000, 0, 2), _priced(lock, 1, 30_000, 1, 2), 2)
-    assert both is not None and both.seq_group == 1 and both.seq_lens == (6_000, 30_000)
+    assert lock._price([60_000, 60_000], 1, {}) is None  # 120k tokens at p = 1 do not fit 80 GiB
+    t, r, group = lock._price([6_000, 30_000], 2, {})
+    assert group == 1 and 0 <= r <= 32 and t > lock._price([30_000], 2, {})[0]
