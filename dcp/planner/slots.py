@@ -16,19 +16,20 @@ each step's micro-batches for the lockstep, in two moves:
    cells; groups keep their ranks and p), longest first, each into the least-loaded cell of the p where it
    adds the fewest GPU-seconds without passing the slot length (the step's work over W and k), each cell priced
    from its real lengths at the least r that fits memory (as the simulator bounds it). Tried at SLOT_TRIES slot
-   counts and SLOT_SLACK lengths; each group then runs its micro-batches longest first. The arrangement of least
+   counts, then around the best and at the SLOT_SLACK lengths; each group runs its micro-batches longest first. The arrangement of least
    ZeRO-3 step time (``zero3_step_s``) is kept, the dealt plan included, so the planner's own pricing never
    loses. 2D micro-batches hold one shape each: dealt only.
 
 What it earns (priced, the default batch, 1k-128k tokens log-uniform, ``experiments/dense8b.toml`` on 64 x H100
 under ``--engine fsdp2-zero3``): dealt only 0.657 of the ideal bound, merging each group's own micro-batches
-0.752, dealing the samples into cells 0.927; ``experiments/dense70b.toml`` (256 x H100) 0.521 / 0.579 / 0.758.
+0.752, dealing the samples into cells 0.930; ``experiments/dense70b.toml`` (256 x H100) 0.521 / 0.579 / 0.747.
 """
 
 from __future__ import annotations
 
 import bisect
 import heapq
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -42,7 +43,8 @@ from dcp.planner.syncend import measured_sync_s
 __all__ = ["Lockstep", "deal_slots", "lockstep_s", "zero3_step_s"]
 
 SLOT_TRIES = 8
-"""Slot counts k tried per step, spread over 2 .. the dealt plan's largest count + 1."""
+"""Slot counts k tried first per step, spread over 2 .. the dealt plan's largest count + 1; then the counts
+halfway to the best one's neighbours, and the best at the longer SLOT_SLACK lengths."""
 
 SLOT_SLACK = (1.0, 1.1)
 """Slot lengths tried per k: the step's work over W and k, times these."""
@@ -132,13 +134,27 @@ class Lockstep:
             return dealt
         best, best_s = dealt, lockstep_s([g.micro_batches for g in dealt.groups], self.sync_s, self.num_layers)
         top = max(g.ga_steps for g in dealt.groups)
-        memo: dict = {}  # (lengths, p) -> price, for this step only
-        for k in sorted({round(2 + (top - 1) * i / max(1, SLOT_TRIES - 1)) for i in range(SLOT_TRIES)}):
-            for slack in SLOT_SLACK:
-                cand = self._cells(dealt, k, slack, memo)
-                if cand is not None and (s := lockstep_s([g.micro_batches for g in cand.groups], self.sync_s,
-                                                         self.num_layers)) < best_s:
-                    best, best_s = cand, s
+        memo: dict = {}  # memory rows' r and the length models' anchors, for this step only
+        spread = sorted({round(2 + (top - 1) * i / max(1, SLOT_TRIES - 1)) for i in range(SLOT_TRIES)})
+        tried: dict[tuple[int, float], float] = {}
+
+        def attempt(k: int, slack: float) -> None:
+            nonlocal best, best_s
+            if k < 1 or (k, slack) in tried:
+                return
+            cand = self._cells(dealt, k, slack, memo)
+            tried[(k, slack)] = s = (math.inf if cand is None else
+                                     lockstep_s([g.micro_batches for g in cand.groups], self.sync_s, self.num_layers))
+            if s < best_s:
+                best, best_s = cand, s
+
+        for k in spread:  # coarse: the slot counts at the step's own length
+            attempt(k, SLOT_SLACK[0])
+        k_best = min((k for k, _ in tried), key=lambda k: tried[(k, SLOT_SLACK[0])], default=top)
+        half = max(1, (spread[1] - spread[0]) // 2) if len(spread) > 1 else 1
+        for k, slack in ((k_best - half, SLOT_SLACK[0]), (k_best + half, SLOT_SLACK[0]),
+                         *((k_best, x) for x in SLOT_SLACK[1:])):  # fine: beside the best, and longer slots
+            attempt(k, slack)
         return best
 
     def _cells(self, plan: StepPlan, k: int, slack: float, memo: dict) -> StepPlan | None:
@@ -147,7 +163,8 @@ class Lockstep:
         step's work over W and k, times ``slack``; past it, the p where it passes least); None where a sample
         fits no cell's memory. Groups keep their ranks and p; a cell is one micro-batch."""
         slot = sum(g.sp_size * g.time_s for g in plan.groups) / plan.world_size / k * slack
-        cells: list[list] = [[[], [], 0.0, 0, 0] for g in plan.groups for _ in range(k)]  # ids, lens, t, r, group
+        # a cell: ids, lengths, time, r, seq_group, and its count, tokens, squares and longest for pricing
+        cells: list[list] = [[[], [], 0.0, 0, 0, 0, 0, 0, 0] for g in plan.groups for _ in range(k)]
         heaps: dict[int, list[tuple[float, int]]] = {}
         for ci in range(len(cells)):
             heaps.setdefault(plan.groups[ci // k].sp_size, []).append((0.0, ci))
@@ -157,7 +174,8 @@ class Lockstep:
             best = None
             for p, heap in heaps.items():
                 c = cells[heap[0][1]]
-                price = self._price(c[1] + [n], p, memo)
+                lo = min(n, c[1][-1]) if c[1] else n  # samples come longest first: the cell's last is its shortest
+                price = self._price_of(c[5] + 1, c[6] + n, c[7] + n * n, lo, max(n, c[8]), p, memo)
                 if price is not None:
                     over = max(0.0, price[0] - slot)
                     key = (over > 0, over, p * (price[0] - c[2]), -price[0])
@@ -167,9 +185,11 @@ class Lockstep:
                 return None
             _, p, price = best
             ci = heaps[p][0][1]
-            cells[ci][0].append(sid)
-            cells[ci][1].append(n)
-            cells[ci][2:] = price
+            c = cells[ci]
+            c[0].append(sid)
+            c[1].append(n)
+            c[2:5] = price
+            c[5], c[6], c[7], c[8] = c[5] + 1, c[6] + n, c[7] + n * n, max(n, c[8])
             heapq.heapreplace(heaps[p], (price[0], ci))
         groups = [sorted((MicroBatch(tuple(c[0]), tuple(c[1]), c[4], c[2], c[3])
                           for c in cells[gi * k:(gi + 1) * k] if c[0]), key=lambda m: -m.time_s)
@@ -178,19 +198,30 @@ class Lockstep:
 
     def _price(self, lens: list[int], p: int, memo: dict) -> tuple[float, int, int] | None:
         """(time, r, seq_group) of one micro-batch of these lengths at p: its seq_group the longest's, its r the
-        least that fits memory (the simulator's bound, ``cost.memory_row``); None where no profiled row holds it
-        or it does not fit."""
-        key = (tuple(lens), p)
-        if key in memo:
-            return memo[key]
-        group = bisect.bisect_left(self.edges, max(lens))
+        least that fits memory (the simulator's bound, ``cost.memory_row``), its time from its real lengths
+        (``TimeLookup.lengths_time_s``); None where no profiled row holds it or it does not fit."""
+        return self._price_of(len(lens), sum(lens), sum(n * n for n in lens), min(lens), max(lens), p, memo)
+
+    def _price_of(self, count: int, tokens: int, squares: int, lo: int, hi: int, p: int,
+                  memo: dict) -> tuple[float, int, int] | None:
+        """``_price`` from a micro-batch's sample count, token sum, sum of squares, shortest and longest."""
+        group = bisect.bisect_left(self.edges, hi)
         cand = self.rows.get((group, p), [])
-        price = None
-        if cand and cand[-1].micro_batch_size >= len(lens):
-            row = memory_row(cand, len(lens), sum(lens), min(lens) == max(lens))
-            r = None if row is None else min_recompute_layers(row, self.mem_capacity_bytes)
-            if r is not None:
-                r = row.num_layers if self.full_recompute else r
-                price = (self.times.lengths_time_s(group, p, r, lens), r, group)
-        memo[key] = price
-        return price
+        if not cand or cand[-1].micro_batch_size < count:
+            return None
+        row = memory_row(cand, count, tokens, lo == hi)
+        if row is None:
+            return None
+        r = memo.get(id(row), -1)
+        if r == -1:
+            r = memo[id(row)] = min_recompute_layers(row, self.mem_capacity_bytes)
+        if r is None:
+            return None
+        r = row.num_layers if self.full_recompute else r
+        key = (group, p, r, count)
+        if key not in memo:
+            memo[key] = self.times.anchor(group, p, r, count)
+        t_row, a, b1, b2, at_row = memo[key]
+        if not math.isfinite(t_row) or at_row <= 0:
+            return t_row, r, group
+        return t_row * (a + b1 * float(tokens) + b2 * float(squares)) / at_row, r, group

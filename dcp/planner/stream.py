@@ -348,17 +348,22 @@ class TimeLookup:
             self._fits[key] = coef
         return tuple(float(c) for c in coef)
 
+    def anchor(self, group: int, sp_size: int, recompute_layers: int, samples: int) -> tuple[float, ...]:
+        """(the anchoring row's time, a, b1, b2, the length model at that row) of micro-batches of ``samples``
+        samples: their time is ``t_row * (a + b1 * tokens + b2 * squares) / at_row`` (class docstring)."""
+        row = self._row(group, sp_size, samples)
+        t_row = self.time_s(group, sp_size, recompute_layers, samples)
+        a, b1, b2 = self.length_model(group, sp_size, recompute_layers)
+        b, n = row.micro_batch_size, float(row.seq_len)
+        return t_row, a, b1, b2, a + b * (b1 * n + b2 * n * n)
+
     def lengths_times_s(
         self, group: int, sp_size: int, recompute_layers: int, samples: int,
         tokens: np.ndarray, sq_tokens: np.ndarray,
     ) -> np.ndarray:
         """Times of micro-batches of ``samples`` samples of ``group`` whose real lengths sum to ``tokens``
         and whose squares sum to ``sq_tokens`` (arrays, one entry per micro-batch)."""
-        row = self._row(group, sp_size, samples)
-        t_row = self.time_s(group, sp_size, recompute_layers, samples)
-        a, b1, b2 = self.length_model(group, sp_size, recompute_layers)
-        b, n = row.micro_batch_size, float(row.seq_len)
-        at_row = a + b * (b1 * n + b2 * n * n)
+        t_row, a, b1, b2, at_row = self.anchor(group, sp_size, recompute_layers, samples)
         model = a + b1 * np.asarray(tokens, dtype=np.float64) + b2 * np.asarray(sq_tokens, dtype=np.float64)
         if not math.isfinite(t_row) or at_row <= 0:
             return np.full(np.shape(model), t_row, dtype=np.float64)
