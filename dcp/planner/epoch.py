@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dcp.config import DCPConfig
-from dcp.planner.intra import Setting, batch_settings, best_settings, settings_by_sp
+from dcp.planner.intra import Setting, batch_settings, best_settings, candidate_settings, settings_by_sp
 from dcp.planner.source import EpochInput
 from dcp.planner.stream import MicroBatchQueues, TimeLookup, micro_batch_times, no_setting_error
 from dcp.planner.tokens import token_pack_settings
@@ -164,6 +164,16 @@ def _settings(inp: EpochInput, present: list[int]) -> tuple[dict, dict]:
         gpu_s = sum(tok[g] * s.sp_size * s.time_s / (s.micro_batch_size * s.seq_len) for g, s in best.items())
         step_s = cfg.tokens_per_step * gpu_s / max(1.0, float(tok.sum())) / inp.world_size
         best = batch_settings(inp.table, best, step_s, **kw)
+        # as token packs (dcp.planner.tokens): no micro-batch of more samples than a rank's share of a step
+        # holds, else a step can only take whole such micro-batches and misses its bounds (W = 1, 16 samples of
+        # up to 256 tokens, 4 a step: micro-batches of 4 x 256 left one step 209 tokens of its 904)
+        most = cfg.tokens_per_step / inp.world_size
+        cands = candidate_settings(inp.table, **kw)
+        for g, s in best.items():
+            if s.micro_batch_size > 1 and s.micro_batch_size * s.seq_len > most:
+                fit = [c for c in cands[g] if (c.sp_size, c.recompute_layers) == (s.sp_size, s.recompute_layers)
+                       and (c.micro_batch_size == 1 or c.micro_batch_size * c.seq_len <= most)]
+                best[g] = min(fit, key=lambda c: (-c.tokens_per_gpu_s, -c.micro_batch_size), default=s)
     return best, {g: by_sp[g] for g in present}
 
 
