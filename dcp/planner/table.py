@@ -21,7 +21,6 @@ from typing import Any
 
 from dcp.config import MAX_TOKENS, read_text_file
 from dcp.files import write_text, write_with
-from dcp.memory import staging_bytes
 
 TABLE_FORMAT_VERSION = 1
 
@@ -390,8 +389,7 @@ def engine_state_bytes(whole_bytes: float, model: Any, engine: str, world_size: 
     (``ModelShapeConfig.constant_mem_bytes``; never more than the whole), the others the whole."""
     if not engine.startswith("fsdp2"):
         return whole_bytes
-    staged = float(staging_bytes(model, engine))  # transient: never in a measured whole
-    return min(whole_bytes, float(model.constant_mem_bytes(engine, dp_size=world_size)) - staged) + staged
+    return min(whole_bytes, float(model.constant_mem_bytes(engine, dp_size=world_size)))
 
 
 def with_engine_state(table: ProfileTable, model: Any, engine: str, world_size: int) -> ProfileTable:

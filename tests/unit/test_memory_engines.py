@@ -170,14 +170,3 @@ def test_the_committed_sharded_shapes_load_and_the_70b_one_needs_zero3():
     raw["runtime"]["engine"] = "fsdp2"  # whole parameters and gradients of 80 layers: over 80 GB, refused
     with pytest.raises(ConfigError, match="use runtime.engine 'fsdp2-zero3'"):
         config_from_dict(raw)
-
-
-def test_a_measured_state_keeps_fsdp2s_staging_where_the_model_exceeds_it():
-    from dcp.memory import staging_bytes
-    from dcp.planner.table import engine_state_bytes
-
-    staged = staging_bytes(SHAPE_8B, "fsdp2")
-    assert staged == 4 * 2 * SHAPE_8B.vocab_size * SHAPE_8B.hidden_size and staging_bytes(SHAPE_8B, "ddp") == 0
-    whole = float(SHAPE_8B.constant_mem_bytes("ddp", dp_size=1)) - 2 * staged  # a measured whole below the model
-    assert engine_state_bytes(whole, SHAPE_8B, "fsdp2", 1) == whole + staged  # clamped, then the transient buffer
-    assert engine_state_bytes(whole, SHAPE_8B, "ddp", 1) == whole
