@@ -51,6 +51,15 @@ REDUCE_BYTES = 4
 (``dcp.runtime.fsdp``'s mixed-precision policy)."""
 
 
+def staging_bytes(shape: Any, engine: str) -> int:
+    """The transient part of ``shape_state_bytes``: fsdp2's reduce-scatter input of its largest unit (0 for the
+    other engines). A measured state (the profiler's, of the whole model) never holds it."""
+    if engine != "fsdp2":
+        return 0
+    root = 2 * shape.vocab_size * shape.hidden_size
+    return max(root, (shape.num_params - root) // max(1, shape.num_layers)) * REDUCE_BYTES
+
+
 def shape_state_bytes(shape: Any, engine: str, dp_size: int | None) -> int:
     """``state_bytes`` of a ``ModelShapeConfig``; fsdp2-zero3's gathered units are its root (embedding and head:
     fully_shard keeps the root gathered over a micro-batch) and two layers (the one computing, the prefetched);

@@ -21,6 +21,7 @@ from typing import Any
 
 from dcp.config import MAX_TOKENS, read_text_file
 from dcp.files import write_text, write_with
+from dcp.memory import staging_bytes
 
 TABLE_FORMAT_VERSION = 1
 
@@ -389,7 +390,8 @@ def engine_state_bytes(whole_bytes: float, model: Any, engine: str, world_size: 
     (``ModelShapeConfig.constant_mem_bytes``; never more than the whole), the others the whole."""
     if not engine.startswith("fsdp2"):
         return whole_bytes
-    return min(whole_bytes, float(model.constant_mem_bytes(engine, dp_size=world_size)))
+    held = float(model.constant_mem_bytes(engine, dp_size=world_size) - staging_bytes(model, engine))
+    return min(whole_bytes, held)  # the state held through the step, as measured: the transient staging aside
 
 
 def with_engine_state(table: ProfileTable, model: Any, engine: str, world_size: int) -> ProfileTable:

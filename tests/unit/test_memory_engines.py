@@ -150,7 +150,9 @@ def test_a_profiled_tables_state_follows_the_engine_of_the_run():
                                                                           "state_bytes": whole}))
     assert with_engine_state(profiled, SHAPE_8B, "ddp", 64) is profiled  # measured whole, held whole
     sharded = with_engine_state(profiled, SHAPE_8B, "fsdp2", 64)
-    held = SHAPE_8B.constant_mem_bytes("fsdp2", dp_size=64)
+    from dcp.memory import staging_bytes
+
+    held = SHAPE_8B.constant_mem_bytes("fsdp2", dp_size=64) - staging_bytes(SHAPE_8B, "fsdp2")  # as measured: no staging
     assert held < whole and sharded.meta.extra["state_bytes"] == held
     assert sharded.rows[0].m_const_bytes == pytest.approx(held + 2**30)
     # cached under fsdp2, used under ddp: the whole state again, from the record of what was measured
@@ -170,3 +172,13 @@ def test_the_committed_sharded_shapes_load_and_the_70b_one_needs_zero3():
     raw["runtime"]["engine"] = "fsdp2"  # whole parameters and gradients of 80 layers: over 80 GB, refused
     with pytest.raises(ConfigError, match="use runtime.engine 'fsdp2-zero3'"):
         config_from_dict(raw)
+
+
+def test_a_measured_state_is_compared_without_fsdp2s_transient_staging():
+    from dcp.memory import staging_bytes
+    from dcp.planner.table import engine_state_bytes
+
+    staged = staging_bytes(SHAPE_8B, "fsdp2")
+    assert staged == 4 * 2 * SHAPE_8B.vocab_size * SHAPE_8B.hidden_size and staging_bytes(SHAPE_8B, "ddp") == 0
+    whole = float(SHAPE_8B.constant_mem_bytes("ddp", dp_size=1))
+    assert engine_state_bytes(whole, SHAPE_8B, "fsdp2", 64) == SHAPE_8B.constant_mem_bytes("fsdp2", 64) - staged
