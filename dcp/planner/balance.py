@@ -33,7 +33,7 @@ import itertools
 import numpy as np
 
 from dcp.planner.epoch import EpochArrays, EpochProgress
-from dcp.planner.group import Group, Shed
+from dcp.planner.group import Group, Shed, held_tokens
 from dcp.planner.improve import idle, left_over
 from dcp.planner.placement import place_largest_first
 from dcp.planner.sorting import argsort_float
@@ -116,7 +116,7 @@ def balance(ep: EpochArrays, prog: EpochProgress, win: np.ndarray, groups: list[
         cur, layout = best, best_layout
     groups, fixed = cur.groups, dict(cur.fixed)
     mb_tok, want = tokens
-    held = sum(int(mb_tok[gr.items].sum()) for gr in groups if gr.items)
+    held = held_tokens(groups, mb_tok)
     if held < want:
         _add_left(ep, tm, prog, win, groups, fixed, (mb_tok, want - held))
     return groups, fixed
@@ -136,7 +136,7 @@ def fill_ahead(ep: EpochArrays, prog: EpochProgress, packed: tuple[np.ndarray, l
     (win, groups, joined), (most, after) = packed, room
     if not ep.mbq.token_budget or after < FILL_AHEAD_STEPS:
         return joined
-    held = sum(int(mb_tok[gr.items].sum()) for gr in groups if gr.items)
+    held = held_tokens(groups, mb_tok)
     if held >= most or max(gr.load for gr in groups) <= 0 or idle(groups, ep.world_size) <= RETRY_IDLE:
         return joined
     fixed = dict(joined or {})

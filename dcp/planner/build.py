@@ -13,7 +13,7 @@ import itertools
 import numpy as np
 
 from dcp.planner.epoch import EpochArrays, EpochProgress
-from dcp.planner.group import Group
+from dcp.planner.group import Group, held_tokens
 from dcp.planner.improve import left_over
 from dcp.planner.intra import Setting
 from dcp.planner.placement import place_largest_first
@@ -38,7 +38,7 @@ def place_and_build(ep: EpochArrays, prog: EpochProgress, step: int, head: int, 
     idle: list[int] = []
     if free:
         if tokens is not None:  # what the fillers may add: the step's most, less what the placed groups hold
-            tokens = (tokens[0], tokens[1] - sum(int(tokens[0][gr.items].sum()) for gr in placed))
+            tokens = (tokens[0], tokens[1] - held_tokens(placed, tokens[0]))
         _fill_free(ep, left_over(prog, win, placed), placed, free, t_star, fillers, idle, tokens)
     return _build(ep, prog, step, firsts, placed, fillers, idle, head, head_t, joined or {}, longest_last)
 

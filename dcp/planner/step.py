@@ -11,7 +11,7 @@ from dcp.planner.balance import balance, fill_ahead
 from dcp.planner.build import place_and_build, placed_groups
 from dcp.planner.dense import dense_window
 from dcp.planner.epoch import EpochArrays, EpochProgress
-from dcp.planner.group import Balanced, Budget, Group, Packed
+from dcp.planner.group import Balanced, Budget, Group, Packed, held_tokens
 from dcp.planner.improve import idle, idle_floor, improve, join_head, work
 from dcp.planner.packing import pack
 from dcp.planner.plan import StepPlan
@@ -485,7 +485,7 @@ def _tokens(ep: EpochArrays, groups: list[Group], head: int, mb_tok: np.ndarray)
 
 
 def _placed_tokens(placed: list[Group], mb_tok: np.ndarray) -> int:
-    return sum(int(mb_tok[list(gr.items)].sum()) for gr in placed)
+    return held_tokens(placed, mb_tok)
 
 
 def fill_share(ep: EpochArrays, placed: list[Group]) -> float:
