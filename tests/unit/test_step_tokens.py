@@ -10,6 +10,7 @@ from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
 from dcp.planner.step_tokens import (
     cut_by_tokens,
     micro_batch_tokens,
+    short_target,
     slot_steps,
     step_tokens,
     summary,
@@ -58,6 +59,20 @@ def test_micro_batch_tokens_and_token_target():
     assert m == 5 and j_long == 2  # choice up to the 9 s micro-batch (longer than T*), within 600 tokens
     t_star, m, _ = token_target(work, t, tok, 4, desired=300, cap=150, window_factor=1.5)
     assert m == 1 and t_star == 1.0  # the cap leaves only the head
+
+
+def test_the_short_target_lets_a_longer_micro_batch_wait():
+    t = np.array([1.0, 1.0, 4.0, 1.0, 1.0, 1.0, 1.0, 9.0])
+    tok = np.full(len(t), 100)
+    work = np.cumsum(t * 2)  # p = 2, on 4 ranks
+    t_first = token_target(work, t, tok, 4, desired=300, cap=800, window_factor=1.5)[0]
+    assert t_first == 4.0  # the batch's 4 s micro-batch sets T*: 12 GPU-s of 16 worked, a quarter idle
+    t_star, m, j_long = short_target(work, t, tok, 4, (300, 800), t_first, 1.5)
+    assert t_star == work[2] / 4 == 3.0  # the wanted tokens' work over the world
+    assert m == 2 and j_long in (0, 1)  # the window stops before the 4 s micro-batch: it waits
+    # the head's time is the floor, and a first target no longer than the short one is kept (None)
+    assert short_target(work, np.r_[5.0, t[1:]], tok, 4, (300, 800), 5.0, 1.5) is None
+    assert short_target(work, t, tok, 4, (300, 800), 3.0, 1.5) is None
 
 
 @settings(max_examples=40, deadline=None)
