@@ -206,11 +206,13 @@ def _first_plan(ep: EpochArrays, prog: EpochProgress, head: int, scanned: tuple[
                 last: bool) -> tuple[tuple[float, np.ndarray], Balanced, bool]:
     """A step's first balanced plan (``_balanced``) and the (T*, window) it came from: ``sized`` (``token_target``'s
     T*, at least the batch's longest micro-batch), or from BULK_MIN_RANKS ranks, where no other target is tried,
-    the short target (``step_tokens.short_target``) where that is shorter and its plan holds the bounds (not with Gmin > 1:
-    t1d-gmin at 1024 ranks left steps at 0.82 x and 0.11 x)."""
+    the short target (``step_tokens.short_target``) where that is shorter and its plan holds the bounds; not where
+    the look-ahead bound ended the scan (``Scan.capped``): there the micro-batches it lets wait fill the look-ahead
+    (t1d-gmin, 24 samples per rank at 1024 ranks: the scan's tokens fell from 3.9x to 0.12x the step's over 12
+    steps, and a step held 0.12x)."""
     sc, top = scanned
     short = None
-    if not last and ep.world_size >= BULK_MIN_RANKS and ep.gmin == 1:
+    if not last and ep.world_size >= BULK_MIN_RANKS and not sc.capped:
         short = short_target(sc.cumw, ep.mb_t[sc.idx], budget.mb_tok[sc.idx], ep.world_size, (budget.want, top),
                              sized[0], WINDOW_WORK_FACTOR)
     if short is not None:

@@ -33,6 +33,8 @@ class Scan(NamedTuple):
     """True when the scan reached the epoch's last micro-batch."""
     t: np.ndarray | None = None
     """Their times (``ep.mb_t[idx]``, read while scanning; ``target`` reads them again)."""
+    capped: bool = False
+    """True when the look-ahead bound (``lookahead_samples``), not the work, ended the scan before the epoch's end."""
 
 
 def window(idx: np.ndarray, m: int, j_long: int) -> np.ndarray:
@@ -51,7 +53,7 @@ def scan(ep: EpochArrays, prog: EpochProgress, head: int, need: Callable[[float]
         end = bisect.bisect_left(ready, ready[head] + ep.lookahead_samples, lo=head)
     cons = prog.consumed_np()
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (indices, their work, their times)
-    lo, chunk, done_w, done_t = head, max(256, prog.scan_hint), 0.0, 0.0
+    lo, chunk, done_w, done_t, capped = head, max(256, prog.scan_hint), 0.0, 0.0, end < n
     while lo < end:
         hi = min(end, lo + chunk)
         part = lo + np.flatnonzero(cons[lo:hi] == 0)
@@ -61,11 +63,12 @@ def scan(ep: EpochArrays, prog: EpochProgress, head: int, need: Callable[[float]
             done_w += float(parts[-1][1].sum())
             done_t = max(done_t, float(parts[-1][2].max()))
             if done_w >= need(done_t):
+                capped = False
                 break
     if not parts:
-        return Scan(np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0), lo >= n)
+        return Scan(np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0), lo >= n, None, capped)
     idx, w, t = (c[0] if len(c) == 1 else np.concatenate(c) for c in zip(*parts, strict=True))
-    return Scan(idx, np.cumsum(w), np.maximum.accumulate(t), lo >= n, t)
+    return Scan(idx, np.cumsum(w), np.maximum.accumulate(t), lo >= n, t, capped)
 
 
 def target(ep: EpochArrays, sc: Scan) -> tuple[float, int, int]:

@@ -84,3 +84,20 @@ def test_epochs_with_dense_windows_keep_samples_bounds_and_mean(monkeypatch):
         assert (tok >= 0.5 * target).all() and (tok <= 2.0 * target).all(), (seed, tok.min(), tok.max())
         assert abs(tok.mean() / target - 1) <= 0.05, (seed, tok.mean() / target)
     assert any(used), "no step of these epochs built a dense window: pick a longer tail"
+
+
+def test_a_scan_says_whether_the_look_ahead_bound_ended_it():
+    cfg, table = make(8, method="dcp-intra")
+    cfg = cfg.replace(advanced=dataclasses.replace(cfg.advanced, lookahead_samples=100))
+    lengths = _long_tail(0)
+    ep = EpochPlanner(lengths, table, _at(cfg, int(lengths.sum() / 20)), 8).arrays
+    prog = EpochProgress(ep.num_micro_batches)
+    assert ep.ready[0] + ep.lookahead_samples < ep.num_samples  # the bound lies before the epoch's end
+    # the work goal met first: not capped; a goal no look-ahead meets: capped at the bound, before the end
+    assert not scan(ep, prog, 0, lambda t: 1e-9).capped
+    sc = scan(ep, prog, 0, lambda t: float("inf"))
+    assert sc.capped and not sc.all and sc.idx[-1] < ep.num_micro_batches - 1
+    # a scan that reached the epoch's end is not capped (``Scan.all`` says it)
+    last = ep.num_micro_batches - 1
+    end = scan(ep, prog, last, lambda t: float("inf"))
+    assert end.all and not end.capped
