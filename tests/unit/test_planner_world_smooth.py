@@ -16,7 +16,7 @@ WORLDS = (480, 496, 512, 528, 544)
 NEIGHBOUR_JUMP = 0.025
 """Largest change of the epoch's GPU-weighted idle between neighbouring world sizes (16 ranks apart); the
 planner gives 0.050, 0.041, 0.046, 0.054, 0.069 on this data. Before the steps from 512 ranks started at the
-short target (``step._short_target``) it gave 0.085, 0.081, 0.089 there: a jump of 0.044 at 512."""
+short target (``step_tokens.short_target``) it gave 0.085, 0.081, 0.089 there: a jump of 0.044 at 512."""
 MOST_IDLE = 0.08
 """Largest GPU-weighted idle of the epoch at any of these world sizes."""
 
