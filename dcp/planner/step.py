@@ -279,7 +279,7 @@ def _other_targets(ep: EpochArrays, prog: EpochProgress, head: int, sc: Scan, to
         return best
     lag, room = lag
     placed = placed_groups(ep, best.groups, head)[0]  # placed once per plan: its tokens and its fill from one placement
-    share, first = fill_share(ep, placed), _placed_tokens(placed, mb_tok)
+    share, first = fill_share(ep, placed), held_tokens(placed, mb_tok)
     if 1.0 - share <= RETRY_IDLE and low <= first <= room:
         return best  # (a first plan below the lower bound or past the room: any other plan within them replaces it)
     if not low <= first <= room:
@@ -300,7 +300,7 @@ def _other_targets(ep: EpochArrays, prog: EpochProgress, head: int, sc: Scan, to
                 continue
             alt = _balanced(ep, prog, head, (t_try, w), budget, per_token)[0]
             placed = placed_groups(ep, alt.groups, head)[0]
-            if not floor <= _placed_tokens(placed, mb_tok) <= ceil:
+            if not floor <= held_tokens(placed, mb_tok) <= ceil:
                 continue
             alt_share = fill_share(ep, placed)
             if alt_share > share + 1e-9:
@@ -311,7 +311,7 @@ def _other_targets(ep: EpochArrays, prog: EpochProgress, head: int, sc: Scan, to
     if w is not None:
         alt = _balanced(ep, prog, head, (best.t_star, w), budget, per_token)[0]
         placed = placed_groups(ep, alt.groups, head)[0]
-        if floor <= _placed_tokens(placed, mb_tok) <= most and fill_share(ep, placed) > share + 1e-9:
+        if floor <= held_tokens(placed, mb_tok) <= most and fill_share(ep, placed) > share + 1e-9:
             best = alt
     return best
 
@@ -483,11 +483,7 @@ def _low_pack(ep: EpochArrays, win: np.ndarray, t_star: float, head: int, mb_tok
 
 def _tokens(ep: EpochArrays, groups: list[Group], head: int, mb_tok: np.ndarray) -> int:
     """Tokens of the micro-batches in the ``groups`` that placement keeps (fillers may add more)."""
-    return _placed_tokens(placed_groups(ep, groups, head)[0], mb_tok)
-
-
-def _placed_tokens(placed: list[Group], mb_tok: np.ndarray) -> int:
-    return held_tokens(placed, mb_tok)
+    return held_tokens(placed_groups(ep, groups, head)[0], mb_tok)
 
 
 def fill_share(ep: EpochArrays, placed: list[Group]) -> float:
