@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dcp.config_advanced import CLOCKS, AdvancedConfig  # noqa: F401
+from dcp.config_advanced import CLOCKS, MICRO_BATCH_TOKENS, AdvancedConfig  # noqa: F401
 from dcp.memory import ENGINE_NAMES, shape_state_bytes
 
 # re-exported: the config's public error and readers
@@ -35,8 +35,6 @@ LR_SCALING = ("none", "linear", "sqrt")
 """runtime.lr_scaling choices (the rules of dcp.loaders.lr_scaling)."""
 COMPILE_MODES = ("off", "default", "max-autotune-no-cudagraphs")
 """runtime.compile values: off (eager), or the torch.compile mode applied to each repeated block."""
-MICRO_BATCH_TOKENS = ("off", "auto")
-"""How DCP micro-batches are sized (planning.micro_batch_tokens): by samples only, or by tokens where cheaper."""
 GIB = 1024**3
 MAX_GA = 2**16
 MAX_MEM_GIB = 2**20  # largest planning.mem_capacity_gib (1 PiB per rank): its bytes stay an exact int64
@@ -149,10 +147,6 @@ class ProfilingConfig:
     """Largest micro-batch size b the profiler tries (it stops earlier when memory or time says so)."""
     cache_dir: str = ".dcp_cache"
     """Folder of cached profile tables (one file per model/world/hardware/dtype/version key)."""
-    strict_cache: bool = False
-    """False: inside a training run a missing or stale cached table is profiled again in the run (and the
-    log says so). True: the run never profiles; a missing or stale table is an error (corrupt tables are
-    refused either way)."""
 
     def __post_init__(self) -> None:
         check_fields(self, "profiling")
@@ -169,8 +163,6 @@ class ProfilingConfig:
         if self.max_micro_batch_size < 1:
             fail("profiling.max_micro_batch_size", self.max_micro_batch_size, "must be >= 1", "set it to 1 or more")
         _check_folder_name("profiling.cache_dir", self.cache_dir, '".dcp_cache"')
-        if not isinstance(self.strict_cache, bool):
-            fail("profiling.strict_cache", self.strict_cache, "must be true or false", "write strict_cache = false")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -185,7 +177,7 @@ class PlanningConfig:
     gmin: int = 1
     """Gmin: when every group's ga_steps is below it, all are scaled by ceil(gmin / max ga_steps)."""
     gmax: int = 4
-    """Gmax, DCP methods: without a global batch (default_batch = "method" and neither tokens_per_step nor
+    """Gmax, DCP methods: without a global batch (advanced.default_batch = "method" and neither tokens_per_step nor
     samples_per_step set) a step lasts at most gmax times its longest micro-batch. With a global batch (stated,
     or the default one), a step is sized by its tokens instead and Gmax bounds only the planner's look-ahead
     (default_lookahead) and a step whose groups were dropped for want of aligned ranks; steps may then outlast
@@ -197,26 +189,15 @@ class PlanningConfig:
     seed: int = 0
     """Seed of the per-epoch shuffle (numpy Generator seeded by (seed, epoch)). Per-sample randomness
     (noise, masks) comes from the dataset's own seed via dcp.runtime.data.sample_generator(seed, epoch, id)."""
-    bucket_sp_size: int = 0
-    """Bucket/packed only: fixed SP size; 0 picks the smallest that fits the longest seq_group."""
     tokens_per_step: int = 0
     """The global batch in tokens: every method's steps hold about this many, each within step_tokens_bounds of it
-    and the epoch's mean on it. 0 with samples_per_step 0: one default for every method (default_batch)."""
+    and the epoch's mean on it. 0 with samples_per_step 0: one default for every method (advanced.default_batch)."""
     samples_per_step: int = 0
     """The global batch in samples, as Megatron counts it (micro-batch x ga x data-parallel ranks): held as a
     target of samples_per_step x the epoch's mean length in tokens (batch_tokens). At most one of the two is set;
     0: not stated in samples."""
-    default_batch: str = "data"
-    """With neither set: "data" (16 x W samples of the mean, at least 8 x the longest, at most 1/16 of the epoch:
-    step_tokens.batch_tokens) or "method" (each method's own steps: DCP's by Gmax x its longest micro-batch,
-    bucket's one micro-batch per SP group; methods then train different batches)."""
     step_tokens_bounds: tuple[float, float] = (0.9, 1.1)
     """[lowest, highest] tokens of one step as fractions of the global batch."""
-    micro_batch_tokens: str = "auto"
-    """DCP methods, 1D data: "auto" lets each seq_group whose documents sit well below its bound form its
-    micro-batches by a token budget (b x bound of the profiled row with the best predicted time per token at
-    its (p, r) within memory), run as one row of documents, where that is predicted cheaper per token than
-    b-sample micro-batches (dcp.planner.tokens; none for 2D data or baselines; ``dcp plan`` says which); "off"."""
 
     def __post_init__(self) -> None:
         check_fields(self, "planning", int_max={"seed": 2**63 - 1, "gmin": MAX_GA, "gmax": MAX_GA})
@@ -239,16 +220,9 @@ class PlanningConfig:
             fail("planning.ranks_per_node", self.ranks_per_node, "must be >= 1", "set the GPUs per node, e.g. 8")
         if not sizes or any(p < 1 for p in sizes) or len(set(sizes)) != len(sizes):
             fail("planning.sp_sizes", list(sizes), "must be distinct positive integers", "e.g. [1, 2, 4, 8]")
-        if self.micro_batch_tokens not in MICRO_BATCH_TOKENS:
-            fail("planning.micro_batch_tokens", self.micro_batch_tokens, f"is not one of {list(MICRO_BATCH_TOKENS)}",
-                 'write micro_batch_tokens = "auto" (token-packed short documents) or "off"')
-        if self.bucket_sp_size < 0:
-            fail("planning.bucket_sp_size", self.bucket_sp_size, "must be >= 0", "use 0 to derive it")
         for name in ("tokens_per_step", "samples_per_step"):
             if getattr(self, name) < 0:
                 fail(f"planning.{name}", getattr(self, name), "must be >= 0", "set the global batch, or 0 for the default")
-        if self.default_batch not in ("data", "method"):
-            fail("planning.default_batch", self.default_batch, "is not one of ['data', 'method']", 'write "data"')
         if self.tokens_per_step and self.samples_per_step:
             fail("planning.samples_per_step", self.samples_per_step, f"is set beside tokens_per_step ({self.tokens_per_step})",
                  "state the global batch once: set one of them to 0")
@@ -299,12 +273,7 @@ class RuntimeConfig:
     lr_scaling: str = "none"
     """Scale each optimizer step's learning rate by its tokens over the global batch's (steps vary within
     planning.step_tokens_bounds): none, linear or sqrt (the rules of dcp.loaders.lr_scaling). Needs a global
-    batch: stated (tokens_per_step, samples_per_step) or the default one (not default_batch = "method")."""
-    peer_timeout_s: float = 20.0
-    """A rank whose heartbeat stood still this long inside its epoch (killed, stopped, a frozen host) is named by
-    every other rank, which then ends its process with exit status 3 even while it waits inside a collective
-    (dcp.runtime.watchdog); independent of the step's length. 0 turns the watch off (the collectives then fail
-    after collective_timeout_s). Keep it well above a few heartbeat periods (1 s per 1000 ranks, at least 1 s)."""
+    batch: stated (tokens_per_step, samples_per_step) or the default one (not advanced.default_batch = "method")."""
     nonfinite: str = "stop"
     """What a step whose loss or gradients are not finite does (checked at every step, before the update; one
     8-byte all-reduce and one host read per step): stop = raise NonFiniteError on every rank naming the step,
@@ -328,9 +297,6 @@ class RuntimeConfig:
             fail("runtime.collective_timeout_s", self.collective_timeout_s, "must be > 0", "e.g. 300")
         if self.log_every < 1:
             fail("runtime.log_every", self.log_every, "must be >= 1", "set it to 1 or more")
-        if not (self.peer_timeout_s == 0 or 5 <= self.peer_timeout_s < float("inf")):
-            fail("runtime.peer_timeout_s", self.peer_timeout_s, "must be 0 (off) or a finite number >= 5 seconds "
-                 "(several heartbeat periods)", "e.g. 20")
         if self.nonfinite == "skip" and self.engine == "deepspeed":
             fail("runtime.nonfinite", self.nonfinite, "needs the ddp engine (DeepSpeed reduces and applies the "
                  "gradients in one call, so a step cannot be dropped between them)", 'write nonfinite = "stop", or engine = "ddp"')
@@ -376,15 +342,15 @@ class DCPConfig:
                 f"model.num_heads ({heads}) (nor, for a 1D model, are multiples of its {kv} K/V heads past the "
                 f"heads): use sizes from {[p for p in self.planning.sp_sizes if p not in bad] or [1]}, divisors of "
                 f"{heads}" + (f" or multiples of {kv} above {heads}" if past else ""))
-        p = self.planning
+        p, adv = self.planning, self.advanced
         if self.runtime.lr_scaling != "none" and not (p.tokens_per_step or p.samples_per_step) \
-                and p.default_batch == "method":
+                and adv.default_batch == "method":
             fail("runtime.lr_scaling", self.runtime.lr_scaling, "needs a global batch (the one the learning rate was "
-                 "tuned for), and planning.default_batch \"method\" leaves each method its own",
+                 "tuned for), and advanced.default_batch \"method\" leaves each method its own",
                  "set planning.samples_per_step or tokens_per_step, or lr_scaling = \"none\"")
-        if self.planning.bucket_sp_size and self.planning.bucket_sp_size not in self.planning.sp_sizes:
-            fail("planning.bucket_sp_size", self.planning.bucket_sp_size, f"is not in planning.sp_sizes "
-                 f"({list(self.planning.sp_sizes)})", "add it to sp_sizes (the runtime builds SP groups only for those "
+        if adv.bucket_sp_size and adv.bucket_sp_size not in p.sp_sizes:
+            fail("advanced.bucket_sp_size", adv.bucket_sp_size, f"is not in planning.sp_sizes "
+                 f"({list(p.sp_sizes)})", "add it to sp_sizes (the runtime builds SP groups only for those "
                  "sizes) or use 0 to derive it")
         # the world size is unknown here: the engine's floor (the analytic model counts shards at its world size)
         const = self.model.constant_mem_bytes(self.runtime.engine, dp_size=None)

@@ -8,7 +8,7 @@ Every cell plans one epoch with the real planner (the peers: ``dcp.planner.peers
 analytic table of the dataset's paper model (t1d-5b for t1d-* and text, t2d-1.2b for t2d-*). Every method
 trains the same global batch (``planning.tokens_per_step``): ``--tokens-per-step``, or the default every method
 plans at (``dcp.planner.step_tokens.batch_tokens``; the target column); DCP methods with
-``planning.micro_batch_tokens = "auto"``. Columns: tokens/s, fraction of the ideal bound (one bound per dataset:
+``advanced.micro_batch_tokens = "auto"``. Columns: tokens/s, fraction of the ideal bound (one bound per dataset:
 every sample at its best per-GPU efficiency, token packs included), GPU-weighted idle, optimizer steps, tokens per step
 (min / median / max), the smallest and largest step as a share of the target, and the target; one row per
 (dataset, seed, method). With --json the last line is ``{"rows": [{"dataset", "seed", "method", "tokens_per_s",
@@ -101,11 +101,12 @@ def method_config(sc, method: str, seed: int, tokens_per_step: float, gpus: int 
     from dcp.sim.scenario import DCP_METHODS, paper_config
 
     cfg = paper_config(sc, method, seed=seed, world_size=gpus)
-    # DCP sizes short documents' micro-batches by tokens where that is cheaper (planning.micro_batch_tokens; a
+    # DCP sizes short documents' micro-batches by tokens where that is cheaper (advanced.micro_batch_tokens; a
     # no-op on the t1d/t2d sets, +15% DCP-intra tokens/s on text); the peers pack by tokens anyway
-    planning = dataclasses.replace(cfg.planning, tokens_per_step=round(tokens_per_step), micro_batch_tokens="auto"
-                                   if method in DCP_METHODS else cfg.planning.micro_batch_tokens)
-    return cfg.replace(planning=planning)
+    planning = dataclasses.replace(cfg.planning, tokens_per_step=round(tokens_per_step))
+    advanced = dataclasses.replace(cfg.advanced, micro_batch_tokens="auto"
+                                   if method in DCP_METHODS else cfg.advanced.micro_batch_tokens)
+    return cfg.replace(planning=planning, advanced=advanced)
 
 
 def cell(lengths, table, sc, method: str, gpus: int, seed: int, tokens_per_step: float) -> dict:
@@ -115,12 +116,11 @@ def cell(lengths, table, sc, method: str, gpus: int, seed: int, tokens_per_step:
     from dcp.sim.cluster import ideal_tokens_per_s, simulate
 
     cfg = method_config(sc, method, seed, tokens_per_step, gpus)
-    planning = cfg.planning
     res, steps = simulate(lengths.tokens, table, cfg, gpus, hardware=sc.hardware, shapes=lengths.shapes,
                           return_steps=True)
     # one bound for every method of a dataset: each sample at its best per-GPU efficiency, token packs included
-    ideal = ideal_tokens_per_s(lengths.tokens, table, cfg.replace(planning=dataclasses.replace(
-        planning, micro_batch_tokens="auto")), gpus, two_d=lengths.shapes is not None)
+    ideal = ideal_tokens_per_s(lengths.tokens, table, cfg.replace(advanced=dataclasses.replace(
+        cfg.advanced, micro_batch_tokens="auto")), gpus, two_d=lengths.shapes is not None)
     tok = np.asarray([s.tokens for s in steps], dtype=np.int64)
     return {"method": method, "tokens_per_s": res.tokens_per_s, "ideal_fraction": res.tokens_per_s / ideal,
             "idle_ratio": res.idle_ratio, "steps": res.num_steps, "tokens_per_step_min": int(tok.min()),

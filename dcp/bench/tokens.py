@@ -4,7 +4,7 @@ One process, the tiny Transformer-1D widened so layer work dominates Python over
 A profile table is measured at the seq_group bounds (``--edges``) for every micro-batch size of
 ``--batch-sizes``: whole-model forward + backward steps of equal-length samples. Then ``--docs`` short documents
 of the first seq_group are drawn (lognormal, mean ``--mean-tokens``, clipped to the bound: text far below its
-bound) and split in FIFO order two ways, as the planner does (``planning.micro_batch_tokens``):
+bound) and split in FIFO order two ways, as the planner does (``advanced.micro_batch_tokens``):
 
 - ``samples``: b documents per micro-batch, b of the row with the best tokens per second at the bound (Eq. 1);
 - ``tokens``: greedy packs within the token budget b' x bound of the row the planner picks for these documents

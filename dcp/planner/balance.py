@@ -22,7 +22,7 @@ groups while a p = 4 group runs a third of the step (t1d-long). Within the step'
 Moves 1-3 keep the step's micro-batches; a new layout is kept when its slowest group finishes clearly earlier,
 or as early on fewer ranks, and every group can be placed. Micro-batches whose time changed (moved, or in a
 shrunk group) are returned with their new times (``place_and_build``'s joined). Token-packed micro-batches
-(planning.micro_batch_tokens) move only to groups of their own p.
+(advanced.micro_batch_tokens) move only to groups of their own p.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Both use one fixed SP size p for the whole run, full recompute (r = L) and ga_steps = 1, and put one SP
 group on every aligned block of p ranks (``placement.aligned_slots``); ranks no block covers idle.
 
-- Bucket parallel: p is ``planning.bucket_sp_size`` or the smallest p in sp_sizes that fits the longest
+- Bucket parallel: p is ``advanced.bucket_sp_size`` or the smallest p in sp_sizes that fits the longest
   seq_group of the data at b = 1, r = L. Every seq_group gets the largest b whose time (r = L) stays
   within the reference time of the longest seq_group at b = 1 (at least 1), as Open-Sora tunes its
   bucket batch sizes: every group's step then lasts about the same. Micro-batches come from the same
@@ -61,7 +61,7 @@ def fixed_sp_size(
     if bucket_sp_size:
         if bucket_sp_size > world_size:
             raise PlanningError(
-                f"planning.bucket_sp_size ({bucket_sp_size}) exceeds world_size ({world_size}): "
+                f"advanced.bucket_sp_size ({bucket_sp_size}) exceeds world_size ({world_size}): "
                 "use a smaller bucket_sp_size or 0 to derive it"
             )
         return bucket_sp_size
@@ -165,7 +165,7 @@ def baseline_plan(pl: EpochInput) -> BaselinePlan:
     p = fixed_sp_size(
         pl.table,
         sp_sizes=cfg.sp_sizes,
-        bucket_sp_size=cfg.bucket_sp_size,
+        bucket_sp_size=pl.config.advanced.bucket_sp_size,
         world_size=pl.world_size,
         longest_group=max(present),
         mem_capacity_bytes=cap,

@@ -44,9 +44,9 @@ def check_batch_settings(lengths: Sequence[int], config: DCPConfig) -> list[str]
     # (step_tokens.batch_tokens), so only a batch the user states is checked against the data
     stated = batch_tokens(config, ordered, 1)[0] if (cfg.tokens_per_step or cfg.samples_per_step) and ordered else 0
     warnings = _target_checks(ordered, config, stated) if stated else []
-    if not stated and cfg.default_batch == "method" and tuple(cfg.step_tokens_bounds) != DEFAULT_BOUNDS:
+    if not stated and config.advanced.default_batch == "method" and tuple(cfg.step_tokens_bounds) != DEFAULT_BOUNDS:
         warnings.append(
-            f"planning.step_tokens_bounds ({[low, high]}) has no effect with planning.default_batch \"method\" and "
+            f"planning.step_tokens_bounds ({[low, high]}) has no effect with advanced.default_batch \"method\" and "
             "no global batch: steps keep each method's own sizes; set samples_per_step or tokens_per_step, or drop "
             "the bounds")
     return warnings

@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
             print("  ".join(f"{r[c]!s:>12}" for c in cols))
         print(LEGEND)
     print(batch_tokens(config, planner.lengths, world)[1])
-    print(token_pack_line(config.planning.method, config.planning.micro_batch_tokens, budgets, planner.shapes is not None))
+    print(token_pack_line(config.planning.method, config.advanced.micro_batch_tokens, budgets, planner.shapes is not None))
     print("epoch: " + "  ".join(f"{k}={v}" for k, v in summary.items()))
     if args.json:
         print(json.dumps({"steps": rows, "summary": summary}))

@@ -247,7 +247,7 @@ def prepare_epoch(inp: EpochInput) -> EpochArrays:
     settings, by_sp = _settings(inp, present)
     options = {g: list(by_sp[g].values()) for g in present}
     times = TimeLookup(inp.table)
-    packs = token_pack_settings(inp, settings, times)  # planning.micro_batch_tokens: {} when off
+    packs = token_pack_settings(inp, settings, times)  # advanced.micro_batch_tokens: {} when off
     settings.update(packs)
     unit_time = _unit_times(settings, options, times)
     mbq = MicroBatchQueues(inp.lengths, inp.groups, inp.order, {g: s.micro_batch_size for g, s in settings.items()},

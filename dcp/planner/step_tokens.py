@@ -78,8 +78,8 @@ def batch_tokens(config: DCPConfig, lengths: Sequence[int], world_size: int) -> 
         tok = max(1, round(cfg.samples_per_step * mean))
         return tok, (f"global batch: {cfg.samples_per_step} samples per step = {tok:,} tokens at the mean length "
                      f"{mean:,.0f} (planning.samples_per_step)")
-    if cfg.default_batch == "method":
-        return 0, "global batch: each method's own steps (planning.default_batch = \"method\")"
+    if config.advanced.default_batch == "method":
+        return 0, "global batch: each method's own steps (advanced.default_batch = \"method\")"
     longest = int(lens.max()) if len(lens) else 1
     wide = max(round(DEFAULT_SAMPLES_PER_RANK * world_size * mean), DEFAULT_LONGEST_SHARE * longest)
     floor = max(1, round(SMALL_SAMPLES_PER_RANK * world_size * mean), longest)

@@ -1,4 +1,4 @@
-"""Micro-batches sized in tokens (``planning.micro_batch_tokens = "auto"``): which seq_groups pack by tokens.
+"""Micro-batches sized in tokens (``advanced.micro_batch_tokens = "auto"``): which seq_groups pack by tokens.
 
 A sample-count micro-batch holds b samples of its seq_group and is sized for b samples at the group's upper
 bound. On real text most documents are far below their bound, so a micro-batch of b short documents does
@@ -37,9 +37,9 @@ TOKEN_PACK_METHODS = ("dcp-inter", "dcp-intra")
 
 def token_pack_line(method: str, mode: str, budgets: dict[int, int], two_d: bool) -> str:
     """The line ``dcp plan`` prints: which seq_groups pack by tokens this epoch (``budgets``: seq_group -> token
-    budget, ``MicroBatchQueues.token_budget``), or why none do (planning.micro_batch_tokens ``mode``)."""
+    budget, ``MicroBatchQueues.token_budget``), or why none do (advanced.micro_batch_tokens ``mode``)."""
     if mode == "off":
-        return 'token packs: off (planning.micro_batch_tokens = "off"): every micro-batch holds b samples'
+        return 'token packs: off (advanced.micro_batch_tokens = "off"): every micro-batch holds b samples'
     if method not in TOKEN_PACK_METHODS:
         return f"token packs: not used: planning.method {method!r} (token packs are a DCP method's)"
     if two_d:
@@ -76,7 +76,7 @@ def token_pack_settings(inp: EpochInput, settings: dict[int, Setting], times: Ti
     """Per seq_group that packs by tokens this epoch: the setting whose row gives its budget (b x seq_len) and
     its (p, r); the others keep ``settings`` (module docstring). Empty when the option is off or data is 2D."""
     cfg = inp.config.planning
-    if cfg.micro_batch_tokens == "off" or inp.shapes is not None or not settings:
+    if inp.config.advanced.micro_batch_tokens == "off" or inp.shapes is not None or not settings:
         return {}
     cands = candidate_settings(inp.table, mem_capacity_bytes=cfg.mem_capacity_bytes, sp_sizes=cfg.sp_sizes,
                                world_size=inp.world_size, ranks_per_node=cfg.ranks_per_node,

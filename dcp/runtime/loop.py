@@ -84,7 +84,7 @@ class StepLoop:
         self._check_not_left_mid_step()
         views = StepViews(rank=self.rank, world_size=self.world_size, target_counts=self.target_counts,
                           loss_weighting=self.config.runtime.loss_weighting, done=self.position.done)
-        watch_s = self.config.runtime.peer_timeout_s
+        watch_s = self.config.advanced.peer_timeout_s
         with self.board.heartbeat(watch_s=watch_s) if self.board is not None else nullcontext():
             yield from self._run(rank_steps(plans, views), engine, max_steps)
 

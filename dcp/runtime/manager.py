@@ -208,7 +208,7 @@ class DCPManager:
         """True when this run must profile: no table, no plan source, and no valid cached table for this
         run's key (model, adapter and its SP sizes, world size, hardware, dtype, profiling settings). A stale
         cached table answers True (``init_profiler`` re-profiles it, and says so) unless
-        ``profiling.strict_cache``; a corrupt one raises ``CorruptCacheError``. Collective."""
+        ``advanced.strict_cache``; a corrupt one raises ``CorruptCacheError``. Collective."""
         if self.table is not None or self._plans is not None:
             return False
         return self._tables.need_profile(self.adapter if self.adapter is not None else self.model)
@@ -219,7 +219,7 @@ class DCPManager:
         ``profiler_kwargs`` go to the profiler's ``load_or_profile`` (e.g. ``refresh=True``); an
         ``adapter=`` given here replaces the manager's (``need_profile`` then uses it too). A missing or
         stale table is profiled in this run, with a log line saying which and why, unless
-        ``profiling.strict_cache`` (then it raises); a corrupt table is always refused. Without a profiler
+        ``advanced.strict_cache`` (then it raises); a corrupt table is always refused. Without a profiler
         (a manager built without ``dcp.set_manager``) an analytic table is used, with a warning.
         """
         adapter = profiler_kwargs.pop("adapter", None)

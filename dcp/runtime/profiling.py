@@ -50,7 +50,7 @@ class TableLoader:
         try:
             return self.source.need_profile(target, self.config, self.world_size)
         except self.source.stale_error as exc:
-            if self.config.profiling.strict_cache:
+            if self.config.advanced.strict_cache:
                 raise _strict_error(exc) from exc
             return True
 
@@ -62,7 +62,7 @@ class TableLoader:
             from dcp.planner import analytic_table_for
 
             return analytic_table_for(self.config, self.world_size, sp_sizes=registry.sp_sizes)
-        strict, cache_dir = self.config.profiling.strict_cache, self.config.profiling.cache_dir
+        strict, cache_dir = self.config.advanced.strict_cache, self.config.profiling.cache_dir
         refresh = bool(kwargs.pop("refresh", False))
         reason = "refresh requested" if refresh else ""
         target = adapter if adapter is not None else model
@@ -79,16 +79,16 @@ class TableLoader:
         try:
             if strict and not refresh and self.source.need_profile(target, self.config, self.world_size):
                 raise ManagerError(
-                    f"profiling.strict_cache (true) but {cache_dir} holds no cached profile table for this run's "
+                    f"advanced.strict_cache (true) but {cache_dir} holds no cached profile table for this run's "
                     "key (model, adapter SP sizes, world size, hardware, dtype, profiling settings): set "
-                    "profiling.strict_cache = false to profile inside this run, or profile this model first"
+                    "advanced.strict_cache = false to profile inside this run, or profile this model first"
                 )
             table, status = self.source.load_or_profile(*args, adapter=adapter, refresh=refresh, **kwargs)
         except self.source.stale_error as exc:
             if strict:
                 raise _strict_error(exc) from exc
             if self.rank == 0:
-                self.log.warning("%s; re-profiling inside this run (profiling.strict_cache = true refuses instead)",
+                self.log.warning("%s; re-profiling inside this run (advanced.strict_cache = true refuses instead)",
                                  str(exc).split(": delete")[0])
             reason = "the cached table was stale"
             table, status = self.source.load_or_profile(*args, adapter=adapter, refresh=True, **kwargs)
@@ -113,7 +113,7 @@ def _is_sharded(model: Any) -> bool:
 
 def _strict_error(exc: Exception) -> ManagerError:
     return ManagerError(
-        f"{exc}; profiling.strict_cache (true) forbids re-profiling inside the run: set it to false to "
+        f"{exc}; advanced.strict_cache (true) forbids re-profiling inside the run: set it to false to "
         "re-profile here"
     )
 

@@ -5,7 +5,7 @@ A SIGKILLed rank closes its sockets, and gloo fails its peers' collectives at on
 hung host, a process frozen in the kernel) keeps them open, and its peers would wait in their collective for
 ``runtime.collective_timeout_s`` (minutes, sized for the longest micro-batch). So each rank's heartbeat thread
 (``dcp.runtime.phases.PhaseBoard.heartbeat``) also watches ONE peer, the next rank in a ring: when that peer's
-beat counter stood still for ``runtime.peer_timeout_s`` while the peer is inside its epoch (its ``rest`` key
+beat counter stood still for ``advanced.peer_timeout_s`` while the peer is inside its epoch (its ``rest`` key
 says so: a rank between epochs, e.g. saving a checkpoint, is not beating and not suspected), the watcher writes
 one ``lost`` key to the job's store. Every rank reads that key at each beat. A rank that finds it logs one line
 naming the lost rank and its last phase, and ends its process with exit status :data:`PEER_LOST_EXIT`: its
@@ -94,7 +94,7 @@ class PeerWatch:
         logging.getLogger("dcp").error(
             f"rank {self.rank}: rank {news['rank']} is lost: its heartbeat stood still for {news['silent_s']} s "
             f"(seen by rank {news['seen_by']}) in '{news['phase']}': it died or was stopped there; ending this "
-            f"rank with exit status {PEER_LOST_EXIT} (runtime.peer_timeout_s = {self.timeout_s:g}; restart the job "
+            f"rank with exit status {PEER_LOST_EXIT} (advanced.peer_timeout_s = {self.timeout_s:g}; restart the job "
             "from its last checkpoint)")
         time.sleep(linger_s)
         self._end(PEER_LOST_EXIT)

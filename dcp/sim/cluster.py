@@ -144,14 +144,14 @@ def stronger_bucket(results: dict[str, SimResult]) -> str | None:
 def ideal_tokens_per_s(lengths: Sequence[int], table: ProfileTable, config: DCPConfig, world_size: int, *,
                        two_d: bool = False) -> float:
     """Every sample at the best b*s/(p*T) of its seq_group (minimal recompute), perfectly packed on W GPUs;
-    with planning.micro_batch_tokens on (1D), a seq_group's samples in token packs where those cost less."""
+    with advanced.micro_batch_tokens on (1D), a seq_group's samples in token packs where those cost less."""
     cfg = config.planning
     best = best_settings(table, mem_capacity_bytes=cfg.mem_capacity_bytes, sp_sizes=cfg.sp_sizes,
                          world_size=world_size, ranks_per_node=cfg.ranks_per_node, dynamic_recompute=True)
     arr, groups = seq_groups_of(lengths, table)
     times = TimeLookup(table)
     packs = None
-    if cfg.micro_batch_tokens != "off" and not two_d:
+    if config.advanced.micro_batch_tokens != "off" and not two_d:
         packs = candidate_settings(table, mem_capacity_bytes=cfg.mem_capacity_bytes, sp_sizes=cfg.sp_sizes,
                                    world_size=world_size, ranks_per_node=cfg.ranks_per_node, dynamic_recompute=True)
     gpu_s = 0.0
@@ -166,7 +166,7 @@ def ideal_tokens_per_s(lengths: Sequence[int], table: ProfileTable, config: DCPC
         # each sample at its own length (the runtime pads only to a micro-batch's longest sample)
         per_mb = times.padded_times_s(g, s.sp_size, s.recompute_layers, s.micro_batch_size, arr[groups == g])
         g_s = float(per_mb.sum()) * s.sp_size / s.micro_batch_size
-        if packs is not None:  # planning.micro_batch_tokens: token packs of the group's samples where cheaper
+        if packs is not None:  # advanced.micro_batch_tokens: token packs of the group's samples where cheaper
             lens = arr[groups == g]
             pick, per_token = best_token_pack(times, s, packs.get(g, []), lens)
             if pick is not None:

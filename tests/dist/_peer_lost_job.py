@@ -25,9 +25,9 @@ def peer_lost_job(rank: int, world: int, mode: str) -> None:
 
     model, data = build("t1d")
     config = config_for(model)
-    config = config.replace(runtime=dataclasses.replace(config.runtime, collective_timeout_s=LONG_S,
-                                                        peer_timeout_s=PEER_TIMEOUT_S),
-                            advanced=dataclasses.replace(config.advanced, plan_check_timeout_s=120.0))
+    config = config.replace(runtime=dataclasses.replace(config.runtime, collective_timeout_s=LONG_S),
+                            advanced=dataclasses.replace(config.advanced, plan_check_timeout_s=120.0,
+                                                         peer_timeout_s=PEER_TIMEOUT_S))
     plans = [step(0, 3, group(data, 0, 1, 0, [3 * k]), group(data, 1, 1, 0, [3 * k + 1]),
                   group(data, 2, 1, 0, [3 * k + 2]), number=k) for k in range(3)]
 

@@ -1,5 +1,5 @@
 """A rank that is stopped (SIGSTOP) or killed while its peers wait in a collective, or compute a long micro-batch,
-is named by every survivor, which exits non-zero within runtime.peer_timeout_s plus a few beats, whatever the step's
+is named by every survivor, which exits non-zero within advanced.peer_timeout_s plus a few beats, whatever the step's
 length and the collective timeout (dcp.runtime.watchdog)."""
 
 from __future__ import annotations

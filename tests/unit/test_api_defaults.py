@@ -97,7 +97,7 @@ def test_a_given_table_keeps_the_edges_it_was_made_with():
 def test_a_table_cached_for_the_default_profile_is_used_not_refitted(tmp_path, monkeypatch):
     """`dcp profile` has no dataset to fit to: its table is cached under the default edges. A later
     set_manager(model, dataset) keeps the default edges when that table is in the cache (it found no table
-    after the fit was added and silently re-profiled, or refused under profiling.strict_cache)."""
+    after the fit was added and silently re-profiled, or refused under advanced.strict_cache)."""
     import dataclasses
 
     from dcp.planner import analytic_table_for

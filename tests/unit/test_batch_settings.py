@@ -6,15 +6,16 @@ import dataclasses
 
 import pytest
 
-from dcp.config import ConfigError, DCPConfig, PlanningConfig, RuntimeConfig
+from dcp.config import AdvancedConfig, ConfigError, DCPConfig, PlanningConfig, RuntimeConfig
 from dcp.planner.batch_settings import check_batch_settings
 
 LENGTHS = [187, 1000, 4096, 300, 2500] * 20  # 161,660 tokens in all, the longest 4,096
 
 
-def _cfg(runtime: dict | None = None, **planning) -> DCPConfig:
+def _cfg(runtime: dict | None = None, advanced: dict | None = None, **planning) -> DCPConfig:
     planning.setdefault("step_tokens_bounds", (0.5, 2.0))  # the figures below are at 0.5x-2x
-    return DCPConfig(planning=PlanningConfig(**planning), runtime=RuntimeConfig(**(runtime or {})))
+    return DCPConfig(planning=PlanningConfig(**planning), runtime=RuntimeConfig(**(runtime or {})),
+                     advanced=AdvancedConfig(**(advanced or {})))
 
 
 def test_a_target_whose_upper_bound_is_below_the_median_sample_is_refused():
@@ -69,8 +70,8 @@ def test_equal_bounds_are_refused_by_the_config():
 
 
 def test_bounds_without_a_batch_have_no_effect_only_under_method_steps():
-    (line,) = check_batch_settings(LENGTHS, _cfg(step_tokens_bounds=(0.75, 1.5), default_batch="method"))
-    assert line.startswith('planning.step_tokens_bounds ([0.75, 1.5]) has no effect with planning.default_batch "method"')
+    (line,) = check_batch_settings(LENGTHS, _cfg(step_tokens_bounds=(0.75, 1.5), advanced={"default_batch": "method"}))
+    assert line.startswith('planning.step_tokens_bounds ([0.75, 1.5]) has no effect with advanced.default_batch "method"')
     # the default batch (4 x W samples of the mean, at least the longest) is derived, never warned about
     assert check_batch_settings(LENGTHS, _cfg(step_tokens_bounds=(0.75, 1.5))) == []
 
@@ -90,7 +91,7 @@ def test_a_batch_in_samples_is_checked_as_its_tokens_and_named_as_written():
 def test_token_packs_by_default_warn_nowhere(method):
     # "auto" is the default: used where a DCP method's 1D packs win, no effect elsewhere (``dcp plan`` says which)
     assert check_batch_settings(LENGTHS, _cfg(method=method)) == []
-    assert check_batch_settings(LENGTHS, _cfg(method=method, micro_batch_tokens="off")) == []
+    assert check_batch_settings(LENGTHS, _cfg(method=method, advanced={"micro_batch_tokens": "off"})) == []
 
 
 def test_the_manager_refuses_before_any_work_and_logs_warnings_once():
@@ -104,8 +105,8 @@ def test_the_manager_refuses_before_any_work_and_logs_warnings_once():
     bad = base.replace(planning=dataclasses.replace(base.planning, tokens_per_step=10))
     with pytest.raises(ConfigError, match=r"^planning.tokens_per_step \(10\) x step_tokens_bounds high"):
         set_manager(model, data, bad, plans=lambda epoch: [])
-    noted = base.replace(planning=dataclasses.replace(base.planning, step_tokens_bounds=(0.5, 3.0),
-                                                      default_batch="method"))
+    noted = base.replace(planning=dataclasses.replace(base.planning, step_tokens_bounds=(0.5, 3.0)),
+                         advanced=dataclasses.replace(base.advanced, default_batch="method"))
     # the records themselves: the 'dcp' logger's stream handler may hold an earlier test's captured stderr
     import logging
 

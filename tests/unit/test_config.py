@@ -43,7 +43,7 @@ def test_defaults_are_valid_and_frozen():
         (PlanningConfig, {"sp_sizes": ()}, "planning.sp_sizes ([]) must be distinct positive"),
         (AdvancedConfig, {"lookahead_samples": -1}, "advanced.lookahead_samples (-1) must be >= 0"),
         (AdvancedConfig, {"packed_token_budget": -1}, "advanced.packed_token_budget (-1) must be >= 0"),
-        (PlanningConfig, {"bucket_sp_size": -2}, "planning.bucket_sp_size (-2) must be >= 0"),
+        (AdvancedConfig, {"bucket_sp_size": -2}, "advanced.bucket_sp_size (-2) must be >= 0"),
         (PlanningConfig, {"tokens_per_step": -1}, "planning.tokens_per_step (-1) must be >= 0"),
         (PlanningConfig, {"step_tokens_bounds": (1.5, 2.0)}, "planning.step_tokens_bounds ([1.5, 2.0]) must be [low, high]"),
         (PlanningConfig, {"step_tokens_bounds": (1, 1)}, "planning.step_tokens_bounds ([1.0, 1.0]) must be [low, high] with 0 < low <= 1 <= high and low < high"),
@@ -87,15 +87,16 @@ def test_sp_size_must_divide_heads():
 
 def test_bucket_sp_size_must_be_an_sp_size():
     # (sp_sizes themselves must divide the head count, so a bucket size from them does too)
-    with pytest.raises(ConfigError, match=r"planning.bucket_sp_size \(4\) is not in planning.sp_sizes \(\[1, 2\]\)"):
-        DCPConfig(planning=PlanningConfig(sp_sizes=(1, 2), bucket_sp_size=4))
+    with pytest.raises(ConfigError, match=r"advanced.bucket_sp_size \(4\) is not in planning.sp_sizes \(\[1, 2\]\)"):
+        DCPConfig(planning=PlanningConfig(sp_sizes=(1, 2)), advanced=AdvancedConfig(bucket_sp_size=4))
 
 
 def test_lr_scaling_needs_a_global_batch_and_bounds_load_from_toml(tmp_path):
     with pytest.raises(ConfigError, match=r"runtime.lr_scaling \('sqrt'\) needs a global batch .* \"method\""):
-        DCPConfig(planning=PlanningConfig(default_batch="method"), runtime=RuntimeConfig(lr_scaling="sqrt"))
+        DCPConfig(advanced=AdvancedConfig(default_batch="method"), runtime=RuntimeConfig(lr_scaling="sqrt"))
     DCPConfig(runtime=RuntimeConfig(lr_scaling="sqrt"))  # the default batch is one
-    DCPConfig(planning=PlanningConfig(default_batch="method", samples_per_step=8), runtime=RuntimeConfig(lr_scaling="sqrt"))
+    DCPConfig(planning=PlanningConfig(samples_per_step=8), advanced=AdvancedConfig(default_batch="method"),
+              runtime=RuntimeConfig(lr_scaling="sqrt"))
     path = tmp_path / "run.toml"
     path.write_text("[planning]\ntokens_per_step = 65536\nstep_tokens_bounds = [0.75, 1.5]\n"
                     "[runtime]\nlr_scaling = \"linear\"\n")

@@ -53,11 +53,11 @@ def mistral():
         num_key_value_heads=2, max_position_embeddings=256, sliding_window=64))
 
 
-def small_config(cache_dir, **profiling) -> DCPConfig:
+def small_config(cache_dir, strict_cache: bool = False, **profiling) -> DCPConfig:
     return DCPConfig(
         profiling=ProfilingConfig(**{"seq_group_edges": (16, 32), "max_micro_batch_size": 2,
                                      "cache_dir": str(cache_dir), **profiling}),
-        advanced=AdvancedConfig(warmup_iters=0, measure_iters=1),
+        advanced=AdvancedConfig(warmup_iters=0, measure_iters=1, strict_cache=strict_cache),
         planning=PlanningConfig(sp_sizes=(1, 2), mem_capacity_gib=1.0),
     )
 
@@ -240,7 +240,7 @@ def test_strict_cache_refuses_stale_and_missing_tables(tmp_path):
     config = small_config(tmp_path / "c", strict_cache=True)
     mgr = set_manager(llama(), SyntheticTokenDataset(LENGTHS, vocab_size=64), config)
     with pytest.raises(ManagerError, match=r"strict_cache \(true\) but .* holds no cached profile table.*set "
-                                           "profiling.strict_cache = false"):
+                                           "advanced.strict_cache = false"):
         mgr.init_profiler()
     _stale_cache(tmp_path, mgr, config)
     with pytest.raises(ManagerError, match="is stale .*strict_cache \\(true\\) forbids re-profiling"):
@@ -263,11 +263,11 @@ def test_corrupt_table_is_refused_even_when_not_strict(tmp_path):
 
 
 def test_strict_cache_config_field():
-    assert config_from_dict({"profiling": {"strict_cache": True}}).profiling.strict_cache is True
-    with pytest.raises(ConfigError, match=r"profiling.strict_cache \('yes'\) must be of type bool"):
-        config_from_dict({"profiling": {"strict_cache": "yes"}})
-    with pytest.raises(ConfigError, match=r"profiling.strict_cache \(1\) must be true or false"):
-        ProfilingConfig(strict_cache=1)
+    assert config_from_dict({"advanced": {"strict_cache": True}}).advanced.strict_cache is True
+    with pytest.raises(ConfigError, match=r"advanced.strict_cache \('yes'\) must be of type bool"):
+        config_from_dict({"advanced": {"strict_cache": "yes"}})
+    with pytest.raises(ConfigError, match=r"advanced.strict_cache \(1\) must be true or false"):
+        AdvancedConfig(strict_cache=1)
 
 
 def test_byte_corpus_is_real_and_length_diverse():

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dcp.config import DCPConfig, ProfilingConfig, RuntimeConfig
+from dcp.config import AdvancedConfig, DCPConfig, RuntimeConfig
 from dcp.models import T1DConfig, Transformer1D
 from dcp.planner.plan import GroupPlan, MicroBatch, StepPlan
 from dcp.runtime import checkpoint as ckpt
@@ -135,14 +135,14 @@ class _Source:
 def test_table_loader_goes_through_the_injected_source(monkeypatch):
     log = logging.getLogger("dcp.test")
     source = _Source()
-    cfg = DCPConfig(profiling=ProfilingConfig(strict_cache=False))
+    cfg = DCPConfig(advanced=AdvancedConfig(strict_cache=False))
     loader = TableLoader(source, cfg, 1, 1, log)  # rank 1: no info lines
     assert loader.need_profile(object())  # stale: profile again
     assert loader.load(object(), None, None) == "table" and source.calls == [False, True]
-    strict = TableLoader(_Source(), DCPConfig(profiling=ProfilingConfig(strict_cache=True)), 1, 1, log)
+    strict = TableLoader(_Source(), DCPConfig(advanced=AdvancedConfig(strict_cache=True)), 1, 1, log)
     with pytest.raises(ManagerError, match="strict_cache .true. forbids re-profiling"):
         strict.need_profile(object())
-    sharded = TableLoader(_Source(), DCPConfig(profiling=ProfilingConfig(strict_cache=False),
+    sharded = TableLoader(_Source(), DCPConfig(advanced=AdvancedConfig(strict_cache=False),
                                                runtime=RuntimeConfig(engine="fsdp2")), 1, 1, log)
     assert sharded.load(torch.nn.Linear(2, 2), None, None) == "table"  # a whole model is profiled as any other
     monkeypatch.setattr(profiling, "_is_sharded", lambda model: True)

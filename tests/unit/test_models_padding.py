@@ -215,7 +215,7 @@ def test_packed_micro_batch_equals_its_documents_run_separately():
 
 
 def test_token_packed_dcp_micro_batch_equals_its_documents_run_separately():
-    """planning.micro_batch_tokens = "auto": a DCP micro-batch packed by tokens (more documents than any profiled
+    """advanced.micro_batch_tokens = "auto": a DCP micro-batch packed by tokens (more documents than any profiled
     b) runs as one row of documents (one forward, recompute on) and equals its documents run one at a time."""
     import dataclasses
 
@@ -224,7 +224,7 @@ def test_token_packed_dcp_micro_batch_equals_its_documents_run_separately():
     from tests.unit.test_planner_tokens import text_lengths
 
     cfg, table = make(4, cap_mib=48)
-    cfg = cfg.replace(planning=dataclasses.replace(cfg.planning, micro_batch_tokens="auto"))
+    cfg = cfg.replace(advanced=dataclasses.replace(cfg.advanced, micro_batch_tokens="auto"))
     lengths = np.minimum(text_lengths(400, seed=2), 200)
     plans = plan_epoch(lengths, table, cfg, 4)
     mb = max((mb for p in plans for g in p.groups for mb in g.micro_batches), key=lambda mb: mb.size)

@@ -185,7 +185,7 @@ def test_paper_scale_tables_plan_every_sample_once(model, dataset, index):
     table = paper_table(sc, 32, shapes=data.shapes)
     for method in ("dcp-intra", "dcp-inter"):
         cfg = paper_config(sc, method)  # each method's own steps: the Gmax bound below holds only there
-        cfg = cfg.replace(planning=dataclasses.replace(cfg.planning, default_batch="method"))
+        cfg = cfg.replace(advanced=dataclasses.replace(cfg.advanced, default_batch="method"))
         plans = plan_epoch(data.tokens, table, cfg, 32, shapes=data.shapes)
         ids = sorted(i for p in plans for i in p.sample_ids)
         assert ids == list(range(len(data.tokens)))

@@ -42,16 +42,15 @@ def make(
         profiling=ProfilingConfig(seq_group_edges=EDGES, max_micro_batch_size=max_b),
         planning=PlanningConfig(
             method=method,
-            default_batch=default_batch,
             ranks_per_node=rpn,
             sp_sizes=sp,
             mem_capacity_gib=cap_mib / 1024,
             gmin=gmin,
             gmax=gmax,
             seed=seed,
-            micro_batch_tokens=micro_batch_tokens,
         ),
-        advanced=AdvancedConfig(lookahead_samples=lookahead),
+        advanced=AdvancedConfig(lookahead_samples=lookahead, default_batch=default_batch,
+                                micro_batch_tokens=micro_batch_tokens),
     )
     table = analytic_table(
         MODEL,
@@ -180,7 +179,7 @@ def check_window(plans, lengths, cfg, pl):
         members = np.flatnonzero(groups == sg)
         members = members[np.argsort(pos[members])]
         b = setting.micro_batch_size
-        # token-packed seq_groups (planning.micro_batch_tokens): greedy packs by tokens, the last one flushed
+        # token-packed seq_groups (advanced.micro_batch_tokens): greedy packs by tokens, the last one flushed
         starts = (token_runs(lengths[members], budgets[sg]) if sg in budgets
                   else np.arange(0, len(members), b)).tolist()
         for i, e in zip(starts, [*starts[1:], len(members)], strict=True):
@@ -233,8 +232,8 @@ def test_gmin_scales_ga():
 
     def first_step(gmin: int, gmax: int):
         cfg = DCPConfig(model=MODEL, profiling=ProfilingConfig(seq_group_edges=(100, 200)),
-                        planning=PlanningConfig(ranks_per_node=2, sp_sizes=(1,), gmin=gmin, gmax=gmax, default_batch="method"),
-                        advanced=AdvancedConfig(lookahead_samples=400))
+                        planning=PlanningConfig(ranks_per_node=2, sp_sizes=(1,), gmin=gmin, gmax=gmax),
+                        advanced=AdvancedConfig(lookahead_samples=400, default_batch="method"))
         plans = plan_epoch(lengths, table, cfg, 2)
         check_plans(plans, lengths, cfg, 2)
         return plans[0]

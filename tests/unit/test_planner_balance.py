@@ -76,9 +76,9 @@ def test_balanced_plans_are_valid(method, world):
        steps=st.integers(3, 30), method=st.sampled_from(["dcp-inter", "dcp-intra"]),
        tokens=st.sampled_from(["off", "auto"]))
 def test_balanced_plans_property(seed, world, share, steps, method, tokens):
-    cfg, table = make(world, method=method)
+    cfg, table = make(world, method=method, micro_batch_tokens=tokens)
     lengths = _long_tail(seed, n=300, share=share)
-    cfg = _at(cfg, max(1, int(lengths.sum() / steps)), micro_batch_tokens=tokens)
+    cfg = _at(cfg, max(1, int(lengths.sum() / steps)))
     pl = EpochPlanner(lengths, table, cfg, world)
     plans = list(pl)
     check_plans(plans, lengths, cfg, world)

@@ -12,10 +12,11 @@ from dcp.planner import EpochPlanner, PlanningError, micro_batch_time_s, plan_ep
 from dcp.planner.baselines import bucket_batch_sizes, fixed_sp_size, packed_token_budget
 
 
-def _with(cfg, packed_token_budget=None, **kw):
-    advanced = cfg.advanced if packed_token_budget is None else \
-        dataclasses.replace(cfg.advanced, packed_token_budget=packed_token_budget)
-    return dataclasses.replace(cfg, planning=dataclasses.replace(cfg.planning, **kw), advanced=advanced)
+def _with(cfg, packed_token_budget=None, bucket_sp_size=None, **kw):
+    advanced = {k: v for k, v in (("packed_token_budget", packed_token_budget), ("bucket_sp_size", bucket_sp_size))
+                if v is not None}
+    return dataclasses.replace(cfg, planning=dataclasses.replace(cfg.planning, **kw),
+                               advanced=dataclasses.replace(cfg.advanced, **advanced))
 
 
 @pytest.mark.parametrize(("world", "rpn"), [(8, 8), (12, 8), (6, 4), (5, 2)])

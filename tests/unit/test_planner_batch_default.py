@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from test_planner_assemble import lengths_for, make
 
-from dcp.config import ConfigError, PlanningConfig
+from dcp.config import AdvancedConfig, ConfigError, PlanningConfig
 from dcp.planner import plan_epoch
 from dcp.planner.step_tokens import batch_tokens, step_tokens
 
@@ -73,9 +73,9 @@ def test_explicit_tokens_per_step_wins_and_both_set_is_refused():
         PlanningConfig(tokens_per_step=4096, samples_per_step=8)
     with pytest.raises(ConfigError, match=r"planning.samples_per_step \(-1\) must be >= 0"):
         PlanningConfig(samples_per_step=-1)
-    with pytest.raises(ConfigError, match=r"planning.default_batch \('methods'\) is not one of \['data', 'method'\]"):
-        PlanningConfig(default_batch="methods")
-    assert PlanningConfig().default_batch == "data"
+    with pytest.raises(ConfigError, match=r"advanced.default_batch \('methods'\) is not one of \['data', 'method'\]"):
+        AdvancedConfig(default_batch="methods")
+    assert AdvancedConfig().default_batch == "data"
     method, _ = make(8, method="dcp-intra")  # default_batch "method": each method's own steps, no target
     assert batch_tokens(method, [100, 200], 8)[0] == 0
 

@@ -227,4 +227,4 @@ def test_plan_says_whether_token_packs_are_used_and_why_not(capsys):
     assert token_pack_line("dcp-intra", "auto", {}, True).startswith("token packs: not used: 2D data")
     assert token_pack_line("dcp-intra", "auto", {}, False).startswith(
         "token packs: not used: no seq_group's packs are predicted cheaper")
-    assert token_pack_line("dcp-inter", "off", {0: 2048}, False).startswith('token packs: off (planning.micro_batch')
+    assert token_pack_line("dcp-inter", "off", {0: 2048}, False).startswith('token packs: off (advanced.micro_batch')

@@ -29,7 +29,7 @@ def _setup(ds: str):
 
     lengths, sc, table, _ = dataset_setup(ds, W, 0)
     own = paper_config(sc, "bucket", seed=0)  # the batch and bounds the figures below were measured at
-    own = own.replace(planning=dataclasses.replace(own.planning, default_batch="method"))
+    own = own.replace(advanced=dataclasses.replace(own.advanced, default_batch="method"))
     target = bucket_tokens_per_step(lengths.tokens, table, own, W)
     cfg = method_config(sc, "dcp-intra", 0, target, W)
     cfg = cfg.replace(planning=dataclasses.replace(cfg.planning, step_tokens_bounds=(0.5, 2.0)))

@@ -1,4 +1,4 @@
-"""Micro-batches sized in tokens (planning.micro_batch_tokens, dcp.planner.tokens): greedy packs, the per-seq_group
+"""Micro-batches sized in tokens (advanced.micro_batch_tokens, dcp.planner.tokens): greedy packs, the per-seq_group
 choice, exactly-once epochs with packed micro-batches, their prices and memory in the simulator, and the option's
 default and errors."""
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dcp.config import ConfigError, PlanningConfig
+from dcp.config import AdvancedConfig, ConfigError
 from dcp.planner import EpochPlanner, plan_epoch
 from dcp.planner.source import epoch_input
 from dcp.planner.stream import TimeLookup
@@ -30,7 +30,7 @@ def text_lengths(n: int, seed: int = 0, hi: int = 4096) -> np.ndarray:
 
 
 def _auto(cfg, mode: str = "auto"):
-    return cfg.replace(planning=dataclasses.replace(cfg.planning, micro_batch_tokens=mode))
+    return cfg.replace(advanced=dataclasses.replace(cfg.advanced, micro_batch_tokens=mode))
 
 
 @settings(max_examples=60, deadline=None)
@@ -47,7 +47,7 @@ def test_token_runs_are_greedy_packs_in_order(lens, budget):
 
 
 def test_default_is_auto_and_off_packs_nothing():
-    assert PlanningConfig().micro_batch_tokens == "auto"
+    assert AdvancedConfig().micro_batch_tokens == "auto"
     cfg, table = make(16, cap_mib=48)
     lengths = text_lengths(3000)
     off = EpochPlanner(lengths, table, _auto(cfg, "off"), 16)
@@ -131,8 +131,8 @@ def test_simulator_bounds_pack_memory_and_ideal_allows_packs():
 
 
 def test_bad_option_names_the_field_and_the_choices():
-    with pytest.raises(ConfigError, match=r"planning.micro_batch_tokens \('tokens'\) is not one of \['off', 'auto'\]"):
-        PlanningConfig(micro_batch_tokens="tokens")
+    with pytest.raises(ConfigError, match=r"advanced.micro_batch_tokens \('tokens'\) is not one of \['off', 'auto'\]"):
+        AdvancedConfig(micro_batch_tokens="tokens")
 
 
 @settings(max_examples=30, deadline=None)

@@ -128,9 +128,9 @@ def test_print_config(capsys):
     assert _run(cli, ["--print-config", "--method", "bucket"]) == 0
     cfg = json.loads(capsys.readouterr().out)
     assert cfg["planning"]["method"] == "bucket" and cfg["model"]["name"] == "t1d-5b"
-    assert cfg["planning"]["micro_batch_tokens"] == "auto"  # the config's default
+    assert cfg["advanced"]["micro_batch_tokens"] == "auto"  # the config's default
     assert _run(cli, ["--print-config", "--micro-batch-tokens", "off"]) == 0
-    assert json.loads(capsys.readouterr().out)["planning"]["micro_batch_tokens"] == "off"
+    assert json.loads(capsys.readouterr().out)["advanced"]["micro_batch_tokens"] == "off"
     assert _run(cli, ["--micro-batch-tokens", "on"]) == 2  # argparse names the choices
 
 
