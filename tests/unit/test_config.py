@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import tomllib
 
 import pytest
 
@@ -64,6 +65,8 @@ def test_defaults_are_valid_and_frozen():
         (RuntimeConfig, {"log_every": 0}, "runtime.log_every (0) must be >= 1"),
         (AdvancedConfig, {"prefetch": "yes"}, "advanced.prefetch ('yes') is not one of ['auto', 'on', 'off']"),
         (AdvancedConfig, {"stats_every": -1}, "advanced.stats_every (-1) must be >= 0"),
+        (AdvancedConfig, {"peer_timeout_s": 2}, "advanced.peer_timeout_s (2) must be 0 (off) or a finite number >= 5"),
+        (AdvancedConfig, {"peer_timeout_s": float("inf")}, "advanced.peer_timeout_s (inf) must be"),
         (ModelShapeConfig, {"num_layers": 0}, "model.num_layers (0) must be >= 1"),
         (ModelShapeConfig, {"hidden_size": 60, "num_heads": 8}, "model.hidden_size (60) is not divisible"),
         (ModelShapeConfig, {"ffn_hidden_size": -1}, "model.ffn_hidden_size (-1) must be >= 0"),
@@ -212,6 +215,29 @@ def test_float_field_accepts_int():
 def test_misplaced_or_misspelt_keys_say_where_they_belong(raw, message):
     with pytest.raises(ConfigError, match=message):
         config_from_dict(raw)
+
+
+@pytest.mark.parametrize(
+    ("former", "text"),
+    [
+        ("planning", 'default_batch = "method"'),
+        ("planning", 'micro_batch_tokens = "off"'),
+        ("planning", "bucket_sp_size = 2"),
+        ("profiling", "strict_cache = true"),
+        ("runtime", "peer_timeout_s = 30"),
+    ],
+)
+def test_a_key_moved_to_advanced_fails_in_its_former_section_naming_advanced(tmp_path, former, text):
+    key = text.split(" = ")[0]
+    path = tmp_path / "run.toml"
+    path.write_text(f"[{former}]\n{text}\n")
+    with pytest.raises(ConfigError) as exc:
+        load_config(path)
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith(f"{former}.{key} (")
+    assert msg.endswith(f"; {key} is a key of [advanced]: move it there")
+    path.write_text(f"[advanced]\n{text}\n")  # the fix it names loads
+    assert getattr(load_config(path).advanced, key) == tomllib.loads(text)[key]
 
 
 @pytest.mark.parametrize(

@@ -131,6 +131,26 @@ def test_plans_of_the_samples_left_are_mapped_back_to_dataset_ids():
     assert a != b and a == plan_inputs(table, config, 2, "1") and a != plan_inputs(None, config, 2, "1")
 
 
+def test_the_plan_key_holds_the_advanced_fields_that_change_plans_and_no_other():
+    import dataclasses
+
+    from dcp.config import DCPConfig, PlanningConfig
+    from dcp.config_advanced import PLANNING_FIELDS
+    from dcp.runtime.position import plan_inputs
+
+    config = DCPConfig(planning=PlanningConfig(sp_sizes=(1, 2)))
+    base = plan_inputs(None, config, 2, "1")
+    for name, value in (("bucket_sp_size", 2), ("default_batch", "method"), ("micro_batch_tokens", "off"),
+                        ("lookahead_samples", 64), ("packed_token_budget", 4096), ("grad_sync_s", 0.5)):
+        assert name in PLANNING_FIELDS
+        changed = config.replace(advanced=dataclasses.replace(config.advanced, **{name: value}))
+        assert plan_inputs(None, changed, 2, "1") != base, name
+    for name, value in (("strict_cache", True), ("peer_timeout_s", 60.0), ("stats_every", 1)):
+        assert name not in PLANNING_FIELDS  # a run's checks and diagnostics: its plans are the same
+        same = config.replace(advanced=dataclasses.replace(config.advanced, **{name: value}))
+        assert plan_inputs(None, same, 2, "1") == base, name
+
+
 def test_checked_steps_are_marked_and_saved():
     pos = EpochPosition.start(0, 10)
     pos.record_checked(np.array([1, 4]))
