@@ -5,7 +5,10 @@ between groups. Placement turns the kept groups into the StepPlan's ``GroupPlan`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(slots=True)
@@ -26,7 +29,7 @@ class Group:
         return Group(self.p, self.r, self.load, list(self.items))
 
 
-def held_tokens(groups: list[Group], mb_tok) -> int:
+def held_tokens(groups: list[Group], mb_tok: np.ndarray) -> int:
     """Tokens of the ``groups``' micro-batches (``mb_tok``: every micro-batch's, integers), in one sum: a step at
     4096 ranks has thousands of groups, and a sum per group was 12 ms of its planning."""
     items = [k for gr in groups for k in gr.items]

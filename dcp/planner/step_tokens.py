@@ -314,7 +314,7 @@ def window_at(cumw: np.ndarray, t_all: np.ndarray, tok_all: np.ndarray, world_si
 
 def short_target(cumw: np.ndarray, t_all: np.ndarray, tok_all: np.ndarray, world_size: int,
                  sizes: tuple[float, float], t_first: float, window_factor: float) -> tuple[float, int, int] | None:
-    """(T*, window length, position of its longest) of the target other targets chose most, over the scanned
+    """(T*, window length, position of its longest) of the short target, over the scanned
     micro-batches (as ``token_target``'s; ``sizes``: the wanted tokens, the window's most): the wanted tokens'
     work over the world, at least the head's time, the window stopping before a longer micro-batch (it waits for
     a step it sets, ``window_at``); None where ``token_target``'s ``t_first`` is no longer. Such a micro-batch

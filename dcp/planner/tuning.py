@@ -56,8 +56,8 @@ BULK_MIN_RANKS = 512
 """From this world size the passes that re-pack a step many times are skipped: the other targets of a step at a
 global batch (``step._other_targets``; the room it kept becomes the step's upper bound instead), the other shares
 of the last two steps (``tail``: tried only where the plain tail leaves the bounds), the local search's swaps
-(``improve``) and the sync-aware ends (``syncend``); a step at a global batch starts instead at the target the
-other targets chose most (``step_tokens.short_target``). Every world size packs with the same best fit.
+(``improve``) and the sync-aware ends (``syncend``); a step at a global batch starts instead at the wanted tokens'
+work over the world, at least its head's time (``step_tokens.short_target``). Every world size packs with the same best fit.
 Trades: planning time (with them, t1d-long at 4096 H200 ranks planned 5 steps in over 10 minutes of CPU; without,
 66 ms a step) against idle they remove below it; at 480-544 ranks the epoch's idle stays within 0.025 across 512
 (``test_planner_world_smooth``)."""
