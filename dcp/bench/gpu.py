@@ -69,12 +69,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile", default="off", choices=COMPILE_MODES,
                         help="runtime.compile of every model the checks build and of the sweep's runs (default off; "
                              "--only checks run eager, and --only short compares eager and compiled itself)")
-    parser.add_argument("--only", default="all", choices=("all", "short", "clock", "knobs"),
+    parser.add_argument("--only", default="all", choices=("all", "short", "clock", "knobs", "cp", "engines"),
                         help="all: the checks above; short: busy share and tokens/s of 1k-8k-token micro-batches, "
                              "eager vs compiled blocks (dcp.bench.gpu_short); clock: the profiling clocks' "
                              "predictions against measured steps on shapes the calibration file does not hold; "
                              "knobs: step time with advanced.prefetch and advanced.cache_weight_casts each on and off, "
-                             "through the manager at W = 1 (dcp.bench.gpu_knobs)")
+                             "through the manager at W = 1 (dcp.bench.gpu_knobs); cp: context-parallel attention "
+                             "kernels against one call (dcp.bench.gpu_cp); engines: each engine's peak memory "
+                             "against the memory model at W = 1 (dcp.bench.gpu_engines)")
     parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"), help=argparse.SUPPRESS)
     parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
 
@@ -224,7 +226,7 @@ def many_docs_efficiency(name: str, docs: int, doc_len: int, device: Any, precis
 
 
 def installed_engines() -> list[str]:
-    engines = ["ddp"]
+    engines = ["ddp", "fsdp2"]
     try:
         import deepspeed  # noqa: F401
     except ImportError:
@@ -397,12 +399,25 @@ def _step_figures(step: str, rows: list[dict], summary: dict, sweeps: list[dict]
 
 def _run_only(only: str, t1d: str, device: Any, precision: str, layers: int, reps: int, tiny: bool,
               as_json: bool) -> int:
-    """``--only short``, ``clock`` or ``knobs``: one focused check, its table and (``--json``) its JSON line."""
+    """``--only short``, ``clock``, ``knobs``, ``cp`` or ``engines``: one focused check, its table and (``--json``) its JSON line."""
     from dcp.bench.gpu_knobs import knob_rows, print_knobs
     from dcp.bench.gpu_short import best_busy, print_short, short_rows
 
     head = {"cuda": device.type == "cuda", "device": str(device), "precision": precision, "check": only}
-    if only == "knobs":
+    if only == "cp":
+        from dcp.bench.gpu_cp import print_cp, run_cp
+
+        rows = run_cp(device, precision, reps, tiny)
+        print_cp(rows)
+        head.update(rows=rows, cp_equal=all(r["equal"] for r in rows))
+    elif only == "engines":
+        from dcp.bench.gpu_engines import print_engines, run_engines
+
+        with tempfile.TemporaryDirectory(prefix="dcp-bench-gpu-") as tmp:
+            rows = run_engines(device, tiny, tmp)
+        print_engines(rows)
+        head.update(rows=rows)
+    elif only == "knobs":
         rows = knob_rows(cuda=device.type == "cuda", precision=precision, layers=layers, tiny=tiny)
         print_knobs(rows)
         head.update(rows=rows)

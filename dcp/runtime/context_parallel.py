@@ -56,7 +56,7 @@ from torch.nn.attention.bias import causal_lower_right
 from dcp.runtime.attention import DocLens, check_doc_lens
 from dcp.runtime.context import balanced_chunks
 
-__all__ = ["context_attention", "take_shard"]
+__all__ = ["attend_gathered", "context_attention", "take_shard"]
 
 
 def take_shard(x: torch.Tensor, ranges: Sequence[tuple[int, int]], dim: int = 1) -> torch.Tensor:
@@ -159,16 +159,29 @@ def context_attention(
     chunks i and 2c-1-i put together, for its heads. ``doc_lens`` describes the full padded sequence of
     2L * c tokens (None: every row one document of that length). Returns [b, 2L, H_loc, d].
     """
-    b, s_local, hq, _ = q.shape
+    _, s_local, hq, _ = q.shape
     if k.shape != v.shape or k.shape[:2] != q.shape[:2] or hq % k.shape[2]:
         raise ValueError(f"q ({tuple(q.shape)}), k ({tuple(k.shape)}), v ({tuple(v.shape)}) must be [b, s, H, d] and "
                          "[b, s, H_kv, d] with H_kv dividing H: pass this rank's heads, K/V unexpanded")
     if s_local % 2 and context > 1:
         raise ValueError(f"local sequence ({s_local}) is not two equal chunks: pad with SPContext.padded_len")
     padded = s_local * context
-    docs = ((padded,),) * b if doc_lens is None else check_doc_lens(doc_lens, b, padded, "doc_lens (full sequence)")
     if context > 1:
         k, v = _gather_kv(k, v, group, context, padded)
+    return attend_gathered(q, k, v, context=context, context_rank=context_rank, causal=causal, doc_lens=doc_lens)
+
+
+def attend_gathered(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, context: int, context_rank: int,
+                    causal: bool, doc_lens: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
+    """The kernels of ``context_attention`` after its all-gather: this context rank's queries q [b, 2L, H_loc, d]
+    over k, v [b, 2L * c, H_kv_loc, d] of the whole padded sequence in position order. One process can run
+    every context rank's part with it (``dcp bench gpu --only cp`` does, on one GPU)."""
+    b, s_local, hq, _ = q.shape
+    padded = s_local * context
+    if k.shape != v.shape or k.shape[:2] != (b, padded) or hq % k.shape[2]:
+        raise ValueError(f"k ({tuple(k.shape)}) and v ({tuple(v.shape)}) must be [b, {padded}, H_kv, d] with H_kv "
+                         f"dividing q's {hq} heads: pass the gathered K/V of the whole sequence")
+    docs = ((padded,),) * b if doc_lens is None else check_doc_lens(doc_lens, b, padded, "doc_lens (full sequence)")
     gqa = hq != k.shape[2]
     if causal and all(len(row) == 1 for row in docs):  # one document per row: no mask to build (below)
         out = _one_document_causal(q, k, v, padded, context, context_rank, gqa)
