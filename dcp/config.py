@@ -131,9 +131,10 @@ class ModelShapeConfig:
                 fail(f"model.{key}", mine, f"differs from the model's ({theirs}, from {source})",
                      f"leave [model] out (it is derived from the model) or set {key} = {theirs}")
 
-    def constant_mem_bytes(self, engine: str, dp_size: int | None) -> int:
-        """Per-rank state bytes of runtime.``engine`` over ``dp_size`` ranks: ``dcp.memory.state_bytes``."""
-        return shape_state_bytes(self, engine, dp_size)
+    def constant_mem_bytes(self, engine: str, dp_size: int | None, compute_bytes: int | None = None) -> int:
+        """Per-rank state bytes of runtime.``engine`` over ``dp_size`` ranks: ``dcp.memory.state_bytes``
+        (``compute_bytes``: the compute precision's, 2 for bf16; None: param_bytes, the larger)."""
+        return shape_state_bytes(self, engine, dp_size, compute_bytes)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

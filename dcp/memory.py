@@ -16,7 +16,8 @@ ENGINE_NAMES = ("ddp", "deepspeed", "fsdp2", "fsdp2-zero3")
 
 
 def state_bytes(num_params: int, param_bytes: int, optimizer_bytes_per_param: int, engine: str,
-                dp_size: int | None, gathered_params: int = 0, staged_params: int = 0) -> int:
+                dp_size: int | None, gathered_params: int = 0, staged_params: int = 0,
+                compute_bytes: int | None = None) -> int:
     """Per-rank state of ``engine`` over ``dp_size`` data-parallel ranks (None: as many as wanted, the floor any
     world size reaches).
 
@@ -24,7 +25,9 @@ def state_bytes(num_params: int, param_bytes: int, optimizer_bytes_per_param: in
       buffer takes over its gradients, ``dcp.distributed.comm.all_reduce_grads_flat``: held once).
     - deepspeed (ZeRO-1): the optimizer state / dp.
     - fsdp2: the parameter shards and the optimizer state / dp, plus the full parameters gathered for the step
-      and its gradients accumulated unsharded until the step's single reduce-scatter. Ranks run unequal
+      (in the compute precision, ``compute_bytes``: bf16 under its MixedPrecisionPolicy; None: ``param_bytes``)
+      and its gradients accumulated unsharded, in ``param_bytes`` (FSDP2 accumulates unsynced gradients in its
+      fp32 reduce dtype), until the step's single reduce-scatter. Ranks run unequal
       micro-batch counts, so both stay full during the step (dcp.runtime.fsdp); only one micro-batch per step
       would let them be freed per layer. The reduce-scatters under the last backward stage a unit's gradients
       in a flat fp32 input besides them (``REDUCE_BYTES``): ``staged_params``, the largest unit (measured:
@@ -43,7 +46,8 @@ def state_bytes(num_params: int, param_bytes: int, optimizer_bytes_per_param: in
         fail("runtime.engine", engine, f"is not one of {list(ENGINE_NAMES)}", "pick one of those")
     sharded = n * optimizer_bytes_per_param + (n * pb if engine == "fsdp2" else 0)
     staged = staged_params * REDUCE_BYTES if engine == "fsdp2" else 0
-    return 2 * n * pb + staged + (0 if dp_size is None else sharded // max(1, dp_size))
+    gathered = pb if engine != "fsdp2" or compute_bytes is None else min(pb, compute_bytes)
+    return n * (gathered + pb) + staged + (0 if dp_size is None else sharded // max(1, dp_size))
 
 
 REDUCE_BYTES = 4
@@ -60,14 +64,16 @@ def staging_bytes(shape: Any, engine: str) -> int:
     return max(root, (shape.num_params - root) // max(1, shape.num_layers)) * REDUCE_BYTES
 
 
-def shape_state_bytes(shape: Any, engine: str, dp_size: int | None) -> int:
+def shape_state_bytes(shape: Any, engine: str, dp_size: int | None, compute_bytes: int | None = None) -> int:
     """``state_bytes`` of a ``ModelShapeConfig``; fsdp2-zero3's gathered units are its root (embedding and head:
     fully_shard keeps the root gathered over a micro-batch) and two layers (the one computing, the prefetched);
-    fsdp2's staged unit is the larger of the root and a layer."""
+    fsdp2's staged unit is the larger of the root and a layer. ``compute_bytes``: the compute precision's bytes
+    (2 under bf16), where fsdp2 holds its gathered parameters; None counts them at ``param_bytes``."""
     n, layers, root = shape.num_params, shape.num_layers, 2 * shape.vocab_size * shape.hidden_size
     layer = (n - root) // max(1, layers)
     return state_bytes(n, shape.param_bytes, shape.optimizer_bytes_per_param, engine, dp_size,
-                       gathered_params=root + min(2, layers) * layer, staged_params=max(root, layer))
+                       gathered_params=root + min(2, layers) * layer, staged_params=max(root, layer),
+                       compute_bytes=compute_bytes)
 
 
 def gather_rounds(engine: str, ga_slots: int) -> int:

@@ -52,7 +52,8 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
         f.write("5")
     base_kib = _status_kib("VmRSS")
     model = Transformer1D(cfg)
-    config = DCPConfig(model=cfg.shape(), runtime=RuntimeConfig(engine=engine, log_every=steps))
+    config = DCPConfig(model=cfg.shape(), runtime=RuntimeConfig(engine=engine, log_every=steps,
+                                                                precision=spec.get("precision", "auto")))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=spec["fused"] or None)
     mgr = set_manager(model, data, config, optimizer=opt,
                       plans=lambda e: [fixed_step_plan(e, s, (1, 1), ga, seq_len, world) for s in range(steps)])
@@ -64,7 +65,7 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
         run.step()
     peak_kib = _status_kib("VmHWM")
     return {"measured_bytes": (peak_kib - base_kib) * 1024,
-            "predicted_bytes": shape_state_bytes(cfg.shape(), engine, world),
+            "predicted_bytes": shape_state_bytes(cfg.shape(), engine, world, 2 if mgr.precision == "bf16" else None),
             "params": cfg.shape().num_params}
 
 
@@ -76,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab", type=int, default=32768)
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"),
+                    help="runtime.precision (bf16: autocast for ddp, fsdp2's bf16 MixedPrecisionPolicy)")
     ap.add_argument("--fused", action="store_true", help="AdamW(fused=True): no foreach temporaries in its step")
     args = ap.parse_args(argv)
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
@@ -95,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'engine':<12} {'measured MiB':>13} {'predicted MiB':>14} {'ratio':>6}   (per rank, max of 2 ranks)")
     for engine in engines:
         spec = {"engine": engine, "layers": args.layers, "hidden": args.hidden, "vocab": args.vocab,
-                "seq_len": args.seq_len, "steps": args.steps, "fused": args.fused}
+                "seq_len": args.seq_len, "steps": args.steps, "fused": args.fused, "precision": args.precision}
         out = run_distributed(_worker, 2, spec, timeout_s=900)
         measured = max(o["measured_bytes"] for o in out)
         predicted = out[0]["predicted_bytes"]

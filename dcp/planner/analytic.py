@@ -359,7 +359,7 @@ def analytic_row(
     m_act += layout_saved_bytes(model, micro_batch_size, seq_len, sp_size, dtype_bytes=d)
     # M_C holds the larger of the head's (logits + gradient) and one recomputed layer's working set, as the
     # profiler measures it: Eq. 6 at r = L otherwise has no room for the layer being recomputed.
-    m_const = model.constant_mem_bytes(engine, dp_size=world_size) + 2.0 * n * h * d + max(
+    m_const = model.constant_mem_bytes(engine, dp_size=world_size, compute_bytes=d) + 2.0 * n * h * d + max(
         2.0 * (min(n, loss_chunk_tokens) if loss_chunk_tokens > 0 else n) * v * d, m_act)
     return ProfileRow(seq_group=seq_group, seq_len=seq_len, micro_batch_size=micro_batch_size, sp_size=sp_size,
                       t_f_s=t_f, t_b_s=t_b, m_act_bytes=m_act, m_inp_bytes=n * h * d, t_const_s=t_const,

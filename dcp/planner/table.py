@@ -384,13 +384,16 @@ def _rows_from_records(records: Iterable[tuple[str, dict[str, Any]]]) -> list[Pr
     return rows
 
 
-def engine_state_bytes(whole_bytes: float, model: Any, engine: str, world_size: int) -> float:
+def engine_state_bytes(whole_bytes: float, model: Any, engine: str, world_size: int,
+                       precision: str = "fp32") -> float:
     """Bytes of parameters, gradients and optimizer state a rank holds under ``engine``, from the ``whole_bytes``
-    measured on the unsharded model: fsdp2 engines hold their memory model's share at ``world_size``
-    (``ModelShapeConfig.constant_mem_bytes``; never more than the whole), the others the whole."""
+    measured on the unsharded model: fsdp2 engines hold their memory model's share at ``world_size`` in the run's
+    ``precision`` (``ModelShapeConfig.constant_mem_bytes``; never more than the whole), the others the whole."""
     if not engine.startswith("fsdp2"):
         return whole_bytes
-    held = float(model.constant_mem_bytes(engine, dp_size=world_size) - staging_bytes(model, engine))
+    compute = 2 if precision == "bf16" else None
+    held = float(model.constant_mem_bytes(engine, dp_size=world_size, compute_bytes=compute)
+                 - staging_bytes(model, engine))
     return min(whole_bytes, held)  # the state held through the step, as measured: the transient staging aside
 
 
@@ -403,7 +406,7 @@ def with_engine_state(table: ProfileTable, model: Any, engine: str, world_size: 
     if "state_bytes" not in extra:
         return table
     whole = float(extra.get("state_bytes_whole", extra["state_bytes"]))
-    want = engine_state_bytes(whole, model, engine, world_size)
+    want = engine_state_bytes(whole, model, engine, world_size, str(extra.get("precision", "fp32")))
     delta = want - float(extra["state_bytes"])
     if abs(delta) < 1.0:
         return table

@@ -218,7 +218,7 @@ def profile_table(
         registry = SPGroupRegistry.for_config(config, world_size, sizes)
     state = state_bytes(adapter.module, optimizer, optimizer_bytes_per_param=config.model.optimizer_bytes_per_param)
     # measured on the whole model (set_manager profiles an fsdp2 run before sharding); the engine holds its share
-    held = engine_state_bytes(float(state.total_bytes), config.model, config.runtime.engine, world_size)
+    held = engine_state_bytes(float(state.total_bytes), config.model, config.runtime.engine, world_size, precision)
     settings = MeasureSettings(
         warmup_iters=config.advanced.warmup_iters,
         measure_iters=config.advanced.measure_iters,

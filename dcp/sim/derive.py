@@ -95,7 +95,8 @@ def derive_row(
     fixed_c = CONST_KERNELS * hardware.kernel_overhead_s + hardware.micro_batch_overhead_s
     t_c = max(min(row.t_const_s, fixed_c), fixed_c + (row.t_const_s - fixed_c) / p)
     working = max(0.0, row.m_const_bytes - state_bytes_measured)
-    m_const = shape.constant_mem_bytes(engine, dp_size=world_size) + working / p + 2.0 * n * model.hidden_size * dtype_bytes
+    m_const = (shape.constant_mem_bytes(engine, dp_size=world_size, compute_bytes=dtype_bytes) + working / p
+               + 2.0 * n * model.hidden_size * dtype_bytes)
     return dataclasses.replace(row, sp_size=p, t_f_s=t_f, t_b_s=t_b, t_const_s=t_c, m_act_bytes=row.m_act_bytes / p + layout_saved_bytes(
                                    model, row.micro_batch_size, row.seq_len, p, dtype_bytes=dtype_bytes),
                                m_inp_bytes=row.m_inp_bytes / p, m_const_bytes=m_const)
