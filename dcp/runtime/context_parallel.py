@@ -29,22 +29,18 @@ exposed all-gather shows in measured step times (the cost model prices it expose
 ``dcp.planner.analytic``). A rank holds the whole sequence's K/V of its heads (``2 s (H_kv/u) d`` elements per layer), and
 SDPA keeps them for the layer's backward.
 
-**Masks.** ``doc_lens`` (host ints, as for ``dcp.runtime.attention``) describe the full padded sequence;
-the mask (same document, causal by global position, no padding keys) is built from them on the host's
-ints with no device read. Padded queries get exact zeros and send zero gradients. K/V heads stay
-unexpanded: SDPA's ``enable_gqa`` maps each query head to its K/V head. Causal rows of one document each
-(the long-context case: one long sample per row) need no mask: each chunk attends the keys before its end
-under SDPA's lower-right causal bias, so SDPA keeps its fused kernels and memory stays linear in the
-length. Packed documents (or non-causal attention) take a dense ``b x 2L x s`` bool mask per call (keys
-past the back chunk's end are cut off, and with causal attention the front chunk runs as its own call over
-the keys before its end, which halves context rank 0's work): exact, but at 1M tokens too large; packed
-documents at that length would need FlexAttention with a block mask (its backward does not run on CPU, so
-this module cannot test it here) or flash-attn varlen per chunk.
+**No masks.** ``doc_lens`` (host ints, as for ``dcp.runtime.attention``) describe the full padded sequence.
+Each of the rank's two chunks runs one SDPA call per document it meets: the chunk's queries of that document
+over the document's keys up to the chunk's last query of it (all of the document's keys when not causal),
+under SDPA's lower-right causal bias, so SDPA keeps its fused kernels (flash / memory-efficient on CUDA) and
+memory stays linear in the length. Padded queries get exact zeros, never computed; padding keys are never
+read. K/V heads stay unexpanded: SDPA's ``enable_gqa`` maps each query head to its K/V head. (A dense
+``b x 2L x s`` mask, the earlier path for packed rows, ran 10x slower a rank than one call over the sequence
+on an H200: docs/benchmarks.md.)
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -53,7 +49,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-from dcp.runtime.attention import DocLens, check_doc_lens
+from dcp.runtime.attention import check_doc_lens
 from dcp.runtime.context import balanced_chunks
 
 __all__ = ["attend_gathered", "context_attention", "take_shard"]
@@ -63,40 +59,6 @@ def take_shard(x: torch.Tensor, ranges: Sequence[tuple[int, int]], dim: int = 1)
     """The part of ``x`` (padded along ``dim``) this rank holds: its ``SPContext.shard_ranges``, concatenated."""
     pieces = [x.narrow(dim, a, b - a) for a, b in ranges]
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=dim)
-
-
-def _doc_ids(docs: DocLens, padded: int) -> torch.Tensor:
-    """[b, padded] long: the document index of every position, -1 on padding (host ints only)."""
-    rows = []
-    for row in docs:
-        ids = torch.repeat_interleave(torch.arange(len(row)), torch.tensor(row, dtype=torch.long))
-        rows.append(torch.cat([ids, ids.new_full((padded - ids.numel(),), -1)]))
-    return torch.stack(rows)
-
-
-def _query_positions(padded: int, context: int, context_rank: int) -> torch.Tensor:
-    """Global positions of this context rank's queries: its front and back chunks (the whole row at c = 1)."""
-    chunks = balanced_chunks(padded, context, context_rank) if context > 1 else ((0, padded),)
-    return torch.cat([torch.arange(a, e) for a, e in chunks])
-
-
-@functools.lru_cache(maxsize=16)
-def _mask(docs: DocLens, padded: int, context: int, context_rank: int, causal: bool) -> tuple[torch.Tensor,
-                                                                                             torch.Tensor, int]:
-    """(attention mask [b, 1, q, keys] bool, real-query mask [b, q] bool, keys) of this context rank's queries,
-    on the host; cached, so the layers of one micro-batch build it once. Never modified in place."""
-    positions = _query_positions(padded, context, context_rank)
-    # Causal: no query of this rank reads past its back chunk's end, so later keys are never touched.
-    keys = int(positions.max()) + 1 if causal else padded
-    ids = _doc_ids(docs, padded)
-    q_ids, k_ids = ids[:, positions], ids[:, :keys]
-    real = q_ids >= 0
-    mask = (q_ids[:, :, None] == k_ids[:, None, :]) & real[:, :, None]
-    if causal:
-        mask &= torch.arange(keys)[None, None, :] <= positions[None, :, None]
-    # A padded query attends to nothing; give it key 0 so softmax stays finite, its output is zeroed after.
-    mask[:, :, 0] |= ~real
-    return mask[:, None], real, keys
 
 
 class _GatherSeq(torch.autograd.Function):
@@ -182,54 +144,44 @@ def attend_gathered(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, contex
         raise ValueError(f"k ({tuple(k.shape)}) and v ({tuple(v.shape)}) must be [b, {padded}, H_kv, d] with H_kv "
                          f"dividing q's {hq} heads: pass the gathered K/V of the whole sequence")
     docs = ((padded,),) * b if doc_lens is None else check_doc_lens(doc_lens, b, padded, "doc_lens (full sequence)")
-    gqa = hq != k.shape[2]
-    if causal and all(len(row) == 1 for row in docs):  # one document per row: no mask to build (below)
-        out = _one_document_causal(q, k, v, padded, context, context_rank, gqa)
-        real = _real_queries(docs, padded, context, context_rank).to(q.device, non_blocking=True)
-        return out * real[:, :, None, None].to(out.dtype)
-    mask, real, keys = _mask(docs, padded, context, context_rank, causal)
-    mask, real = mask.to(q.device, non_blocking=True), real.to(q.device, non_blocking=True)
-    if causal and context > 1:
-        # Front and back chunk apart: the front chunk's queries read only keys before its end, so the dense
-        # mask never makes SDPA compute the (c - i) L x L blocks no query of it can see (about half the work
-        # of context rank 0, whose back chunk ends the sequence).
-        half, front_end = s_local // 2, balanced_chunks(padded, context, context_rank)[0][1]
-        parts = [_sdpa(q[:, :half], k[:, :front_end], v[:, :front_end], mask[:, :, :half, :front_end], gqa),
-                 _sdpa(q[:, half:], k[:, :keys], v[:, :keys], mask[:, :, half:], gqa)]
-        out = torch.cat(parts, dim=1)
-    else:
-        out = _sdpa(q, k[:, :keys], v[:, :keys], mask, gqa)
-    return out * real[:, :, None, None].to(out.dtype)
-
-
-def _one_document_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: int, context: int,
-                         context_rank: int, gqa: bool) -> torch.Tensor:
-    """Causal attention of rows that each hold one document (then padding): each of the rank's chunks
-    [a, e) attends keys [0, e) under SDPA's lower-right causal bias (query i reads keys <= a + i), with no
-    ``b x 2L x s`` mask: SDPA keeps its fused kernels (flash / memory-efficient on CUDA), so a 1M-token
-    sequence attends in memory linear in its length. Padding keys sit after every real query's position, so
-    causality alone keeps them out; padded queries are zeroed by the caller."""
     chunks = balanced_chunks(padded, context, context_rank) if context > 1 else ((0, padded),)
-    parts, start = [], 0
-    for a, e in chunks:
-        qc = q[:, start:start + e - a].transpose(1, 2)
-        out = F.scaled_dot_product_attention(qc, k[:, :e].transpose(1, 2), v[:, :e].transpose(1, 2),
-                                             attn_mask=causal_lower_right(e - a, e), enable_gqa=gqa)
-        parts.append(out.transpose(1, 2))
-        start += e - a
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+    gqa = hq != k.shape[2]
+    rows, computed = [], False
+    for r, row in enumerate(docs):
+        pieces, local = [], 0  # local: where the chunk's first query sits in this rank's q
+        for a, e in chunks:
+            filled = a
+            for lo, hi, (k0, k1) in _document_spans(row, a, e, causal):
+                # the chunk's queries [lo, hi) of one document over that document's keys [k0, k1)
+                qs = q[r:r + 1, local + lo - a:local + hi - a]
+                pieces.append(_sdpa(qs, k[r:r + 1, k0:k1], v[r:r + 1, k0:k1], causal, gqa))
+                filled, computed = hi, True
+            if filled < e:  # padding: exact zeros, never computed
+                pieces.append(q.new_zeros(1, e - filled, *q.shape[2:]))
+            local += e - a
+        rows.append(torch.cat(pieces, dim=1) if len(pieces) > 1 else pieces[0])
+    if not computed:  # nothing but padding: zeros that keep q, k, v in the graph
+        return q * 0 + (k.sum() + v.sum()) * 0
+    return torch.cat(rows, dim=0) if len(rows) > 1 else rows[0]
 
 
-@functools.lru_cache(maxsize=16)
-def _real_queries(docs: DocLens, padded: int, context: int, context_rank: int) -> torch.Tensor:
-    """[b, q] bool on the host: which of this context rank's query positions hold a token of the row's one
-    document (the rest is padding)."""
-    positions = _query_positions(padded, context, context_rank)
-    return positions[None, :] < torch.tensor([row[0] for row in docs])[:, None]
+def _document_spans(row: Sequence[int], a: int, e: int, causal: bool) -> list[tuple[int, int, tuple[int, int]]]:
+    """(query start, query end, (key start, key end)) in global positions for each document of ``row`` that
+    meets the chunk [a, e): causal queries read their document's keys up to the chunk's last query of it,
+    non-causal ones the whole document."""
+    spans, start = [], 0
+    for n in row:
+        lo, hi = max(a, start), min(e, start + n)
+        if lo < hi:
+            spans.append((lo, hi, (start, hi if causal else start + n)))
+        start += n
+    return spans
 
 
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, gqa: bool) -> torch.Tensor:
-    """SDPA on [b, s, h, d] tensors with a bool mask [b, 1, s_q, s_k]; K/V heads unexpanded when ``gqa``."""
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, gqa: bool) -> torch.Tensor:
+    """SDPA on [b, s, h, d] slices; K/V heads unexpanded when ``gqa``. Causal with fewer queries than keys is
+    lower-right (the queries are the keys' last ones), which SDPA runs on its fused kernels."""
+    mask = causal_lower_right(q.shape[1], k.shape[1]) if causal else None
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
                                          enable_gqa=gqa)
     return out.transpose(1, 2)
