@@ -64,6 +64,14 @@ def staging_bytes(shape: Any, engine: str) -> int:
     return max(root, (shape.num_params - root) // max(1, shape.num_layers)) * REDUCE_BYTES
 
 
+def weight_copy_bytes(shape: Any) -> int:
+    """Bytes of one layer's bf16 weight copies that autocast saves for backward (2 per matmul parameter: q, k, v,
+    o per attention and the gated MLP). A profiled m_act under autocast holds them; fsdp2 engines compute on
+    their gathered bf16 parameters (counted in their state) and make none."""
+    h = shape.hidden_size
+    return 2 * (shape.attentions_per_layer * 4 * h * h + 3 * h * shape.ffn_size)
+
+
 def shape_state_bytes(shape: Any, engine: str, dp_size: int | None, compute_bytes: int | None = None) -> int:
     """``state_bytes`` of a ``ModelShapeConfig``; fsdp2-zero3's gathered units are its root (embedding and head:
     fully_shard keeps the root gathered over a micro-batch) and two layers (the one computing, the prefetched);

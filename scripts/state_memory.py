@@ -7,7 +7,11 @@ set at that point; the prediction is the model's per-rank state (parameters, gra
 what each engine holds unsharded through a step) at ``dp_size = 2``. glibc is told to map every allocation over
 128 KiB on its own (``MALLOC_MMAP_THRESHOLD_``), so freed tensors leave the resident set.
 
-    python scripts/state_memory.py [--engines ddp,fsdp2,fsdp2-zero3] [--layers 8] [--hidden 768]
+    python scripts/state_memory.py [--engines ddp,fsdp2,fsdp2-zero3] [--layers 8] [--hidden 768] [--precision bf16]
+                                   [--eq6]
+
+``--eq6`` predicts the whole peak instead: Eq. 6 at r = 0 from a table profiled as ``set_manager`` profiles
+(``with_engine_state``: the engine's state in M_C, its weight copies in m_act); the peak restarts after profiling.
 
 Prints one row per engine (measured and predicted MiB per rank, their ratio) and a JSON line.
 """
@@ -18,6 +22,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 from typing import Any
 
 ENGINES = ("ddp", "fsdp2", "fsdp2-zero3")
@@ -38,9 +43,12 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
 
     from dcp.api import set_manager
     from dcp.bench.runtime import fixed_step_plan
-    from dcp.config import DCPConfig, RuntimeConfig
+    from dcp.config import AdvancedConfig, DCPConfig, PlanningConfig, ProfilingConfig, RuntimeConfig
     from dcp.memory import shape_state_bytes
     from dcp.models import T1DConfig, Transformer1D
+    from dcp.planner.cost import micro_batch_mem_bytes
+    from dcp.planner.table import with_engine_state
+    from dcp.profiler.dual_layer import profile_table
     from dcp.runtime.data import SyntheticTokenDataset
 
     engine, steps, ga, seq_len = spec["engine"], spec["steps"], 2, spec["seq_len"]
@@ -53,9 +61,20 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     base_kib = _status_kib("VmRSS")
     model = Transformer1D(cfg)
     config = DCPConfig(model=cfg.shape(), runtime=RuntimeConfig(engine=engine, log_every=steps,
-                                                                precision=spec.get("precision", "auto")))
+                                                                precision=spec.get("precision", "auto")),
+                       profiling=ProfilingConfig(seq_group_edges=(seq_len,), max_micro_batch_size=1,
+                                                 cache_dir=spec["cache_dir"]),
+                       planning=PlanningConfig(sp_sizes=(1,)), advanced=AdvancedConfig(warmup_iters=1, measure_iters=1))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=spec["fused"] or None)
-    mgr = set_manager(model, data, config, optimizer=opt,
+    table = None
+    if spec.get("eq6"):  # profiled as set_manager profiles; the peak resident set restarts after it
+        table = with_engine_state(profile_table(model, config, world_size=world, optimizer=opt, progress=False),
+                                  cfg.shape(), engine, world)
+        model.zero_grad(set_to_none=True)
+        gc.collect()
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    mgr = set_manager(model, data, config, optimizer=opt, table=table,
                       plans=lambda e: [fixed_step_plan(e, s, (1, 1), ga, seq_len, world) for s in range(steps)])
     run = mgr.engine
     for batch in mgr.get_data_iter():
@@ -64,8 +83,11 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
         run.backward(loss)
         run.step()
     peak_kib = _status_kib("VmHWM")
-    return {"measured_bytes": (peak_kib - base_kib) * 1024,
-            "predicted_bytes": shape_state_bytes(cfg.shape(), engine, world, 2 if mgr.precision == "bf16" else None),
+    if table is not None:
+        predicted = micro_batch_mem_bytes(next(r for r in table.rows if r.feasible and r.micro_batch_size == 1), 0)
+    else:
+        predicted = shape_state_bytes(cfg.shape(), engine, world, 2 if mgr.precision == "bf16" else None)
+    return {"measured_bytes": (peak_kib - base_kib) * 1024, "predicted_bytes": predicted,
             "params": cfg.shape().num_params}
 
 
@@ -79,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"),
                     help="runtime.precision (bf16: autocast for ddp, fsdp2's bf16 MixedPrecisionPolicy)")
+    ap.add_argument("--eq6", action="store_true",
+                    help="predict the whole peak (Eq. 6 at r = 0 from a table profiled as set_manager profiles, "
+                         "with the engine's state and weight copies) instead of the state alone")
     ap.add_argument("--fused", action="store_true", help="AdamW(fused=True): no foreach temporaries in its step")
     args = ap.parse_args(argv)
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
@@ -96,17 +121,21 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     print(f"{'engine':<12} {'measured MiB':>13} {'predicted MiB':>14} {'ratio':>6}   (per rank, max of 2 ranks)")
+    cache = tempfile.TemporaryDirectory(prefix="dcp-state-memory-")  # the profiles of --eq6, removed at the end
     for engine in engines:
         spec = {"engine": engine, "layers": args.layers, "hidden": args.hidden, "vocab": args.vocab,
-                "seq_len": args.seq_len, "steps": args.steps, "fused": args.fused, "precision": args.precision}
+                "seq_len": args.seq_len, "steps": args.steps, "fused": args.fused, "precision": args.precision,
+                "eq6": args.eq6, "cache_dir": cache.name}
         out = run_distributed(_worker, 2, spec, timeout_s=900)
         measured = max(o["measured_bytes"] for o in out)
         predicted = out[0]["predicted_bytes"]
         rows.append({"engine": engine, "measured_bytes": measured, "predicted_bytes": predicted,
                      "ratio": measured / predicted, "params": out[0]["params"]})
         print(f"{engine:<12} {measured / 2**20:>13.1f} {predicted / 2**20:>14.1f} {measured / predicted:>6.3f}")
+    cache.cleanup()
     print(json.dumps({"rows": rows, "layers": args.layers, "hidden": args.hidden, "vocab": args.vocab,
-                      "seq_len": args.seq_len, "steps": args.steps, "fused": args.fused}))
+                      "seq_len": args.seq_len, "steps": args.steps, "fused": args.fused, "precision": args.precision,
+                      "eq6": args.eq6}))
     return 0
 
 

@@ -39,6 +39,7 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     from dcp.memory import staging_bytes
     from dcp.models import build_model
     from dcp.planner.cost import micro_batch_mem_bytes
+    from dcp.planner.table import with_engine_state
     from dcp.profiler.dual_layer import profile_table
     from dcp.runtime.data import SyntheticTokenDataset
 
@@ -58,7 +59,9 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
                        runtime=RuntimeConfig(engine=spec["engine"], log_every=STEPS),
                        advanced=AdvancedConfig(warmup_iters=1, measure_iters=1))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=cuda or None)
-    table = profile_table(model, config, world_size=world, optimizer=opt, progress=False)
+    # as set_manager takes it: M_C with this engine's state, m_act with the weight copies it makes
+    table = with_engine_state(profile_table(model, config, world_size=world, optimizer=opt, progress=False),
+                              shape, spec["engine"], world)
     row = next(r for r in table.rows if r.feasible and r.sp_size == 1 and r.micro_batch_size == 1)
     predicted = micro_batch_mem_bytes(row, 0)
     data = SyntheticTokenDataset([seq_len] * (2 * STEPS * GA), vocab_size=shape.vocab_size)

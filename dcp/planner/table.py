@@ -388,28 +388,37 @@ def engine_state_bytes(whole_bytes: float, model: Any, engine: str, world_size: 
                        precision: str = "fp32") -> float:
     """Bytes of parameters, gradients and optimizer state a rank holds under ``engine``, from the ``whole_bytes``
     measured on the unsharded model: fsdp2 engines hold their memory model's share at ``world_size`` in the run's
-    ``precision`` (``ModelShapeConfig.constant_mem_bytes``; never more than the whole), the others the whole."""
+    ``precision`` (``ModelShapeConfig.constant_mem_bytes``), the others the whole. The share is capped at the
+    whole except fsdp2's under bf16, whose gathered bf16 copy comes on top of the fp32 shards (at W = 1 the
+    whole fp32 state; measured on an H200: docs/engines.md)."""
     if not engine.startswith("fsdp2"):
         return whole_bytes
     compute = 2 if precision == "bf16" else None
     held = float(model.constant_mem_bytes(engine, dp_size=world_size, compute_bytes=compute)
-                 - staging_bytes(model, engine))
-    return min(whole_bytes, held)  # the state held through the step, as measured: the transient staging aside
+                 - staging_bytes(model, engine))  # the state held through the step, as measured: no staging
+    return held if engine == "fsdp2" and precision == "bf16" else min(whole_bytes, held)
 
 
 def with_engine_state(table: ProfileTable, model: Any, engine: str, world_size: int) -> ProfileTable:
     """``table`` with each row's M_C holding the state ``engine`` keeps per rank (``engine_state_bytes``). A
     profiled table records the whole state it measured (``state_bytes_whole``) and the part its M_C counts
     (``state_bytes``), so a table cached under one engine serves another; a table without those records
-    (analytic: priced per engine already) is returned as it is."""
+    (analytic: priced per engine already) is returned as it is. Likewise m_act: a table profiled under autocast
+    records its layers' bf16 weight copies (``weight_copy_bytes``) and whether m_act counts them
+    (``weight_copies_in_m_act``); fsdp2 engines make none, the others keep them."""
     extra = table.meta.extra if isinstance(table, ProfileTable) else {}
     if "state_bytes" not in extra:
         return table
     whole = float(extra.get("state_bytes_whole", extra["state_bytes"]))
     want = engine_state_bytes(whole, model, engine, world_size, str(extra.get("precision", "fp32")))
     delta = want - float(extra["state_bytes"])
-    if abs(delta) < 1.0:
+    copies, counted = float(extra.get("weight_copy_bytes", 0.0)), bool(extra.get("weight_copies_in_m_act", False))
+    keep = copies > 0 and not engine.startswith("fsdp2")
+    act = 0.0 if copies <= 0 or keep == counted else (copies if keep else -copies)
+    if abs(delta) < 1.0 and act == 0.0:
         return table
-    rows = [dataclasses.replace(r, m_const_bytes=r.m_const_bytes + delta) for r in table.rows]
-    return ProfileTable(rows, dataclasses.replace(table.meta, extra={**extra, "state_bytes": want,
-                                                                     "state_bytes_whole": whole}))
+    rows = [dataclasses.replace(r, m_const_bytes=r.m_const_bytes + delta, m_act_bytes=r.m_act_bytes + act)
+            for r in table.rows]
+    return ProfileTable(rows, dataclasses.replace(table.meta, extra={
+        **extra, "state_bytes": want, "state_bytes_whole": whole,
+        **({"weight_copies_in_m_act": keep} if copies > 0 else {})}))

@@ -30,6 +30,7 @@ import torch
 
 from dcp.config import DCPConfig
 from dcp.distributed.device import autocast, resolve_precision
+from dcp.memory import weight_copy_bytes
 from dcp.planner.table import ProfileRow, ProfileTable, TableMeta, engine_state_bytes
 from dcp.profiler.adapters import ModelAdapter, get_adapter
 from dcp.profiler.cache import CacheKey
@@ -205,8 +206,8 @@ def profile_table(
     """
     world_size, rank = _world_and_rank(world_size, rank)
     adapter = get_adapter(model) if adapter is None else adapter
-    device, _ = _module_facts(adapter)
-    precision = table_precision(adapter, config)
+    device, dtype = _module_facts(adapter)
+    precision, bf16_module = table_precision(adapter, config), dtype == "bfloat16"
     prof = config.profiling
     sizes = sp_sizes_to_try(
         config.planning.sp_sizes, num_heads=adapter.num_heads, world_size=world_size, max_sp_size=adapter.max_sp_size,
@@ -322,6 +323,10 @@ def profile_table(
             "optimizer_step_s": update.optimizer_step_s,
             "update_engine": config.runtime.engine,
             "precision": precision,
+            # autocast's bf16 weight copies in each measured m_act (a bf16 module makes none): with_engine_state
+            # takes them out for the fsdp2 engines, which compute on their gathered bf16 parameters
+            "weight_copy_bytes": weight_copy_bytes(config.model) if precision == "bf16" and not bf16_module else 0,
+            "weight_copies_in_m_act": True,
         },
     )
     return ProfileTable(rows, meta)

@@ -209,3 +209,19 @@ def test_fsdp2_holds_its_gathered_parameters_in_the_compute_precision():
             for e in ("ddp", "fsdp2") for d in (2, 4)}
     assert (rows["ddp", 2].m_const_bytes - rows["fsdp2", 2].m_const_bytes) - (
         rows["ddp", 4].m_const_bytes - rows["fsdp2", 4].m_const_bytes) == pytest.approx(2 * n)
+
+
+def test_fsdp2_under_bf16_holds_more_than_the_whole_fp32_state_at_one_rank():
+    """At W = 1 fsdp2 keeps the whole fp32 state and its gathered bf16 copy on top: the share is not capped at the
+    whole there (measured on one H200 at W = 1: docs/engines.md); fp32 and fsdp2-zero3 keep the cap."""
+    import dataclasses
+
+    from dcp.memory import staging_bytes
+    from dcp.planner.table import engine_state_bytes
+
+    fp32 = dataclasses.replace(SHAPE_8B, param_bytes=4, optimizer_bytes_per_param=8)
+    whole = float(fp32.constant_mem_bytes("ddp", dp_size=1))
+    held = engine_state_bytes(whole, fp32, "fsdp2", 1, "bf16")
+    assert held == fp32.constant_mem_bytes("fsdp2", 1, compute_bytes=2) - staging_bytes(fp32, "fsdp2") > whole
+    assert engine_state_bytes(whole, fp32, "fsdp2", 1) == whole
+    assert engine_state_bytes(whole, fp32, "fsdp2-zero3", 1, "bf16") == whole

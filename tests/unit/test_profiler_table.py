@@ -244,3 +244,29 @@ def test_lazy_exports_of_the_package():
     assert set_manager is real and dcp.profiler.profile_table is profile_table
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         dcp.profiler.nope  # noqa: B018
+
+
+def test_a_bf16_table_records_its_weight_copies_and_fsdp2_runs_without_them(t1d):
+    """Autocast saves each layer's bf16 weight copies for backward and the profiled m_act holds them; the fsdp2
+    engines compute on their gathered bf16 parameters (in their state) and make none: with_engine_state takes
+    them out for those engines and puts them back for the others. fp32 tables have none to move."""
+    from dcp.config import RuntimeConfig
+    from dcp.memory import weight_copy_bytes
+    from dcp.planner.table import with_engine_state
+
+    base = config_for(t1d, sp_sizes=(1,), edges=(64,), max_b=1)
+    bf16 = profile_table(t1d, base.replace(runtime=RuntimeConfig(precision="bf16")), progress=False)
+    copies = weight_copy_bytes(t1d.config.shape())
+    assert bf16.meta.extra["weight_copy_bytes"] == copies > 0 and bf16.meta.extra["weight_copies_in_m_act"] is True
+    row = bf16.rows[0]
+    # what autocast keeps of one layer is its copies and more: the measured m_act holds them
+    assert row.m_act_bytes > copies
+    sharded = with_engine_state(bf16, t1d.config.shape(), "fsdp2-zero3", 2)
+    assert sharded.rows[0].m_act_bytes == pytest.approx(row.m_act_bytes - copies)
+    assert sharded.meta.extra["weight_copies_in_m_act"] is False
+    back = with_engine_state(sharded, t1d.config.shape(), "ddp", 2)
+    assert back.rows[0].m_act_bytes == pytest.approx(row.m_act_bytes) and back.rows[0].m_const_bytes == pytest.approx(
+        row.m_const_bytes)
+    fp32 = profile_table(t1d, base, progress=False)
+    assert fp32.meta.extra["weight_copy_bytes"] == 0
+    assert with_engine_state(fp32, t1d.config.shape(), "fsdp2-zero3", 2).rows[0].m_act_bytes == fp32.rows[0].m_act_bytes
