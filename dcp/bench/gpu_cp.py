@@ -13,10 +13,10 @@ Reference: one causal SDPA call per document over the whole sequence, in the sam
 each side is taken against the same computation in fp32, so "equal" means: the CP path's error is at most
 ``ERROR_SLACK`` times the reference's own rounding error (plus a floor for exact-zero cases).
 
-Time: each context rank's forward + backward (median of ``reps``, CUDA events or the host clock), the slowest
-rank being the layer's attention time at c ranks; against the analytic model's attention time of one rank
-(``dcp.planner.analytic.attention_time_s`` at SP size c, on ``dcp.sim.hardware.H200``) and against the one
-call's time over c (perfect balance).
+Time: each context rank's forward + backward (median of ``reps``, the host clock between device syncs), the
+slowest rank being the layer's attention time at c ranks; against the analytic model's attention time of one
+rank (``dcp.planner.analytic.attention_time_s`` at SP size c over ``context_attention_efficiency``, on
+``dcp.sim.hardware.H200``) and against the one call's time over c (perfect balance).
 """
 
 from __future__ import annotations
@@ -150,8 +150,10 @@ def cp_case(tokens: int, context: int, heads: int, kv_heads: int, head_dim: int,
     whole_s = _timed(whole_step, device, reps)
     shape = ModelShapeConfig(name="cp-check", num_layers=1, hidden_size=heads * head_dim, num_heads=heads,
                              num_kv_heads=kv_heads, vocab_size=1)
-    # the model prices one row of ``tokens`` as one sequence; packed rows it prices the same (an upper bound)
-    model_s = sum(attention_time_s(shape, tokens, 1, context, H200))
+    # the model prices one row of ``tokens`` as one sequence; packed rows it prices the same (an upper bound).
+    # All heads on each of the c ranks (u = 1): the context axis's rate, whatever layout the planner would pick
+    model_s = sum(attention_time_s(shape, tokens, 1, context, H200)) / (
+        H200.context_attention_efficiency if context > 1 else 1.0)
     slowest = max(rank_s)
     return {"tokens": tokens, "context": context, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,
             "docs": docs, "ref_err": ref_err, "cp_err": cp_err,

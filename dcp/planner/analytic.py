@@ -62,7 +62,7 @@ from dataclasses import dataclass
 
 from dcp.config import GRAD_BUCKET_MIB, DCPConfig, ModelShapeConfig  # noqa: F401 (GRAD_BUCKET_MIB: dcp.sim reads it here)
 from dcp.planner.cost import micro_batch_mem_bytes
-from dcp.planner.layout import layout_comm_s, layout_saved_bytes
+from dcp.planner.layout import layout_comm_s, layout_saved_bytes, sp_layout
 from dcp.planner.table import ProfileRow, ProfileTable, TableMeta
 
 BACKWARD_FLOPS_FACTOR = 2.0
@@ -156,11 +156,15 @@ class HardwareSpec:
     """Fixed framework time per optimizer step beyond compute, gradient sync and the optimizer: the
     runtime manager's step start (plan broadcast, stats gather), collation in the main loop and the
     engine's update bookkeeping. Added by the simulator to every step's optimizer time."""
+    context_attention_efficiency: float = 1.0
+    """A context rank's attention rate over the rate of one call over the whole sequence at the same FLOPs: its
+    chunks run as short-query, long-key calls under a lower-right causal bias (``dcp.runtime.context_parallel``)."""
 
     def __post_init__(self) -> None:
         for name in (
             "matmul_flops_per_s",
             "attention_efficiency",
+            "context_attention_efficiency",
             "mem_bandwidth_bytes_per_s",
             "intra_node_bw_bytes_per_s",
             "inter_node_bw_bytes_per_s",
@@ -291,6 +295,14 @@ def attention_time_s(
     return sf + tf, sb + tb
 
 
+def context_slowdown(model: ModelShapeConfig, sp_size: int, hardware: HardwareSpec, attention: str = "1d") -> float:
+    """How much longer attention takes on ``sp_size`` ranks than its FLOPs / p at one call's rate: 1 / the
+    hardware's ``context_attention_efficiency`` where the layout has a context axis (1D attention only), else 1."""
+    if attention != "1d" or sp_layout(sp_size, model.num_heads, model.kv_heads)[1] == 1:
+        return 1.0
+    return 1.0 / hardware.context_attention_efficiency
+
+
 def activation_bytes_per_token(model: ModelShapeConfig, attention: str = "1d", dtype_bytes: int = 4) -> float:
     """Bytes one layer keeps for backward per local token (see ACT_H): h- and f-wide tensors at the model's
     dtype, the attention's fp32 log-sum-exp per head (heads / p per rank, over s tokens: per local token
@@ -335,6 +347,8 @@ def analytic_row(
     bw = hardware.mem_bandwidth_bytes_per_s
     lin = 2.0 * n * layer_linear_params(model, attention) / mm
     att_f, att_b = attention_time_s(model, seq_len, micro_batch_size, sp_size, hardware, attention=attention, frames=frames)
+    slow = context_slowdown(model, sp_size, hardware, attention)
+    att_f, att_b = att_f * slow, att_b * slow
     elem = (ELEMENTWISE_H * h + ELEMENTWISE_F * f) * n * d / bw
     launch = KERNELS_PER_LAYER * hardware.kernel_overhead_s
     # Ulysses all-to-alls (K/V unexpanded) and, past the K/V heads, the context axis's K/V all-gather.

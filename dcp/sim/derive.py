@@ -32,6 +32,7 @@ from dcp.planner.analytic import (
     HardwareSpec,
     analytic_row,
     attention_time_s,
+    context_slowdown,
 )
 from dcp.planner.layout import layout_comm_s, layout_saved_bytes
 from dcp.planner.table import ProfileRow, ProfileTable, TableMeta
@@ -82,11 +83,13 @@ def derive_row(
     launch_f = KERNELS_PER_LAYER * hardware.kernel_overhead_s
     launch_b = hardware.backward_factor * launch_f
 
+    slow = context_slowdown(shape, p, hardware, attention)
+
     def scale(measured: float, model_p1: float, model_att_p1: float, fixed: float) -> float:
-        # The model's attention share of this pass at p = 1 splits the measured time.
+        # The model's attention share of this pass at p = 1 splits the measured time; a context axis slows it.
         share = min(1.0, model_att_p1 / model_p1) if model_p1 > 0 else 0.0
         att, rest = measured * share, measured * (1 - share)
-        return att / p + max(min(rest, fixed), fixed + (rest - fixed) / p)
+        return att * slow / p + max(min(rest, fixed), fixed + (rest - fixed) / p)
 
     att_f1, att_b1 = attention_time_s(shape, row.seq_len, row.micro_batch_size, 1, hardware, attention=attention,
                                       frames=frames)

@@ -52,6 +52,11 @@ backward, counted as 3.5 x the causal forward FLOPs; interpolated in log2(seq), 
 ATTENTION_BACKWARD_FACTOR = 2.5
 """[paper] FlashAttention-2 (Dao, 2023): the backward recomputes QK^T, 2.5 x the forward's FLOPs; the same
 3.5 x convention as the measured SDPA figures."""
+CONTEXT_ATTENTION_EFFICIENCY = 0.71
+"""[calib] ``dcp bench gpu --only cp`` on one H200 (docs/benchmarks.md, GPU): each context rank's lower-right
+causal SDPA calls (32 query / 8 K/V heads of 128, one document a row, 32k-128k tokens, c = 4 and 8) ran at
+0.69-0.74 of the rate the SDPA_FLOPS_PER_S_BY_SEQ ceilings give one call; the mean. Fitted on those three
+points, so within them by construction (3.2 % under to 4.4 % over)."""
 HEAD_EXTRA_BYTES_PER_LOGIT = 30.0
 """[counted] dcp/models/t1d.py head_loss: bf16 logits cast to fp32 (read 2, write 4), log_softmax (read 4,
 write 4), its backward (write 4, read 4 + 4, write 4), the cast back (read 4, write 2): 38 bytes per logit
@@ -82,6 +87,7 @@ CALIBRATED = dict(
     backward_factor=FITTED_BACKWARD_FACTOR,
     attention_backward_factor=ATTENTION_BACKWARD_FACTOR,
     attention_flops_per_s_by_seq=SDPA_FLOPS_PER_S_BY_SEQ,
+    context_attention_efficiency=CONTEXT_ATTENTION_EFFICIENCY,
     head_extra_bytes_per_logit=HEAD_EXTRA_BYTES_PER_LOGIT,
     const_h_tensors=FITTED_CONST_H_TENSORS,
     micro_batch_overhead_s=FITTED_MICRO_BATCH_OVERHEAD_S,

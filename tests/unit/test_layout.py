@@ -213,3 +213,31 @@ def test_a_4m_token_sample_plans_only_past_the_heads():
     assert feasible((8, 16, 32)) == [] and feasible((8, 16, 32, 64)) == [64]
     with pytest.raises(ValueError, match=r"sp_sizes \(\[8, 36\]\) contains \[36\]"):
         feasible((8, 36))
+
+
+def test_a_context_axis_prices_attention_at_the_measured_context_rate():
+    """A context rank's attention runs as short-query, long-key calls, measured on an H200 at 0.69-0.74 of one
+    call's rate: the model divides attention by context_attention_efficiency where (and only where) the layout
+    has a context axis, in the analytic rows and in the rows derived from a one-GPU table."""
+    from dcp.planner.analytic import attention_time_s, context_slowdown
+    from dcp.sim.derive import derive_row
+
+    h200 = HARDWARE["h200"]
+    assert h200.context_attention_efficiency < 1
+    assert context_slowdown(GQA_8B, 8, h200) == 1.0  # (8, 1): Ulysses only
+    assert context_slowdown(GQA_8B, 16, h200) == pytest.approx(1 / h200.context_attention_efficiency)  # (8, 2)
+    assert context_slowdown(GQA_8B, 16, h200, "2d") == 1.0
+    s = 1 << 18
+    plain = dataclasses.replace(h200, context_attention_efficiency=1.0)
+    rows = {hw.context_attention_efficiency: analytic_row(GQA_8B, 0, s, 1, 16, world_size=64, hardware=hw,
+                                                          dtype_bytes=2) for hw in (h200, plain)}
+    att_f = attention_time_s(GQA_8B, s, 1, 16, h200)[0]
+    extra = att_f * (1 / h200.context_attention_efficiency - 1)
+    assert rows[h200.context_attention_efficiency].t_f_s - rows[1.0].t_f_s == pytest.approx(extra, rel=1e-9)
+    one = analytic_row(GQA_8B, 0, s, 1, 1, world_size=64, hardware=h200, dtype_bytes=2)
+    kw = dict(model=GQA_8B, attention="1d", dtype_bytes=2, world_size=64, state_bytes_measured=0.0)
+    slow, fast = (derive_row(one, 16, hardware=hw, **kw) for hw in (h200, plain))
+    assert slow.t_f_s > fast.t_f_s and slow.t_b_s > fast.t_b_s
+    assert derive_row(one, 8, hardware=h200, **kw).t_f_s == derive_row(one, 8, hardware=plain, **kw).t_f_s
+    with pytest.raises(ValueError, match="context_attention_efficiency"):
+        dataclasses.replace(h200, context_attention_efficiency=0.0)
