@@ -21,7 +21,6 @@ rank (``dcp.planner.analytic.attention_time_s`` at SP size c over ``context_atte
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 CP_CASES = (
@@ -98,22 +97,6 @@ def _max_err(got: tuple[Any, ...], exact: tuple[Any, ...]) -> float:
                                                                                                      strict=True))
 
 
-def _timed(fn: Any, device: Any, reps: int) -> float:
-    import time
-
-    from dcp.bench.gpu_steps import sync_device
-
-    fn()  # warm-up
-    times = []
-    for _ in range(reps):
-        sync_device(device)
-        t0 = time.perf_counter()
-        fn()
-        sync_device(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def cp_case(tokens: int, context: int, heads: int, kv_heads: int, head_dim: int, docs: int, device: Any,
             dtype: Any, reps: int) -> dict:
     """One case's errors (CP path and reference, each against fp32) and times (see the module docstring)."""
@@ -121,6 +104,7 @@ def cp_case(tokens: int, context: int, heads: int, kv_heads: int, head_dim: int,
 
     from dcp.config import ModelShapeConfig
     from dcp.planner.analytic import attention_time_s
+    from dcp.profiler.update import median_time
     from dcp.runtime.context import balanced_chunks
     from dcp.runtime.context_parallel import attend_gathered, take_shard
     from dcp.sim.hardware import H200
@@ -146,8 +130,8 @@ def cp_case(tokens: int, context: int, heads: int, kv_heads: int, head_dim: int,
     def whole_step() -> None:
         torch.autograd.grad(_reference(qd, kd, vd, lens), (qd, kd, vd), gd)
 
-    rank_s = [_timed(lambda r=r: rank_step(r), device, reps) for r in range(context)]
-    whole_s = _timed(whole_step, device, reps)
+    rank_s = [median_time(lambda r=r: rank_step(r), reps, device) for r in range(context)]
+    whole_s = median_time(whole_step, reps, device)
     shape = ModelShapeConfig(name="cp-check", num_layers=1, hidden_size=heads * head_dim, num_heads=heads,
                              num_kv_heads=kv_heads, vocab_size=1)
     # the model prices one row of ``tokens`` as one sequence; packed rows it prices the same (an upper bound).

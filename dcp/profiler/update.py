@@ -45,7 +45,8 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _median_time(fn: Any, iters: int, device: torch.device) -> float:
+def median_time(fn: Any, iters: int, device: torch.device) -> float:
+    """Median seconds of ``iters`` calls of ``fn`` after one warm-up, the device drained around each."""
     fn()  # warm-up: first-call allocation and communicator set-up
     times = []
     for _ in range(iters):
@@ -116,14 +117,14 @@ def measure_step_update(
 
         # the whole gradient crosses the network whatever the engine: scale by its size (fsdp2's all-gather plus
         # reduce-scatter move the bytes of one all-reduce)
-        sync_s = _median_time(all_reduce_grads, iters, device) * numel / sum(t.numel() for t in stand_ins)
+        sync_s = median_time(all_reduce_grads, iters, device) * numel / sum(t.numel() for t in stand_ins)
 
     try:
         opt = type(optimizer)(stand_ins, **optimizer.defaults) if optimizer is not None else None
     except TypeError:  # an optimizer whose constructor does not take its own defaults back
         opt = None
     opt = opt or torch.optim.AdamW(stand_ins)
-    opt_s = _median_time(opt.step, iters, device) * scale
+    opt_s = median_time(opt.step, iters, device) * scale
     del opt, stand_ins
 
     figures = [sync_s, opt_s]
