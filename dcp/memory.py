@@ -65,11 +65,12 @@ def staging_bytes(shape: Any, engine: str) -> int:
 
 
 def weight_copy_bytes(shape: Any) -> int:
-    """Bytes of one layer's bf16 weight copies that autocast saves for backward (2 per matmul parameter: q, k, v,
-    o per attention and the gated MLP). A profiled m_act under autocast holds them; fsdp2 engines compute on
-    their gathered bf16 parameters (counted in their state) and make none."""
+    """Bytes of one layer's bf16 weight copies that autocast saves for backward (2 per matmul parameter: q and o,
+    k and v at the K/V heads' width, per attention, and the gated MLP). A profiled m_act under autocast holds
+    them; fsdp2 engines compute on their gathered bf16 parameters (counted in their state) and make none."""
     h = shape.hidden_size
-    return 2 * (shape.attentions_per_layer * 4 * h * h + 3 * h * shape.ffn_size)
+    kv_width = h // shape.num_heads * shape.kv_heads
+    return 2 * (shape.attentions_per_layer * 2 * h * (h + kv_width) + 3 * h * shape.ffn_size)
 
 
 def shape_state_bytes(shape: Any, engine: str, dp_size: int | None, compute_bytes: int | None = None) -> int:

@@ -225,3 +225,20 @@ def test_fsdp2_under_bf16_holds_more_than_the_whole_fp32_state_at_one_rank():
     assert held == fp32.constant_mem_bytes("fsdp2", 1, compute_bytes=2) - staging_bytes(fp32, "fsdp2") > whole
     assert engine_state_bytes(whole, fp32, "fsdp2", 1) == whole
     assert engine_state_bytes(whole, fp32, "fsdp2-zero3", 1, "bf16") == whole
+
+
+def test_weight_copies_count_each_matmul_of_a_layer_at_its_width():
+    """q and o are h x h, k and v h x (K/V heads x head dim), the gated MLP 3 h x f: 2 bytes each (bf16)."""
+    import dataclasses
+
+    from dcp.memory import weight_copy_bytes
+    from dcp.models import build_model
+
+    h, f = SHAPE_8B.hidden_size, SHAPE_8B.ffn_size
+    assert SHAPE_8B.kv_heads == SHAPE_8B.num_heads  # no num_kv_heads given: every head has its K/V
+    assert weight_copy_bytes(SHAPE_8B) == 2 * (4 * h * h + 3 * h * f)
+    gqa = dataclasses.replace(SHAPE_8B, num_kv_heads=8)  # Llama-3 8B: k and v are 4096 x 1024
+    assert weight_copy_bytes(gqa) == 2 * (2 * h * h + 2 * h * 1024 + 3 * h * f)
+    model = build_model("t1d-tiny")  # the reference model's own matrices, counted from its parameters
+    layer = sum(p.numel() for p in model.layers[0].parameters() if p.dim() == 2)
+    assert weight_copy_bytes(model.config.shape()) == 2 * layer
