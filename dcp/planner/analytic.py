@@ -62,7 +62,7 @@ from dataclasses import dataclass
 
 from dcp.config import GRAD_BUCKET_MIB, DCPConfig, ModelShapeConfig  # noqa: F401 (GRAD_BUCKET_MIB: dcp.sim reads it here)
 from dcp.planner.cost import micro_batch_mem_bytes
-from dcp.planner.layout import layout_comm_s, layout_saved_bytes, sp_layout
+from dcp.planner.layout import context_slowdown, layout_comm_s, layout_saved_bytes
 from dcp.planner.table import ProfileRow, ProfileTable, TableMeta
 
 BACKWARD_FLOPS_FACTOR = 2.0
@@ -293,14 +293,6 @@ def attention_time_s(
     sf, sb = hardware.attention_time_s(4.0 * b * t * spatial * spatial * h / sp_size, max(1, round(spatial)))
     tf, tb = hardware.attention_time_s(4.0 * b * spatial * t * t * h / sp_size, t)
     return sf + tf, sb + tb
-
-
-def context_slowdown(model: ModelShapeConfig, sp_size: int, hardware: HardwareSpec, attention: str = "1d") -> float:
-    """How much longer attention takes on ``sp_size`` ranks than its FLOPs / p at one call's rate: 1 / the
-    hardware's ``context_attention_efficiency`` where the layout has a context axis (1D attention only), else 1."""
-    if attention != "1d" or sp_layout(sp_size, model.num_heads, model.kv_heads)[1] == 1:
-        return 1.0
-    return 1.0 / hardware.context_attention_efficiency
 
 
 def activation_bytes_per_token(model: ModelShapeConfig, attention: str = "1d", dtype_bytes: int = 4) -> float:

@@ -120,3 +120,11 @@ def layout_saved_bytes(model: object, micro_batch_size: int, seq_len: int, sp_si
         return 0.0
     hd = model.hidden_size // heads  # type: ignore[attr-defined]
     return 2.0 * micro_batch_size * seq_len * (kv // u) * hd * dtype_bytes * (c - 1) / c
+
+
+def context_slowdown(model: object, sp_size: int, hardware: object, attention: str = "1d") -> float:
+    """How much longer attention takes on ``sp_size`` ranks than its FLOPs / p at one call's rate: 1 / the
+    hardware's ``context_attention_efficiency`` where the layout has a context axis (1D attention only), else 1."""
+    if attention != "1d" or sp_layout(sp_size, model.num_heads, model.kv_heads)[1] == 1:  # type: ignore[attr-defined]
+        return 1.0
+    return 1.0 / hardware.context_attention_efficiency  # type: ignore[attr-defined]

@@ -32,9 +32,8 @@ from dcp.planner.analytic import (
     HardwareSpec,
     analytic_row,
     attention_time_s,
-    context_slowdown,
 )
-from dcp.planner.layout import layout_comm_s, layout_saved_bytes
+from dcp.planner.layout import context_slowdown, layout_comm_s, layout_saved_bytes
 from dcp.planner.table import ProfileRow, ProfileTable, TableMeta
 
 

@@ -219,7 +219,8 @@ def test_a_context_axis_prices_attention_at_the_measured_context_rate():
     """A context rank's attention runs as short-query, long-key calls, measured on an H200 at 0.69-0.74 of one
     call's rate: the model divides attention by context_attention_efficiency where (and only where) the layout
     has a context axis, in the analytic rows and in the rows derived from a one-GPU table."""
-    from dcp.planner.analytic import attention_time_s, context_slowdown
+    from dcp.planner.analytic import attention_time_s
+    from dcp.planner.layout import context_slowdown
     from dcp.sim.derive import derive_row
 
     h200 = HARDWARE["h200"]
