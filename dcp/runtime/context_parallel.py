@@ -12,8 +12,8 @@ Sequences are padded to a multiple of 2 c u tokens (``SPContext.padded_len``); a
 ``SPContext.shard_ranges`` gives (``take_shard`` cuts them out). Padding is masked, never dropped.
 
 **All-gather of K/V, not a ring.** Each context rank gathers the K and V of the whole sequence for its own
-heads (``all_gather_single``; its backward reduce-scatters dK, dV), then attends its
-2L queries over them, one SDPA call per chunk and document (below). This is Llama 3's long-context scheme. Chosen over ring
+heads (``all_gather_single``; its backward reduce-scatters dK, dV), then attends its 2L queries over them,
+one SDPA call per chunk and document (below). This is Llama 3's long-context scheme. Chosen over ring
 attention with P2P because (1) it is exact by construction: one softmax over all keys, no online-softmax
 merge of partial results, so outputs and gradients equal one process's to fp32 rounding; (2) with GQA the
 gathered K/V are small: ``2 (H_kv/u) d`` per token against ``(H/u) d`` of queries, half of it for Llama-3 (8 of 32 heads);
