@@ -26,7 +26,7 @@ def test_one_rank_has_no_sync_and_a_positive_update_and_leaves_the_model_alone()
 
 def test_capped_stand_in_scales_to_the_full_size(monkeypatch):
     # the timer is replaced by a constant so the test checks the scaling, not this host's load
-    monkeypatch.setattr(update, "_median_time", lambda fn, iters, device: 1e-3)
+    monkeypatch.setattr(update, "median_time", lambda fn, iters, device: 1e-3)
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 256))  # 2 x (65,536 + 256)
     total = sum(p.numel() for p in model.parameters())
     assert measure_step_update(model, world_size=1, iters=1).optimizer_step_s == pytest.approx(1e-3)
