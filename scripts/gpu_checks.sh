@@ -12,13 +12,14 @@
 #   bash scripts/gpu_checks.sh knobs          # bench gpu --only knobs: prefetch, cache_weight_casts on vs off
 #   bash scripts/gpu_checks.sh cp             # bench gpu --only cp: context-parallel attention kernels vs one call
 #   bash scripts/gpu_checks.sh engines        # bench gpu --only engines: each engine's peak memory vs the memory model
+#   bash scripts/gpu_checks.sh sweeps         # bench gpu --only sweeps: each engine's sweep through the manager alone
 # DeepSpeed and its needs come from .whl/ (pure-Python wheels, built as GPU.md says) when it is there.
 # With OUT set (the device tool's output folder), each check's output is also written to $OUT/<check>.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-usage="usage: [PYTHON=python-with-torch] bash scripts/gpu_checks.sh bench | gpu-tests | suite K N | suite-xdist N | short | clock | knobs | cp | engines"
+usage="usage: [PYTHON=python-with-torch] bash scripts/gpu_checks.sh bench | gpu-tests | suite K N | suite-xdist N | short | clock | knobs | cp | engines | sweeps"
 case "${1:-}" in
-  bench|gpu-tests|short|clock|knobs|cp|engines) ;;
+  bench|gpu-tests|short|clock|knobs|cp|engines|sweeps) ;;
   suite-xdist) [[ "${2:-}" =~ ^[1-9][0-9]*$ ]] || { echo "suite-xdist needs a worker count N >= 1, e.g. suite-xdist 6; $usage" >&2; exit 2; } ;;
   suite) [[ "${2:-}" =~ ^[0-9]+$ && "${3:-}" =~ ^[1-9][0-9]*$ && "${2}" -lt "${3}" ]] \
            || { echo "suite needs a slice K and a count N with 0 <= K < N, e.g. suite 0 4; $usage" >&2; exit 2; } ;;
@@ -35,7 +36,7 @@ log=/dev/null
 [ -n "${OUT:-}" ] && mkdir -p "$OUT" && log="$OUT/$1${2:+-$2}${3:+of$3}.log"
 case "${1:-}" in
   bench) "$PY" -m dcp.cli bench gpu --no-tests --json 2>&1 | tee "$log" ;;
-  short|clock|knobs|cp|engines) "$PY" -m dcp.cli bench gpu --only "$1" --json 2>&1 | tee "$log" ;;
+  short|clock|knobs|cp|engines|sweeps) "$PY" -m dcp.cli bench gpu --only "$1" --json 2>&1 | tee "$log" ;;
   suite-xdist)
     # pytest-xdist's --dist loadgroup stops grouping from pytest 9.2 (pytest-dev/pytest-xdist#1386; seen here),
     # so the CUDA tests run in a process of their own; their log is written as they run ($OUT/...-gpu.log).

@@ -69,14 +69,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile", default="off", choices=COMPILE_MODES,
                         help="runtime.compile of every model the checks build and of the sweep's runs (default off; "
                              "--only checks run eager, and --only short compares eager and compiled itself)")
-    parser.add_argument("--only", default="all", choices=("all", "short", "clock", "knobs", "cp", "engines"),
+    parser.add_argument("--only", default="all", choices=("all", "short", "clock", "knobs", "cp", "engines", "sweeps"),
                         help="all: the checks above; short: busy share and tokens/s of 1k-8k-token micro-batches, "
                              "eager vs compiled blocks (dcp.bench.gpu_short); clock: the profiling clocks' "
                              "predictions against measured steps on shapes the calibration file does not hold; "
                              "knobs: step time with advanced.prefetch and advanced.cache_weight_casts each on and off, "
                              "through the manager at W = 1 (dcp.bench.gpu_knobs); cp: context-parallel attention "
                              "kernels against one call (dcp.bench.gpu_cp); engines: each engine's peak memory "
-                             "against the memory model at W = 1 (dcp.bench.gpu_engines)")
+                             "against the memory model at W = 1 (dcp.bench.gpu_engines); sweeps: the manager sweeps alone")
     parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"), help=argparse.SUPPRESS)
     parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
 
@@ -399,7 +399,8 @@ def _step_figures(step: str, rows: list[dict], summary: dict, sweeps: list[dict]
 
 def _run_only(only: str, t1d: str, device: Any, precision: str, layers: int, reps: int, tiny: bool,
               as_json: bool) -> int:
-    """``--only short``, ``clock``, ``knobs``, ``cp`` or ``engines``: one focused check, its table and (``--json``) its JSON line."""
+    """``--only short``, ``clock``, ``knobs``, ``cp``, ``engines`` or ``sweeps``: one focused check, its table and
+    (``--json``) its JSON line."""
     from dcp.bench.gpu_knobs import knob_rows, print_knobs
     from dcp.bench.gpu_short import best_busy, print_short, short_rows
 
@@ -417,6 +418,13 @@ def _run_only(only: str, t1d: str, device: Any, precision: str, layers: int, rep
             rows = run_engines(device, tiny, tmp)
         print_engines(rows)
         head.update(rows=rows)
+    elif only == "sweeps":  # each engine's sweep through the manager, without the rest of the bench
+        sweeps = []
+        for engine in installed_engines():
+            with tempfile.TemporaryDirectory(prefix="dcp-bench-gpu-") as tmp:
+                sweeps.append(manager_sweep(engine, device.type, tmp))
+            print(f"[sweep {engine}] " + json.dumps(sweeps[-1]), flush=True)
+        head.update(sweeps=sweeps, manager_runs_ok=all(s["ok"] for s in sweeps))
     elif only == "knobs":
         rows = knob_rows(cuda=device.type == "cuda", precision=precision, layers=layers, tiny=tiny)
         print_knobs(rows)

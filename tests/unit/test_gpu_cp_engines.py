@@ -60,3 +60,22 @@ def test_only_engines_predicts_each_engines_peak_from_its_profile(monkeypatch, t
     assert ddp["measured_bytes"] is None and ddp["predicted_bytes"] > ddp["state_bytes"] > 0
     assert ddp["with_staging_bytes"] == ddp["predicted_bytes"]  # only fsdp2 stages its reduce-scatter
     assert fsdp2["with_staging_bytes"] - fsdp2["predicted_bytes"] == staging_bytes(shape, "fsdp2") > 0
+
+
+def test_only_sweeps_runs_each_installed_engines_sweep_alone(capsys, monkeypatch):
+    """`--only sweeps`: one manager sweep per installed engine and nothing else of the bench (the sweeps
+    themselves are tested in test_gpu_bench; here a failed one must fail the summary)."""
+    from dcp.bench import gpu as gpu_bench
+
+    ran = []
+
+    def sweep(engine, device, out_dir, **kw):
+        ran.append((engine, device))
+        return {"engine": engine, "runs": 1, "expected": 1, "ok": engine != "fsdp2", "error": ""}
+
+    monkeypatch.setattr(gpu_bench, "manager_sweep", sweep)
+    monkeypatch.setattr(gpu_bench, "installed_engines", lambda: ["ddp", "fsdp2"])
+    assert main(["bench", "gpu", "--device", "cpu", "--tiny", "--only", "sweeps", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert ran == [("ddp", "cpu"), ("fsdp2", "cpu")] and summary["check"] == "sweeps"
+    assert [s["engine"] for s in summary["sweeps"]] == ["ddp", "fsdp2"] and summary["manager_runs_ok"] is False
