@@ -121,18 +121,17 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     print(f"{'engine':<12} {'measured MiB':>13} {'predicted MiB':>14} {'ratio':>6}   (per rank, max of 2 ranks)")
-    cache = tempfile.TemporaryDirectory(prefix="dcp-state-memory-")  # the profiles of --eq6, removed at the end
-    for engine in engines:
-        spec = {"engine": engine, "layers": args.layers, "hidden": args.hidden, "vocab": args.vocab,
-                "seq_len": args.seq_len, "steps": args.steps, "fused": args.fused, "precision": args.precision,
-                "eq6": args.eq6, "cache_dir": cache.name}
-        out = run_distributed(_worker, 2, spec, timeout_s=900)
-        measured = max(o["measured_bytes"] for o in out)
-        predicted = out[0]["predicted_bytes"]
-        rows.append({"engine": engine, "measured_bytes": measured, "predicted_bytes": predicted,
-                     "ratio": measured / predicted, "params": out[0]["params"]})
-        print(f"{engine:<12} {measured / 2**20:>13.1f} {predicted / 2**20:>14.1f} {measured / predicted:>6.3f}")
-    cache.cleanup()
+    with tempfile.TemporaryDirectory(prefix="dcp-state-memory-") as cache:  # the profiles of --eq6
+        for engine in engines:
+            spec = {"engine": engine, "layers": args.layers, "hidden": args.hidden, "vocab": args.vocab,
+                    "seq_len": args.seq_len, "steps": args.steps, "fused": args.fused, "precision": args.precision,
+                    "eq6": args.eq6, "cache_dir": cache}
+            out = run_distributed(_worker, 2, spec, timeout_s=900)
+            measured = max(o["measured_bytes"] for o in out)
+            predicted = out[0]["predicted_bytes"]
+            rows.append({"engine": engine, "measured_bytes": measured, "predicted_bytes": predicted,
+                         "ratio": measured / predicted, "params": out[0]["params"]})
+            print(f"{engine:<12} {measured / 2**20:>13.1f} {predicted / 2**20:>14.1f} {measured / predicted:>6.3f}")
     print(json.dumps({"rows": rows, "layers": args.layers, "hidden": args.hidden, "vocab": args.vocab,
                       "seq_len": args.seq_len, "steps": args.steps, "fused": args.fused, "precision": args.precision,
                       "eq6": args.eq6}))

@@ -4,8 +4,8 @@ Context parallelism runs each context rank's queries over the all-gathered K/V o
 (``dcp.runtime.context_parallel``). One GPU cannot hold an NCCL group of several ranks, so this check runs
 every context rank's part in one process: K/V are the whole sequence's (what the all-gather returns; the
 all-gather itself is tested over gloo in ``tests/dist``), each rank's queries are its two balanced chunks,
-and ``attend_gathered`` runs the kernels the runtime runs (SDPA with a lower-right causal bias per chunk for
-one document a row, masked SDPA for packed documents). The ranks' outputs put back in position order must
+and ``attend_gathered`` runs the kernels the runtime runs (one SDPA call per chunk and document under a
+lower-right causal bias). The ranks' outputs put back in position order must
 equal the reference, and the gradients summed over the ranks (what the all-gather's reduce-scatter makes of
 them) must equal the reference's.
 
@@ -31,7 +31,7 @@ CP_CASES = (
     (16384, 4, 32, 8, 128, 4),
 )
 """An 8B GQA layer's heads (32 query, 8 K/V, 128 wide): one long document a row at 32k-128k tokens, and a row
-of four packed documents (the masked path)."""
+of four packed documents (calls per document across the chunk edges)."""
 TINY_CASES = ((256, 2, 4, 2, 16, 1), (256, 4, 4, 2, 16, 3))
 ERROR_SLACK = 2.0
 """The CP path may round up to this many times as far from fp32 as the reference does."""
@@ -64,18 +64,23 @@ def _reference(q: Any, k: Any, v: Any, lens: tuple[int, ...]) -> Any:
     return torch.cat(outs, dim=1)
 
 
+def _rank_attention(q: Any, k: Any, v: Any, lens: tuple[int, ...], context: int, rank: int) -> tuple[Any, Any]:
+    """(the rank's chunk ranges, its output of ``attend_gathered`` over the whole sequence's K/V)."""
+    from dcp.runtime.context import balanced_chunks
+    from dcp.runtime.context_parallel import attend_gathered, take_shard
+
+    ranges = balanced_chunks(q.shape[1], context, rank)
+    return ranges, attend_gathered(take_shard(q, ranges), k, v, context=context, context_rank=rank, causal=True,
+                                   doc_lens=(lens,))
+
+
 def _context_parallel(q: Any, k: Any, v: Any, lens: tuple[int, ...], context: int) -> Any:
     """Every context rank's output of ``attend_gathered``, scattered back into position order."""
     import torch
 
-    from dcp.runtime.context import balanced_chunks
-    from dcp.runtime.context_parallel import attend_gathered, take_shard
-
     out = torch.zeros_like(q)
     for rank in range(context):
-        ranges = balanced_chunks(q.shape[1], context, rank)
-        part = attend_gathered(take_shard(q, ranges), k, v, context=context, context_rank=rank, causal=True,
-                               doc_lens=(lens,))
+        ranges, part = _rank_attention(q, k, v, lens, context, rank)
         half = part.shape[1] // 2
         for (a, e), piece in zip(ranges, (part[:, :half], part[:, half:]), strict=True):
             out[:, a:e] = piece
@@ -105,8 +110,7 @@ def cp_case(tokens: int, context: int, heads: int, kv_heads: int, head_dim: int,
     from dcp.config import ModelShapeConfig
     from dcp.planner.analytic import attention_time_s
     from dcp.profiler.update import median_time
-    from dcp.runtime.context import balanced_chunks
-    from dcp.runtime.context_parallel import attend_gathered, take_shard
+    from dcp.runtime.context_parallel import take_shard
     from dcp.sim.hardware import H200
 
     gen = torch.Generator(device="cpu").manual_seed(tokens + context)
@@ -122,9 +126,7 @@ def cp_case(tokens: int, context: int, heads: int, kv_heads: int, head_dim: int,
     qd, kd, vd, gd = (t.detach().requires_grad_(t is not low[3]) for t in low)
 
     def rank_step(rank: int) -> None:
-        ranges = balanced_chunks(tokens, context, rank)
-        out = attend_gathered(take_shard(qd, ranges), kd, vd, context=context, context_rank=rank, causal=True,
-                              doc_lens=(lens,))
+        ranges, out = _rank_attention(qd, kd, vd, lens, context, rank)
         torch.autograd.grad(out, (qd, kd, vd), take_shard(gd, ranges))
 
     def whole_step() -> None:

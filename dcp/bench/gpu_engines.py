@@ -87,12 +87,10 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def installed(engines: tuple[str, ...] = ENGINES) -> list[str]:
-    """``engines``, and deepspeed where it imports."""
-    try:
-        import deepspeed  # noqa: F401
-    except ImportError:
-        return list(engines)
-    return [*engines, "deepspeed"]
+    """``engines``, and those of ``dcp bench gpu``'s sweeps besides them (deepspeed where it imports)."""
+    from dcp.bench.gpu import installed_engines
+
+    return [*engines, *(e for e in installed_engines() if e not in engines)]
 
 
 def run_engines(device: Any, tiny: bool, cache_dir: str) -> list[dict]:
