@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dcp.bench.gpu_engines import installed_engines
 from dcp.bench.gpu_steps import (
     gpu_busy_fraction,
     host_and_gpu_ms,
@@ -223,15 +224,6 @@ def many_docs_efficiency(name: str, docs: int, doc_len: int, device: Any, precis
     model.zero_grad(set_to_none=True)
     te, tp = statistics.median(t_eq), statistics.median(t_pk)
     return {"docs": docs, "doc_len": doc_len, "equal_rows_s": te, "packed_s": tp, "efficiency": te / tp}
-
-
-def installed_engines() -> list[str]:
-    engines = ["ddp", "fsdp2"]
-    try:
-        import deepspeed  # noqa: F401
-    except ImportError:
-        return engines
-    return engines + ["deepspeed"]
 
 
 def manager_sweep(engine: str, device: str, out_dir: str, *, models: tuple[str, ...] = ("t1d-tiny", "t2d-tiny"),

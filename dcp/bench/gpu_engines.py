@@ -86,10 +86,17 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
             "with_staging_bytes": float(predicted + staging_bytes(shape, spec["engine"])), "measured_bytes": measured}
 
 
-def installed(engines: tuple[str, ...] = ENGINES) -> list[str]:
-    """``engines``, and those of ``dcp bench gpu``'s sweeps besides them (deepspeed where it imports)."""
-    from dcp.bench.gpu import installed_engines
+def installed_engines() -> list[str]:
+    """The engines ``dcp bench gpu``'s manager sweeps run: ddp and fsdp2, and deepspeed where it imports."""
+    try:
+        import deepspeed  # noqa: F401
+    except ImportError:
+        return ["ddp", "fsdp2"]
+    return ["ddp", "fsdp2", "deepspeed"]
 
+
+def installed(engines: tuple[str, ...] = ENGINES) -> list[str]:
+    """``engines``, and those of the manager sweeps besides them (deepspeed where it imports)."""
     return [*engines, *(e for e in installed_engines() if e not in engines)]
 
 
